@@ -1,0 +1,55 @@
+// Handle objects behind the opaque public types, and a registry of live
+// handles so that a NULL, foreign or destroyed handle is reported as
+// INVALID_HANDLE instead of being dereferenced.
+#pragma once
+
+#include <attn/attn.h>
+
+#include <memory>
+
+#include "core/context.hpp"
+#include "core/error.hpp"
+#include "core/tensor.hpp"
+#include "plan/plan.hpp"
+
+struct attn_context {
+  attn::ContextConfig config;
+};
+struct attn_tensor_desc {
+  attn::TensorDesc desc;
+};
+struct attn_plan_desc {
+  attn::PlanDesc desc;
+};
+struct attn_plan {
+  std::unique_ptr<attn::Plan> plan;
+};
+
+namespace attn {
+
+enum class HandleKind { context, tensor_desc, plan_desc, plan };
+
+void register_handle(const void* h, HandleKind kind);
+// Returns false if h was not registered as `kind`.
+bool unregister_handle(const void* h, HandleKind kind);
+bool handle_is_live(const void* h, HandleKind kind);
+
+template <class T> constexpr HandleKind kind_of();
+template <> constexpr HandleKind kind_of<attn_context>() { return HandleKind::context; }
+template <> constexpr HandleKind kind_of<attn_tensor_desc>() { return HandleKind::tensor_desc; }
+template <> constexpr HandleKind kind_of<attn_plan_desc>() { return HandleKind::plan_desc; }
+template <> constexpr HandleKind kind_of<attn_plan>() { return HandleKind::plan; }
+
+const char* kind_name(HandleKind kind);
+
+// Throws INVALID_HANDLE naming `arg` unless h is a live handle of its type.
+template <class T>
+T& checked(T* h, const char* arg) {
+  if (h == nullptr) fail(ATTN_STATUS_INVALID_HANDLE, arg, " is NULL");
+  if (!handle_is_live(h, kind_of<T>()))
+    fail(ATTN_STATUS_INVALID_HANDLE, arg, " is not a live ", kind_name(kind_of<T>()),
+         " (destroyed, or a handle of another kind)");
+  return *h;
+}
+
+}  // namespace attn

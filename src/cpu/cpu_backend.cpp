@@ -1,0 +1,236 @@
+#include "cpu/cpu_backend.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "attn_config.h"
+#include "core/dtype.hpp"
+#include "core/error.hpp"
+#include "core/workspace.hpp"
+#include "cpu/cpu_kernels.hpp"
+
+#if ATTN_HAVE_OPENMP
+#include <omp.h>
+#endif
+
+namespace attn::cpu {
+namespace {
+
+struct IsaChoice {
+  const char* name;
+  bool built;
+  bool (*supported)();
+  const IsaKernels& (*kernels)();
+};
+
+bool cpu_has_avx2() {
+#if defined(__x86_64__) || defined(__i386__)
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#else
+  return false;
+#endif
+}
+bool cpu_has_avx512() {
+#if defined(__x86_64__) || defined(__i386__)
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
+         __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
+#else
+  return false;
+#endif
+}
+bool always() { return true; }
+
+// Best first.
+const IsaChoice kIsas[] = {
+#if ATTN_CPU_HAVE_AVX512
+    {"avx512", true, &cpu_has_avx512, &avx512::kernels},
+#else
+    {"avx512", false, &cpu_has_avx512, nullptr},
+#endif
+#if ATTN_CPU_HAVE_AVX2
+    {"avx2", true, &cpu_has_avx2, &avx2::kernels},
+#else
+    {"avx2", false, &cpu_has_avx2, nullptr},
+#endif
+    {"generic", true, &always, &generic::kernels},
+};
+
+const IsaKernels& choose_isa() {
+  const char* forced = std::getenv("ATTN_CPU_ISA");
+  if (forced != nullptr && forced[0] != '\0') {
+    for (const IsaChoice& c : kIsas) {
+      if (std::strcmp(c.name, forced) != 0) continue;
+      if (!c.built) not_supported("ATTN_CPU_ISA=", forced, ": this library was built without it");
+      if (!c.supported()) not_supported("ATTN_CPU_ISA=", forced, ": this processor lacks it");
+      return c.kernels();
+    }
+    invalid_argument("ATTN_CPU_ISA=", forced, " is not one of avx512, avx2, generic");
+  }
+  for (const IsaChoice& c : kIsas)
+    if (c.built && c.supported()) return c.kernels();
+  return generic::kernels();
+}
+
+int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
+
+class CpuPlan final : public BackendPlan {
+ public:
+  CpuPlan(const Problem& problem, const ContextConfig& ctx) : problem_(problem), isa_(choose_isa()) {
+    const Problem& p = problem_;
+    kp_.problem = &problem_;
+    kp_.num_threads = std::max<int32_t>(1, ctx.num_threads);
+    kp_.dqk_pad = round_up(p.head_dim_qk, isa_.col_block);
+    kp_.dv_pad = round_up(p.head_dim_v, isa_.col_block);
+
+    // Work units, heaviest first so that dynamic scheduling balances causal
+    // and windowed problems.
+    std::vector<std::pair<int64_t, Unit>> q, kv;
+    for (int64_t b = 0; b < p.batch; ++b) {
+      const DenseTileSchedule sched(p.sequence_mask(b), kTile, kTile);
+      for (int64_t t = 0; t < sched.num_q_tiles(); ++t) {
+        TileRange r = sched.kv_tiles_of(t);
+        q.push_back({r.end - r.begin, Unit{int32_t(b), int32_t(t)}});
+      }
+      for (int64_t t = 0; t < sched.num_kv_tiles(); ++t) {
+        TileRange r = sched.q_tiles_of(t);
+        kv.push_back({r.end - r.begin, Unit{int32_t(b), int32_t(t)}});
+      }
+    }
+    auto heavier = [](const auto& x, const auto& y) { return x.first > y.first; };
+    std::stable_sort(q.begin(), q.end(), heavier);
+    std::stable_sort(kv.begin(), kv.end(), heavier);
+    for (auto& e : q) kp_.q_units.push_back(e.second);
+    for (auto& e : kv) kp_.kv_units.push_back(e.second);
+
+    const size_t tile = size_t(kTile);
+    const size_t ldq = size_t(kp_.dqk_pad), ldv = size_t(kp_.dv_pad);
+    const size_t dqk = size_t(p.head_dim_qk), dv = size_t(p.head_dim_v);
+    auto carve = [](size_t& cursor, size_t floats) {
+      size_t off = cursor;
+      cursor += size_t(align_up(floats, kWorkspaceAlign / sizeof(float)));
+      return off;
+    };
+    Scratch& f = kp_.fwd;
+    size_t c = 0;
+    f.q = carve(c, tile * ldq);
+    f.kt = carve(c, dqk * tile);
+    f.v_rows = carve(c, tile * ldv);
+    f.s = carve(c, tile * tile);
+    f.acc_o = carve(c, tile * ldv);
+    f.row_a = carve(c, tile);
+    f.row_b = carve(c, tile);
+    f.floats = c;
+
+    Scratch& g = kp_.bwd;
+    c = 0;
+    g.q = carve(c, tile * ldq);
+    g.d_o = carve(c, tile * ldv);
+    g.kt = carve(c, dqk * tile);
+    g.vt = carve(c, dv * tile);
+    g.k_rows = carve(c, tile * ldq);
+    g.s = carve(c, tile * tile);
+    g.dp = carve(c, tile * tile);
+    if (p.softcap > 0.0f) g.z = carve(c, tile * tile);
+    g.acc_dq = carve(c, tile * ldq);
+    g.acc_dk = carve(c, tile * ldq);
+    g.acc_dv = carve(c, tile * ldv);
+    g.row_a = carve(c, tile);
+    g.row_b = carve(c, tile);
+    g.floats = c;
+
+    const size_t threads = size_t(kp_.num_threads);
+    WorkspaceLayout fl;
+    kp_.fwd_threads_offset = fl.add(threads * f.floats * sizeof(float));
+    fwd_bytes_ = fl.total_bytes();
+    if (p.backward) {
+      WorkspaceLayout bl;
+      kp_.bwd_delta_offset = bl.add(size_t(p.lse_elements()) * sizeof(float));
+      kp_.bwd_threads_offset = bl.add(threads * g.floats * sizeof(float));
+      bwd_bytes_ = bl.total_bytes();
+    }
+  }
+
+  size_t workspace_bytes(attn_pass_t pass) const override {
+    return pass == ATTN_PASS_FORWARD ? fwd_bytes_ : bwd_bytes_;
+  }
+  void forward(const ForwardArgs& args) const override { isa_.forward(kp_, args); }
+  void backward(const BackwardArgs& args) const override { isa_.backward(kp_, args); }
+  int32_t tile_q() const override { return int32_t(kTile); }
+  int32_t tile_kv() const override { return int32_t(kTile); }
+  int32_t num_threads() const override { return kp_.num_threads; }
+  const char* algorithm() const override { return "flash-tiled-online-softmax"; }
+  const char* kernel() const override { return isa_.name; }
+
+ private:
+  Problem problem_;
+  const IsaKernels& isa_;
+  KernelPlan kp_;
+  size_t fwd_bytes_ = 0, bwd_bytes_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<BackendPlan> make_plan(const Problem& problem, const ContextConfig& ctx) {
+  return std::make_unique<CpuPlan>(problem, ctx);
+}
+
+void merge_states(const ContextConfig& ctx, int32_t num_parts, const TensorDesc& o,
+                  const TensorDesc& lse, const void* const* o_parts, const float* const* lse_parts,
+                  void* o_out, float* lse_out) {
+  const int32_t lead = o.ndim - 1;
+  const int64_t dim = o.dims[lead];
+  int64_t rows = 1;
+  for (int32_t i = 0; i < lead; ++i) rows *= o.dims[i];
+  const attn_dtype_t dtype = o.dtype;
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  const int threads = std::max<int32_t>(1, ctx.num_threads);
+  (void)threads;
+
+#if ATTN_HAVE_OPENMP
+#pragma omp parallel for schedule(static) num_threads(threads)
+#endif
+  for (int64_t r = 0; r < rows; ++r) {
+    // Row r's element offsets in O and LSE, from its multi-index.
+    int64_t oo = 0, lo = 0, rem = r;
+    for (int32_t i = lead - 1; i >= 0; --i) {
+      const int64_t idx = rem % o.dims[i];
+      rem /= o.dims[i];
+      oo += idx * o.strides[i];
+      lo += idx * lse.strides[i];
+    }
+    float m = neg_inf;
+    for (int32_t p = 0; p < num_parts; ++p) m = std::max(m, lse_parts[p][lo]);
+    if (m == neg_inf) {  // every part empty: the identity
+      for (int64_t c = 0; c < dim; ++c) store_from_float(o_out, oo + c, dtype, 0.0f);
+      if (lse_out) lse_out[lo] = neg_inf;
+      continue;
+    }
+    // Weights first (in-place merge may overwrite part 0), then one pass per
+    // channel so that o_out == o_parts[0] is safe.
+    float total = 0.0f;
+    constexpr int32_t kStackParts = 64;
+    float wbuf[kStackParts];
+    for (int32_t p = 0; p < num_parts; ++p) {
+      const float w = std::exp(lse_parts[p][lo] - m);
+      if (p < kStackParts) wbuf[p] = w;
+      total += w;
+    }
+    const float inv = 1.0f / total;
+    for (int64_t c = 0; c < dim; ++c) {
+      float acc = 0.0f;
+      for (int32_t p = 0; p < num_parts; ++p) {
+        const float w = p < kStackParts ? wbuf[p] : std::exp(lse_parts[p][lo] - m);
+        if (w != 0.0f) acc += w * load_as_float(o_parts[p], oo + c, dtype);
+      }
+      store_from_float(o_out, oo + c, dtype, acc * inv);
+    }
+    if (lse_out) lse_out[lo] = m + std::log(total);
+  }
+}
+
+}  // namespace attn::cpu

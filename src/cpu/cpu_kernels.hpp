@@ -1,0 +1,64 @@
+// The contract between the CPU backend's host side (cpu_backend.cpp) and its
+// kernels (flash_kernels.cpp), which are compiled once per instruction set
+// and chosen at plan creation.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "plan/backend.hpp"
+#include "plan/problem.hpp"
+
+namespace attn::cpu {
+
+// Square tiles of 96 rows: a multiple of every register-block shape the ISA
+// variants use (6 or 12 rows, 8, 16 or 32 columns), so tiles are never split
+// into remainder blocks except at the end of a sequence.
+constexpr int64_t kTile = 96;
+
+// One work unit: sequence b, tile index t (a query tile for the forward and
+// dQ passes, a KV tile for the dK/dV pass). Heads are the inner loop.
+struct Unit {
+  int32_t b;
+  int32_t tile;
+};
+
+// Per-thread scratch regions: offsets in floats from the thread's slice
+// (each a multiple of 16 floats, so every region is 64-byte aligned).
+struct Scratch {
+  size_t q = 0, d_o = 0;          // [tile][d_pad] packed rows
+  size_t kt = 0, vt = 0;          // [d][tile] transposed keys / values
+  size_t k_rows = 0, v_rows = 0;  // [tile][d_pad]
+  size_t s = 0, dp = 0, z = 0;    // [tile][tile] scores, dP / dS, saved logits
+  size_t acc_o = 0, acc_dq = 0, acc_dk = 0, acc_dv = 0;  // [tile][d_pad] fp32 sums
+  size_t row_a = 0, row_b = 0;    // [tile] per-row statistics
+  size_t floats = 0;              // size of one thread's slice
+};
+
+struct KernelPlan {
+  const Problem* problem = nullptr;
+  int32_t num_threads = 1;
+  int64_t dqk_pad = 0, dv_pad = 0;  // head dims rounded up to the column block
+  std::vector<Unit> q_units;        // (b, query tile), heaviest first
+  std::vector<Unit> kv_units;       // (b, KV tile), heaviest first
+  Scratch fwd, bwd;
+  // Workspace byte offsets (from the aligned base).
+  size_t fwd_threads_offset = 0;
+  size_t bwd_delta_offset = 0;  // D = rowsum(dO * O), laid out like LSE
+  size_t bwd_threads_offset = 0;
+};
+
+// What each ISA variant provides.
+struct IsaKernels {
+  const char* name;    // "cpu-avx512", "cpu-avx2", "cpu-generic"
+  int32_t col_block;   // columns of the register block (head dims pad to it)
+  void (*forward)(const KernelPlan&, const ForwardArgs&);
+  void (*backward)(const KernelPlan&, const BackwardArgs&);
+};
+
+namespace generic { const IsaKernels& kernels(); }
+namespace avx2 { const IsaKernels& kernels(); }
+namespace avx512 { const IsaKernels& kernels(); }
+
+}  // namespace attn::cpu

@@ -1,0 +1,570 @@
+// FlashAttention on the CPU: tiled, online softmax, no L x L matrix.
+//
+// This file is compiled once per instruction set (meson passes -mavx2 -mfma,
+// -mavx512f ..., or nothing) with ATTN_CPU_ISA naming the namespace; the
+// vector width follows from the compiler's target macros. Everything is fp32
+// inside; fp16/bf16 inputs are converted while tiles are packed.
+//
+// Shapes (one work item, per head):
+//   Qp  [tile_q][dqk_pad]    query rows, pre-scaled (see q_scale)
+//   Kt  [dqk][tile_kv]       keys, transposed: the score GEMM's B operand
+//   Vp  [tile_kv][dv_pad]    values (forward), Vt [dv][tile_kv] (backward)
+//   S   [tile_q][tile_kv]    scores in log2 units, then probabilities
+//   Oacc[tile_q][dv_pad]     unnormalised output
+// Scores are kept in base 2 (s2 = z * log2 e, z the natural logit) so that
+// the softmax needs exp2 only; LSE is converted back to natural log.
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "attn_config.h"
+#include "core/dtype.hpp"
+#include "core/workspace.hpp"
+#include "cpu/cpu_kernels.hpp"
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+namespace attn::cpu::ATTN_CPU_ISA {
+namespace {
+
+#if defined(__AVX512F__)
+constexpr int W = 16;   // floats per vector
+constexpr int MR = 12;  // register block: MR rows x NV vectors
+#elif defined(__AVX2__)
+constexpr int W = 8;
+constexpr int MR = 6;
+#else
+constexpr int W = 4;
+constexpr int MR = 6;
+#endif
+constexpr int NV = 2;
+constexpr int NR = NV * W;
+static_assert(kTile % MR == 0 && kTile % NR == 0, "tile must hold whole register blocks");
+
+typedef float vf __attribute__((vector_size(W * 4)));
+typedef int32_t vi __attribute__((vector_size(W * 4)));
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+inline vf vload(const float* p) {
+  vf v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+inline void vstore(float* p, vf v) { std::memcpy(p, &v, sizeof v); }
+inline vf vbroadcast(float x) { return vf{} + x; }
+inline vf vmax(vf a, vf b) { return a > b ? a : b; }
+inline vf vmin(vf a, vf b) { return a < b ? a : b; }
+
+// 2^x for a vector, relative error ~2e-7. Inputs below -127 give exactly 0
+// (so -inf, a masked score, gives 0); NaN propagates.
+inline vf vexp2(vf x) {
+  x = vmin(x, vbroadcast(127.0f));
+  x = x < vbroadcast(-127.0f) ? vbroadcast(-127.0f) : x;
+  // round to nearest with the 1.5 * 2^23 trick; f in [-0.5, 0.5]
+  const vf magic = vbroadcast(12582912.0f);
+  vf n = (x + magic) - magic;
+  vf f = x - n;
+  // 2^f = e^(f ln2), Taylor to degree 6 (error < 1.2e-7 on |f| <= 0.5)
+  vf p = vbroadcast(1.5403530393381606e-4f);
+  p = p * f + 1.3333558146428443e-3f;
+  p = p * f + 9.6181291076284772e-3f;
+  p = p * f + 5.5504108664821580e-2f;
+  p = p * f + 2.4022650695910071e-1f;
+  p = p * f + 6.9314718055994531e-1f;
+  p = p * f + 1.0f;
+  vi e = (__builtin_convertvector(n, vi) + 127) << 23;  // n = -127 gives 0
+  vf scale;
+  std::memcpy(&scale, &e, sizeof scale);
+  return p * scale;
+}
+
+inline float hmax(vf v) {
+  float m = v[0];
+  for (int i = 1; i < W; ++i) m = std::max(m, v[i]);
+  return m;
+}
+inline float hsum(vf v) {
+  float s = 0.0f;
+  for (int i = 0; i < W; ++i) s += v[i];
+  return s;
+}
+
+// ---------------------------------------------------------------------------
+// GEMM on packed tiles: C[M x N] (+)= A[M x K] * B[K x N].
+// A element (i, k) at A[i * rsa + k * csa] (any strides: it is broadcast, so
+// A may be a transposed view); B and C row-major. M % MR == 0, N % NR == 0.
+
+template <bool Accumulate>
+inline void micro_kernel(int64_t K, const float* A, int64_t rsa, int64_t csa, const float* B,
+                         int64_t ldb, float* C, int64_t ldc) {
+  vf acc[MR][NV];
+  for (int r = 0; r < MR; ++r)
+    for (int v = 0; v < NV; ++v) acc[r][v] = Accumulate ? vload(C + r * ldc + v * W) : vf{};
+  for (int64_t k = 0; k < K; ++k) {
+    vf b[NV];
+    for (int v = 0; v < NV; ++v) b[v] = vload(B + k * ldb + v * W);
+    const float* a = A + k * csa;
+    for (int r = 0; r < MR; ++r) {
+      vf ar = vbroadcast(a[r * rsa]);
+      for (int v = 0; v < NV; ++v) acc[r][v] += ar * b[v];
+    }
+  }
+  for (int r = 0; r < MR; ++r)
+    for (int v = 0; v < NV; ++v) vstore(C + r * ldc + v * W, acc[r][v]);
+}
+
+template <bool Accumulate>
+void gemm(int64_t M, int64_t N, int64_t K, const float* A, int64_t rsa, int64_t csa,
+          const float* B, int64_t ldb, float* C, int64_t ldc) {
+  for (int64_t j = 0; j < N; j += NR)
+    for (int64_t i = 0; i < M; i += MR)
+      micro_kernel<Accumulate>(K, A + i * rsa, rsa, csa, B + j, ldb, C + i * ldc + j, ldc);
+}
+
+inline int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
+
+// ---------------------------------------------------------------------------
+// Packing: strided tensor rows of any dtype -> fp32 tiles with zero padding.
+
+// dst[i][c] = scale * src[row i][c] for i < rows, c < cols; zero up to
+// (rows_pad, ld). Row i of the source starts at base + i * row_stride.
+void pack_rows(const void* src, attn_dtype_t dtype, int64_t base, int64_t row_stride, int64_t rows,
+               int64_t cols, float scale, float* dst, int64_t rows_pad, int64_t ld) {
+  for (int64_t i = 0; i < rows; ++i) {
+    float* d = dst + i * ld;
+    int64_t s = base + i * row_stride;
+    if (dtype == ATTN_DTYPE_FP32) {
+      const float* f = static_cast<const float*>(src) + s;
+      for (int64_t c = 0; c < cols; ++c) d[c] = scale * f[c];
+    } else {
+      for (int64_t c = 0; c < cols; ++c) d[c] = scale * load_as_float(src, s + c, dtype);
+    }
+    for (int64_t c = cols; c < ld; ++c) d[c] = 0.0f;
+  }
+  for (int64_t i = rows; i < rows_pad; ++i) std::fill(dst + i * ld, dst + (i + 1) * ld, 0.0f);
+}
+
+// dst[c][j] = src[row j][c] for j < rows, c < cols; columns rows..cols_pad
+// of every dst row are zero. ld >= cols_pad.
+void pack_transposed(const void* src, attn_dtype_t dtype, int64_t base, int64_t row_stride,
+                     int64_t rows, int64_t cols, float* dst, int64_t cols_pad, int64_t ld) {
+  for (int64_t j = 0; j < rows; ++j) {
+    int64_t s = base + j * row_stride;
+    if (dtype == ATTN_DTYPE_FP32) {
+      const float* f = static_cast<const float*>(src) + s;
+      for (int64_t c = 0; c < cols; ++c) dst[c * ld + j] = f[c];
+    } else {
+      for (int64_t c = 0; c < cols; ++c) dst[c * ld + j] = load_as_float(src, s + c, dtype);
+    }
+  }
+  for (int64_t c = 0; c < cols; ++c)
+    for (int64_t j = rows; j < cols_pad; ++j) dst[c * ld + j] = 0.0f;
+}
+
+// dst row (base + i * row_stride) = scale * acc[i][0..cols) for i < rows.
+void store_rows(const float* acc, int64_t ld, int64_t rows, int64_t cols, float scale, void* dst,
+                attn_dtype_t dtype, int64_t base, int64_t row_stride) {
+  for (int64_t i = 0; i < rows; ++i) {
+    const float* a = acc + i * ld;
+    int64_t s = base + i * row_stride;
+    if (dtype == ATTN_DTYPE_FP32) {
+      float* f = static_cast<float*>(dst) + s;
+      for (int64_t c = 0; c < cols; ++c) f[c] = scale * a[c];
+    } else {
+      for (int64_t c = 0; c < cols; ++c) store_from_float(dst, s + c, dtype, scale * a[c]);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Scores for one (query tile, KV tile) pair, shared by forward and backward.
+
+struct TileView {
+  const Problem* p;
+  const SequenceMask* mask;
+  int64_t r0, m, m_pad;  // query rows [r0, r0 + m), padded to m_pad
+  int64_t c0, n, n_pad;  // keys [c0, c0 + n), padded to n_pad
+  bool full;             // no element of the tile is masked
+};
+
+// Scale folded into the packed Q rows: with no softcap, the GEMM then yields
+// base-2 logits directly.
+inline float q_scale(const Problem& p) {
+  return p.softcap > 0.0f ? p.scale : p.scale * kLog2e;
+}
+
+// S = Qp * Kt, then softcap, then -inf outside the mask (and in the padding
+// columns), leaving base-2 logits for rows < m.
+void compute_scores(const TileView& t, const float* qp, int64_t ldq, const float* kt, float* s) {
+  const Problem& p = *t.p;
+  gemm<false>(t.m_pad, t.n_pad, p.head_dim_qk, qp, ldq, 1, kt, kTile, s, kTile);
+  if (p.softcap > 0.0f) {
+    // z = cap * tanh(u / cap), u the scaled logit; tanh(y) = 1 - 2 / (e^(2y) + 1)
+    const float inv_cap2 = 2.0f * kLog2e / p.softcap;
+    const float out = p.softcap * kLog2e;
+    for (int64_t i = 0; i < t.m; ++i) {
+      float* row = s + i * kTile;
+      for (int64_t j = 0; j < t.n_pad; j += W) {
+        vf e = vexp2(vload(row + j) * inv_cap2);
+        vstore(row + j, (1.0f - 2.0f / (e + 1.0f)) * out);
+      }
+    }
+  }
+  if (!t.full || t.n != t.n_pad) {
+    for (int64_t i = 0; i < t.m; ++i) {
+      float* row = s + i * kTile;
+      int64_t lo = 0, hi = t.n - 1;
+      if (!t.full) {
+        lo = std::max<int64_t>(0, t.mask->key_lo(t.r0 + i) - t.c0);
+        hi = std::min<int64_t>(t.n - 1, t.mask->key_hi(t.r0 + i) - t.c0);
+      }
+      if (lo > hi) {
+        std::fill(row, row + t.n_pad, kNegInf);
+        continue;
+      }
+      std::fill(row, row + lo, kNegInf);
+      std::fill(row + hi + 1, row + t.n_pad, kNegInf);
+    }
+  }
+}
+
+inline int thread_index() {
+#ifdef _OPENMP
+  return omp_get_thread_num();
+#else
+  return 0;
+#endif
+}
+
+inline float* slice(char* thread_base, size_t offset_floats) {
+  return reinterpret_cast<float*>(thread_base) + offset_floats;
+}
+
+// ---------------------------------------------------------------------------
+// Forward
+
+void forward_item(const KernelPlan& kp, const ForwardArgs& a, const Unit& u, int64_t h,
+                  char* scratch) {
+  const Problem& p = *kp.problem;
+  const int64_t b = u.b, qt = u.tile, hk = h / p.group();
+  const SequenceMask mask = p.sequence_mask(b);
+  const DenseTileSchedule sched(mask, kTile, kTile);
+  const int64_t dqk = p.head_dim_qk, dv = p.head_dim_v;
+  const int64_t ldq = kp.dqk_pad, ldv = kp.dv_pad;
+
+  float* qp = slice(scratch, kp.fwd.q);
+  float* kt = slice(scratch, kp.fwd.kt);
+  float* vp = slice(scratch, kp.fwd.v_rows);
+  float* s = slice(scratch, kp.fwd.s);
+  float* acc = slice(scratch, kp.fwd.acc_o);
+  float* row_m = slice(scratch, kp.fwd.row_a);
+  float* row_l = slice(scratch, kp.fwd.row_b);
+
+  TileView t{&p, &mask, sched.q_begin(qt), sched.q_end(qt) - sched.q_begin(qt), 0, 0, 0, 0, true};
+  t.m_pad = round_up(t.m, MR);
+
+  const auto& qs = p.strides[ATTN_TENSOR_Q];
+  const auto& ks = p.strides[ATTN_TENSOR_K];
+  const auto& vs = p.strides[ATTN_TENSOR_V];
+  pack_rows(a.q, p.dtype, p.offset(ATTN_TENSOR_Q, b, t.r0, h), qs.seq, t.m, dqk, q_scale(p), qp,
+            t.m_pad, ldq);
+  std::fill(acc, acc + t.m_pad * ldv, 0.0f);
+  std::fill(row_m, row_m + t.m, kNegInf);
+  std::fill(row_l, row_l + t.m, 0.0f);
+
+  const TileRange kr = sched.kv_tiles_of(qt);
+  for (int64_t kti = kr.begin; kti < kr.end; ++kti) {
+    t.c0 = sched.kv_begin(kti);
+    t.n = sched.kv_end(kti) - t.c0;
+    t.n_pad = round_up(t.n, NR);
+    t.full = sched.is_full(qt, kti);
+    pack_transposed(a.k, p.dtype, p.offset(ATTN_TENSOR_K, b, t.c0, hk), ks.seq, t.n, dqk, kt,
+                    t.n_pad, kTile);
+    pack_rows(a.v, p.dtype, p.offset(ATTN_TENSOR_V, b, t.c0, hk), vs.seq, t.n, dv, 1.0f, vp,
+              t.n_pad, ldv);
+    compute_scores(t, qp, ldq, kt, s);
+
+    // Online softmax, one row at a time: S becomes P = 2^(s - m_new).
+    for (int64_t i = 0; i < t.m; ++i) {
+      float* row = s + i * kTile;
+      vf vm = vbroadcast(kNegInf);
+      for (int64_t j = 0; j < t.n_pad; j += W) vm = vmax(vm, vload(row + j));
+      const float m_new = std::max(row_m[i], hmax(vm));
+      if (m_new == kNegInf) {  // nothing visible yet: P row is 0
+        std::fill(row, row + t.n_pad, 0.0f);
+        continue;
+      }
+      const vf vmn = vbroadcast(m_new);
+      vf vsum{};
+      for (int64_t j = 0; j < t.n_pad; j += W) {
+        vf e = vexp2(vload(row + j) - vmn);
+        vstore(row + j, e);
+        vsum += e;
+      }
+      const float alpha = std::exp2(row_m[i] - m_new);  // 0 when row_m was -inf
+      row_l[i] = row_l[i] * alpha + hsum(vsum);
+      row_m[i] = m_new;
+      if (alpha != 1.0f) {
+        float* o = acc + i * ldv;
+        for (int64_t c = 0; c < ldv; c += W) vstore(o + c, vload(o + c) * alpha);
+      }
+    }
+    // Padding rows (i >= m) of S hold finite scores of zero query rows; their
+    // output rows are never stored.
+    gemm<true>(t.m_pad, ldv, t.n_pad, s, kTile, 1, vp, ldv, acc, ldv);
+  }
+
+  // O = Oacc / l, LSE = m ln2 + ln l; a row that saw nothing gives 0 and -inf.
+  const auto& os = p.strides[ATTN_TENSOR_O];
+  for (int64_t i = 0; i < t.m; ++i) {
+    const float l = row_l[i];
+    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+    store_rows(acc + i * ldv, ldv, 1, dv, inv, a.o, p.dtype,
+               p.offset(ATTN_TENSOR_O, b, t.r0 + i, h), os.seq);
+    if (a.lse)
+      a.lse[p.lse_offset(b, h, t.r0 + i)] = l > 0.0f ? row_m[i] * kLn2 + std::log(l) : kNegInf;
+  }
+}
+
+void forward(const KernelPlan& kp, const ForwardArgs& a) {
+  const Problem& p = *kp.problem;
+  char* base = workspace_base(a.workspace) + kp.fwd_threads_offset;
+  const int64_t heads = p.heads_q;
+  const int64_t items = int64_t(kp.q_units.size()) * heads;
+#pragma omp parallel num_threads(kp.num_threads)
+  {
+    char* scratch = base + size_t(thread_index()) * kp.fwd.floats * sizeof(float);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t w = 0; w < items; ++w) forward_item(kp, a, kp.q_units[w / heads], w % heads, scratch);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Backward. Three passes, all parallel, none with atomics (so results do not
+// depend on the thread count or schedule):
+//   1. D = rowsum(dO * O) per query row.
+//   2. per (sequence, KV head, KV tile): dK and dV over every query tile and
+//      query head of the group that sees it (the transposed schedule).
+//   3. per (sequence, query head, query tile): dQ over its KV tiles.
+// Probabilities are recomputed from LSE in passes 2 and 3.
+
+// P = 2^(s - lse2) for rows < m (rows >= m and masked entries give 0), then
+// dP = dO * V^T, and dS = P * (dP - D) * dz/du in place of dP. lse2 and
+// delta hold the rows' base-2 LSE (+inf for a row that saw nothing) and D.
+void probabilities_and_dscores(const TileView& t, const float* lse2, const float* delta,
+                               const float* dop, int64_t ldo, const float* vt, float* s,
+                               float* dp) {
+  const Problem& p = *t.p;
+  for (int64_t i = 0; i < t.m; ++i) {
+    float* row = s + i * kTile;
+    const vf l2 = vbroadcast(lse2[i]);
+    for (int64_t j = 0; j < t.n_pad; j += W) vstore(row + j, vexp2(vload(row + j) - l2));
+  }
+  std::fill(s + t.m * kTile, s + t.m_pad * kTile, 0.0f);
+  gemm<false>(t.m_pad, t.n_pad, p.head_dim_v, dop, ldo, 1, vt, kTile, dp, kTile);
+  for (int64_t i = 0; i < t.m; ++i) {
+    float* prow = s + i * kTile;
+    float* drow = dp + i * kTile;
+    const vf d = vbroadcast(delta[i]);
+    for (int64_t j = 0; j < t.n_pad; j += W) vstore(drow + j, vload(prow + j) * (vload(drow + j) - d));
+  }
+  std::fill(dp + t.m * kTile, dp + t.m_pad * kTile, 0.0f);
+}
+
+// Softcap chain rule: du = dz * (1 - (z/cap)^2), with z/cap taken from the
+// base-2 logits s2 saved before exponentiation (-inf where masked).
+void apply_softcap_grad(const TileView& t, const float* s2, float* ds) {
+  const float inv = 1.0f / (t.p->softcap * kLog2e);
+  for (int64_t i = 0; i < t.m; ++i) {
+    const float* zrow = s2 + i * kTile;
+    float* drow = ds + i * kTile;
+    for (int64_t j = 0; j < t.n_pad; j += W) {
+      vf y = vload(zrow + j) * inv;  // z / cap, -inf where masked
+      vf g = vbroadcast(1.0f) - y * y;
+      g = g < vbroadcast(0.0f) ? vbroadcast(0.0f) : g;  // masked: 0 (and P = 0 there)
+      vstore(drow + j, vload(drow + j) * g);
+    }
+  }
+}
+
+void backward_delta(const KernelPlan& kp, const BackwardArgs& a, float* delta) {
+  const Problem& p = *kp.problem;
+  const int64_t seq_heads = p.batch * p.heads_q;
+#pragma omp parallel for schedule(static) num_threads(kp.num_threads)
+  for (int64_t bh = 0; bh < seq_heads; ++bh) {
+    const int64_t b = bh / p.heads_q, h = bh % p.heads_q;
+    for (int64_t s = 0; s < p.lq(b); ++s) {
+      const int64_t io = p.offset(ATTN_TENSOR_O, b, s, h);
+      const int64_t ido = p.offset(ATTN_TENSOR_DO, b, s, h);
+      float sum = 0.0f;
+      for (int64_t c = 0; c < p.head_dim_v; ++c)
+        sum += load_as_float(a.d_o, ido + c, p.dtype) * load_as_float(a.o, io + c, p.dtype);
+      delta[p.lse_offset(b, h, s)] = sum;
+    }
+  }
+}
+
+// Loads the base-2 LSE (+inf for empty rows, so that P = 0) and D of rows
+// [r0, r0 + m) of head h.
+void load_row_stats(const Problem& p, const BackwardArgs& a, const float* delta, int64_t b,
+                    int64_t h, int64_t r0, int64_t m, float* lse2, float* d) {
+  for (int64_t i = 0; i < m; ++i) {
+    const int64_t idx = p.lse_offset(b, h, r0 + i);
+    const float l = a.lse[idx];
+    lse2[i] = l == kNegInf ? std::numeric_limits<float>::infinity() : l * kLog2e;
+    d[i] = delta[idx];
+  }
+}
+
+void backward_dkdv_item(const KernelPlan& kp, const BackwardArgs& a, const float* delta,
+                        const Unit& u, int64_t hk, char* scratch) {
+  const Problem& p = *kp.problem;
+  const int64_t b = u.b, kti = u.tile;
+  const SequenceMask mask = p.sequence_mask(b);
+  const DenseTileSchedule sched(mask, kTile, kTile);
+  const int64_t dqk = p.head_dim_qk, dv = p.head_dim_v;
+  const int64_t ldq = kp.dqk_pad, ldv = kp.dv_pad;
+  const bool capped = p.softcap > 0.0f;
+
+  float* qp = slice(scratch, kp.bwd.q);
+  float* dop = slice(scratch, kp.bwd.d_o);
+  float* kt = slice(scratch, kp.bwd.kt);
+  float* vt = slice(scratch, kp.bwd.vt);
+  float* s = slice(scratch, kp.bwd.s);
+  float* dp = slice(scratch, kp.bwd.dp);
+  float* z = slice(scratch, kp.bwd.z);  // saved logits when softcapped
+  float* acc_dk = slice(scratch, kp.bwd.acc_dk);
+  float* acc_dv = slice(scratch, kp.bwd.acc_dv);
+  float* lse2 = slice(scratch, kp.bwd.row_a);
+  float* dd = slice(scratch, kp.bwd.row_b);
+
+  TileView t{&p, &mask, 0, 0, 0, sched.kv_begin(kti), 0, 0, true};
+  t.n = sched.kv_end(kti) - t.c0;
+  t.n_pad = round_up(t.n, NR);
+  pack_transposed(a.k, p.dtype, p.offset(ATTN_TENSOR_K, b, t.c0, hk),
+                  p.strides[ATTN_TENSOR_K].seq, t.n, dqk, kt, t.n_pad, kTile);
+  pack_transposed(a.v, p.dtype, p.offset(ATTN_TENSOR_V, b, t.c0, hk),
+                  p.strides[ATTN_TENSOR_V].seq, t.n, dv, vt, t.n_pad, kTile);
+  std::fill(acc_dk, acc_dk + t.n_pad * ldq, 0.0f);
+  std::fill(acc_dv, acc_dv + t.n_pad * ldv, 0.0f);
+
+  const TileRange qr = sched.q_tiles_of(kti);
+  for (int64_t h = hk * p.group(); h < (hk + 1) * p.group(); ++h) {
+    for (int64_t qt = qr.begin; qt < qr.end; ++qt) {
+      t.r0 = sched.q_begin(qt);
+      t.m = sched.q_end(qt) - t.r0;
+      t.m_pad = round_up(t.m, MR);
+      t.full = sched.is_full(qt, kti);
+      pack_rows(a.q, p.dtype, p.offset(ATTN_TENSOR_Q, b, t.r0, h), p.strides[ATTN_TENSOR_Q].seq,
+                t.m, dqk, q_scale(p), qp, t.m_pad, ldq);
+      pack_rows(a.d_o, p.dtype, p.offset(ATTN_TENSOR_DO, b, t.r0, h),
+                p.strides[ATTN_TENSOR_DO].seq, t.m, dv, 1.0f, dop, t.m_pad, ldv);
+      load_row_stats(p, a, delta, b, h, t.r0, t.m, lse2, dd);
+      compute_scores(t, qp, ldq, kt, s);
+      if (capped) std::copy(s, s + t.m_pad * kTile, z);
+      probabilities_and_dscores(t, lse2, dd, dop, ldv, vt, s, dp);
+      if (capped) apply_softcap_grad(t, z, dp);
+      // dV += P^T dO;  dK += dS^T Qp (rescaled at the end)
+      gemm<true>(t.n_pad, ldv, t.m_pad, s, 1, kTile, dop, ldv, acc_dv, ldv);
+      gemm<true>(t.n_pad, ldq, t.m_pad, dp, 1, kTile, qp, ldq, acc_dk, ldq);
+    }
+  }
+  // dz = dS in natural units; S2 = Qp K^T with Qp = q_scale * Q, and
+  // z = scale * Q K^T, so dK = scale * dS^T Q = (scale / q_scale) * dS^T Qp.
+  // The base-2 exponent is already undone: P is a true probability.
+  const float dk_scale = p.scale / q_scale(p);
+  store_rows(acc_dk, ldq, t.n, dqk, dk_scale, a.dk, p.dtype,
+             p.offset(ATTN_TENSOR_DK, b, t.c0, hk), p.strides[ATTN_TENSOR_DK].seq);
+  store_rows(acc_dv, ldv, t.n, dv, 1.0f, a.dv, p.dtype, p.offset(ATTN_TENSOR_DV, b, t.c0, hk),
+             p.strides[ATTN_TENSOR_DV].seq);
+}
+
+void backward_dq_item(const KernelPlan& kp, const BackwardArgs& a, const float* delta,
+                      const Unit& u, int64_t h, char* scratch) {
+  const Problem& p = *kp.problem;
+  const int64_t b = u.b, qt = u.tile, hk = h / p.group();
+  const SequenceMask mask = p.sequence_mask(b);
+  const DenseTileSchedule sched(mask, kTile, kTile);
+  const int64_t dqk = p.head_dim_qk, dv = p.head_dim_v;
+  const int64_t ldq = kp.dqk_pad, ldv = kp.dv_pad;
+  const bool capped = p.softcap > 0.0f;
+
+  float* qp = slice(scratch, kp.bwd.q);
+  float* dop = slice(scratch, kp.bwd.d_o);
+  float* kt = slice(scratch, kp.bwd.kt);
+  float* vt = slice(scratch, kp.bwd.vt);
+  float* kr = slice(scratch, kp.bwd.k_rows);  // the dQ GEMM's B operand
+  float* s = slice(scratch, kp.bwd.s);
+  float* dp = slice(scratch, kp.bwd.dp);
+  float* z = slice(scratch, kp.bwd.z);
+  float* acc_dq = slice(scratch, kp.bwd.acc_dq);
+  float* lse2 = slice(scratch, kp.bwd.row_a);
+  float* dd = slice(scratch, kp.bwd.row_b);
+
+  TileView t{&p, &mask, sched.q_begin(qt), sched.q_end(qt) - sched.q_begin(qt), 0, 0, 0, 0, true};
+  t.m_pad = round_up(t.m, MR);
+  pack_rows(a.q, p.dtype, p.offset(ATTN_TENSOR_Q, b, t.r0, h), p.strides[ATTN_TENSOR_Q].seq, t.m,
+            dqk, q_scale(p), qp, t.m_pad, ldq);
+  pack_rows(a.d_o, p.dtype, p.offset(ATTN_TENSOR_DO, b, t.r0, h), p.strides[ATTN_TENSOR_DO].seq,
+            t.m, dv, 1.0f, dop, t.m_pad, ldv);
+  load_row_stats(p, a, delta, b, h, t.r0, t.m, lse2, dd);
+  std::fill(acc_dq, acc_dq + t.m_pad * ldq, 0.0f);
+
+  const TileRange krange = sched.kv_tiles_of(qt);
+  for (int64_t kti = krange.begin; kti < krange.end; ++kti) {
+    t.c0 = sched.kv_begin(kti);
+    t.n = sched.kv_end(kti) - t.c0;
+    t.n_pad = round_up(t.n, NR);
+    t.full = sched.is_full(qt, kti);
+    const int64_t koff = p.offset(ATTN_TENSOR_K, b, t.c0, hk);
+    const int64_t kseq = p.strides[ATTN_TENSOR_K].seq;
+    pack_transposed(a.k, p.dtype, koff, kseq, t.n, dqk, kt, t.n_pad, kTile);
+    pack_transposed(a.v, p.dtype, p.offset(ATTN_TENSOR_V, b, t.c0, hk),
+                    p.strides[ATTN_TENSOR_V].seq, t.n, dv, vt, t.n_pad, kTile);
+    pack_rows(a.k, p.dtype, koff, kseq, t.n, dqk, 1.0f, kr, t.n_pad, ldq);
+    compute_scores(t, qp, ldq, kt, s);
+    if (capped) std::copy(s, s + t.m_pad * kTile, z);
+    probabilities_and_dscores(t, lse2, dd, dop, ldv, vt, s, dp);
+    if (capped) apply_softcap_grad(t, z, dp);
+    gemm<true>(t.m_pad, ldq, t.n_pad, dp, kTile, 1, kr, ldq, acc_dq, ldq);  // dQ += dS K
+  }
+  store_rows(acc_dq, ldq, t.m, dqk, p.scale, a.dq, p.dtype, p.offset(ATTN_TENSOR_DQ, b, t.r0, h),
+             p.strides[ATTN_TENSOR_DQ].seq);
+}
+
+void backward(const KernelPlan& kp, const BackwardArgs& a) {
+  const Problem& p = *kp.problem;
+  char* ws = workspace_base(a.workspace);
+  float* delta = reinterpret_cast<float*>(ws + kp.bwd_delta_offset);
+  char* base = ws + kp.bwd_threads_offset;
+  backward_delta(kp, a, delta);
+
+  const int64_t kv_items = int64_t(kp.kv_units.size()) * p.heads_kv;
+  const int64_t q_items = int64_t(kp.q_units.size()) * p.heads_q;
+#pragma omp parallel num_threads(kp.num_threads)
+  {
+    char* scratch = base + size_t(thread_index()) * kp.bwd.floats * sizeof(float);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t w = 0; w < kv_items; ++w)
+      backward_dkdv_item(kp, a, delta, kp.kv_units[w / p.heads_kv], w % p.heads_kv, scratch);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t w = 0; w < q_items; ++w)
+      backward_dq_item(kp, a, delta, kp.q_units[w / p.heads_q], w % p.heads_q, scratch);
+  }
+}
+
+}  // namespace
+
+const IsaKernels& kernels() {
+  static const IsaKernels k{ATTN_CPU_ISA_NAME, NR, &forward, &backward};
+  return k;
+}
+
+}  // namespace attn::cpu::ATTN_CPU_ISA

@@ -1,0 +1,52 @@
+// Plan descriptors (mutable, filled by the setters) and plans (validated and
+// bound to a backend).
+#pragma once
+
+#include <attn/attn.h>
+
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "core/context.hpp"
+#include "core/tensor.hpp"
+#include "plan/backend.hpp"
+#include "plan/problem.hpp"
+
+namespace attn {
+
+struct PlanDesc {
+  int64_t batch = 1, heads_q = 1, heads_kv = 1;
+  int64_t seqlen_q = 0, seqlen_kv = 0;
+  int64_t head_dim_qk = 0, head_dim_v = 0;
+  attn_dtype_t dtype = ATTN_DTYPE_FP32;
+  attn_layout_t layout = ATTN_LAYOUT_BSHD;
+  bool layout_set = false;
+  std::optional<TensorDesc> tensors[8];
+  std::optional<float> scale;
+  float softcap = 0.0f;
+  attn_mask_t mask = ATTN_MASK_NONE;
+  int64_t window_left = -1, window_right = -1;
+  bool varlen = false;
+  int64_t varlen_batch = 0;
+  std::vector<int64_t> cu_q, cu_kv;
+  bool allow_empty_rows = false;
+  attn_passes_t passes = ATTN_PASSES_FORWARD;
+};
+
+struct Plan {
+  ContextConfig context;
+  Problem problem;
+  std::unique_ptr<BackendPlan> impl;
+  uint64_t visible_pairs = 0;
+
+  void describe(attn_plan_info_t& info) const;  // fills a full-size struct
+};
+
+// Checks desc for consistency, builds the Problem and binds the backend.
+// Throws attn::Error (INVALID_ARGUMENT, NOT_SUPPORTED, ...).
+std::unique_ptr<Plan> create_plan(const ContextConfig& ctx, const PlanDesc& desc);
+
+const char* tensor_role_name(attn_tensor_role_t role);
+
+}  // namespace attn

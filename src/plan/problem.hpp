@@ -1,0 +1,65 @@
+// The validated, backend-neutral description of one attention problem, as a
+// plan freezes it. Backends read only this.
+#pragma once
+
+#include <attn/attn.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "schedule/dense_schedule.hpp"
+
+namespace attn {
+
+// Where element (batch b, position s, head h, channel c) of a Q/K/V/O-like
+// tensor lives: seq_offset(b) + s * seq + h * head + c. For fixed-length
+// batches seq_offset(b) = b * batch; for varlen (THD) it is cu[b] * seq.
+struct TensorStrides {
+  int64_t batch = 0;
+  int64_t seq = 0;
+  int64_t head = 0;
+};
+
+struct Problem {
+  attn_dtype_t dtype = ATTN_DTYPE_FP32;
+  attn_layout_t layout = ATTN_LAYOUT_BSHD;
+  int64_t batch = 1;
+  int64_t heads_q = 1, heads_kv = 1;
+  int64_t seqlen_q = 0, seqlen_kv = 0;  // max over the batch for varlen
+  int64_t head_dim_qk = 0, head_dim_v = 0;
+  float scale = 1.0f;
+  float softcap = 0.0f;  // 0: off
+  attn_mask_t mask = ATTN_MASK_NONE;
+  WindowBounds window;   // the mask as bounds (causal = {-1, 0})
+  bool varlen = false;
+  std::vector<int64_t> cu_q, cu_kv;  // batch + 1 offsets (also for fixed length)
+  bool allow_empty_rows = false;
+  bool backward = false;
+
+  // Indexed by attn_tensor_role_t.
+  TensorStrides strides[8];
+
+  int64_t group() const { return heads_q / heads_kv; }
+  int64_t total_q() const { return cu_q.back(); }
+  int64_t total_kv() const { return cu_kv.back(); }
+  int64_t lq(int64_t b) const { return cu_q[b + 1] - cu_q[b]; }
+  int64_t lk(int64_t b) const { return cu_kv[b + 1] - cu_kv[b]; }
+  SequenceMask sequence_mask(int64_t b) const { return SequenceMask(lq(b), lk(b), window); }
+
+  // Element offset of (b, s, h, 0) in tensor `role`.
+  int64_t offset(attn_tensor_role_t role, int64_t b, int64_t s, int64_t h) const {
+    const TensorStrides& t = strides[role];
+    bool is_q_side = role == ATTN_TENSOR_Q || role == ATTN_TENSOR_O || role == ATTN_TENSOR_DO ||
+                     role == ATTN_TENSOR_DQ;
+    int64_t base = varlen ? (is_q_side ? cu_q[b] : cu_kv[b]) * t.seq : b * t.batch;
+    return base + s * t.seq + h * t.head;
+  }
+  // Offset of LSE row (b, h, s): [batch, heads_q, seqlen_q] or, varlen,
+  // [heads_q, total_q].
+  int64_t lse_offset(int64_t b, int64_t h, int64_t s) const {
+    return varlen ? h * total_q() + cu_q[b] + s : (b * heads_q + h) * seqlen_q + s;
+  }
+  int64_t lse_elements() const { return varlen ? heads_q * total_q() : batch * heads_q * seqlen_q; }
+};
+
+}  // namespace attn
