@@ -107,49 +107,67 @@ class CpuPlan final : public BackendPlan {
     for (auto& e : q) kp_.q_units.push_back(e.second);
     for (auto& e : kv) kp_.kv_units.push_back(e.second);
 
+    kp_.q_tile_base.assign(size_t(p.batch) + 1, 0);
+    kp_.kv_tile_base.assign(size_t(p.batch) + 1, 0);
+    for (int64_t b = 0; b < p.batch; ++b) {
+      const DenseTileSchedule sched(p.sequence_mask(b), kTile, kTile);
+      kp_.q_tile_base[size_t(b) + 1] = kp_.q_tile_base[size_t(b)] + sched.num_q_tiles();
+      kp_.kv_tile_base[size_t(b) + 1] = kp_.kv_tile_base[size_t(b)] + sched.num_kv_tiles();
+    }
+    const size_t q_tiles = size_t(kp_.q_tile_base.back());
+    const size_t kv_tiles = size_t(kp_.kv_tile_base.back());
+
     const size_t tile = size_t(kTile);
     const size_t ldq = size_t(kp_.dqk_pad), ldv = size_t(kp_.dv_pad);
     const size_t dqk = size_t(p.head_dim_qk), dv = size_t(p.head_dim_v);
-    auto carve = [](size_t& cursor, size_t floats) {
+    const size_t floats_align = kWorkspaceAlign / sizeof(float);
+    auto carve = [&](size_t& cursor, size_t floats) {
       size_t off = cursor;
-      cursor += size_t(align_up(floats, kWorkspaceAlign / sizeof(float)));
+      cursor += align_up(floats, floats_align);
       return off;
     };
+    auto packed = [&](WorkspaceLayout& layout, size_t tiles, int64_t heads, size_t tile_floats) {
+      PackedTensor t;
+      t.tile_floats = align_up(tile_floats, floats_align);
+      t.heads = heads;
+      t.offset = layout.add(tiles * size_t(heads) * t.tile_floats * sizeof(float));
+      return t;
+    };
+    const size_t threads = size_t(kp_.num_threads);
+
     Scratch& f = kp_.fwd;
     size_t c = 0;
     f.q = carve(c, tile * ldq);
-    f.kt = carve(c, dqk * tile);
-    f.v_rows = carve(c, tile * ldv);
     f.s = carve(c, tile * tile);
     f.acc_o = carve(c, tile * ldv);
     f.row_a = carve(c, tile);
     f.row_b = carve(c, tile);
     f.floats = c;
-
-    Scratch& g = kp_.bwd;
-    c = 0;
-    g.q = carve(c, tile * ldq);
-    g.d_o = carve(c, tile * ldv);
-    g.kt = carve(c, dqk * tile);
-    g.vt = carve(c, dv * tile);
-    g.k_rows = carve(c, tile * ldq);
-    g.s = carve(c, tile * tile);
-    g.dp = carve(c, tile * tile);
-    if (p.softcap > 0.0f) g.z = carve(c, tile * tile);
-    g.acc_dq = carve(c, tile * ldq);
-    g.acc_dk = carve(c, tile * ldq);
-    g.acc_dv = carve(c, tile * ldv);
-    g.row_a = carve(c, tile);
-    g.row_b = carve(c, tile);
-    g.floats = c;
-
-    const size_t threads = size_t(kp_.num_threads);
     WorkspaceLayout fl;
+    kp_.fwd_kt = packed(fl, kv_tiles, p.heads_kv, dqk * tile);
+    kp_.fwd_v = packed(fl, kv_tiles, p.heads_kv, tile * ldv);
     kp_.fwd_threads_offset = fl.add(threads * f.floats * sizeof(float));
     fwd_bytes_ = fl.total_bytes();
+
     if (p.backward) {
+      Scratch& g = kp_.bwd;
+      c = 0;
+      g.s = carve(c, tile * tile);
+      g.dp = carve(c, tile * tile);
+      if (p.softcap > 0.0f) g.z = carve(c, tile * tile);
+      g.acc_dq = carve(c, tile * ldq);
+      g.acc_dk = carve(c, tile * ldq);
+      g.acc_dv = carve(c, tile * ldv);
+      g.row_a = carve(c, tile);
+      g.row_b = carve(c, tile);
+      g.floats = c;
       WorkspaceLayout bl;
       kp_.bwd_delta_offset = bl.add(size_t(p.lse_elements()) * sizeof(float));
+      kp_.bwd_q = packed(bl, q_tiles, p.heads_q, tile * ldq);
+      kp_.bwd_do = packed(bl, q_tiles, p.heads_q, tile * ldv);
+      kp_.bwd_kt = packed(bl, kv_tiles, p.heads_kv, dqk * tile);
+      kp_.bwd_vt = packed(bl, kv_tiles, p.heads_kv, dv * tile);
+      kp_.bwd_k = packed(bl, kv_tiles, p.heads_kv, tile * ldq);
       kp_.bwd_threads_offset = bl.add(threads * g.floats * sizeof(float));
       bwd_bytes_ = bl.total_bytes();
     }

@@ -27,13 +27,22 @@ struct Unit {
 // Per-thread scratch regions: offsets in floats from the thread's slice
 // (each a multiple of 16 floats, so every region is 64-byte aligned).
 struct Scratch {
-  size_t q = 0, d_o = 0;          // [tile][d_pad] packed rows
-  size_t kt = 0, vt = 0;          // [d][tile] transposed keys / values
-  size_t k_rows = 0, v_rows = 0;  // [tile][d_pad]
-  size_t s = 0, dp = 0, z = 0;    // [tile][tile] scores, dP / dS, saved logits
+  size_t q = 0;                  // [tile][dqk_pad] packed query rows (forward)
+  size_t s = 0, dp = 0, z = 0;   // [tile][tile] scores, dP / dS, saved logits
   size_t acc_o = 0, acc_dq = 0, acc_dk = 0, acc_dv = 0;  // [tile][d_pad] fp32 sums
-  size_t row_a = 0, row_b = 0;    // [tile] per-row statistics
-  size_t floats = 0;              // size of one thread's slice
+  size_t row_a = 0, row_b = 0;   // [tile] per-row statistics
+  size_t floats = 0;             // size of one thread's slice
+};
+
+// An fp32 copy of one tensor, packed tile by tile, in the workspace: tile g
+// (numbered across the batch, see KernelPlan::q_tile_base) of head h starts
+// at offset + (g * heads + h) * tile_floats floats. Packing once per
+// execution, instead of once per visiting tile, takes the dtype conversion,
+// transposition and strided reads out of the inner loop.
+struct PackedTensor {
+  size_t offset = 0;       // bytes from the aligned workspace base
+  size_t tile_floats = 0;  // floats per (tile, head)
+  int64_t heads = 0;
 };
 
 struct KernelPlan {
@@ -42,10 +51,16 @@ struct KernelPlan {
   int64_t dqk_pad = 0, dv_pad = 0;  // head dims rounded up to the column block
   std::vector<Unit> q_units;        // (b, query tile), heaviest first
   std::vector<Unit> kv_units;       // (b, KV tile), heaviest first
+  std::vector<int64_t> q_tile_base, kv_tile_base;  // first global tile of sequence b
   Scratch fwd, bwd;
-  // Workspace byte offsets (from the aligned base).
-  size_t fwd_threads_offset = 0;
-  size_t bwd_delta_offset = 0;  // D = rowsum(dO * O), laid out like LSE
+  // Forward: Kt [dqk][tile] and V [tile][dv_pad] per KV tile and KV head.
+  PackedTensor fwd_kt, fwd_v;
+  // Backward: Q (pre-scaled) [tile][dqk_pad] and dO [tile][dv_pad] per query
+  // tile and query head; Kt [dqk][tile], Vt [dv][tile] and K [tile][dqk_pad]
+  // per KV tile and KV head.
+  PackedTensor bwd_q, bwd_do, bwd_kt, bwd_vt, bwd_k;
+  size_t fwd_threads_offset = 0;  // per-thread scratch, bytes from the base
+  size_t bwd_delta_offset = 0;    // D = rowsum(dO * O), laid out like LSE
   size_t bwd_threads_offset = 0;
 };
 

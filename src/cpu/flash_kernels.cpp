@@ -60,12 +60,11 @@ inline vf vload(const float* p) {
 inline void vstore(float* p, vf v) { std::memcpy(p, &v, sizeof v); }
 inline vf vbroadcast(float x) { return vf{} + x; }
 inline vf vmax(vf a, vf b) { return a > b ? a : b; }
-inline vf vmin(vf a, vf b) { return a < b ? a : b; }
 
 // 2^x for a vector, relative error ~2e-7. Inputs below -127 give exactly 0
-// (so -inf, a masked score, gives 0); NaN propagates.
+// (so -inf, a masked score, gives 0); NaN propagates (the clamps keep it).
 inline vf vexp2(vf x) {
-  x = vmin(x, vbroadcast(127.0f));
+  x = x > vbroadcast(127.0f) ? vbroadcast(127.0f) : x;
   x = x < vbroadcast(-127.0f) ? vbroadcast(-127.0f) : x;
   // round to nearest with the 1.5 * 2^23 trick; f in [-0.5, 0.5]
   const vf magic = vbroadcast(12582912.0f);
@@ -247,11 +246,47 @@ inline float* slice(char* thread_base, size_t offset_floats) {
   return reinterpret_cast<float*>(thread_base) + offset_floats;
 }
 
+// Tile g (global index), head h of a packed tensor.
+inline float* packed_tile(char* ws, const PackedTensor& t, int64_t g, int64_t h) {
+  return reinterpret_cast<float*>(ws + t.offset) + (size_t(g * t.heads + h) * t.tile_floats);
+}
+
+// Rows [r0, r0 + m) and their padding up to a multiple of MR.
+struct RowSpan {
+  int64_t r0, m, m_pad;
+};
+inline RowSpan q_rows(const DenseTileSchedule& sched, int64_t qt) {
+  const int64_t r0 = sched.q_begin(qt), m = sched.q_end(qt) - r0;
+  return {r0, m, round_up(m, MR)};
+}
+inline RowSpan kv_rows(const DenseTileSchedule& sched, int64_t kt) {
+  const int64_t c0 = sched.kv_begin(kt), n = sched.kv_end(kt) - c0;
+  return {c0, n, round_up(n, NR)};
+}
+
+// Packs KV tile u.tile of KV head hk: Kt [dqk][tile] always, V rows
+// [tile][dv_pad] (forward) or Vt [dv][tile] and K rows [tile][dqk_pad]
+// (backward), each when its destination is given.
+void pack_kv_tile(const KernelPlan& kp, const void* k, const void* v, const Unit& u, int64_t hk,
+                  float* kt, float* v_rows, float* vt, float* k_rows) {
+  const Problem& p = *kp.problem;
+  const DenseTileSchedule sched(p.sequence_mask(u.b), kTile, kTile);
+  const RowSpan r = kv_rows(sched, u.tile);
+  const int64_t koff = p.offset(ATTN_TENSOR_K, u.b, r.r0, hk);
+  const int64_t voff = p.offset(ATTN_TENSOR_V, u.b, r.r0, hk);
+  const int64_t kseq = p.strides[ATTN_TENSOR_K].seq, vseq = p.strides[ATTN_TENSOR_V].seq;
+  pack_transposed(k, p.dtype, koff, kseq, r.m, p.head_dim_qk, kt, r.m_pad, kTile);
+  if (v_rows) pack_rows(v, p.dtype, voff, vseq, r.m, p.head_dim_v, 1.0f, v_rows, r.m_pad, kp.dv_pad);
+  if (vt) pack_transposed(v, p.dtype, voff, vseq, r.m, p.head_dim_v, vt, r.m_pad, kTile);
+  if (k_rows)
+    pack_rows(k, p.dtype, koff, kseq, r.m, p.head_dim_qk, 1.0f, k_rows, r.m_pad, kp.dqk_pad);
+}
+
 // ---------------------------------------------------------------------------
 // Forward
 
-void forward_item(const KernelPlan& kp, const ForwardArgs& a, const Unit& u, int64_t h,
-                  char* scratch) {
+void forward_item(const KernelPlan& kp, const ForwardArgs& a, char* ws, const Unit& u,
+                  int64_t h, char* scratch) {
   const Problem& p = *kp.problem;
   const int64_t b = u.b, qt = u.tile, hk = h / p.group();
   const SequenceMask mask = p.sequence_mask(b);
@@ -260,36 +295,26 @@ void forward_item(const KernelPlan& kp, const ForwardArgs& a, const Unit& u, int
   const int64_t ldq = kp.dqk_pad, ldv = kp.dv_pad;
 
   float* qp = slice(scratch, kp.fwd.q);
-  float* kt = slice(scratch, kp.fwd.kt);
-  float* vp = slice(scratch, kp.fwd.v_rows);
   float* s = slice(scratch, kp.fwd.s);
   float* acc = slice(scratch, kp.fwd.acc_o);
   float* row_m = slice(scratch, kp.fwd.row_a);
   float* row_l = slice(scratch, kp.fwd.row_b);
 
-  TileView t{&p, &mask, sched.q_begin(qt), sched.q_end(qt) - sched.q_begin(qt), 0, 0, 0, 0, true};
-  t.m_pad = round_up(t.m, MR);
-
-  const auto& qs = p.strides[ATTN_TENSOR_Q];
-  const auto& ks = p.strides[ATTN_TENSOR_K];
-  const auto& vs = p.strides[ATTN_TENSOR_V];
-  pack_rows(a.q, p.dtype, p.offset(ATTN_TENSOR_Q, b, t.r0, h), qs.seq, t.m, dqk, q_scale(p), qp,
-            t.m_pad, ldq);
+  const RowSpan qr = q_rows(sched, qt);
+  TileView t{&p, &mask, qr.r0, qr.m, qr.m_pad, 0, 0, 0, true};
+  pack_rows(a.q, p.dtype, p.offset(ATTN_TENSOR_Q, b, t.r0, h), p.strides[ATTN_TENSOR_Q].seq, t.m,
+            dqk, q_scale(p), qp, t.m_pad, ldq);
   std::fill(acc, acc + t.m_pad * ldv, 0.0f);
   std::fill(row_m, row_m + t.m, kNegInf);
   std::fill(row_l, row_l + t.m, 0.0f);
 
   const TileRange kr = sched.kv_tiles_of(qt);
   for (int64_t kti = kr.begin; kti < kr.end; ++kti) {
-    t.c0 = sched.kv_begin(kti);
-    t.n = sched.kv_end(kti) - t.c0;
-    t.n_pad = round_up(t.n, NR);
+    const RowSpan cr = kv_rows(sched, kti);
+    t.c0 = cr.r0, t.n = cr.m, t.n_pad = cr.m_pad;
     t.full = sched.is_full(qt, kti);
-    pack_transposed(a.k, p.dtype, p.offset(ATTN_TENSOR_K, b, t.c0, hk), ks.seq, t.n, dqk, kt,
-                    t.n_pad, kTile);
-    pack_rows(a.v, p.dtype, p.offset(ATTN_TENSOR_V, b, t.c0, hk), vs.seq, t.n, dv, 1.0f, vp,
-              t.n_pad, ldv);
-    compute_scores(t, qp, ldq, kt, s);
+    const int64_t g = kp.kv_tile_base[size_t(b)] + kti;
+    compute_scores(t, qp, ldq, packed_tile(ws, kp.fwd_kt, g, hk), s);
 
     // Online softmax, one row at a time: S becomes P = 2^(s - m_new).
     for (int64_t i = 0; i < t.m; ++i) {
@@ -318,7 +343,7 @@ void forward_item(const KernelPlan& kp, const ForwardArgs& a, const Unit& u, int
     }
     // Padding rows (i >= m) of S hold finite scores of zero query rows; their
     // output rows are never stored.
-    gemm<true>(t.m_pad, ldv, t.n_pad, s, kTile, 1, vp, ldv, acc, ldv);
+    gemm<true>(t.m_pad, ldv, t.n_pad, s, kTile, 1, packed_tile(ws, kp.fwd_v, g, hk), ldv, acc, ldv);
   }
 
   // O = Oacc / l, LSE = m ln2 + ln l; a row that saw nothing gives 0 and -inf.
@@ -335,29 +360,38 @@ void forward_item(const KernelPlan& kp, const ForwardArgs& a, const Unit& u, int
 
 void forward(const KernelPlan& kp, const ForwardArgs& a) {
   const Problem& p = *kp.problem;
-  char* base = workspace_base(a.workspace) + kp.fwd_threads_offset;
-  const int64_t heads = p.heads_q;
-  const int64_t items = int64_t(kp.q_units.size()) * heads;
+  char* ws = workspace_base(a.workspace);
+  char* base = ws + kp.fwd_threads_offset;
+  const int64_t pack_items = int64_t(kp.kv_units.size()) * p.heads_kv;
+  const int64_t items = int64_t(kp.q_units.size()) * p.heads_q;
 #pragma omp parallel num_threads(kp.num_threads)
   {
     char* scratch = base + size_t(thread_index()) * kp.fwd.floats * sizeof(float);
+#pragma omp for schedule(dynamic, 4)
+    for (int64_t w = 0; w < pack_items; ++w) {
+      const Unit& u = kp.kv_units[size_t(w / p.heads_kv)];
+      const int64_t hk = w % p.heads_kv, g = kp.kv_tile_base[size_t(u.b)] + u.tile;
+      pack_kv_tile(kp, a.k, a.v, u, hk, packed_tile(ws, kp.fwd_kt, g, hk),
+                   packed_tile(ws, kp.fwd_v, g, hk), nullptr, nullptr);
+    }
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t w = 0; w < items; ++w) forward_item(kp, a, kp.q_units[w / heads], w % heads, scratch);
+    for (int64_t w = 0; w < items; ++w)
+      forward_item(kp, a, ws, kp.q_units[size_t(w / p.heads_q)], w % p.heads_q, scratch);
   }
 }
 
 // ---------------------------------------------------------------------------
-// Backward. Three passes, all parallel, none with atomics (so results do not
+// Backward. Phases, all parallel, none with atomics (so results do not
 // depend on the thread count or schedule):
-//   1. D = rowsum(dO * O) per query row.
-//   2. per (sequence, KV head, KV tile): dK and dV over every query tile and
+//   0. pack Q (pre-scaled), dO, Kt, Vt and K rows; D = rowsum(dO * O).
+//   1. per (sequence, KV head, KV tile): dK and dV over every query tile and
 //      query head of the group that sees it (the transposed schedule).
-//   3. per (sequence, query head, query tile): dQ over its KV tiles.
-// Probabilities are recomputed from LSE in passes 2 and 3.
+//   2. per (sequence, query head, query tile): dQ over its KV tiles.
+// Probabilities are recomputed from LSE in phases 1 and 2.
 
 // P = 2^(s - lse2) for rows < m (rows >= m and masked entries give 0), then
-// dP = dO * V^T, and dS = P * (dP - D) * dz/du in place of dP. lse2 and
-// delta hold the rows' base-2 LSE (+inf for a row that saw nothing) and D.
+// dP = dO * V^T, and dS = P * (dP - D) in place of dP. lse2 and delta hold
+// the rows' base-2 LSE (+inf for a row that saw nothing) and D.
 void probabilities_and_dscores(const TileView& t, const float* lse2, const float* delta,
                                const float* dop, int64_t ldo, const float* vt, float* s,
                                float* dp) {
@@ -394,20 +428,27 @@ void apply_softcap_grad(const TileView& t, const float* s2, float* ds) {
   }
 }
 
-void backward_delta(const KernelPlan& kp, const BackwardArgs& a, float* delta) {
+// Packs query tile u.tile of head h (Q pre-scaled, dO) and computes D for
+// its rows.
+void backward_pack_q_tile(const KernelPlan& kp, const BackwardArgs& a, char* ws, float* delta,
+                          const Unit& u, int64_t h) {
   const Problem& p = *kp.problem;
-  const int64_t seq_heads = p.batch * p.heads_q;
-#pragma omp parallel for schedule(static) num_threads(kp.num_threads)
-  for (int64_t bh = 0; bh < seq_heads; ++bh) {
-    const int64_t b = bh / p.heads_q, h = bh % p.heads_q;
-    for (int64_t s = 0; s < p.lq(b); ++s) {
-      const int64_t io = p.offset(ATTN_TENSOR_O, b, s, h);
-      const int64_t ido = p.offset(ATTN_TENSOR_DO, b, s, h);
-      float sum = 0.0f;
-      for (int64_t c = 0; c < p.head_dim_v; ++c)
-        sum += load_as_float(a.d_o, ido + c, p.dtype) * load_as_float(a.o, io + c, p.dtype);
-      delta[p.lse_offset(b, h, s)] = sum;
-    }
+  const DenseTileSchedule sched(p.sequence_mask(u.b), kTile, kTile);
+  const RowSpan r = q_rows(sched, u.tile);
+  const int64_t g = kp.q_tile_base[size_t(u.b)] + u.tile;
+  float* qp = packed_tile(ws, kp.bwd_q, g, h);
+  float* dop = packed_tile(ws, kp.bwd_do, g, h);
+  pack_rows(a.q, p.dtype, p.offset(ATTN_TENSOR_Q, u.b, r.r0, h), p.strides[ATTN_TENSOR_Q].seq,
+            r.m, p.head_dim_qk, q_scale(p), qp, r.m_pad, kp.dqk_pad);
+  pack_rows(a.d_o, p.dtype, p.offset(ATTN_TENSOR_DO, u.b, r.r0, h),
+            p.strides[ATTN_TENSOR_DO].seq, r.m, p.head_dim_v, 1.0f, dop, r.m_pad, kp.dv_pad);
+  const int64_t oseq = p.strides[ATTN_TENSOR_O].seq;
+  int64_t oo = p.offset(ATTN_TENSOR_O, u.b, r.r0, h);
+  for (int64_t i = 0; i < r.m; ++i, oo += oseq) {
+    const float* d = dop + i * kp.dv_pad;
+    float sum = 0.0f;
+    for (int64_t c = 0; c < p.head_dim_v; ++c) sum += d[c] * load_as_float(a.o, oo + c, p.dtype);
+    delta[p.lse_offset(u.b, h, r.r0 + i)] = sum;
   }
 }
 
@@ -423,20 +464,15 @@ void load_row_stats(const Problem& p, const BackwardArgs& a, const float* delta,
   }
 }
 
-void backward_dkdv_item(const KernelPlan& kp, const BackwardArgs& a, const float* delta,
+void backward_dkdv_item(const KernelPlan& kp, const BackwardArgs& a, char* ws, const float* delta,
                         const Unit& u, int64_t hk, char* scratch) {
   const Problem& p = *kp.problem;
   const int64_t b = u.b, kti = u.tile;
   const SequenceMask mask = p.sequence_mask(b);
   const DenseTileSchedule sched(mask, kTile, kTile);
-  const int64_t dqk = p.head_dim_qk, dv = p.head_dim_v;
   const int64_t ldq = kp.dqk_pad, ldv = kp.dv_pad;
   const bool capped = p.softcap > 0.0f;
 
-  float* qp = slice(scratch, kp.bwd.q);
-  float* dop = slice(scratch, kp.bwd.d_o);
-  float* kt = slice(scratch, kp.bwd.kt);
-  float* vt = slice(scratch, kp.bwd.vt);
   float* s = slice(scratch, kp.bwd.s);
   float* dp = slice(scratch, kp.bwd.dp);
   float* z = slice(scratch, kp.bwd.z);  // saved logits when softcapped
@@ -445,27 +481,23 @@ void backward_dkdv_item(const KernelPlan& kp, const BackwardArgs& a, const float
   float* lse2 = slice(scratch, kp.bwd.row_a);
   float* dd = slice(scratch, kp.bwd.row_b);
 
-  TileView t{&p, &mask, 0, 0, 0, sched.kv_begin(kti), 0, 0, true};
-  t.n = sched.kv_end(kti) - t.c0;
-  t.n_pad = round_up(t.n, NR);
-  pack_transposed(a.k, p.dtype, p.offset(ATTN_TENSOR_K, b, t.c0, hk),
-                  p.strides[ATTN_TENSOR_K].seq, t.n, dqk, kt, t.n_pad, kTile);
-  pack_transposed(a.v, p.dtype, p.offset(ATTN_TENSOR_V, b, t.c0, hk),
-                  p.strides[ATTN_TENSOR_V].seq, t.n, dv, vt, t.n_pad, kTile);
+  const RowSpan cr = kv_rows(sched, kti);
+  const int64_t gk = kp.kv_tile_base[size_t(b)] + kti;
+  const float* kt = packed_tile(ws, kp.bwd_kt, gk, hk);
+  const float* vt = packed_tile(ws, kp.bwd_vt, gk, hk);
+  TileView t{&p, &mask, 0, 0, 0, cr.r0, cr.m, cr.m_pad, true};
   std::fill(acc_dk, acc_dk + t.n_pad * ldq, 0.0f);
   std::fill(acc_dv, acc_dv + t.n_pad * ldv, 0.0f);
 
-  const TileRange qr = sched.q_tiles_of(kti);
+  const TileRange qrange = sched.q_tiles_of(kti);
   for (int64_t h = hk * p.group(); h < (hk + 1) * p.group(); ++h) {
-    for (int64_t qt = qr.begin; qt < qr.end; ++qt) {
-      t.r0 = sched.q_begin(qt);
-      t.m = sched.q_end(qt) - t.r0;
-      t.m_pad = round_up(t.m, MR);
+    for (int64_t qt = qrange.begin; qt < qrange.end; ++qt) {
+      const RowSpan qr = q_rows(sched, qt);
+      t.r0 = qr.r0, t.m = qr.m, t.m_pad = qr.m_pad;
       t.full = sched.is_full(qt, kti);
-      pack_rows(a.q, p.dtype, p.offset(ATTN_TENSOR_Q, b, t.r0, h), p.strides[ATTN_TENSOR_Q].seq,
-                t.m, dqk, q_scale(p), qp, t.m_pad, ldq);
-      pack_rows(a.d_o, p.dtype, p.offset(ATTN_TENSOR_DO, b, t.r0, h),
-                p.strides[ATTN_TENSOR_DO].seq, t.m, dv, 1.0f, dop, t.m_pad, ldv);
+      const int64_t gq = kp.q_tile_base[size_t(b)] + qt;
+      const float* qp = packed_tile(ws, kp.bwd_q, gq, h);
+      const float* dop = packed_tile(ws, kp.bwd_do, gq, h);
       load_row_stats(p, a, delta, b, h, t.r0, t.m, lse2, dd);
       compute_scores(t, qp, ldq, kt, s);
       if (capped) std::copy(s, s + t.m_pad * kTile, z);
@@ -476,31 +508,24 @@ void backward_dkdv_item(const KernelPlan& kp, const BackwardArgs& a, const float
       gemm<true>(t.n_pad, ldq, t.m_pad, dp, 1, kTile, qp, ldq, acc_dk, ldq);
     }
   }
-  // dz = dS in natural units; S2 = Qp K^T with Qp = q_scale * Q, and
-  // z = scale * Q K^T, so dK = scale * dS^T Q = (scale / q_scale) * dS^T Qp.
-  // The base-2 exponent is already undone: P is a true probability.
+  // dS is in natural units (P is a true probability). S2 = Qp K^T with
+  // Qp = q_scale * Q and z = scale * Q K^T, so dK = (scale / q_scale) dS^T Qp.
   const float dk_scale = p.scale / q_scale(p);
-  store_rows(acc_dk, ldq, t.n, dqk, dk_scale, a.dk, p.dtype,
+  store_rows(acc_dk, ldq, t.n, p.head_dim_qk, dk_scale, a.dk, p.dtype,
              p.offset(ATTN_TENSOR_DK, b, t.c0, hk), p.strides[ATTN_TENSOR_DK].seq);
-  store_rows(acc_dv, ldv, t.n, dv, 1.0f, a.dv, p.dtype, p.offset(ATTN_TENSOR_DV, b, t.c0, hk),
-             p.strides[ATTN_TENSOR_DV].seq);
+  store_rows(acc_dv, ldv, t.n, p.head_dim_v, 1.0f, a.dv, p.dtype,
+             p.offset(ATTN_TENSOR_DV, b, t.c0, hk), p.strides[ATTN_TENSOR_DV].seq);
 }
 
-void backward_dq_item(const KernelPlan& kp, const BackwardArgs& a, const float* delta,
+void backward_dq_item(const KernelPlan& kp, const BackwardArgs& a, char* ws, const float* delta,
                       const Unit& u, int64_t h, char* scratch) {
   const Problem& p = *kp.problem;
   const int64_t b = u.b, qt = u.tile, hk = h / p.group();
   const SequenceMask mask = p.sequence_mask(b);
   const DenseTileSchedule sched(mask, kTile, kTile);
-  const int64_t dqk = p.head_dim_qk, dv = p.head_dim_v;
   const int64_t ldq = kp.dqk_pad, ldv = kp.dv_pad;
   const bool capped = p.softcap > 0.0f;
 
-  float* qp = slice(scratch, kp.bwd.q);
-  float* dop = slice(scratch, kp.bwd.d_o);
-  float* kt = slice(scratch, kp.bwd.kt);
-  float* vt = slice(scratch, kp.bwd.vt);
-  float* kr = slice(scratch, kp.bwd.k_rows);  // the dQ GEMM's B operand
   float* s = slice(scratch, kp.bwd.s);
   float* dp = slice(scratch, kp.bwd.dp);
   float* z = slice(scratch, kp.bwd.z);
@@ -508,35 +533,30 @@ void backward_dq_item(const KernelPlan& kp, const BackwardArgs& a, const float* 
   float* lse2 = slice(scratch, kp.bwd.row_a);
   float* dd = slice(scratch, kp.bwd.row_b);
 
-  TileView t{&p, &mask, sched.q_begin(qt), sched.q_end(qt) - sched.q_begin(qt), 0, 0, 0, 0, true};
-  t.m_pad = round_up(t.m, MR);
-  pack_rows(a.q, p.dtype, p.offset(ATTN_TENSOR_Q, b, t.r0, h), p.strides[ATTN_TENSOR_Q].seq, t.m,
-            dqk, q_scale(p), qp, t.m_pad, ldq);
-  pack_rows(a.d_o, p.dtype, p.offset(ATTN_TENSOR_DO, b, t.r0, h), p.strides[ATTN_TENSOR_DO].seq,
-            t.m, dv, 1.0f, dop, t.m_pad, ldv);
+  const RowSpan qr = q_rows(sched, qt);
+  const int64_t gq = kp.q_tile_base[size_t(b)] + qt;
+  const float* qp = packed_tile(ws, kp.bwd_q, gq, h);
+  const float* dop = packed_tile(ws, kp.bwd_do, gq, h);
+  TileView t{&p, &mask, qr.r0, qr.m, qr.m_pad, 0, 0, 0, true};
   load_row_stats(p, a, delta, b, h, t.r0, t.m, lse2, dd);
   std::fill(acc_dq, acc_dq + t.m_pad * ldq, 0.0f);
 
   const TileRange krange = sched.kv_tiles_of(qt);
   for (int64_t kti = krange.begin; kti < krange.end; ++kti) {
-    t.c0 = sched.kv_begin(kti);
-    t.n = sched.kv_end(kti) - t.c0;
-    t.n_pad = round_up(t.n, NR);
+    const RowSpan cr = kv_rows(sched, kti);
+    t.c0 = cr.r0, t.n = cr.m, t.n_pad = cr.m_pad;
     t.full = sched.is_full(qt, kti);
-    const int64_t koff = p.offset(ATTN_TENSOR_K, b, t.c0, hk);
-    const int64_t kseq = p.strides[ATTN_TENSOR_K].seq;
-    pack_transposed(a.k, p.dtype, koff, kseq, t.n, dqk, kt, t.n_pad, kTile);
-    pack_transposed(a.v, p.dtype, p.offset(ATTN_TENSOR_V, b, t.c0, hk),
-                    p.strides[ATTN_TENSOR_V].seq, t.n, dv, vt, t.n_pad, kTile);
-    pack_rows(a.k, p.dtype, koff, kseq, t.n, dqk, 1.0f, kr, t.n_pad, ldq);
-    compute_scores(t, qp, ldq, kt, s);
+    const int64_t gk = kp.kv_tile_base[size_t(b)] + kti;
+    compute_scores(t, qp, ldq, packed_tile(ws, kp.bwd_kt, gk, hk), s);
     if (capped) std::copy(s, s + t.m_pad * kTile, z);
-    probabilities_and_dscores(t, lse2, dd, dop, ldv, vt, s, dp);
+    probabilities_and_dscores(t, lse2, dd, dop, ldv, packed_tile(ws, kp.bwd_vt, gk, hk), s, dp);
     if (capped) apply_softcap_grad(t, z, dp);
-    gemm<true>(t.m_pad, ldq, t.n_pad, dp, kTile, 1, kr, ldq, acc_dq, ldq);  // dQ += dS K
+    // dQ += dS K
+    gemm<true>(t.m_pad, ldq, t.n_pad, dp, kTile, 1, packed_tile(ws, kp.bwd_k, gk, hk), ldq, acc_dq,
+               ldq);
   }
-  store_rows(acc_dq, ldq, t.m, dqk, p.scale, a.dq, p.dtype, p.offset(ATTN_TENSOR_DQ, b, t.r0, h),
-             p.strides[ATTN_TENSOR_DQ].seq);
+  store_rows(acc_dq, ldq, t.m, p.head_dim_qk, p.scale, a.dq, p.dtype,
+             p.offset(ATTN_TENSOR_DQ, b, t.r0, h), p.strides[ATTN_TENSOR_DQ].seq);
 }
 
 void backward(const KernelPlan& kp, const BackwardArgs& a) {
@@ -544,19 +564,29 @@ void backward(const KernelPlan& kp, const BackwardArgs& a) {
   char* ws = workspace_base(a.workspace);
   float* delta = reinterpret_cast<float*>(ws + kp.bwd_delta_offset);
   char* base = ws + kp.bwd_threads_offset;
-  backward_delta(kp, a, delta);
-
   const int64_t kv_items = int64_t(kp.kv_units.size()) * p.heads_kv;
   const int64_t q_items = int64_t(kp.q_units.size()) * p.heads_q;
 #pragma omp parallel num_threads(kp.num_threads)
   {
     char* scratch = base + size_t(thread_index()) * kp.bwd.floats * sizeof(float);
+#pragma omp for schedule(dynamic, 4) nowait
+    for (int64_t w = 0; w < kv_items; ++w) {
+      const Unit& u = kp.kv_units[size_t(w / p.heads_kv)];
+      const int64_t hk = w % p.heads_kv, g = kp.kv_tile_base[size_t(u.b)] + u.tile;
+      pack_kv_tile(kp, a.k, a.v, u, hk, packed_tile(ws, kp.bwd_kt, g, hk), nullptr,
+                   packed_tile(ws, kp.bwd_vt, g, hk), packed_tile(ws, kp.bwd_k, g, hk));
+    }
+#pragma omp for schedule(dynamic, 4)
+    for (int64_t w = 0; w < q_items; ++w)
+      backward_pack_q_tile(kp, a, ws, delta, kp.q_units[size_t(w / p.heads_q)], w % p.heads_q);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t w = 0; w < kv_items; ++w)
-      backward_dkdv_item(kp, a, delta, kp.kv_units[w / p.heads_kv], w % p.heads_kv, scratch);
+      backward_dkdv_item(kp, a, ws, delta, kp.kv_units[size_t(w / p.heads_kv)], w % p.heads_kv,
+                         scratch);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t w = 0; w < q_items; ++w)
-      backward_dq_item(kp, a, delta, kp.q_units[w / p.heads_q], w % p.heads_q, scratch);
+      backward_dq_item(kp, a, ws, delta, kp.q_units[size_t(w / p.heads_q)], w % p.heads_q,
+                       scratch);
   }
 }
 

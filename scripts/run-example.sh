@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Builds libattn (CPU backend; CUDA too when nvcc is found) and runs the main
+# example. Installs missing build tools first (scripts/install-deps.sh).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+./scripts/install-deps.sh
+build=${BUILD_DIR:-build}
+[ -f "$build/build.ninja" ] || meson setup "$build" --buildtype=release
+meson compile -C "$build" attn_example
+"$build/examples/attn_example"

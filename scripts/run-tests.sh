@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Builds libattn with its tests and runs the whole suite: numerics against the
+# fp64 reference, API contracts, FFI and packaging. GPU tests skip (exit code
+# 77) on machines without a CUDA device. Installs missing tools first.
+# Extra arguments go to `meson test` (e.g. --suite numerics).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+./scripts/install-deps.sh
+build=${BUILD_DIR:-build}
+[ -f "$build/build.ninja" ] || meson setup "$build" --buildtype=release ${MESON_ARGS:-}
+meson compile -C "$build"
+meson test -C "$build" --print-errorlogs --num-processes "${TEST_JOBS:-$(nproc)}" "$@"
