@@ -74,6 +74,15 @@
 #  define ATTN_API
 #endif
 
+/* In C++ the enumerations get a fixed int base, so that any int a C or FFI
+ * caller passes is a valid value to check (and reject) rather than undefined
+ * behaviour. The size and representation are those of the C enum. */
+#if defined(__cplusplus)
+#  define ATTN_ENUM_BASE : int
+#else
+#  define ATTN_ENUM_BASE
+#endif
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -101,7 +110,7 @@ ATTN_API const char *attn_version_string(void);
 /* Status codes and errors                                                   */
 /* ------------------------------------------------------------------------ */
 
-typedef enum attn_status {
+typedef enum attn_status ATTN_ENUM_BASE {
   ATTN_STATUS_SUCCESS = 0,
   /* An argument is NULL, out of range or inconsistent with another. */
   ATTN_STATUS_INVALID_ARGUMENT = 1,
@@ -142,7 +151,7 @@ ATTN_API const char *attn_last_error_message(void);
 /* Enumerations                                                              */
 /* ------------------------------------------------------------------------ */
 
-typedef enum attn_backend {
+typedef enum attn_backend ATTN_ENUM_BASE {
   /* CUDA when this library was built with it and a device is present, else
    * the CPU. The context records what was chosen
    * (attn_context_get_backend). */
@@ -151,7 +160,7 @@ typedef enum attn_backend {
   ATTN_BACKEND_CUDA = 2
 } attn_backend_t;
 
-typedef enum attn_dtype {
+typedef enum attn_dtype ATTN_ENUM_BASE {
   ATTN_DTYPE_FP32 = 0,
   ATTN_DTYPE_FP16 = 1, /* IEEE binary16 */
   ATTN_DTYPE_BF16 = 2  /* bfloat16 */
@@ -160,7 +169,7 @@ typedef enum attn_dtype {
 /* Default memory layout of Q, K, V, O and their gradients. Only the default
  * strides follow from it; attn_plan_desc_set_tensor() overrides the strides
  * of one tensor. The last (head-dimension) stride is always 1. */
-typedef enum attn_layout {
+typedef enum attn_layout ATTN_ENUM_BASE {
   /* [batch, seqlen, heads, head_dim], the layout of most frameworks. */
   ATTN_LAYOUT_BSHD = 0,
   /* [batch, heads, seqlen, head_dim]. */
@@ -171,14 +180,14 @@ typedef enum attn_layout {
   ATTN_LAYOUT_THD = 2
 } attn_layout_t;
 
-typedef enum attn_mask {
+typedef enum attn_mask ATTN_ENUM_BASE {
   ATTN_MASK_NONE = 0,   /* every query sees every key */
   ATTN_MASK_CAUSAL = 1, /* bottom-right aligned; see the picture above */
   ATTN_MASK_WINDOW = 2  /* sliding window (left, right), inclusive */
 } attn_mask_t;
 
 /* The tensors of a plan, to override their strides one by one. */
-typedef enum attn_tensor_role {
+typedef enum attn_tensor_role ATTN_ENUM_BASE {
   ATTN_TENSOR_Q = 0,
   ATTN_TENSOR_K = 1,
   ATTN_TENSOR_V = 2,
@@ -190,13 +199,13 @@ typedef enum attn_tensor_role {
 } attn_tensor_role_t;
 
 /* Which passes a plan must be able to run. */
-typedef enum attn_passes {
+typedef enum attn_passes ATTN_ENUM_BASE {
   ATTN_PASSES_FORWARD = 1,
   ATTN_PASSES_FORWARD_BACKWARD = 3
 } attn_passes_t;
 
 /* One pass, for workspace queries. */
-typedef enum attn_pass {
+typedef enum attn_pass ATTN_ENUM_BASE {
   ATTN_PASS_FORWARD = 1,
   ATTN_PASS_BACKWARD = 2
 } attn_pass_t;

@@ -13,7 +13,8 @@ namespace attn::cpu {
 // Binds a validated problem to the CPU kernels. The instruction-set variant
 // is the best the processor supports, or the one named by the environment
 // variable ATTN_CPU_ISA (generic, avx2, avx512); naming one that is not
-// built or not supported by the processor is NOT_SUPPORTED.
+// built or not supported by the processor is NOT_SUPPORTED, an unknown name
+// INVALID_ARGUMENT.
 std::unique_ptr<BackendPlan> make_plan(const Problem& problem, const ContextConfig& ctx);
 
 // Merge of partial (O, LSE) states; see attn_merge_states. Shapes are

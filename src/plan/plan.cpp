@@ -1,5 +1,6 @@
 #include "plan/plan.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -71,6 +72,31 @@ std::string dims_string(int32_t n, const int64_t* dims) {
   return s + "]";
 }
 
+bool is_output(attn_tensor_role_t r) {
+  return r == ATTN_TENSOR_O || r == ATTN_TENSOR_DQ || r == ATTN_TENSOR_DK || r == ATTN_TENSOR_DV;
+}
+
+// True when no two elements share an address: with the dims of extent > 1
+// sorted by stride, each stride must pass the span of the smaller ones. This
+// accepts every layout made of nested (possibly padded) dimensions, which
+// covers permutations, slices and padding.
+bool strides_are_disjoint(int32_t n, const int64_t* dims, const int64_t* strides) {
+  std::pair<int64_t, int64_t> d[8];  // (stride, extent)
+  int32_t k = 0;
+  for (int32_t i = 0; i < n; ++i) {
+    if (dims[i] == 0) return true;  // no elements at all
+    if (dims[i] > 1) d[k++] = {strides[i], dims[i]};
+  }
+  for (int32_t i = 1; i < k; ++i)  // insertion sort: at most 4 entries
+    for (int32_t j = i; j > 0 && d[j] < d[j - 1]; --j) std::swap(d[j], d[j - 1]);
+  int64_t span = 1;  // addresses covered by the dims so far: [0, span)
+  for (int32_t i = 0; i < k; ++i) {
+    if (d[i].first < span) return false;
+    span = d[i].first * (d[i].second - 1) + span;
+  }
+  return true;
+}
+
 // Strides (batch, seq, head) of a tensor: the layout's contiguous default or
 // the user's override, checked against the expected dims.
 TensorStrides tensor_strides(const Problem& p, const PlanDesc& d, attn_tensor_role_t role) {
@@ -93,6 +119,10 @@ TensorStrides tensor_strides(const Problem& p, const PlanDesc& d, attn_tensor_ro
       invalid_argument("tensor ", name, ": the last (head_dim) stride must be 1, got ",
                        user->strides[n - 1]);
     std::memcpy(strides, user->strides.data(), sizeof(int64_t) * size_t(n));
+    if (is_output(role) && !strides_are_disjoint(n, dims, strides))
+      invalid_argument("tensor ", name, ": its strides ", dims_string(n, strides),
+                       " map different elements to the same address; an output must not",
+                       " overlap itself");
   } else {
     contiguous_strides(n, dims, strides);
   }
