@@ -14,7 +14,7 @@
 #include "api/handles.hpp"
 #include "core/dtype.hpp"
 #include "core/error.hpp"
-#include "cpu/cpu_backend.hpp"
+#include "plan/merge.hpp"
 #include "plan/plan.hpp"
 
 using attn::checked;
@@ -531,15 +531,7 @@ attn_status_t attn_merge_states(attn_context_t ctx, int32_t num_parts, attn_tens
       }
       require_out(o_out, "o_out");
     }
-    (void)stream;
-    switch (c.config.backend) {
-      case ATTN_BACKEND_CPU:
-        attn::cpu::merge_states(c.config, num_parts, od, ld, o_parts, lse_parts, o_out, lse_out);
-        break;
-      default:
-        attn::not_supported("attn_merge_states: backend ", backend_name(c.config.backend),
-                            " has no merge kernel in this build");
-    }
+    attn::merge_states(c.config, num_parts, od, ld, o_parts, lse_parts, o_out, lse_out, stream);
   });
 }
 
