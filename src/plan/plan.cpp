@@ -9,6 +9,9 @@
 #include "core/dtype.hpp"
 #include "core/error.hpp"
 #include "cpu/cpu_backend.hpp"
+#if ATTN_HAVE_CUDA
+#include "cuda/cuda_backend.hpp"
+#endif
 
 namespace attn {
 
@@ -225,7 +228,12 @@ std::unique_ptr<Plan> create_plan(const ContextConfig& ctx, const PlanDesc& d) {
   switch (ctx.backend) {
     case ATTN_BACKEND_CPU: plan->impl = cpu::make_plan(p, ctx); break;
     case ATTN_BACKEND_CUDA:
+#if ATTN_HAVE_CUDA
+      plan->impl = cuda::make_plan(p, ctx);
+      break;
+#else
       not_supported("backend CUDA: this build of libattn has no CUDA attention kernels");
+#endif
     default: fail(ATTN_STATUS_INTERNAL_ERROR, "context with unresolved backend");
   }
   plan->problem = std::move(p);

@@ -1,0 +1,372 @@
+// FlashAttention-2 forward on tensor cores (sm_80+: mma.sync m16n8k16,
+// ldmatrix, cp.async). One thread block computes one query tile of one head:
+//
+//   Q tile  [BM][D]    loaded once, cp.async -> shared
+//   K, V    [BN][D]    streamed through `stages` shared buffers each
+//   S = Q K^T          [BM][BN] fp32 in registers, each warp owning R = BM / warps rows
+//   P = exp2(S - m)    rounded to T and fed back as the A operand of P V
+//   O += P V           [BM][D] fp32 in registers
+//
+// The KV tiles of a query tile are the interval given by the dense mask
+// (bottom-right aligned window, causal = (unbounded, 0)); a tile whose pairs
+// are all visible skips the element predicate. This is the arithmetic of
+// src/schedule/dense_schedule.hpp (kv_tiles_of, is_full), redone here
+// because device code does not include host headers. Tiles are visited from the
+// last to the first, so the partially masked tiles of a causal diagonal come
+// first. Softmax statistics are fp32: m (running max of the raw or softcapped
+// logit) and l (sum of exp2, kept per thread and reduced over the 4 threads
+// of a row at the end). A row that sees no key ends with l = 0 and gives
+// O = 0, LSE = -inf.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "flash/fwd_params.cuh"
+#include "flash/sm80.cuh"
+
+namespace attn::flash {
+
+template <int D>
+struct FwdTraits {
+  static constexpr FwdConfig kCfg = fwd_config(D);
+  static constexpr int kBlockM = kCfg.block_m;
+  static constexpr int kBlockN = kCfg.block_n;
+  static constexpr int kWarps = kCfg.warps;
+  static constexpr int kStages = kCfg.stages;
+  static constexpr int kThreads = kWarps * 32;
+  static constexpr int kRows = kBlockM / kWarps;  // query rows per warp
+  static constexpr int kLd = D + 8;               // padded smem row, in elements
+  // Two blocks per SM where registers allow (255 each at 128 threads).
+  static constexpr int kMinBlocks = kThreads == 128 ? 2 : 1;
+  static_assert(D % 16 == 0 && kBlockN % 16 == 0 && kRows % 16 == 0, "whole mma tiles");
+};
+
+// An opaque copy of x: values derived from it are recomputed where used
+// instead of being hoisted out of the KV loop into registers.
+__device__ __forceinline__ int64_t opaque(int64_t x) {
+  asm volatile("" : "+l"(x));
+  return x;
+}
+
+// Copies a [ROWS][D] tile (row r at src + r * stride) into shared memory at
+// dst with row pitch D + 8; rows >= valid become zeros (so that masked keys
+// multiply finite values). Each thread copies one 16-byte column chunk of
+// every kRowStep-th row; with D = 96 a quarter of the threads idle.
+template <int ROWS, int D, int THREADS, class T>
+__device__ __forceinline__ void load_tile(uint32_t dst, const T* src, int64_t stride, int valid,
+                                          int tid) {
+  constexpr int kChunks = D / 8;
+  constexpr int kPitch = kChunks <= 8 ? 8 : kChunks <= 16 ? 16 : 32;
+  constexpr int kRowStep = THREADS / kPitch;
+  constexpr int kLd = D + 8;
+  static_assert(kChunks <= 32 && ROWS % kRowStep == 0, "tile rows divide among threads");
+  const int ch = tid % kPitch, r = tid / kPitch;
+  if (ch >= kChunks) return;
+  const T* g = src + r * stride + ch * 8;
+  const int64_t step = kRowStep * stride;
+  const uint32_t s = dst + uint32_t(r * kLd + ch * 8) * 2u;
+#pragma unroll
+  for (int i = 0; i < ROWS / kRowStep; ++i) {
+    const bool ok = r + i * kRowStep < valid;
+    cp_async_16(s + uint32_t(i * kRowStep * kLd * 2), ok ? g : src, ok);
+    g += step;
+  }
+}
+
+template <class T, int D>
+__global__ void __launch_bounds__(FwdTraits<D>::kThreads, FwdTraits<D>::kMinBlocks)
+    flash_fwd_kernel(const __grid_constant__ FwdParams p) {
+  using Tr = FwdTraits<D>;
+  constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN, ST = Tr::kStages, NTH = Tr::kThreads;
+  constexpr int R = Tr::kRows, MT = R / 16, NT = BN / 8, DT = D / 8, LD = Tr::kLd;
+  constexpr uint32_t kKvStageBytes = uint32_t(BN * LD * 2);
+  constexpr float kLn2 = 0.69314718055994531f;
+
+  extern __shared__ __align__(16) unsigned char smem[];
+  T* sQ = reinterpret_cast<T*>(smem);  // [BM][LD], reused for the O tile at the end
+  const uint32_t sQa = smem_u32(sQ);
+  const uint32_t sKa = sQa + uint32_t(BM * LD * 2);    // [ST][BN][LD]
+  const uint32_t sVa = sKa + uint32_t(ST) * kKvStageBytes;  // [ST][BN][LD]
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int g = lane >> 2, t4 = lane & 3;
+  const int b = blockIdx.z, h = blockIdx.y;
+  // Last query tiles first: under a causal mask they are the longest.
+  const int m_block = int(gridDim.x) - 1 - int(blockIdx.x);
+
+  int lq = p.seqlen_q, lk = p.seqlen_kv;
+  int64_t q_tok = 0, kv_tok = 0;
+  const bool varlen = p.cu_q != nullptr;
+  if (varlen) {
+    q_tok = p.cu_q[b];
+    kv_tok = p.cu_kv[b];
+    lq = p.cu_q[b + 1] - int(q_tok);
+    lk = p.cu_kv[b + 1] - int(kv_tok);
+  }
+  const int r0 = m_block * BM;
+  if (r0 >= lq) return;
+  const int rows = min(BM, lq - r0);
+  const int hk = h / p.group;
+
+  const T* gQ = static_cast<const T*>(p.q) + (varlen ? q_tok * p.q_seq : b * p.q_batch) +
+                h * p.q_head + r0 * p.q_seq;
+  const T* gK = static_cast<const T*>(p.k) + (varlen ? kv_tok * p.k_seq : b * p.k_batch) +
+                hk * p.k_head;
+  const T* gV = static_cast<const T*>(p.v) + (varlen ? kv_tok * p.v_seq : b * p.v_batch) +
+                hk * p.v_head;
+  T* gO = static_cast<T*>(p.o) + (varlen ? q_tok * p.o_seq : b * p.o_batch) + h * p.o_head +
+          r0 * p.o_seq;
+  float* gL = p.lse == nullptr
+                  ? nullptr
+                  : p.lse + (varlen ? q_tok : b * p.lse_batch) + h * p.lse_head + r0;
+
+  // Visible keys of query row i: [key_lo(i), key_hi(i)], clamped to [0, lk).
+  const int off = lk - lq;
+  auto key_lo = [&](int i) -> int {
+    if (p.window_left < 0) return 0;
+    const long long x = (long long)i + off - p.window_left;
+    return int(x < 0 ? 0 : (x > lk ? lk : x));
+  };
+  auto key_hi = [&](int i) -> int {
+    if (p.window_right < 0) return lk - 1;
+    const long long x = (long long)i + off + p.window_right;
+    return int(x < -1 ? -1 : (x > lk - 1 ? lk - 1 : x));
+  };
+  const int lo_first = key_lo(r0), hi_last = key_hi(r0 + rows - 1);
+  const int lo_last = key_lo(r0 + rows - 1), hi_first = key_hi(r0);
+
+  if (hi_last < lo_first) {  // no row of the tile sees a key
+    for (int c = tid; c < BM * DT; c += NTH) {
+      const int r = c / DT, ch = c % DT;
+      if (r < rows) *reinterpret_cast<uint4*>(gO + r * p.o_seq + ch * 8) = make_uint4(0, 0, 0, 0);
+    }
+    if (gL != nullptr)
+      for (int r = tid; r < rows; r += NTH) gL[r] = -INFINITY;
+    return;
+  }
+  const int n_end = hi_last / BN + 1;
+  const int n_tiles = n_end - lo_first / BN;
+
+  // Pipeline: commit groups alternate K_0, V_0, K_1, V_1, ... (Q joins K_0).
+  // At the top of iteration i, K_i is needed and V_{i+ST-1} is issued into
+  // the V buffer freed by iteration i-1; in the middle, V_i is needed and
+  // K_{i+ST} is issued into the K buffer that S_i no longer reads. Either
+  // wait leaves 2 * ST - 2 younger groups in flight.
+  auto load_k = [&](int it) {
+    if (it < n_tiles) {
+      const int n = n_end - 1 - it;
+      const int64_t stride = opaque(p.k_seq);
+      load_tile<BN, D, NTH>(sKa + uint32_t(it % ST) * kKvStageBytes, gK + n * BN * stride, stride,
+                            lk - n * BN, tid);
+    }
+    cp_async_commit();
+  };
+  auto load_v = [&](int it) {
+    if (it < n_tiles) {
+      const int n = n_end - 1 - it;
+      const int64_t stride = opaque(p.v_seq);
+      load_tile<BN, D, NTH>(sVa + uint32_t(it % ST) * kKvStageBytes, gV + n * BN * stride, stride,
+                            lk - n * BN, tid);
+    }
+    cp_async_commit();
+  };
+  load_tile<BM, D, NTH>(sQa, gQ, p.q_seq, rows, tid);
+  load_k(0);
+#pragma unroll
+  for (int s = 1; s < ST; ++s) {
+    load_v(s - 1);
+    load_k(s);
+  }
+
+  // Per-lane ldmatrix addresses (bytes). A operand (Q) and transposed B (V):
+  // lanes 0-15 rows 0-15 at column 0, lanes 16-31 rows 0-15 at column 8.
+  // Plain B (K, rows are keys): matrices (keys 0-7, d 0-7), (0-7, 8-15),
+  // (8-15, 0-7), (8-15, 8-15) = b0, b1 of key group 0, then of key group 1.
+  const uint32_t q_lane = sQa + uint32_t(((warp * R + (lane & 15)) * LD + (lane >> 4) * 8) * 2);
+  const uint32_t k_lane = uint32_t((((lane & 7) + (lane >> 4) * 8) * LD + ((lane >> 3) & 1) * 8) * 2);
+  const uint32_t v_lane = uint32_t(((lane & 15) * LD + (lane >> 4) * 8) * 2);
+
+  float acc_o[MT][DT][4];
+  float row_max[MT][2], row_sum[MT][2];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+    for (int dt = 0; dt < DT; ++dt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc_o[mt][dt][e] = 0.0f;
+    row_max[mt][0] = row_max[mt][1] = -INFINITY;
+    row_sum[mt][0] = row_sum[mt][1] = 0.0f;
+  }
+  const float scale_log2 = p.scale_log2;
+
+#pragma unroll 1
+  for (int it = 0; it < n_tiles; ++it) {
+    const int n = n_end - 1 - it;
+    const uint32_t stage_off = uint32_t(it % ST) * kKvStageBytes;
+    cp_async_wait<2 * ST - 2>();
+    __syncthreads();
+    load_v(it + ST - 1);
+
+    // S = Q K^T for this warp's R rows: [MT][NT] accumulators of 16x8.
+    float s[MT][NT][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[mt][nt][e] = 0.0f;
+    const uint32_t k_base = sKa + stage_off + k_lane;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      uint32_t a[MT][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) ldsm_x4(a[mt], q_lane + uint32_t((mt * 16 * LD + kk * 16) * 2));
+#pragma unroll
+      for (int np = 0; np < NT / 2; ++np) {
+        uint32_t bk[4];
+        ldsm_x4(bk, k_base + uint32_t((np * 16 * LD + kk * 16) * 2));
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          mma_16816<T>(s[mt][2 * np], a[mt], bk[0], bk[1]);
+          mma_16816<T>(s[mt][2 * np + 1], a[mt], bk[2], bk[3]);
+        }
+      }
+    }
+
+    if (p.softcap > 0.0f) {
+      // cap * tanh(y) with tanh(y) = 1 - 2 / (e^{2y} + 1): one exp2, exact
+      // at both saturations (e = 0 or inf).
+      const float cap = p.softcap, cin = p.softcap_in;
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const float x = fast_exp2(s[mt][nt][e] * cin);
+            s[mt][nt][e] = cap - __fdividef(2.0f * cap, x + 1.0f);
+          }
+    }
+
+    const int c0 = n * BN;
+    const bool full = c0 + BN <= lk && c0 >= lo_last && c0 + BN - 1 <= hi_first;
+    if (!full) {
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const int row = r0 + warp * R + mt * 16 + hh * 8 + g;
+          const int lo = key_lo(row), hi = key_hi(row);
+#pragma unroll
+          for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const int col = c0 + nt * 8 + t4 * 2 + e;
+              if (col < lo || col > hi) s[mt][nt][hh * 2 + e] = -INFINITY;
+            }
+        }
+    }
+
+    // Online softmax; each row lives in the 4 lanes of a quad.
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        float mx = row_max[mt][hh];
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+          mx = fmaxf(mx, fmaxf(s[mt][nt][hh * 2], s[mt][nt][hh * 2 + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        // An all-masked row so far keeps mx = -inf: subtract 0 so that
+        // exp2(-inf - 0) = 0 instead of NaN.
+        const float m_scaled = mx == -INFINITY ? 0.0f : mx * scale_log2;
+        const float alpha = fast_exp2(row_max[mt][hh] * scale_log2 - m_scaled);
+        row_max[mt][hh] = mx;
+        float sum = 0.0f;
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const float pe = fast_exp2(fmaf(s[mt][nt][hh * 2 + e], scale_log2, -m_scaled));
+            s[mt][nt][hh * 2 + e] = pe;
+            sum += pe;
+          }
+        row_sum[mt][hh] = row_sum[mt][hh] * alpha + sum;
+#pragma unroll
+        for (int dt = 0; dt < DT; ++dt) {
+          acc_o[mt][dt][hh * 2] *= alpha;
+          acc_o[mt][dt][hh * 2 + 1] *= alpha;
+        }
+      }
+
+    // P in T: the S accumulators of key groups 2kk, 2kk+1 are exactly the
+    // A fragment of keys [16kk, 16kk+16).
+    uint32_t pa[MT][BN / 16][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; ++kk) {
+        pa[mt][kk][0] = pack2<T>(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+        pa[mt][kk][1] = pack2<T>(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+        pa[mt][kk][2] = pack2<T>(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+        pa[mt][kk][3] = pack2<T>(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+      }
+
+    cp_async_wait<2 * ST - 2>();
+    __syncthreads();
+    load_k(it + ST);
+
+    // O += P V
+    const uint32_t v_base = sVa + stage_off + v_lane;
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) {
+#pragma unroll
+      for (int dp = 0; dp < D / 16; ++dp) {
+        uint32_t bv[4];
+        ldsm_x4_trans(bv, v_base + uint32_t((kk * 16 * LD + dp * 16) * 2));
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          mma_16816<T>(acc_o[mt][2 * dp], pa[mt][kk], bv[0], bv[1]);
+          mma_16816<T>(acc_o[mt][2 * dp + 1], pa[mt][kk], bv[2], bv[3]);
+        }
+      }
+    }
+  }
+  cp_async_wait<0>();
+
+  // Epilogue: O = acc / l and LSE = m * scale_log2 * ln2 + ln l. The warp
+  // stages its rows in its own part of the Q tile (no other warp reads it),
+  // then writes them with 16-byte stores.
+  __syncwarp();
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      float l = row_sum[mt][hh];
+      l += __shfl_xor_sync(0xffffffffu, l, 1);
+      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+      const int row = warp * R + mt * 16 + hh * 8 + g;
+      uint32_t* dst = reinterpret_cast<uint32_t*>(sQ + row * LD) + t4;
+#pragma unroll
+      for (int dt = 0; dt < DT; ++dt)
+        dst[dt * 4] = pack2<T>(acc_o[mt][dt][hh * 2] * inv, acc_o[mt][dt][hh * 2 + 1] * inv);
+      if (gL != nullptr && t4 == 0 && row < rows)
+        gL[row] = l > 0.0f ? row_max[mt][hh] * scale_log2 * kLn2 + logf(l) : -INFINITY;
+    }
+  __syncwarp();
+#pragma unroll
+  for (int i = 0; i < R * DT / 32; ++i) {
+    const int c = lane + i * 32;
+    const int r = warp * R + c / DT, ch = c % DT;
+    if (r < rows)
+      *reinterpret_cast<uint4*>(gO + r * p.o_seq + ch * 8) =
+          *reinterpret_cast<const uint4*>(sQ + r * LD + ch * 8);
+  }
+}
+
+}  // namespace attn::flash

@@ -1,0 +1,59 @@
+// The dense forward kernel's interface: its launch parameters and its tile
+// configuration per head dimension. Plain C++ (no CUDA syntax) so that the
+// host side in src/cuda fills it with an ordinary C++ compiler.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace attn::flash {
+
+// Element (b, s, h, c) of tensor X lives at X + base(b) + s * x_seq + h * x_head + c,
+// base(b) = cu ? cu[b] * x_seq : b * x_batch (cu_q for Q and O, cu_kv for K and V).
+// Strides are in elements and multiples of 8 (16-byte vector accesses).
+struct FwdParams {
+  const void* q;  // [.., seqlen_q, heads_q, D]
+  const void* k;  // [.., seqlen_kv, heads_kv, D]
+  const void* v;  // [.., seqlen_kv, heads_kv, D]
+  void* o;        // [.., seqlen_q, heads_q, D]
+  float* lse;     // may be null; row (b, h, s) at lse_base(b) + h * lse_head + s
+  int64_t q_batch, q_seq, q_head;
+  int64_t k_batch, k_seq, k_head;
+  int64_t v_batch, v_seq, v_head;
+  int64_t o_batch, o_seq, o_head;
+  int64_t lse_batch, lse_head;  // lse_base(b) = cu_q ? cu_q[b] : b * lse_batch
+  const int32_t* cu_q;          // batch + 1 token offsets in device memory; null: fixed length
+  const int32_t* cu_kv;
+  int32_t seqlen_q, seqlen_kv;  // per sequence, fixed-length batches only
+  int32_t group;                // heads_q / heads_kv
+  // Query i sees key j when i + off - left <= j <= i + off + right, off = lk - lq;
+  // a negative bound is unbounded.
+  int32_t window_left, window_right;
+  float scale_log2;  // logit -> base-2 exponent: scale * log2(e), or log2(e) with softcap
+  float softcap;     // cap, 0 = off: z = cap * tanh(scale * q.k / cap)
+  float softcap_in;  // 2 * log2(e) * scale / cap, so that tanh needs one exp2
+};
+
+// Tile shape per head dimension D. Rows per warp = block_m / warps: 32 when
+// the output accumulator fits in registers (D <= 128), else 16. Shared
+// memory holds Q [block_m][D+8] and `stages` buffers each of K and V
+// [block_n][D+8]; the 8-element pad puts the 8 rows an ldmatrix reads in 8
+// distinct bank groups.
+struct FwdConfig {
+  int block_m, block_n, warps, stages;
+  constexpr int threads() const { return warps * 32; }
+  constexpr int ld(int d) const { return d + 8; }
+  constexpr size_t smem_bytes(int d) const {
+    return size_t(block_m + 2 * stages * block_n) * size_t(ld(d)) * 2u;
+  }
+};
+
+constexpr FwdConfig fwd_config(int d) {
+  // block_n = 128 for d = 64 spills (S alone takes 128 registers); d = 256
+  // takes one stage to stay under sm_80's 163 KB of shared memory per block.
+  // With 2 blocks per SM (255 registers, <= 104 KB each) this shape ran at
+  // 363 TFLOP/s (d = 128, L = 8K, bf16) on an H200 (scripts/gpu-check.sh).
+  return d <= 128 ? FwdConfig{128, 64, 4, 2} : FwdConfig{128, 64, 8, 1};
+}
+
+}  // namespace attn::flash

@@ -1,0 +1,269 @@
+// CUDA backend, host side: validates what the kernels support, fills their
+// parameters once at plan creation and launches them on the caller's stream.
+// Execution allocates nothing and never synchronises, so it can be captured
+// in a CUDA graph.
+#include "cuda/cuda_backend.hpp"
+
+#include <cuda_runtime_api.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <limits>
+#include <string>
+
+#include "core/dtype.hpp"
+#include "core/error.hpp"
+#include "cuda/flash_fwd.hpp"
+#include "plan/plan.hpp"
+
+namespace attn::cuda {
+namespace {
+
+void check(cudaError_t e, const char* what) {
+  if (e == cudaSuccess) return;
+  (void)cudaGetLastError();  // clear it unless sticky
+  fail(ATTN_STATUS_BACKEND_ERROR, "backend CUDA: ", what, ": ", cudaGetErrorName(e), " (",
+       cudaGetErrorString(e), ")");
+}
+
+// Makes `device` current for a scope (executions may come from threads whose
+// current device is another).
+class DeviceScope {
+ public:
+  explicit DeviceScope(int device) {
+    check(cudaGetDevice(&prev_), "cudaGetDevice");
+    if (prev_ != device) {
+      check(cudaSetDevice(device), "cudaSetDevice");
+      restore_ = true;
+    }
+  }
+  ~DeviceScope() {
+    if (restore_) (void)cudaSetDevice(prev_);
+  }
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+
+ private:
+  int prev_ = 0;
+  bool restore_ = false;
+};
+
+FwdKernel pick_kernel(int64_t d, bool bf16) {
+  switch (d) {
+    case 64: return fwd_kernel_d64(bf16);
+    case 96: return fwd_kernel_d96(bf16);
+    case 128: return fwd_kernel_d128(bf16);
+    default: return fwd_kernel_d256(bf16);
+  }
+}
+
+constexpr float kLog2e = 1.4426950408889634f;
+
+class CudaPlan final : public BackendPlan {
+ public:
+  CudaPlan(const Problem& p, const ContextConfig& ctx) : problem_(p), device_(ctx.device) {
+    validate(p);
+    const int64_t d = p.head_dim_qk;
+    const bool bf16 = p.dtype == ATTN_DTYPE_BF16;
+    cfg_ = flash::fwd_config(int(d));
+    kernel_ = pick_kernel(d, bf16);
+
+    DeviceScope scope(device_);
+    int major = 0, minor = 0, smem_optin = 0;
+    check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device_),
+          "cudaDeviceGetAttribute");
+    check(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device_),
+          "cudaDeviceGetAttribute");
+    check(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device_),
+          "cudaDeviceGetAttribute");
+    if (major < 8)
+      not_supported("backend CUDA: device ", device_, " is sm_", major, minor,
+                    "; the attention kernels need sm_80 or newer (mma.sync, cp.async)");
+    cudaFuncAttributes attrs{};
+    const cudaError_t fe = cudaFuncGetAttributes(&attrs, kernel_.func);
+    if (fe == cudaErrorNoKernelImageForDevice || fe == cudaErrorInvalidDeviceFunction ||
+        fe == cudaErrorUnsupportedPtxVersion) {
+      (void)cudaGetLastError();
+      not_supported("backend CUDA: this build of libattn has no kernel image for device ", device_,
+                    " (sm_", major, minor, "); rebuild with -Dgpu_archs including sm_", major,
+                    minor);
+    }
+    check(fe, "cudaFuncGetAttributes");
+    const size_t smem = cfg_.smem_bytes(int(d));
+    if (size_t(smem_optin) < smem)
+      not_supported("backend CUDA: head_dim ", d, " needs ", smem,
+                    " bytes of shared memory per block; device ", device_, " allows ", smem_optin);
+    check(kernel_.prepare(), "cudaFuncSetAttribute");
+
+    fill_params();
+    m_blocks_ = int((p.seqlen_q + cfg_.block_m - 1) / cfg_.block_m);
+
+    if (p.varlen) {
+      const size_t n = size_t(p.batch) + 1;
+      std::vector<int32_t> host(2 * n);
+      for (size_t i = 0; i < n; ++i) {
+        host[i] = int32_t(p.cu_q[i]);
+        host[n + i] = int32_t(p.cu_kv[i]);
+      }
+      void* dev = nullptr;
+      const cudaError_t ae = cudaMalloc(&dev, host.size() * sizeof(int32_t));
+      if (ae == cudaErrorMemoryAllocation) {
+        (void)cudaGetLastError();
+        fail(ATTN_STATUS_OUT_OF_MEMORY, "backend CUDA: no device memory for ",
+             host.size() * sizeof(int32_t), " bytes of varlen offsets");
+      }
+      check(ae, "cudaMalloc");
+      cu_dev_ = static_cast<int32_t*>(dev);  // owned from here: the destructor frees it
+      try {
+        check(cudaMemcpy(cu_dev_, host.data(), host.size() * sizeof(int32_t),
+                         cudaMemcpyHostToDevice),
+              "cudaMemcpy");
+      } catch (...) {
+        (void)cudaFree(cu_dev_);
+        throw;
+      }
+      params_.cu_q = cu_dev_;
+      params_.cu_kv = cu_dev_ + n;
+    }
+
+    std::snprintf(kernel_name_, sizeof kernel_name_, "cuda-fa2-sm80-%s-d%d-%dx%d-w%d-s%d",
+                  dtype_name(p.dtype), int(d), cfg_.block_m, cfg_.block_n, cfg_.warps,
+                  cfg_.stages);
+  }
+
+  ~CudaPlan() override {
+    if (cu_dev_ == nullptr) return;
+    int prev = 0;
+    if (cudaGetDevice(&prev) == cudaSuccess && prev != device_ &&
+        cudaSetDevice(device_) == cudaSuccess) {
+      (void)cudaFree(cu_dev_);
+      (void)cudaSetDevice(prev);
+    } else {
+      (void)cudaFree(cu_dev_);
+    }
+    (void)cudaGetLastError();
+  }
+
+  size_t workspace_bytes(attn_pass_t) const override { return 0; }
+
+  void forward(const ForwardArgs& a) const override {
+    const Problem& p = problem_;
+    if (p.seqlen_q == 0 || p.total_q() == 0) return;
+    require_aligned(a.q, "q");
+    require_aligned(a.o, "o");
+    if (p.total_kv() > 0) {
+      require_aligned(a.k, "k");
+      require_aligned(a.v, "v");
+    }
+    if (a.lse != nullptr && reinterpret_cast<uintptr_t>(a.lse) % alignof(float) != 0)
+      invalid_argument("lse: the device pointer must be 4-byte aligned");
+    flash::FwdParams prm = params_;
+    prm.q = a.q;
+    prm.k = a.k;
+    prm.v = a.v;
+    prm.o = a.o;
+    prm.lse = a.lse;
+    DeviceScope scope(device_);
+    check(kernel_.launch(prm, m_blocks_, int(p.heads_q), int(p.batch),
+                         static_cast<cudaStream_t>(a.stream)),
+          "forward kernel launch");
+  }
+
+  void backward(const BackwardArgs&) const override {
+    not_supported("backend CUDA: the backward pass is not implemented yet");
+  }
+
+  int32_t tile_q() const override { return cfg_.block_m; }
+  int32_t tile_kv() const override { return cfg_.block_n; }
+  int32_t num_threads() const override { return 1; }
+  const char* algorithm() const override { return "flash-tiled-online-softmax"; }
+  const char* kernel() const override { return kernel_name_; }
+
+ private:
+  static void validate(const Problem& p) {
+    if (p.backward)
+      not_supported("backend CUDA: the backward pass is not implemented yet; create the plan with ",
+                    "ATTN_PASSES_FORWARD");
+    if (p.dtype != ATTN_DTYPE_FP16 && p.dtype != ATTN_DTYPE_BF16)
+      not_supported("backend CUDA: dtype ", dtype_name(p.dtype),
+                    " is not supported by the CUDA kernels (fp16 and bf16 are)");
+    if (p.head_dim_v != p.head_dim_qk)
+      not_supported("backend CUDA: head_dim_v (", p.head_dim_v, ") different from head_dim_qk (",
+                    p.head_dim_qk, ") is not supported");
+    const int64_t d = p.head_dim_qk;
+    if (d != 64 && d != 96 && d != 128 && d != 256)
+      not_supported("backend CUDA: head_dim ", d, " is not supported (64, 96, 128 or 256)");
+    // Grid y and z; lengths and offsets in 32-bit arithmetic.
+    if (p.heads_q > 65535) not_supported("backend CUDA: more than 65535 query heads");
+    if (p.batch > 65535) not_supported("backend CUDA: a batch of more than 65535 sequences");
+    const int64_t max_len = int64_t(1) << 30;
+    if (p.seqlen_q >= max_len || p.seqlen_kv >= max_len || p.total_q() >= max_len * 2 ||
+        p.total_kv() >= max_len * 2)
+      not_supported("backend CUDA: sequences of 2^30 tokens or more");
+    const attn_tensor_role_t roles[] = {ATTN_TENSOR_Q, ATTN_TENSOR_K, ATTN_TENSOR_V, ATTN_TENSOR_O};
+    for (attn_tensor_role_t r : roles) {
+      const TensorStrides& s = p.strides[r];
+      const bool ok = s.seq % 8 == 0 && s.head % 8 == 0 && (p.varlen || s.batch % 8 == 0);
+      if (!ok)
+        not_supported("backend CUDA: tensor ", tensor_role_name(r),
+                      ": strides must be multiples of 8 elements (16-byte vector loads); got batch ",
+                      s.batch, ", seq ", s.seq, ", head ", s.head);
+    }
+  }
+
+  static void require_aligned(const void* ptr, const char* name) {
+    if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0)
+      invalid_argument(name, ": the CUDA kernels need a 16-byte aligned device pointer, got ", ptr);
+  }
+
+  void fill_params() {
+    const Problem& p = problem_;
+    flash::FwdParams& f = params_;
+    const TensorStrides& q = p.strides[ATTN_TENSOR_Q];
+    const TensorStrides& k = p.strides[ATTN_TENSOR_K];
+    const TensorStrides& v = p.strides[ATTN_TENSOR_V];
+    const TensorStrides& o = p.strides[ATTN_TENSOR_O];
+    f.q_batch = q.batch, f.q_seq = q.seq, f.q_head = q.head;
+    f.k_batch = k.batch, f.k_seq = k.seq, f.k_head = k.head;
+    f.v_batch = v.batch, f.v_seq = v.seq, f.v_head = v.head;
+    f.o_batch = o.batch, f.o_seq = o.seq, f.o_head = o.head;
+    // LSE: [batch, heads_q, seqlen_q] or, varlen, [heads_q, total_q] (Problem::lse_offset).
+    f.lse_batch = p.heads_q * p.seqlen_q;
+    f.lse_head = p.varlen ? p.total_q() : p.seqlen_q;
+    f.seqlen_q = int32_t(p.seqlen_q);
+    f.seqlen_kv = int32_t(p.seqlen_kv);
+    f.group = int32_t(p.group());
+    // A reach beyond every length is the same as unbounded.
+    const int64_t reach = p.seqlen_q + p.seqlen_kv + 1;
+    auto bound = [&](int64_t w) { return int32_t(w < 0 || w > reach ? -1 : w); };
+    f.window_left = bound(p.window.left);
+    f.window_right = bound(p.window.right);
+    if (p.softcap > 0.0f) {
+      f.softcap = p.softcap;
+      f.softcap_in = float(2.0 * double(kLog2e) * double(p.scale) / double(p.softcap));
+      f.scale_log2 = kLog2e;
+    } else {
+      f.softcap = 0.0f;
+      f.softcap_in = 0.0f;
+      f.scale_log2 = p.scale * kLog2e;
+    }
+  }
+
+  Problem problem_;
+  int device_;
+  flash::FwdConfig cfg_{};
+  FwdKernel kernel_{};
+  flash::FwdParams params_{};
+  int m_blocks_ = 0;
+  int32_t* cu_dev_ = nullptr;
+  char kernel_name_[64] = {};
+};
+
+}  // namespace
+
+std::unique_ptr<BackendPlan> make_plan(const Problem& problem, const ContextConfig& ctx) {
+  return std::make_unique<CudaPlan>(problem, ctx);
+}
+
+}  // namespace attn::cuda

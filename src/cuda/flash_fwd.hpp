@@ -1,0 +1,26 @@
+// Host-side handles to the dense forward kernels, one per (dtype, head dim).
+// Plain C++: the kernels themselves are compiled by nvcc in
+// flash_fwd_d*.cu, one file per head dimension so that builds parallelise.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include "flash/fwd_params.cuh"
+
+namespace attn::cuda {
+
+struct FwdKernel {
+  // Raises the kernel's dynamic shared-memory limit on the current device.
+  cudaError_t (*prepare)();
+  // Enqueues grid (m_blocks, heads_q, batch) on stream; returns the launch error.
+  cudaError_t (*launch)(const flash::FwdParams& params, int m_blocks, int heads_q, int batch,
+                        cudaStream_t stream);
+  const void* func;  // for cudaFuncGetAttributes
+};
+
+FwdKernel fwd_kernel_d64(bool bf16);
+FwdKernel fwd_kernel_d96(bool bf16);
+FwdKernel fwd_kernel_d128(bool bf16);
+FwdKernel fwd_kernel_d256(bool bf16);
+
+}  // namespace attn::cuda

@@ -1,0 +1,6 @@
+// Dense forward kernels for head dimension 128 (fp16 and bf16).
+#include "cuda/flash_fwd_launch.cuh"
+
+namespace attn::cuda {
+FwdKernel fwd_kernel_d128(bool bf16) { return make_fwd_kernel<128>(bf16); }
+}  // namespace attn::cuda
