@@ -1,0 +1,483 @@
+/* See reference.h. */
+#include "reference.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "testutil.h"
+
+/* ------------------------------------------------------------------------ */
+/* Geometry                                                                  */
+/* ------------------------------------------------------------------------ */
+
+int64_t ref_lq(const ref_problem *p, int64_t b) { return p->cu_q[b + 1] - p->cu_q[b]; }
+int64_t ref_lk(const ref_problem *p, int64_t b) { return p->cu_kv[b + 1] - p->cu_kv[b]; }
+
+int ref_mask_visible(int64_t lq, int64_t lk, int64_t left, int64_t right, int64_t i, int64_t j) {
+  const int64_t diag = i + (lk - lq); /* the key aligned with query i */
+  if (i < 0 || i >= lq || j < 0 || j >= lk) return 0;
+  if (left >= 0 && j < diag - left) return 0;
+  if (right >= 0 && j > diag + right) return 0;
+  return 1;
+}
+
+int ref_visible(const ref_problem *p, int64_t b, int64_t i, int64_t j) {
+  if (!ref_mask_visible(ref_lq(p, b), ref_lk(p, b), p->window_left, p->window_right, i, j))
+    return 0;
+  return p->key_filter == NULL || p->key_filter[p->cu_kv[b] + j] != 0;
+}
+
+int ref_row_sees_any(const ref_problem *p, int64_t b, int64_t i) {
+  int64_t j;
+  for (j = 0; j < ref_lk(p, b); ++j)
+    if (ref_visible(p, b, i, j)) return 1;
+  return 0;
+}
+
+int ref_key_seen(const ref_problem *p, int64_t b, int64_t j) {
+  int64_t i;
+  for (i = 0; i < ref_lq(p, b); ++i)
+    if (ref_visible(p, b, i, j)) return 1;
+  return 0;
+}
+
+int64_t ref_offset(const ref_problem *p, const ref_strides *t, int q_side, int64_t b, int64_t s,
+                   int64_t h) {
+  const int64_t base =
+      p->varlen ? (q_side ? p->cu_q[b] : p->cu_kv[b]) * t->seq : b * t->batch;
+  return base + s * t->seq + h * t->head;
+}
+
+int64_t ref_lse_index(const ref_problem *p, int64_t b, int64_t h, int64_t s) {
+  if (p->varlen) return h * p->cu_q[p->batch] + p->cu_q[b] + s;
+  return (b * p->heads_q + h) * ref_lq(p, 0) + s;
+}
+
+size_t ref_lse_count(const ref_problem *p) {
+  /* the same for both layouts: every query token of every head */
+  return (size_t)(p->heads_q * p->cu_q[p->batch]);
+}
+
+static void *ref_alloc(size_t bytes) {
+  void *ptr = calloc(bytes == 0 ? 1 : bytes, 1);
+  if (ptr == NULL) {
+    fprintf(stderr, "reference: out of memory (%zu bytes)\n", bytes);
+    abort();
+  }
+  return ptr;
+}
+
+static int64_t max_lq(const ref_problem *p) {
+  int64_t b, m = 0;
+  for (b = 0; b < p->batch; ++b)
+    if (ref_lq(p, b) > m) m = ref_lq(p, b);
+  return m;
+}
+
+static int64_t max_lk(const ref_problem *p) {
+  int64_t b, m = 0;
+  for (b = 0; b < p->batch; ++b)
+    if (ref_lk(p, b) > m) m = ref_lk(p, b);
+  return m;
+}
+
+static int64_t group_size(const ref_problem *p) { return p->heads_q / p->heads_kv; }
+
+/* ------------------------------------------------------------------------ */
+/* fp64                                                                      */
+/* ------------------------------------------------------------------------ */
+
+/* The logits z (-inf where masked) and probabilities P, both [lq][lk], and
+ * the LSE of each row, for query head h of sequence b. */
+static void scores_fp64(const ref_problem *p, int64_t b, int64_t h, const double *q,
+                        const double *k, double *z, double *prob, double *lse) {
+  const int64_t lq = ref_lq(p, b), lk = ref_lk(p, b), hk = h / group_size(p);
+  int64_t i, j, c;
+  for (i = 0; i < lq; ++i) {
+    const double *qi = q + ref_offset(p, &p->q, 1, b, i, h);
+    double m = -INFINITY, sum = 0.0;
+    for (j = 0; j < lk; ++j) {
+      const double *kj = k + ref_offset(p, &p->k, 0, b, j, hk);
+      double u = 0.0;
+      if (!ref_visible(p, b, i, j)) {
+        z[i * lk + j] = -INFINITY;
+        continue;
+      }
+      for (c = 0; c < p->head_dim_qk; ++c) u += qi[c] * kj[c];
+      u *= p->scale;
+      z[i * lk + j] = p->softcap > 0.0 ? p->softcap * tanh(u / p->softcap) : u;
+      if (z[i * lk + j] > m) m = z[i * lk + j];
+    }
+    if (m == -INFINITY) { /* the row sees no key */
+      for (j = 0; j < lk; ++j) prob[i * lk + j] = 0.0;
+      lse[i] = -INFINITY;
+      continue;
+    }
+    for (j = 0; j < lk; ++j) sum += exp(z[i * lk + j] - m);
+    lse[i] = m + log(sum);
+    for (j = 0; j < lk; ++j) prob[i * lk + j] = exp(z[i * lk + j] - lse[i]);
+  }
+}
+
+double ref_max_abs_logit(const ref_problem *p, const double *q, const double *k) {
+  const int64_t mq = max_lq(p), mk = max_lk(p);
+  double *z = (double *)ref_alloc(sizeof(double) * (size_t)(mq * mk));
+  double *prob = (double *)ref_alloc(sizeof(double) * (size_t)(mq * mk));
+  double *row_lse = (double *)ref_alloc(sizeof(double) * (size_t)mq);
+  double zmax = 0.0;
+  int64_t b, h, e;
+  for (b = 0; b < p->batch; ++b)
+    for (h = 0; h < p->heads_q; ++h) {
+      scores_fp64(p, b, h, q, k, z, prob, row_lse);
+      for (e = 0; e < ref_lq(p, b) * ref_lk(p, b); ++e)
+        if (z[e] != -INFINITY && fabs(z[e]) > zmax) zmax = fabs(z[e]);
+    }
+  free(z);
+  free(prob);
+  free(row_lse);
+  return zmax;
+}
+
+void ref_forward(const ref_problem *p, const double *q, const double *k, const double *v,
+                 double *o, double *lse) {
+  const int64_t mq = max_lq(p), mk = max_lk(p);
+  double *z = (double *)ref_alloc(sizeof(double) * (size_t)(mq * mk));
+  double *prob = (double *)ref_alloc(sizeof(double) * (size_t)(mq * mk));
+  double *row_lse = (double *)ref_alloc(sizeof(double) * (size_t)mq);
+  int64_t b, h, i, j, c;
+  for (b = 0; b < p->batch; ++b) {
+    const int64_t lq = ref_lq(p, b), lk = ref_lk(p, b);
+    for (h = 0; h < p->heads_q; ++h) {
+      const int64_t hk = h / group_size(p);
+      scores_fp64(p, b, h, q, k, z, prob, row_lse);
+      for (i = 0; i < lq; ++i) {
+        double *oi = o + ref_offset(p, &p->o, 1, b, i, h);
+        for (c = 0; c < p->head_dim_v; ++c) oi[c] = 0.0;
+        for (j = 0; j < lk; ++j) {
+          const double *vj = v + ref_offset(p, &p->v, 0, b, j, hk);
+          const double pij = prob[i * lk + j];
+          if (pij == 0.0) continue;
+          for (c = 0; c < p->head_dim_v; ++c) oi[c] += pij * vj[c];
+        }
+        if (lse != NULL) lse[ref_lse_index(p, b, h, i)] = row_lse[i];
+      }
+    }
+  }
+  free(z);
+  free(prob);
+  free(row_lse);
+}
+
+void ref_backward(const ref_problem *p, const double *q, const double *k, const double *v,
+                  const double *d_o, double *dq, double *dk, double *dv) {
+  const int64_t mq = max_lq(p), mk = max_lk(p);
+  const int64_t dqk = p->head_dim_qk, dvd = p->head_dim_v;
+  double *z = (double *)ref_alloc(sizeof(double) * (size_t)(mq * mk));
+  double *prob = (double *)ref_alloc(sizeof(double) * (size_t)(mq * mk));
+  double *row_lse = (double *)ref_alloc(sizeof(double) * (size_t)mq);
+  double *oi = (double *)ref_alloc(sizeof(double) * (size_t)dvd);
+  int64_t b, h, hk, i, j, c;
+
+  for (b = 0; b < p->batch; ++b) {
+    const int64_t lq = ref_lq(p, b), lk = ref_lk(p, b);
+    for (hk = 0; hk < p->heads_kv; ++hk) {
+      for (j = 0; j < lk; ++j) {
+        double *dkj = dk + ref_offset(p, &p->dk, 0, b, j, hk);
+        double *dvj = dv + ref_offset(p, &p->dv, 0, b, j, hk);
+        for (c = 0; c < dqk; ++c) dkj[c] = 0.0;
+        for (c = 0; c < dvd; ++c) dvj[c] = 0.0;
+      }
+    }
+    for (h = 0; h < p->heads_q; ++h) {
+      hk = h / group_size(p);
+      scores_fp64(p, b, h, q, k, z, prob, row_lse);
+      for (i = 0; i < lq; ++i) {
+        const double *qi = q + ref_offset(p, &p->q, 1, b, i, h);
+        const double *doi = d_o + ref_offset(p, &p->d_o, 1, b, i, h);
+        double *dqi = dq + ref_offset(p, &p->dq, 1, b, i, h);
+        double delta = 0.0;
+        /* O_i, then D_i = dO_i . O_i */
+        for (c = 0; c < dvd; ++c) oi[c] = 0.0;
+        for (j = 0; j < lk; ++j) {
+          const double *vj = v + ref_offset(p, &p->v, 0, b, j, hk);
+          for (c = 0; c < dvd; ++c) oi[c] += prob[i * lk + j] * vj[c];
+        }
+        for (c = 0; c < dvd; ++c) delta += doi[c] * oi[c];
+        for (c = 0; c < dqk; ++c) dqi[c] = 0.0;
+
+        for (j = 0; j < lk; ++j) {
+          const double *kj = k + ref_offset(p, &p->k, 0, b, j, hk);
+          const double *vj = v + ref_offset(p, &p->v, 0, b, j, hk);
+          double *dkj = dk + ref_offset(p, &p->dk, 0, b, j, hk);
+          double *dvj = dv + ref_offset(p, &p->dv, 0, b, j, hk);
+          const double pij = prob[i * lk + j];
+          double dp = 0.0, du;
+          if (z[i * lk + j] == -INFINITY) continue; /* masked: no gradient */
+          for (c = 0; c < dvd; ++c) dp += doi[c] * vj[c];
+          du = pij * (dp - delta); /* dL/dz */
+          if (p->softcap > 0.0) {
+            const double t = z[i * lk + j] / p->softcap;
+            du *= 1.0 - t * t; /* dz/du of cap * tanh(u / cap) */
+          }
+          du *= p->scale; /* u = scale * q.k */
+          for (c = 0; c < dqk; ++c) {
+            dqi[c] += du * kj[c];
+            dkj[c] += du * qi[c];
+          }
+          for (c = 0; c < dvd; ++c) dvj[c] += pij * doi[c];
+        }
+      }
+    }
+  }
+  free(z);
+  free(prob);
+  free(row_lse);
+  free(oi);
+}
+
+void ref_backward_o_rounding_floor(const ref_problem *p, double u, const double *q,
+                                   const double *k, const double *v, const double *d_o,
+                                   double *floor_dq, double *floor_dk) {
+  const int64_t mq = max_lq(p), mk = max_lk(p);
+  const int64_t dqk = p->head_dim_qk, dvd = p->head_dim_v;
+  double *z = (double *)ref_alloc(sizeof(double) * (size_t)(mq * mk));
+  double *prob = (double *)ref_alloc(sizeof(double) * (size_t)(mq * mk));
+  double *row_lse = (double *)ref_alloc(sizeof(double) * (size_t)mq);
+  double *oi = (double *)ref_alloc(sizeof(double) * (size_t)dvd);
+  int64_t b, h, hk, i, j, c;
+  for (b = 0; b < p->batch; ++b) {
+    const int64_t lq = ref_lq(p, b), lk = ref_lk(p, b);
+    /* floor_dk first holds sums of squares over the rows */
+    for (hk = 0; hk < p->heads_kv; ++hk)
+      for (j = 0; j < lk; ++j) {
+        double *fk = floor_dk + ref_offset(p, &p->dk, 0, b, j, hk);
+        for (c = 0; c < dqk; ++c) fk[c] = 0.0;
+      }
+    for (h = 0; h < p->heads_q; ++h) {
+      hk = h / group_size(p);
+      scores_fp64(p, b, h, q, k, z, prob, row_lse);
+      for (i = 0; i < lq; ++i) {
+        const double *qi = q + ref_offset(p, &p->q, 1, b, i, h);
+        const double *doi = d_o + ref_offset(p, &p->d_o, 1, b, i, h);
+        double *fq = floor_dq + ref_offset(p, &p->dq, 1, b, i, h);
+        double e = 0.0;
+        for (c = 0; c < dvd; ++c) oi[c] = 0.0;
+        for (j = 0; j < lk; ++j) {
+          const double *vj = v + ref_offset(p, &p->v, 0, b, j, hk);
+          for (c = 0; c < dvd; ++c) oi[c] += prob[i * lk + j] * vj[c];
+        }
+        for (c = 0; c < dvd; ++c) e += doi[c] * oi[c] * doi[c] * oi[c];
+        e = 2.0 * u * sqrt(e); /* E_i */
+        for (c = 0; c < dqk; ++c) fq[c] = 0.0;
+        for (j = 0; j < lk; ++j) {
+          const double *kj = k + ref_offset(p, &p->k, 0, b, j, hk);
+          double *fk = floor_dk + ref_offset(p, &p->dk, 0, b, j, hk);
+          double w = prob[i * lk + j] * e * p->scale;
+          if (w == 0.0) continue;
+          if (p->softcap > 0.0) {
+            const double t = z[i * lk + j] / p->softcap;
+            w *= 1.0 - t * t;
+          }
+          for (c = 0; c < dqk; ++c) {
+            fq[c] += w * kj[c]; /* signed: D_i's error is common to the row */
+            fk[c] += w * qi[c] * w * qi[c];
+          }
+        }
+        for (c = 0; c < dqk; ++c) fq[c] = fabs(fq[c]);
+      }
+    }
+    for (hk = 0; hk < p->heads_kv; ++hk)
+      for (j = 0; j < lk; ++j) {
+        double *fk = floor_dk + ref_offset(p, &p->dk, 0, b, j, hk);
+        for (c = 0; c < dqk; ++c) fk[c] = sqrt(fk[c]);
+      }
+  }
+  free(z);
+  free(prob);
+  free(row_lse);
+  free(oi);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Same precision, framework style                                          */
+/* ------------------------------------------------------------------------ */
+
+typedef struct lowp_scratch {
+  float *qs;   /* [lq][dqk]  q * scale, rounded */
+  float *s;    /* [lq][lk]   scores after softcap (-inf where masked) */
+  float *t;    /* [lq][lk]   tanh outputs (softcap only) */
+  float *prob; /* [lq][lk] */
+  float *lse;  /* [lq] */
+  float *acc;  /* [max(dqk, dv)] one fp32 accumulator row */
+} lowp_scratch;
+
+static void lowp_alloc(const ref_problem *p, lowp_scratch *w) {
+  const size_t mq = (size_t)max_lq(p), mk = (size_t)max_lk(p);
+  w->qs = (float *)ref_alloc(sizeof(float) * mq * (size_t)p->head_dim_qk);
+  w->s = (float *)ref_alloc(sizeof(float) * mq * mk);
+  w->t = (float *)ref_alloc(sizeof(float) * mq * mk);
+  w->prob = (float *)ref_alloc(sizeof(float) * mq * mk);
+  w->lse = (float *)ref_alloc(sizeof(float) * mq);
+  w->acc = (float *)ref_alloc(sizeof(float) * (size_t)(p->head_dim_qk + p->head_dim_v));
+}
+
+static void lowp_free(lowp_scratch *w) {
+  free(w->qs);
+  free(w->s);
+  free(w->t);
+  free(w->prob);
+  free(w->lse);
+  free(w->acc);
+}
+
+/* Forward graph of query head h of sequence b, every op rounded:
+ *   qs = q * scale;  s = qs k^T;  s = cap * tanh(s / cap);  P = softmax(s). */
+static void scores_lowp(const ref_problem *p, attn_dtype_t dt, int64_t b, int64_t h,
+                        const double *q, const double *k, lowp_scratch *w) {
+  const int64_t lq = ref_lq(p, b), lk = ref_lk(p, b), hk = h / group_size(p);
+  const int64_t dqk = p->head_dim_qk;
+  const float scale = (float)p->scale, cap = (float)p->softcap;
+  int64_t i, j, c;
+  for (i = 0; i < lq; ++i) {
+    const double *qi = q + ref_offset(p, &p->q, 1, b, i, h);
+    for (c = 0; c < dqk; ++c) w->qs[i * dqk + c] = tu_round_float((float)qi[c] * scale, dt);
+  }
+  for (i = 0; i < lq; ++i) {
+    float m = -INFINITY, sum = 0.0f;
+    for (j = 0; j < lk; ++j) {
+      const double *kj = k + ref_offset(p, &p->k, 0, b, j, hk);
+      float acc = 0.0f, sij;
+      for (c = 0; c < dqk; ++c) acc += w->qs[i * dqk + c] * (float)kj[c];
+      sij = tu_round_float(acc, dt);
+      if (cap > 0.0f) {
+        const float x = tu_round_float(sij / cap, dt);
+        const float t = tu_round_float(tanhf(x), dt);
+        w->t[i * lk + j] = t;
+        sij = tu_round_float(t * cap, dt);
+      }
+      if (!ref_visible(p, b, i, j)) sij = -INFINITY;
+      w->s[i * lk + j] = sij;
+      if (sij > m) m = sij;
+    }
+    if (m == -INFINITY) {
+      for (j = 0; j < lk; ++j) w->prob[i * lk + j] = 0.0f;
+      w->lse[i] = -INFINITY;
+      continue;
+    }
+    for (j = 0; j < lk; ++j) sum += expf(w->s[i * lk + j] - m);
+    for (j = 0; j < lk; ++j)
+      w->prob[i * lk + j] = tu_round_float(expf(w->s[i * lk + j] - m) / sum, dt);
+    w->lse[i] = m + logf(sum);
+  }
+}
+
+void ref_lowp_forward(const ref_problem *p, attn_dtype_t dt, const double *q, const double *k,
+                      const double *v, double *o, double *lse) {
+  lowp_scratch w;
+  int64_t b, h, i, j, c;
+  lowp_alloc(p, &w);
+  for (b = 0; b < p->batch; ++b) {
+    const int64_t lq = ref_lq(p, b), lk = ref_lk(p, b);
+    for (h = 0; h < p->heads_q; ++h) {
+      const int64_t hk = h / group_size(p);
+      scores_lowp(p, dt, b, h, q, k, &w);
+      for (i = 0; i < lq; ++i) {
+        double *oi = o + ref_offset(p, &p->o, 1, b, i, h);
+        for (c = 0; c < p->head_dim_v; ++c) w.acc[c] = 0.0f;
+        for (j = 0; j < lk; ++j) {
+          const double *vj = v + ref_offset(p, &p->v, 0, b, j, hk);
+          const float pij = w.prob[i * lk + j];
+          if (pij == 0.0f) continue;
+          for (c = 0; c < p->head_dim_v; ++c) w.acc[c] += pij * (float)vj[c];
+        }
+        for (c = 0; c < p->head_dim_v; ++c) oi[c] = tu_round_float(w.acc[c], dt);
+        if (lse != NULL) lse[ref_lse_index(p, b, h, i)] = w.lse[i];
+      }
+    }
+  }
+  lowp_free(&w);
+}
+
+void ref_lowp_backward(const ref_problem *p, attn_dtype_t dt, const double *q, const double *k,
+                       const double *v, const double *d_o, double *dq, double *dk, double *dv) {
+  const int64_t mk = max_lk(p), dqk = p->head_dim_qk, dvd = p->head_dim_v;
+  const float scale = (float)p->scale, cap = (float)p->softcap;
+  /* dK and dV of one (sequence, KV head), summed over its group in fp32 and
+   * rounded once, as the backward of a broadcast (repeat) would. */
+  float *acc_dk = (float *)ref_alloc(sizeof(float) * (size_t)(mk * dqk));
+  float *acc_dv = (float *)ref_alloc(sizeof(float) * (size_t)(mk * dvd));
+  float *ds = (float *)ref_alloc(sizeof(float) * (size_t)mk);
+  lowp_scratch w;
+  int64_t b, h, hk, i, j, c;
+  lowp_alloc(p, &w);
+  for (b = 0; b < p->batch; ++b) {
+    const int64_t lq = ref_lq(p, b), lk = ref_lk(p, b);
+    for (hk = 0; hk < p->heads_kv; ++hk) {
+      memset(acc_dk, 0, sizeof(float) * (size_t)(lk * dqk));
+      memset(acc_dv, 0, sizeof(float) * (size_t)(lk * dvd));
+      for (h = hk * group_size(p); h < (hk + 1) * group_size(p); ++h) {
+        scores_lowp(p, dt, b, h, q, k, &w);
+        for (i = 0; i < lq; ++i) {
+          const double *doi = d_o + ref_offset(p, &p->d_o, 1, b, i, h);
+          double *dqi = dq + ref_offset(p, &p->dq, 1, b, i, h);
+          float delta = 0.0f;
+          /* D = dO . O with O the forward's output rounded to the dtype: the
+           * API hands the backward O in the dtype, so every implementation
+           * pays for that rounding (it dominates dQ and dK when P is nearly
+           * one-hot, where dP - D cancels). */
+          for (c = 0; c < dvd; ++c) w.acc[c] = 0.0f;
+          for (j = 0; j < lk; ++j) {
+            const double *vj = v + ref_offset(p, &p->v, 0, b, j, hk);
+            for (c = 0; c < dvd; ++c) w.acc[c] += w.prob[i * lk + j] * (float)vj[c];
+          }
+          for (c = 0; c < dvd; ++c) delta += (float)doi[c] * tu_round_float(w.acc[c], dt);
+          /* dP = dO V^T (rounded), then the softmax backward
+           * dS = P * (dP - D) */
+          for (j = 0; j < lk; ++j) {
+            const double *vj = v + ref_offset(p, &p->v, 0, b, j, hk);
+            float acc = 0.0f;
+            for (c = 0; c < dvd; ++c) acc += (float)doi[c] * (float)vj[c];
+            ds[j] = tu_round_float(acc, dt);
+          }
+          for (j = 0; j < lk; ++j) {
+            float g = tu_round_float(w.prob[i * lk + j] * (ds[j] - delta), dt);
+            if (w.s[i * lk + j] == -INFINITY) g = 0.0f;
+            if (cap > 0.0f && g != 0.0f) {
+              const float t = w.t[i * lk + j];
+              g = tu_round_float(g * cap, dt);               /* through * cap */
+              g = tu_round_float(g * (1.0f - t * t), dt);    /* through tanh */
+              g = tu_round_float(g / cap, dt);               /* through / cap */
+            }
+            ds[j] = g;
+          }
+          /* dQs = dS K, dQ = dQs * scale; dK += dS^T Qs; dV += P^T dO */
+          for (c = 0; c < dqk; ++c) w.acc[c] = 0.0f;
+          for (j = 0; j < lk; ++j) {
+            const double *kj = k + ref_offset(p, &p->k, 0, b, j, hk);
+            if (ds[j] == 0.0f) continue;
+            for (c = 0; c < dqk; ++c) w.acc[c] += ds[j] * (float)kj[c];
+          }
+          for (c = 0; c < dqk; ++c)
+            dqi[c] = tu_round_float(tu_round_float(w.acc[c], dt) * scale, dt);
+          for (j = 0; j < lk; ++j) {
+            const float pij = w.prob[i * lk + j];
+            for (c = 0; c < dqk; ++c) acc_dk[j * dqk + c] += ds[j] * w.qs[i * dqk + c];
+            for (c = 0; c < dvd; ++c) acc_dv[j * dvd + c] += pij * (float)doi[c];
+          }
+        }
+      }
+      for (j = 0; j < lk; ++j) {
+        double *dkj = dk + ref_offset(p, &p->dk, 0, b, j, hk);
+        double *dvj = dv + ref_offset(p, &p->dv, 0, b, j, hk);
+        for (c = 0; c < dqk; ++c) dkj[c] = tu_round_float(acc_dk[j * dqk + c], dt);
+        for (c = 0; c < dvd; ++c) dvj[c] = tu_round_float(acc_dv[j * dvd + c], dt);
+      }
+    }
+  }
+  lowp_free(&w);
+  free(acc_dk);
+  free(acc_dv);
+  free(ds);
+}

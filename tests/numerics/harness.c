@@ -1,0 +1,988 @@
+/* See harness.h. */
+#include "harness.h"
+
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "reference.h"
+#include "testutil.h"
+
+enum { NT = 8 }; /* tensors, indexed by attn_tensor_role_t */
+
+static const char *const kRoleName[NT] = {"Q", "K", "V", "O", "dO", "dQ", "dK", "dV"};
+
+static int is_q_side(int role) {
+  return role == ATTN_TENSOR_Q || role == ATTN_TENSOR_O || role == ATTN_TENSOR_DO ||
+         role == ATTN_TENSOR_DQ;
+}
+
+static int is_output(int role) {
+  return role == ATTN_TENSOR_O || role == ATTN_TENSOR_DQ || role == ATTN_TENSOR_DK ||
+         role == ATTN_TENSOR_DV;
+}
+
+static int has_v_dim(int role) {
+  return role == ATTN_TENSOR_V || role == ATTN_TENSOR_O || role == ATTN_TENSOR_DO ||
+         role == ATTN_TENSOR_DV;
+}
+
+/* Where one tensor lives. */
+typedef struct tensor_geom {
+  int buf;       /* the buffer holding it (its own role, or Q / dQ when packed) */
+  size_t origin; /* element offset of (0, 0, 0, 0) in that buffer */
+  ref_strides st;
+  int64_t heads, dim;
+  int32_t ndim; /* dims and strides as given to attn_tensor_desc_set */
+  int64_t dims[4], strides[4];
+} tensor_geom;
+
+typedef struct run {
+  const nc_case *c;
+  char desc[400]; /* the case in words, for messages */
+  int varlen;
+  int64_t seqlen_q, seqlen_kv; /* max over the batch for varlen */
+  int32_t *cu_q32, *cu_kv32;
+  int64_t *cu_q, *cu_kv;
+  ref_problem rp;
+  tensor_geom t[NT];
+  tu_buffer buf[NT];        /* n == 0 when no tensor lives there */
+  unsigned char *owner[NT]; /* per buffer element: role + 1, or 0 in a gap */
+  double *ref[NT];          /* fp64 reference outputs, indexed like the buffers */
+  double *lowp[NT];         /* same-precision yardstick outputs */
+  float *lse;
+  double *lse_ref, *lse_lowp;
+  size_t lse_n;
+  int64_t empty_rows; /* query rows (per head) that see no key */
+  double zmax;        /* largest |logit| over visible pairs */
+  char summary[512];
+} run;
+
+/* ------------------------------------------------------------------------ */
+/* Failure reporting                                                         */
+/* ------------------------------------------------------------------------ */
+
+static void fail_case(const run *r, const char *fmt, ...) {
+  char msg[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  print_error("FAILED %s [%s] seed %llu (ATTN_TEST_SEED=%llu reproduces)\n  %s\n", r->c->name,
+              r->desc, (unsigned long long)tu_seed(), (unsigned long long)tu_seed(), msg);
+  fail();
+}
+
+static void check_status(const run *r, attn_status_t st, const char *call) {
+  if (st != ATTN_STATUS_SUCCESS)
+    fail_case(r, "%s returned %s: %s", call, attn_status_string(st), attn_last_error_message());
+}
+
+static void describe_case(run *r) {
+  const nc_case *c = r->c;
+  char mask[64];
+  const char *strides[] = {"default", "padded", "packed", "shuffled", "broadcast-kv"};
+  switch (c->mask) {
+    case ATTN_MASK_NONE: snprintf(mask, sizeof mask, "none"); break;
+    case ATTN_MASK_CAUSAL: snprintf(mask, sizeof mask, "causal"); break;
+    default:
+      snprintf(mask, sizeof mask, "window(%lld,%lld)", (long long)c->left, (long long)c->right);
+  }
+  snprintf(r->desc, sizeof r->desc,
+           "%s %s batch %lld%s heads %lld/%lld seqlen %lld/%lld dims %lld/%lld mask %s "
+           "scale %g softcap %g strides %s qk_sd %g trend %d threads %d%s%s",
+           tu_dtype_name(c->dtype),
+           r->varlen ? "THD" : (c->layout == ATTN_LAYOUT_BHSD ? "BHSD" : "BSHD"),
+           (long long)c->batch, r->varlen ? " (varlen)" : "", (long long)c->heads_q,
+           (long long)c->heads_kv, (long long)r->seqlen_q, (long long)r->seqlen_kv,
+           (long long)c->dqk, (long long)c->dv, mask, r->rp.scale, (double)c->softcap,
+           strides[c->strides], c->qk_sd, c->logit_trend, c->threads, c->backward ? " +bwd" : "",
+           c->no_lse ? " lse=NULL" : "");
+  if (r->varlen) {
+    int64_t b;
+    size_t used = strlen(r->desc);
+    for (b = 0; b < c->batch && used < sizeof r->desc; ++b) {
+      snprintf(r->desc + used, sizeof r->desc - used, "%s%d/%d", b == 0 ? " lengths q/kv " : ", ",
+               (int)c->lens_q[b], (int)c->lens_kv[b]);
+      used = strlen(r->desc);
+    }
+  }
+}
+
+/* ------------------------------------------------------------------------ */
+/* Setup                                                                     */
+/* ------------------------------------------------------------------------ */
+
+static void *xcalloc(size_t n, size_t size) {
+  void *p = calloc(n == 0 ? 1 : n, size);
+  if (p == NULL) {
+    fprintf(stderr, "harness: out of memory\n");
+    abort();
+  }
+  return p;
+}
+
+static void setup_shape(run *r) {
+  const nc_case *c = r->c;
+  int64_t b;
+  r->varlen = c->lens_q != NULL;
+  r->cu_q32 = (int32_t *)xcalloc((size_t)c->batch + 1, sizeof(int32_t));
+  r->cu_kv32 = (int32_t *)xcalloc((size_t)c->batch + 1, sizeof(int32_t));
+  r->cu_q = (int64_t *)xcalloc((size_t)c->batch + 1, sizeof(int64_t));
+  r->cu_kv = (int64_t *)xcalloc((size_t)c->batch + 1, sizeof(int64_t));
+  r->seqlen_q = r->varlen ? 0 : c->seqlen_q;
+  r->seqlen_kv = r->varlen ? 0 : c->seqlen_kv;
+  for (b = 0; b < c->batch; ++b) {
+    const int64_t lq = r->varlen ? c->lens_q[b] : c->seqlen_q;
+    const int64_t lk = r->varlen ? c->lens_kv[b] : c->seqlen_kv;
+    r->cu_q[b + 1] = r->cu_q[b] + lq;
+    r->cu_kv[b + 1] = r->cu_kv[b] + lk;
+    r->cu_q32[b + 1] = (int32_t)r->cu_q[b + 1];
+    r->cu_kv32[b + 1] = (int32_t)r->cu_kv[b + 1];
+    if (lq > r->seqlen_q) r->seqlen_q = lq;
+    if (lk > r->seqlen_kv) r->seqlen_kv = lk;
+  }
+
+  memset(&r->rp, 0, sizeof r->rp);
+  r->rp.batch = c->batch;
+  r->rp.heads_q = c->heads_q;
+  r->rp.heads_kv = c->heads_kv;
+  r->rp.head_dim_qk = c->dqk;
+  r->rp.head_dim_v = c->dv;
+  r->rp.cu_q = r->cu_q;
+  r->rp.cu_kv = r->cu_kv;
+  r->rp.varlen = r->varlen;
+  /* The scale the library uses: the float it was given, or its default. */
+  r->rp.scale = c->scale > 0.0f ? (double)c->scale : (double)(float)(1.0 / sqrt((double)c->dqk));
+  r->rp.softcap = c->softcap;
+  switch (c->mask) {
+    case ATTN_MASK_NONE: r->rp.window_left = -1, r->rp.window_right = -1; break;
+    case ATTN_MASK_CAUSAL: r->rp.window_left = -1, r->rp.window_right = 0; break;
+    case ATTN_MASK_WINDOW: r->rp.window_left = c->left, r->rp.window_right = c->right; break;
+  }
+}
+
+/* Element offset of (b, s, h, 0) of a tensor in its buffer. */
+static size_t elem(const run *r, int role, int64_t b, int64_t s, int64_t h) {
+  const tensor_geom *g = &r->t[role];
+  return g->origin + (size_t)ref_offset(&r->rp, &g->st, is_q_side(role), b, s, h);
+}
+
+enum { DIM_B = 0, DIM_S = 1, DIM_H = 2 }; /* a tensor's outer dims */
+
+/* The memory order of a layout's outer dims, innermost first (BSHD: head,
+ * sequence, batch); a random one when rng is given. Returns their number. */
+static int memory_order(attn_layout_t layout, tu_rng *rng, int order[3]) {
+  int n = 3, i;
+  switch (layout) {
+    case ATTN_LAYOUT_BSHD: order[0] = DIM_H, order[1] = DIM_S, order[2] = DIM_B; break;
+    case ATTN_LAYOUT_BHSD: order[0] = DIM_S, order[1] = DIM_H, order[2] = DIM_B; break;
+    case ATTN_LAYOUT_THD: order[0] = DIM_H, order[1] = DIM_S, n = 2; break;
+  }
+  for (i = n - 1; rng != NULL && i > 0; --i) {
+    const int j = (int)tu_rng_int(rng, 0, i), t = order[i];
+    order[i] = order[j];
+    order[j] = t;
+  }
+  return n;
+}
+
+/* Strides and placement of each tensor, then the buffers. */
+static void setup_geometry(run *r, tu_rng *rng) {
+  const nc_case *c = r->c;
+  const attn_layout_t layout = r->varlen ? ATTN_LAYOUT_THD : c->layout;
+  size_t need[NT] = {0};
+  int role, i;
+
+  if (c->strides == NC_STRIDES_BROADCAST_KV && r->varlen)
+    fail_case(r, "case error: broadcast K and V need a fixed-length batch");
+  if (c->strides == NC_STRIDES_PACKED) {
+    int same_tokens = c->dqk == c->dv;
+    int64_t b;
+    for (b = 0; b <= c->batch; ++b) same_tokens = same_tokens && r->cu_q[b] == r->cu_kv[b];
+    if (!same_tokens) fail_case(r, "case error: packed QKV needs equal lengths and head dims");
+  }
+
+  for (role = 0; role < NT; ++role) {
+    tensor_geom *g = &r->t[role];
+    const int q = is_q_side(role);
+    const int64_t heads = q ? c->heads_q : c->heads_kv;
+    const int64_t dim = has_v_dim(role) ? c->dv : c->dqk;
+    const int64_t len = q ? r->seqlen_q : r->seqlen_kv; /* fixed length */
+    const int64_t tokens = q ? r->cu_q[c->batch] : r->cu_kv[c->batch];
+    const int packed = c->strides == NC_STRIDES_PACKED && role != ATTN_TENSOR_O &&
+                       role != ATTN_TENSOR_DO;
+    const int padded = c->strides == NC_STRIDES_PADDED || c->strides == NC_STRIDES_SHUFFLED ||
+                       (c->strides == NC_STRIDES_PACKED && !packed);
+    /* Pads differ per role so that no two tensors share strides by accident. */
+    const int64_t pad[4] = {padded ? 1 + role : 0, padded ? 3 + 2 * role : 0,
+                            padded ? 5 + role : 0, 0};
+    /* Packed: [.., Hq + 2 Hkv, ..] with Q, K, V (or dQ, dK, dV) at head
+     * offsets 0, Hq, Hq + Hkv. */
+    const int64_t slots = packed ? c->heads_q + 2 * c->heads_kv : heads;
+    const int64_t size[3] = {c->batch, layout == ATTN_LAYOUT_THD ? tokens : len, slots};
+    int64_t stride[3] = {0, 0, 0}, first_slot = 0, cur;
+    int order[3], n, k;
+    size_t extent = 0;
+    if (packed && (role == ATTN_TENSOR_K || role == ATTN_TENSOR_DK)) first_slot = c->heads_q;
+    if (packed && (role == ATTN_TENSOR_V || role == ATTN_TENSOR_DV))
+      first_slot = c->heads_q + c->heads_kv;
+
+    /* Memory order of the outer dims, innermost first; each stride spans
+     * the dims inside it plus a pad. */
+    n = memory_order(layout, c->strides == NC_STRIDES_SHUFFLED ? rng : NULL, order);
+    cur = dim + pad[0];
+    for (k = 0; k < n; ++k) {
+      stride[order[k]] = cur;
+      cur = cur * size[order[k]] + pad[k + 1];
+    }
+    if (c->strides == NC_STRIDES_BROADCAST_KV &&
+        (role == ATTN_TENSOR_K || role == ATTN_TENSOR_V))
+      stride[DIM_B] = 0; /* every sequence reads the same keys and values */
+
+    g->heads = heads;
+    g->dim = dim;
+    g->buf = role;
+    if (packed) g->buf = role <= ATTN_TENSOR_V ? ATTN_TENSOR_Q : ATTN_TENSOR_DQ;
+    g->st.batch = layout == ATTN_LAYOUT_THD ? 0 : stride[DIM_B];
+    g->st.seq = stride[DIM_S];
+    g->st.head = stride[DIM_H];
+    switch (layout) {
+      case ATTN_LAYOUT_BSHD:
+        g->ndim = 4;
+        g->dims[0] = c->batch, g->dims[1] = len, g->dims[2] = heads, g->dims[3] = dim;
+        g->strides[0] = g->st.batch, g->strides[1] = g->st.seq, g->strides[2] = g->st.head;
+        break;
+      case ATTN_LAYOUT_BHSD:
+        g->ndim = 4;
+        g->dims[0] = c->batch, g->dims[1] = heads, g->dims[2] = len, g->dims[3] = dim;
+        g->strides[0] = g->st.batch, g->strides[1] = g->st.head, g->strides[2] = g->st.seq;
+        break;
+      case ATTN_LAYOUT_THD:
+        g->ndim = 3;
+        g->dims[0] = tokens, g->dims[1] = heads, g->dims[2] = dim;
+        g->strides[0] = g->st.seq, g->strides[1] = g->st.head;
+        break;
+    }
+    g->strides[g->ndim - 1] = 1;
+    g->origin = (size_t)(first_slot * g->st.head);
+    if (tokens > 0) {
+      const int64_t last_token =
+          layout == ATTN_LAYOUT_THD ? (tokens - 1) * g->st.seq
+                                    : (c->batch - 1) * g->st.batch + (len - 1) * g->st.seq;
+      extent = g->origin + (size_t)(last_token + (heads - 1) * g->st.head + dim);
+    }
+    if (extent > need[g->buf]) need[g->buf] = extent;
+  }
+
+  for (i = 0; i < NT; ++i) {
+    tu_buffer_alloc(&r->buf[i], c->dtype, need[i]);
+    r->owner[i] = (unsigned char *)xcalloc(need[i], 1);
+    r->ref[i] = (double *)xcalloc(need[i], sizeof(double));
+    r->lowp[i] = (double *)xcalloc(need[i], sizeof(double));
+  }
+  /* Mark each tensor's elements; two tensors sharing one is a harness bug. */
+  for (role = 0; role < NT; ++role) {
+    const tensor_geom *g = &r->t[role];
+    int64_t b, s, h, ch;
+    for (b = 0; b < c->batch; ++b) {
+      const int64_t n = is_q_side(role) ? ref_lq(&r->rp, b) : ref_lk(&r->rp, b);
+      for (s = 0; s < n; ++s)
+        for (h = 0; h < g->heads; ++h) {
+          const size_t base = elem(r, role, b, s, h);
+          for (ch = 0; ch < g->dim; ++ch) {
+            /* inputs may share elements (broadcast K and V), outputs not */
+            if (r->owner[g->buf][base + (size_t)ch] != 0 && is_output(role))
+              fail_case(r, "harness error: tensors %s and %s overlap", kRoleName[role],
+                        kRoleName[r->owner[g->buf][base + (size_t)ch] - 1]);
+            r->owner[g->buf][base + (size_t)ch] = (unsigned char)(role + 1);
+          }
+        }
+    }
+  }
+  r->rp.q = r->t[ATTN_TENSOR_Q].st;
+  r->rp.k = r->t[ATTN_TENSOR_K].st;
+  r->rp.v = r->t[ATTN_TENSOR_V].st;
+  r->rp.o = r->t[ATTN_TENSOR_O].st;
+  r->rp.d_o = r->t[ATTN_TENSOR_DO].st;
+  r->rp.dq = r->t[ATTN_TENSOR_DQ].st;
+  r->rp.dk = r->t[ATTN_TENSOR_DK].st;
+  r->rp.dv = r->t[ATTN_TENSOR_DV].st;
+
+  r->lse_n = ref_lse_count(&r->rp);
+  r->lse = (float *)xcalloc(r->lse_n, sizeof(float));
+  r->lse_ref = (double *)xcalloc(r->lse_n, sizeof(double));
+  r->lse_lowp = (double *)xcalloc(r->lse_n, sizeof(double));
+}
+
+
+/* Pointers handed to the library and to the reference. */
+static void *data_of(const run *r, int role) {
+  const tensor_geom *g = &r->t[role];
+  return (char *)r->buf[g->buf].data + g->origin * tu_dtype_size(r->c->dtype);
+}
+static const double *mirror_of(const run *r, int role) {
+  return r->buf[r->t[role].buf].mirror + r->t[role].origin;
+}
+
+static void fill_inputs(run *r, tu_rng *rng) {
+  const nc_case *c = r->c;
+  const double sd = c->qk_sd > 0.0 ? c->qk_sd : 1.0;
+  int i;
+  /* Whole buffers, gaps included: a library reading a gap gets garbage. */
+  for (i = 0; i < NT; ++i) {
+    if (r->buf[i].n == 0) continue;
+    if (i == ATTN_TENSOR_Q || i == ATTN_TENSOR_K) tu_fill_normal(rng, &r->buf[i], sd);
+    if (i == ATTN_TENSOR_V || i == ATTN_TENSOR_DO) tu_fill_normal(rng, &r->buf[i], 1.0);
+  }
+  if (c->strides == NC_STRIDES_PACKED) {
+    /* one buffer: redraw V's slots with sd 1 */
+    int64_t b, s, h, ch;
+    for (b = 0; b < c->batch; ++b)
+      for (s = 0; s < ref_lk(&r->rp, b); ++s)
+        for (h = 0; h < c->heads_kv; ++h)
+          for (ch = 0; ch < c->dv; ++ch)
+            tu_buffer_set(&r->buf[ATTN_TENSOR_Q], elem(r, ATTN_TENSOR_V, b, s, h) + (size_t)ch,
+                          tu_rng_normal(rng, 0.0, 1.0) + 1e-3);
+  }
+  if (c->logit_trend != 0) {
+    /* Channel 0: q = 1, k = trend * 8 * (a ramp from -1 to 1 along the keys),
+     * so that the logits drift by 16 * scale across the sequence. */
+    int64_t b, s, h;
+    for (b = 0; b < c->batch; ++b) {
+      const int64_t lk = ref_lk(&r->rp, b);
+      for (s = 0; s < ref_lq(&r->rp, b); ++s)
+        for (h = 0; h < c->heads_q; ++h)
+          tu_buffer_set(&r->buf[r->t[ATTN_TENSOR_Q].buf], elem(r, ATTN_TENSOR_Q, b, s, h), 1.0);
+      for (s = 0; s < lk; ++s)
+        for (h = 0; h < c->heads_kv; ++h) {
+          const double ramp = lk > 1 ? 2.0 * (double)s / (double)(lk - 1) - 1.0 : 1.0;
+          tu_buffer_set(&r->buf[r->t[ATTN_TENSOR_K].buf], elem(r, ATTN_TENSOR_K, b, s, h),
+                        c->logit_trend * 8.0 * ramp + 1e-3);
+        }
+    }
+  }
+}
+
+/* ------------------------------------------------------------------------ */
+/* Plans                                                                     */
+/* ------------------------------------------------------------------------ */
+
+static attn_status_t try_plan(run *r, attn_context_t ctx, int allow_empty, attn_plan_t *plan) {
+  const nc_case *c = r->c;
+  attn_plan_desc_t d = NULL;
+  attn_tensor_desc_t td = NULL;
+  attn_status_t st;
+  int role;
+  check_status(r, attn_plan_desc_create(&d), "attn_plan_desc_create");
+  check_status(r,
+               attn_plan_desc_set_shape(d, c->batch, c->heads_q, c->heads_kv, r->seqlen_q,
+                                        r->seqlen_kv, c->dqk, c->dv),
+               "attn_plan_desc_set_shape");
+  check_status(r, attn_plan_desc_set_dtype(d, c->dtype), "attn_plan_desc_set_dtype");
+  if (r->varlen)
+    check_status(r, attn_plan_desc_set_varlen(d, c->batch, r->cu_q32, r->cu_kv32),
+                 "attn_plan_desc_set_varlen");
+  else
+    check_status(r, attn_plan_desc_set_layout(d, c->layout), "attn_plan_desc_set_layout");
+  if (c->scale > 0.0f)
+    check_status(r, attn_plan_desc_set_softmax_scale(d, c->scale),
+                 "attn_plan_desc_set_softmax_scale");
+  if (c->softcap > 0.0f)
+    check_status(r, attn_plan_desc_set_softcap(d, c->softcap), "attn_plan_desc_set_softcap");
+  check_status(r,
+               attn_plan_desc_set_mask(d, c->mask, c->mask == ATTN_MASK_WINDOW ? c->left : -1,
+                                       c->mask == ATTN_MASK_WINDOW ? c->right : -1),
+               "attn_plan_desc_set_mask");
+  if (allow_empty)
+    check_status(r, attn_plan_desc_set_allow_empty_rows(d, 1),
+                 "attn_plan_desc_set_allow_empty_rows");
+  check_status(r,
+               attn_plan_desc_set_passes(d, c->backward ? ATTN_PASSES_FORWARD_BACKWARD
+                                                        : ATTN_PASSES_FORWARD),
+               "attn_plan_desc_set_passes");
+  if (c->strides != NC_STRIDES_DEFAULT) {
+    check_status(r, attn_tensor_desc_create(&td), "attn_tensor_desc_create");
+    for (role = 0; role < NT; ++role) {
+      const tensor_geom *g = &r->t[role];
+      check_status(r, attn_tensor_desc_set(td, c->dtype, g->ndim, g->dims, g->strides),
+                   "attn_tensor_desc_set");
+      check_status(r, attn_plan_desc_set_tensor(d, (attn_tensor_role_t)role, td),
+                   "attn_plan_desc_set_tensor");
+    }
+    attn_tensor_desc_destroy(td);
+  }
+  st = attn_plan_create(ctx, d, plan);
+  attn_plan_desc_destroy(d);
+  return st;
+}
+
+static attn_plan_t make_plan(run *r, attn_context_t ctx) {
+  attn_plan_t plan = NULL;
+  attn_status_t st;
+  if (r->empty_rows > 0) {
+    /* The contract: empty rows are rejected unless allowed. */
+    st = try_plan(r, ctx, 0, &plan);
+    if (st != ATTN_STATUS_INVALID_ARGUMENT || plan != NULL)
+      fail_case(r, "%lld empty rows: attn_plan_create without allow_empty_rows returned %s",
+                (long long)r->empty_rows, attn_status_string(st));
+  }
+  st = try_plan(r, ctx, r->empty_rows > 0, &plan);
+  check_status(r, st, "attn_plan_create");
+  return plan;
+}
+
+/* A workspace at an odd address, poisoned: the library must align it
+ * itself and must not rely on its contents. */
+typedef struct workspace {
+  unsigned char *block;
+  void *ptr;
+  size_t bytes;
+} workspace;
+
+static void workspace_get(run *r, attn_plan_t plan, attn_pass_t pass, tu_rng *rng, workspace *w) {
+  const size_t shift = (size_t)tu_rng_int(rng, 0, 63);
+  check_status(r, attn_plan_workspace_size(plan, pass, &w->bytes), "attn_plan_workspace_size");
+  w->block = (unsigned char *)xcalloc(w->bytes + 64, 1);
+  tu_poison_bytes(w->block, w->bytes + 64);
+  w->ptr = w->bytes > 0 ? w->block + shift : NULL;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Checks                                                                    */
+/* ------------------------------------------------------------------------ */
+
+/* The relative part of the absolute term (harness.h): the dtype's, plus the
+ * error of fp32 logits of magnitude zmax. */
+static double atol_scale(attn_dtype_t dtype, double zmax) {
+  const double a = 4.0 * tu_unit_roundoff(dtype);
+  return (a > 1e-5 ? a : 1e-5) + 4.0 * tu_unit_roundoff(ATTN_DTYPE_FP32) * zmax;
+}
+
+/* Library and yardstick errors of one tensor. */
+static void compare_tensor(const run *r, int role, tu_err *lib, tu_err *lowp) {
+  const tensor_geom *g = &r->t[role];
+  const tu_buffer *buf = &r->buf[g->buf];
+  int64_t b, s, h, ch;
+  tu_err_init(lib, kRoleName[role]);
+  tu_err_init(lowp, kRoleName[role]);
+  for (b = 0; b < r->c->batch; ++b) {
+    const int64_t n = is_q_side(role) ? ref_lq(&r->rp, b) : ref_lk(&r->rp, b);
+    for (s = 0; s < n; ++s)
+      for (h = 0; h < g->heads; ++h) {
+        const size_t base = elem(r, role, b, s, h);
+        for (ch = 0; ch < g->dim; ++ch) {
+          const size_t e = base + (size_t)ch;
+          const double ref = r->ref[g->buf][e];
+          tu_err_add(lib, b, s, h, ch, tu_load(buf->data, e, buf->dtype), ref);
+          tu_err_add(lowp, b, s, h, ch, r->lowp[g->buf][e], ref);
+        }
+      }
+  }
+}
+
+static void compare_lse(const run *r, tu_err *lib, tu_err *lowp) {
+  int64_t b, s, h;
+  tu_err_init(lib, "LSE");
+  tu_err_init(lowp, "LSE");
+  for (b = 0; b < r->c->batch; ++b)
+    for (h = 0; h < r->c->heads_q; ++h)
+      for (s = 0; s < ref_lq(&r->rp, b); ++s) {
+        const int64_t i = ref_lse_index(&r->rp, b, h, s);
+        tu_err_add(lib, b, s, h, -1, r->lse[i], r->lse_ref[i]);
+        tu_err_add(lowp, b, s, h, -1, r->lse_lowp[i], r->lse_ref[i]);
+      }
+}
+
+/* Applies the tolerance rule to one tensor; appends to the summary. */
+static void judge(run *r, const tu_err *lib, const tu_err *lowp, double atol) {
+  const double tol = 2.0 * lowp->max_err + atol;
+  char line[768];
+  size_t used = strlen(r->summary);
+  snprintf(r->summary + used, sizeof r->summary - used, " %s %.2g/%.2g", lib->what, lib->max_err,
+           tol);
+  if (lowp->bad > 0) {
+    tu_err_format(lowp, tol, line, sizeof line);
+    fail_case(r, "case error: the same-precision yardstick is not finite: %s", line);
+  }
+  if (!tu_err_ok(lib, tol)) {
+    tu_err_format(lib, tol, line, sizeof line);
+    fail_case(r, "%s (yardstick error %.3g)", line, lowp->max_err);
+  }
+}
+
+/* Elements of every output buffer outside its tensors must still be poison. */
+static void check_gaps(const run *r, int first_role, int last_role) {
+  int role;
+  for (role = first_role; role <= last_role; ++role) {
+    const tu_buffer *buf = &r->buf[role];
+    size_t e;
+    for (e = 0; e < buf->n; ++e)
+      if (r->owner[role][e] == 0 && !tu_is_poison(buf->data, e, buf->dtype))
+        fail_case(r, "element %zu of the %s buffer, outside every tensor, was written", e,
+                  kRoleName[role]);
+  }
+}
+
+static void check_inputs_unchanged(const run *r, const char *after) {
+  int i;
+  for (i = 0; i < NT; ++i) {
+    const int is_input = i == ATTN_TENSOR_Q || i == ATTN_TENSOR_K || i == ATTN_TENSOR_V ||
+                         i == ATTN_TENSOR_DO;
+    const size_t changed = is_input ? tu_buffer_changed(&r->buf[i]) : 0;
+    if (changed > 0)
+      fail_case(r, "%s changed %zu elements of the input buffer %s", after, changed, kRoleName[i]);
+  }
+}
+
+/* Rows with no visible key: O exactly 0 (LSE = -inf is part of compare). */
+static void check_empty_rows(const run *r, int role) {
+  const tensor_geom *g = &r->t[role];
+  const tu_buffer *buf = &r->buf[g->buf];
+  int64_t b, s, h, ch;
+  for (b = 0; b < r->c->batch; ++b)
+    for (s = 0; s < ref_lq(&r->rp, b); ++s) {
+      if (ref_row_sees_any(&r->rp, b, s)) continue;
+      for (h = 0; h < g->heads; ++h)
+        for (ch = 0; ch < g->dim; ++ch) {
+          const double got = tu_load(buf->data, elem(r, role, b, s, h) + (size_t)ch, buf->dtype);
+          if (got != 0.0)
+            fail_case(r, "%s[b %lld, s %lld, h %lld, c %lld] = %.9g in a row that sees no key "
+                      "(must be exactly 0)", kRoleName[role], (long long)b, (long long)s,
+                      (long long)h, (long long)ch, got);
+        }
+    }
+}
+
+/* Keys no row sees: dK and dV exactly 0. */
+static void check_unseen_keys(const run *r, int role) {
+  const tensor_geom *g = &r->t[role];
+  const tu_buffer *buf = &r->buf[g->buf];
+  int64_t b, j, h, ch;
+  for (b = 0; b < r->c->batch; ++b)
+    for (j = 0; j < ref_lk(&r->rp, b); ++j) {
+      if (ref_key_seen(&r->rp, b, j)) continue;
+      for (h = 0; h < g->heads; ++h)
+        for (ch = 0; ch < g->dim; ++ch) {
+          const double got = tu_load(buf->data, elem(r, role, b, j, h) + (size_t)ch, buf->dtype);
+          if (got != 0.0)
+            fail_case(r, "%s[b %lld, key %lld, h %lld, c %lld] = %.9g for a key no row sees "
+                      "(must be exactly 0)", kRoleName[role], (long long)b, (long long)j,
+                      (long long)h, (long long)ch, got);
+        }
+    }
+}
+
+static int64_t count_empty_rows(const run *r) {
+  int64_t b, s, n = 0;
+  for (b = 0; b < r->c->batch; ++b)
+    for (s = 0; s < ref_lq(&r->rp, b); ++s) n += !ref_row_sees_any(&r->rp, b, s);
+  return n;
+}
+
+static int64_t count_visible_pairs(const run *r) {
+  int64_t b, i, j, n = 0;
+  for (b = 0; b < r->c->batch; ++b)
+    for (i = 0; i < ref_lq(&r->rp, b); ++i)
+      for (j = 0; j < ref_lk(&r->rp, b); ++j) n += ref_visible(&r->rp, b, i, j);
+  return n;
+}
+
+/* Determinism: the CPU backend gives the same bits run after run. A second
+ * run writes fresh poisoned buffers (a workspace at another address); every
+ * element, gaps included, must equal the first run's. */
+static void *clone_poisoned(const run *r, int buf) {
+  void *p = xcalloc(r->buf[buf].n, tu_dtype_size(r->c->dtype));
+  tu_poison(p, r->c->dtype, r->buf[buf].n);
+  return p;
+}
+
+static void *at_origin(const run *r, void *base, int role) {
+  return (char *)base + r->t[role].origin * tu_dtype_size(r->c->dtype);
+}
+
+static void require_same_bits(const run *r, const void *a, const void *b, size_t bytes,
+                              const char *what) {
+  if (memcmp(a, b, bytes) != 0) fail_case(r, "a second run gave different bits in %s", what);
+}
+
+static void check_forward_repeats(run *r, attn_plan_t plan, tu_rng *rng) {
+  const int o_buf = r->t[ATTN_TENSOR_O].buf;
+  void *o2 = clone_poisoned(r, o_buf);
+  float *lse2 = (float *)xcalloc(r->lse_n, sizeof(float));
+  workspace ws;
+  attn_status_t st;
+  tu_poison(lse2, ATTN_DTYPE_FP32, r->lse_n);
+  workspace_get(r, plan, ATTN_PASS_FORWARD, rng, &ws);
+  st = attn_forward(plan, data_of(r, ATTN_TENSOR_Q), data_of(r, ATTN_TENSOR_K),
+                    data_of(r, ATTN_TENSOR_V), at_origin(r, o2, ATTN_TENSOR_O),
+                    r->c->no_lse ? NULL : lse2, ws.ptr, ws.bytes, NULL);
+  free(ws.block);
+  check_status(r, st, "attn_forward (repeated)");
+  require_same_bits(r, o2, r->buf[o_buf].data, r->buf[o_buf].n * tu_dtype_size(r->c->dtype), "O");
+  if (!r->c->no_lse) require_same_bits(r, lse2, r->lse, r->lse_n * sizeof(float), "LSE");
+  free(o2);
+  free(lse2);
+}
+
+static void check_backward_repeats(run *r, attn_plan_t plan, tu_rng *rng) {
+  void *grads[NT] = {NULL};
+  workspace ws;
+  attn_status_t st;
+  int i;
+  for (i = ATTN_TENSOR_DQ; i <= ATTN_TENSOR_DV; ++i) grads[i] = clone_poisoned(r, i);
+  workspace_get(r, plan, ATTN_PASS_BACKWARD, rng, &ws);
+  st = attn_backward(plan, data_of(r, ATTN_TENSOR_Q), data_of(r, ATTN_TENSOR_K),
+                     data_of(r, ATTN_TENSOR_V), data_of(r, ATTN_TENSOR_O), r->lse,
+                     data_of(r, ATTN_TENSOR_DO),
+                     at_origin(r, grads[r->t[ATTN_TENSOR_DQ].buf], ATTN_TENSOR_DQ),
+                     at_origin(r, grads[r->t[ATTN_TENSOR_DK].buf], ATTN_TENSOR_DK),
+                     at_origin(r, grads[r->t[ATTN_TENSOR_DV].buf], ATTN_TENSOR_DV), ws.ptr,
+                     ws.bytes, NULL);
+  free(ws.block);
+  check_status(r, st, "attn_backward (repeated)");
+  for (i = ATTN_TENSOR_DQ; i <= ATTN_TENSOR_DV; ++i) {
+    require_same_bits(r, grads[i], r->buf[i].data, r->buf[i].n * tu_dtype_size(r->c->dtype),
+                      kRoleName[i]);
+    free(grads[i]);
+  }
+}
+
+/* ------------------------------------------------------------------------ */
+/* The run                                                                   */
+/* ------------------------------------------------------------------------ */
+
+static void run_forward(run *r, attn_plan_t plan, tu_rng *rng, int64_t pairs) {
+  workspace ws;
+  tu_err lib, lowp;
+  attn_status_t st;
+  const int o_buf = r->t[ATTN_TENSOR_O].buf;
+  tu_poison(r->buf[o_buf].data, r->c->dtype, r->buf[o_buf].n);
+  tu_poison(r->lse, ATTN_DTYPE_FP32, r->lse_n);
+  workspace_get(r, plan, ATTN_PASS_FORWARD, rng, &ws);
+  if (r->c->no_lse && r->c->backward) fail_case(r, "case error: the backward needs the LSE");
+  st = attn_forward(plan, data_of(r, ATTN_TENSOR_Q), data_of(r, ATTN_TENSOR_K),
+                    data_of(r, ATTN_TENSOR_V), data_of(r, ATTN_TENSOR_O),
+                    r->c->no_lse ? NULL : r->lse, ws.ptr, ws.bytes, NULL);
+  free(ws.block);
+  check_status(r, st, "attn_forward");
+  check_inputs_unchanged(r, "attn_forward");
+
+  ref_forward(&r->rp, mirror_of(r, ATTN_TENSOR_Q), mirror_of(r, ATTN_TENSOR_K),
+              mirror_of(r, ATTN_TENSOR_V), r->ref[o_buf] + r->t[ATTN_TENSOR_O].origin, r->lse_ref);
+  ref_lowp_forward(&r->rp, r->c->dtype, mirror_of(r, ATTN_TENSOR_Q), mirror_of(r, ATTN_TENSOR_K),
+                   mirror_of(r, ATTN_TENSOR_V), r->lowp[o_buf] + r->t[ATTN_TENSOR_O].origin,
+                   r->lse_lowp);
+
+  compare_tensor(r, ATTN_TENSOR_O, &lib, &lowp);
+  if (pairs > 0 && lib.max_ref == 0.0) fail_case(r, "harness error: the reference O is all zero");
+  judge(r, &lib, &lowp, atol_scale(r->c->dtype, r->zmax) * lib.max_ref);
+  if (!r->c->no_lse) {
+    compare_lse(r, &lib, &lowp);
+    judge(r, &lib, &lowp, 1e-5 * (lib.max_ref > 1.0 ? lib.max_ref : 1.0));
+  }
+  check_empty_rows(r, ATTN_TENSOR_O);
+  check_gaps(r, ATTN_TENSOR_O, ATTN_TENSOR_O);
+  check_forward_repeats(r, plan, rng);
+}
+
+/* The largest |value| of a double array indexed like a tensor's buffer, over
+ * the tensor's elements. */
+static double max_over_tensor(const run *r, int role, const double *values) {
+  const tensor_geom *g = &r->t[role];
+  double m = 0.0;
+  int64_t b, s, h, ch;
+  for (b = 0; b < r->c->batch; ++b) {
+    const int64_t n = is_q_side(role) ? ref_lq(&r->rp, b) : ref_lk(&r->rp, b);
+    for (s = 0; s < n; ++s)
+      for (h = 0; h < g->heads; ++h)
+        for (ch = 0; ch < g->dim; ++ch) {
+          const double x = fabs(values[elem(r, role, b, s, h) + (size_t)ch]);
+          if (x > m) m = x;
+        }
+  }
+  return m;
+}
+
+/* The largest errors dQ and dK inherit from O being handed to the backward
+ * in the dtype (reference.h: ref_backward_o_rounding_floor); none for dV. */
+static void o_rounding_floor(const run *r, double floor[3]) {
+  const int q_buf = r->t[ATTN_TENSOR_DQ].buf, k_buf = r->t[ATTN_TENSOR_DK].buf;
+  double *fq = (double *)xcalloc(r->buf[q_buf].n, sizeof(double));
+  double *fk = q_buf == k_buf ? fq : (double *)xcalloc(r->buf[k_buf].n, sizeof(double));
+  ref_backward_o_rounding_floor(&r->rp, tu_unit_roundoff(r->c->dtype),
+                                mirror_of(r, ATTN_TENSOR_Q), mirror_of(r, ATTN_TENSOR_K),
+                                mirror_of(r, ATTN_TENSOR_V), mirror_of(r, ATTN_TENSOR_DO),
+                                fq + r->t[ATTN_TENSOR_DQ].origin, fk + r->t[ATTN_TENSOR_DK].origin);
+  floor[0] = max_over_tensor(r, ATTN_TENSOR_DQ, fq);
+  floor[1] = max_over_tensor(r, ATTN_TENSOR_DK, fk);
+  floor[2] = 0.0;
+  if (fk != fq) free(fk);
+  free(fq);
+}
+
+static void run_backward(run *r, attn_plan_t plan, tu_rng *rng, int64_t pairs) {
+  const int grads[3] = {ATTN_TENSOR_DQ, ATTN_TENSOR_DK, ATTN_TENSOR_DV};
+  const int o_buf = r->t[ATTN_TENSOR_O].buf;
+  tu_err lib[3], lowp[3];
+  double magnitude = 0.0, floor[3];
+  workspace ws;
+  attn_status_t st;
+  float *lse_copy = (float *)xcalloc(r->lse_n, sizeof(float));
+  void *o_copy = xcalloc(r->buf[o_buf].n, tu_dtype_size(r->c->dtype));
+  int i;
+
+  for (i = ATTN_TENSOR_DQ; i <= ATTN_TENSOR_DV; ++i)
+    tu_poison(r->buf[i].data, r->c->dtype, r->buf[i].n);
+  memcpy(lse_copy, r->lse, r->lse_n * sizeof(float));
+  memcpy(o_copy, r->buf[o_buf].data, r->buf[o_buf].n * tu_dtype_size(r->c->dtype));
+  workspace_get(r, plan, ATTN_PASS_BACKWARD, rng, &ws);
+  st = attn_backward(plan, data_of(r, ATTN_TENSOR_Q), data_of(r, ATTN_TENSOR_K),
+                     data_of(r, ATTN_TENSOR_V), data_of(r, ATTN_TENSOR_O), r->lse,
+                     data_of(r, ATTN_TENSOR_DO), data_of(r, ATTN_TENSOR_DQ),
+                     data_of(r, ATTN_TENSOR_DK), data_of(r, ATTN_TENSOR_DV), ws.ptr, ws.bytes,
+                     NULL);
+  free(ws.block);
+  check_status(r, st, "attn_backward");
+  check_inputs_unchanged(r, "attn_backward");
+  if (memcmp(lse_copy, r->lse, r->lse_n * sizeof(float)) != 0 ||
+      memcmp(o_copy, r->buf[o_buf].data, r->buf[o_buf].n * tu_dtype_size(r->c->dtype)) != 0)
+    fail_case(r, "attn_backward changed its inputs O or LSE");
+  free(lse_copy);
+  free(o_copy);
+
+  ref_backward(&r->rp, mirror_of(r, ATTN_TENSOR_Q), mirror_of(r, ATTN_TENSOR_K),
+               mirror_of(r, ATTN_TENSOR_V), mirror_of(r, ATTN_TENSOR_DO),
+               r->ref[r->t[ATTN_TENSOR_DQ].buf] + r->t[ATTN_TENSOR_DQ].origin,
+               r->ref[r->t[ATTN_TENSOR_DK].buf] + r->t[ATTN_TENSOR_DK].origin,
+               r->ref[r->t[ATTN_TENSOR_DV].buf] + r->t[ATTN_TENSOR_DV].origin);
+  ref_lowp_backward(&r->rp, r->c->dtype, mirror_of(r, ATTN_TENSOR_Q), mirror_of(r, ATTN_TENSOR_K),
+                    mirror_of(r, ATTN_TENSOR_V), mirror_of(r, ATTN_TENSOR_DO),
+                    r->lowp[r->t[ATTN_TENSOR_DQ].buf] + r->t[ATTN_TENSOR_DQ].origin,
+                    r->lowp[r->t[ATTN_TENSOR_DK].buf] + r->t[ATTN_TENSOR_DK].origin,
+                    r->lowp[r->t[ATTN_TENSOR_DV].buf] + r->t[ATTN_TENSOR_DV].origin);
+
+  o_rounding_floor(r, floor);
+  for (i = 0; i < 3; ++i) {
+    compare_tensor(r, grads[i], &lib[i], &lowp[i]);
+    if (lib[i].max_ref > magnitude) magnitude = lib[i].max_ref;
+  }
+  if (pairs > 0 && lib[2].max_ref == 0.0)
+    fail_case(r, "harness error: the reference dV is all zero");
+  for (i = 0; i < 3; ++i)
+    judge(r, &lib[i], &lowp[i], atol_scale(r->c->dtype, r->zmax) * magnitude + 2.0 * floor[i]);
+  check_empty_rows(r, ATTN_TENSOR_DQ);
+  check_unseen_keys(r, ATTN_TENSOR_DK);
+  check_unseen_keys(r, ATTN_TENSOR_DV);
+  check_gaps(r, ATTN_TENSOR_DQ, ATTN_TENSOR_DV);
+  check_backward_repeats(r, plan, rng);
+}
+
+static void free_run(run *r) {
+  int i;
+  for (i = 0; i < NT; ++i) {
+    tu_buffer_free(&r->buf[i]);
+    free(r->owner[i]);
+    free(r->ref[i]);
+    free(r->lowp[i]);
+  }
+  free(r->cu_q32);
+  free(r->cu_kv32);
+  free(r->cu_q);
+  free(r->cu_kv);
+  free(r->lse);
+  free(r->lse_ref);
+  free(r->lse_lowp);
+}
+
+void nc_run(const nc_case *c) {
+  run r;
+  tu_rng rng = tu_rng_for(c->name);
+  attn_context_t ctx = NULL;
+  attn_plan_t plan = NULL;
+  int64_t pairs;
+
+  memset(&r, 0, sizeof r);
+  r.c = c;
+  setup_shape(&r);
+  describe_case(&r);
+  setup_geometry(&r, &rng);
+  fill_inputs(&r, &rng);
+  r.empty_rows = count_empty_rows(&r);
+  pairs = count_visible_pairs(&r);
+  r.zmax = ref_max_abs_logit(&r.rp, mirror_of(&r, ATTN_TENSOR_Q), mirror_of(&r, ATTN_TENSOR_K));
+
+  check_status(&r, attn_context_create(ATTN_BACKEND_CPU, 0, c->threads > 0 ? c->threads : 1, &ctx),
+               "attn_context_create");
+  plan = make_plan(&r, ctx);
+  attn_context_destroy(ctx);
+
+  run_forward(&r, plan, &rng, pairs);
+  if (c->backward) run_backward(&r, plan, &rng, pairs);
+  attn_plan_destroy(plan);
+
+  printf("  %-34s%s (empty rows %lld, max |logit| %.3g)\n", c->name, r.summary,
+         (long long)r.empty_rows, r.zmax);
+  if (strncmp(c->name, "random_", 7) == 0) printf("    [%s]\n", r.desc);
+  fflush(stdout);
+  free_run(&r);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Entry points                                                              */
+/* ------------------------------------------------------------------------ */
+
+int nc_isa_gate(void) {
+  const char *isa = getenv("ATTN_CPU_ISA");
+  attn_context_t ctx = NULL;
+  attn_plan_desc_t d = NULL;
+  attn_plan_t plan = NULL;
+  attn_plan_info_t info;
+  attn_status_t st;
+  int rc = 0;
+
+  tu_seed(); /* print it up front */
+  if (attn_context_create(ATTN_BACKEND_CPU, 0, 1, &ctx) != ATTN_STATUS_SUCCESS ||
+      attn_plan_desc_create(&d) != ATTN_STATUS_SUCCESS ||
+      attn_plan_desc_set_shape(d, 1, 1, 1, 1, 1, 8, 8) != ATTN_STATUS_SUCCESS) {
+    fprintf(stderr, "isa gate: setup failed: %s\n", attn_last_error_message());
+    return 1;
+  }
+  st = attn_plan_create(ctx, d, &plan);
+  if (st == ATTN_STATUS_NOT_SUPPORTED && isa != NULL && isa[0] != '\0') {
+    printf("SKIP: ATTN_CPU_ISA=%s is not available here: %s\n", isa, attn_last_error_message());
+    rc = 77;
+  } else if (st != ATTN_STATUS_SUCCESS) {
+    fprintf(stderr, "isa gate: attn_plan_create returned %s: %s\n", attn_status_string(st),
+            attn_last_error_message());
+    rc = 1;
+  } else {
+    memset(&info, 0, sizeof info);
+    info.struct_size = sizeof info;
+    if (attn_plan_describe(plan, &info) != ATTN_STATUS_SUCCESS) {
+      fprintf(stderr, "isa gate: attn_plan_describe failed: %s\n", attn_last_error_message());
+      rc = 1;
+    } else if (isa != NULL && isa[0] != '\0' &&
+               (strncmp(info.kernel, "cpu-", 4) != 0 || strcmp(info.kernel + 4, isa) != 0)) {
+      fprintf(stderr, "isa gate: ATTN_CPU_ISA=%s but the plan runs kernel %s\n", isa, info.kernel);
+      rc = 1;
+    } else {
+      printf("kernel: %s\n", info.kernel);
+    }
+  }
+  attn_plan_destroy(plan);
+  attn_plan_desc_destroy(d);
+  attn_context_destroy(ctx);
+  return rc;
+}
+
+static void cmocka_case(void **state) { nc_run((const nc_case *)*state); }
+
+/* Storage of one random case. */
+typedef struct random_case {
+  nc_case c;
+  char name[32];
+  int32_t lens_q[4], lens_kv[4];
+} random_case;
+
+static int64_t pick(tu_rng *rng, const int64_t *values, size_t n) {
+  return values[tu_rng_int(rng, 0, (int64_t)n - 1)];
+}
+
+/* A length in 1..max_len, short ones (up to 8) a fifth of the time. */
+static int64_t random_length(tu_rng *rng, int64_t max_len) {
+  return tu_rng_int(rng, 0, 4) == 0 ? tu_rng_int(rng, 1, 8) : tu_rng_int(rng, 1, max_len);
+}
+
+static void random_case_draw(tu_rng *rng, int index, int64_t max_len, int backward,
+                             random_case *rc) {
+  static const int64_t dims[] = {1, 3, 7, 8, 16, 24, 32, 40, 64, 72, 80, 96, 128};
+  static const int64_t groups[] = {1, 1, 2, 4};
+  nc_case *c = &rc->c;
+  int64_t b, lq_max = 0, lk_max = 0, cost;
+  const int varlen = tu_rng_int(rng, 0, 2) == 0;
+
+  memset(rc, 0, sizeof *rc);
+  snprintf(rc->name, sizeof rc->name, "random_%02d", index);
+  c->name = rc->name;
+  c->dtype = (attn_dtype_t)tu_rng_int(rng, 0, 2);
+  c->layout = tu_rng_int(rng, 0, 1) ? ATTN_LAYOUT_BHSD : ATTN_LAYOUT_BSHD;
+  c->heads_kv = tu_rng_int(rng, 1, 3);
+  c->heads_q = c->heads_kv * pick(rng, groups, sizeof groups / sizeof groups[0]);
+  c->dqk = pick(rng, dims, sizeof dims / sizeof dims[0]);
+  c->dv = tu_rng_int(rng, 0, 1) ? c->dqk : pick(rng, dims, sizeof dims / sizeof dims[0]);
+  c->strides = (nc_strides)tu_rng_int(rng, 0, 4);
+  if (c->strides == NC_STRIDES_PACKED) c->dv = c->dqk;
+  if (c->strides == NC_STRIDES_BROADCAST_KV && varlen) c->strides = NC_STRIDES_SHUFFLED;
+  if (varlen) {
+    c->batch = tu_rng_int(rng, 1, 4);
+    for (b = 0; b < c->batch; ++b) {
+      /* empty sequences a sixth of the time */
+      rc->lens_q[b] = tu_rng_int(rng, 0, 5) == 0 ? 0 : (int32_t)random_length(rng, max_len);
+      rc->lens_kv[b] = tu_rng_int(rng, 0, 5) == 0 ? 0 : (int32_t)random_length(rng, max_len);
+      if (c->strides == NC_STRIDES_PACKED) rc->lens_kv[b] = rc->lens_q[b];
+    }
+    if (rc->lens_q[0] == 0) rc->lens_q[0] = 1; /* some work in every case */
+    if (rc->lens_kv[0] == 0) rc->lens_kv[0] = rc->lens_q[0];
+    c->lens_q = rc->lens_q;
+    c->lens_kv = rc->lens_kv;
+    for (b = 0; b < c->batch; ++b) {
+      if (rc->lens_q[b] > lq_max) lq_max = rc->lens_q[b];
+      if (rc->lens_kv[b] > lk_max) lk_max = rc->lens_kv[b];
+    }
+  } else {
+    c->batch = tu_rng_int(rng, 1, 2);
+    c->seqlen_q = lq_max = random_length(rng, max_len);
+    c->seqlen_kv = lk_max =
+        c->strides == NC_STRIDES_PACKED ? c->seqlen_q : random_length(rng, max_len);
+  }
+  c->mask = (attn_mask_t)tu_rng_int(rng, 0, 2);
+  if (c->mask == ATTN_MASK_WINDOW) {
+    c->left = tu_rng_int(rng, 0, 3) == 0 ? -1 : tu_rng_int(rng, 0, lk_max + 4);
+    c->right = tu_rng_int(rng, 0, 3) == 0 ? -1 : tu_rng_int(rng, 0, 8);
+  }
+  if (tu_rng_int(rng, 0, 3) == 0) c->softcap = (float)tu_rng_uniform(rng, 2.0, 30.0);
+  if (tu_rng_int(rng, 0, 3) == 0) c->scale = (float)tu_rng_uniform(rng, 0.05, 2.0);
+  if (tu_rng_int(rng, 0, 4) == 0) c->qk_sd = 2.5;
+  if (tu_rng_int(rng, 0, 4) == 0) c->logit_trend = tu_rng_int(rng, 0, 1) ? 1 : -1;
+  c->threads = (int)tu_rng_int(rng, 1, 2);
+  c->backward = backward;
+
+  /* Keep the reference's cost (pairs x dims x heads) bounded: fewer heads. */
+  cost = c->batch * lq_max * lk_max * (c->dqk + c->dv);
+  while (cost * c->heads_q > 12000000 && c->heads_q > 1) {
+    if (c->heads_q > c->heads_kv)
+      c->heads_q /= 2; /* group 4 -> 2 -> 1 */
+    else
+      c->heads_q = c->heads_kv = 1;
+  }
+}
+
+int nc_run_group(const char *group, const nc_case *cases, size_t n, int random, int64_t max_len,
+                 int backward) {
+  const size_t total = n + (size_t)random;
+  struct CMUnitTest *tests = (struct CMUnitTest *)xcalloc(total, sizeof *tests);
+  random_case *extra = (random_case *)xcalloc((size_t)random, sizeof *extra);
+  char label[64];
+  tu_rng rng;
+  size_t i;
+  int failed;
+  snprintf(label, sizeof label, "%s/random-cases", group);
+  rng = tu_rng_for(label);
+  for (i = 0; i < (size_t)random; ++i) random_case_draw(&rng, (int)i, max_len, backward, &extra[i]);
+  for (i = 0; i < total; ++i) {
+    const nc_case *c = i < n ? &cases[i] : &extra[i - n].c;
+    tests[i].name = c->name;
+    tests[i].test_func = cmocka_case;
+    tests[i].initial_state = (void *)c;
+  }
+  failed = _cmocka_run_group_tests(group, tests, total, NULL, NULL);
+  free(tests);
+  free(extra);
+  return failed;
+}

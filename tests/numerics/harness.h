@@ -1,0 +1,104 @@
+/*
+ * The runner shared by the forward and backward numerics tests: one
+ * nc_case describes a problem; nc_run builds it with random inputs, runs the
+ * library and checks it against the fp64 reference.
+ *
+ * Tolerance rule (FlashAttention's): for every output tensor X,
+ *
+ *     max |X_lib - X_ref|  <=  2 * max |X_lowp - X_ref|  +  atol
+ *
+ * where X_ref is the fp64 reference and X_lowp the same computation done
+ * the way a plain framework would in the test's dtype (reference.h). The
+ * absolute term is
+ *
+ *     O:           (max(4 u, 1e-5) + 4 u32 Z) * M_O
+ *     dQ, dK, dV:  (max(4 u, 1e-5) + 4 u32 Z) * M_grad  +  2 F
+ *     LSE (fp32):  1e-5 * max(1, max |LSE_ref|)
+ *
+ *   u       the dtype's unit roundoff (2^-24, 2^-11, 2^-8); 4 u M is about
+ *           two units in the last place at magnitude M, as FlashAttention's
+ *           tests allow. u32 = 2^-24.
+ *   M_O     the largest |element| of the reference O; M_grad that of all
+ *           three reference gradients, so that a gradient that is zero in
+ *           exact arithmetic (dQ of a row that sees a single key) may carry
+ *           fp32 noise.
+ *   Z       the largest |logit|. fp32 logits carry an error ~ u32 Z (the
+ *           library works in base 2 with log2(e) folded into the scale,
+ *           up to 1.44x the rounding of natural-unit logits); this only
+ *           matters for fp32 with large logits, where the ratio of two fp32
+ *           max errors is too noisy for the factor 2 alone.
+ *   F       for dQ and dK (0 for dV): the largest error they can inherit from
+ *           attn_backward receiving O rounded to the dtype
+ *           (ref_backward_o_rounding_floor), an error floor of the API that
+ *           dominates when rows are nearly one-hot (dP - D cancels) and that
+ *           the yardstick's own instance may undershoot.
+ *
+ * Exact requirements, besides the tolerance:
+ *   - rows that see no key: O == 0 and LSE == -inf (and dQ == 0);
+ *     keys that no row sees: dK == dV == 0;
+ *   - every output element is written (outputs are poisoned with NaN
+ *     before each run), and no element outside the tensors is touched
+ *     (the gaps of padded and packed layouts stay poisoned);
+ *   - the inputs are left unchanged;
+ *   - a second run (fresh poisoned outputs, another workspace address)
+ *     gives the same bits: the CPU backend is deterministic;
+ *   - plan creation rejects a problem with empty rows unless
+ *     allow_empty_rows is set.
+ */
+#ifndef ATTN_NUMERICS_HARNESS_H
+#define ATTN_NUMERICS_HARNESS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <attn/attn.h>
+
+typedef enum nc_strides {
+  NC_STRIDES_DEFAULT = 0,  /* the layout's own strides; no tensor descriptor is set */
+  NC_STRIDES_PADDED,       /* every tensor gets padded head, sequence and batch strides */
+  NC_STRIDES_PACKED,       /* Q, K, V are head slices of one packed QKV buffer, dQ, dK, dV
+                              of one dQKV buffer; O and dO are padded */
+  NC_STRIDES_SHUFFLED,     /* every tensor stores its batch, sequence and head dims in a
+                              random order, padded */
+  NC_STRIDES_BROADCAST_KV  /* K and V have batch stride 0: every sequence reads the same
+                              keys and values (fixed-length batches only) */
+} nc_strides;
+
+typedef struct nc_case {
+  const char *name;
+  attn_dtype_t dtype;
+  attn_layout_t layout; /* BSHD or BHSD; ignored for varlen batches (THD) */
+  int64_t batch, heads_q, heads_kv;
+  int64_t seqlen_q, seqlen_kv; /* fixed-length batches */
+  /* A varlen batch when non-NULL: `batch` lengths each (seqlen_* unused). */
+  const int32_t *lens_q, *lens_kv;
+  int64_t dqk, dv;
+  attn_mask_t mask;
+  int64_t left, right; /* for ATTN_MASK_WINDOW */
+  float scale;         /* 0: not set (the library's default, 1/sqrt(dqk)) */
+  float softcap;       /* 0: off */
+  nc_strides strides;
+  double qk_sd;    /* standard deviation of Q and K entries (0: 1); V and dO use 1 */
+  int logit_trend; /* +1 / -1: a ramp added to the logits, growing / shrinking along the
+                      keys, so that the running max changes from tile to tile */
+  int threads;     /* the context's thread count (0: 1) */
+  int backward;    /* also run and check the backward pass */
+  int no_lse;      /* forward only: pass lse = NULL (LSE is optional) */
+} nc_case;
+
+/* Call first in main(). When ATTN_CPU_ISA names a kernel variant, checks
+ * that plans run it: returns 77 (meson's "skipped") when plan creation
+ * reports NOT_SUPPORTED for it, 1 on an unexpected error, else 0. */
+int nc_isa_gate(void);
+
+/* Runs and checks one case (CMocka assertions). */
+void nc_run(const nc_case *c);
+
+/* Registers every case as a CMocka test named after it, followed by
+ * `random` cases drawn from the seed (shapes, dtype, layout, mask, softcap,
+ * strides, varlen, threads; sequences up to max_len), and runs them. The
+ * random cases are new every run and reproduce with ATTN_TEST_SEED. */
+int nc_run_group(const char *group, const nc_case *cases, size_t n, int random, int64_t max_len,
+                 int backward);
+
+#endif /* ATTN_NUMERICS_HARNESS_H */
