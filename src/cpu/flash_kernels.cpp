@@ -58,7 +58,8 @@ inline vf vload(const float* p) {
   return v;
 }
 inline void vstore(float* p, vf v) { std::memcpy(p, &v, sizeof v); }
-inline vf vbroadcast(float x) { return vf{} + x; }
+// x - 0 is x for every x (also -0), so this folds to one broadcast; 0 + x would not.
+inline vf vbroadcast(float x) { return x - vf{}; }
 inline vf vmax(vf a, vf b) { return a > b ? a : b; }
 
 // 2^x for a vector, relative error ~2e-7. Inputs below -127 give exactly 0
