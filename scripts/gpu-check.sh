@@ -1,15 +1,21 @@
 #!/usr/bin/env bash
 # The GPU check, run on a machine with a CUDA device from the repository root:
 # builds libattn for the device, reports the kernels' registers and spills,
-# runs the GPU test suite, compute-sanitizer on small cases, then times the
-# forward kernel (and PyTorch's FlashAttention-2 backend for reference when
-# torch is importable) and prints a short table last.
+# runs the GPU test suite (forward and backward), compute-sanitizer on small
+# cases, then times the forward and backward kernels next to PyTorch's
+# FlashAttention-2 and cuDNN SDPA backends (same shapes, same process
+# family) when torch is importable, and prints a short table last.
 #
 # Environment:
 #   BUILD_DIR            build directory (default /tmp/attn-gpu-build)
 #   GPU_ARCHS            meson gpu_archs (default sm_90a)
+#   GPU_CHECK_TESTS      meson test names to run (default: the whole gpu suite)
 #   GPU_CHECK_SANITIZE   0 skips compute-sanitizer
 #   GPU_CHECK_TORCH      0 skips the PyTorch reference timing
+#   GPU_CHECK_TIMING     0 skips all timing
+#   GPU_CHECK_VARIANTS   1 also times the d=128 backward variant of sm_80-sized devices
+#   GPU_CHECK_NCU        1 profiles the dK/dV kernel (d=128, L=8K, full) with Nsight
+#                        Compute (clocks left alone) into $logs/ncu.txt
 #   OUT                  when set, logs go there (else $BUILD_DIR/logs)
 # A .deps/ folder (../shared/tools/device-deps.sh) supplies CMocka where the
 # machine lacks it.
@@ -41,18 +47,20 @@ if [ ! -f "$build/build.ninja" ]; then
 fi
 start=$(date +%s)
 # Only what this check runs: other targets need not build for it to work.
-if ! ninja -C "$build" tests/gpu/test_flash_fwd tests/gpu/time_flash_fwd >"$logs/build.log" 2>&1; then
+targets="tests/gpu/test_flash_fwd tests/gpu/test_flash_bwd tests/gpu/time_flash_fwd tests/gpu/time_flash_bwd"
+if ! ninja -C "$build" $targets >"$logs/build.log" 2>&1; then
   grep -E "error|FAILED" -A4 "$logs/build.log" | head -80
   exit 1
 fi
 echo "built in $(( $(date +%s) - start )) s"
+grep -i "spill" "$logs/build.log" | sort -u | head -10
 
 step "kernel resources (registers, stack, local memory)"
 lib="$build/src/libattn.so"
 if command -v cuobjdump >/dev/null; then
-  # one line per kernel: mangled <T, D> suffix, then REG/STACK/SHARED/LOCAL
-  cuobjdump -res-usage "$lib" 2>/dev/null | grep --no-group-separator -A1 "flash_fwd_kernel" |
-    sed -E 's/.*Function _ZN4attn5flash16flash_fwd_kernelI([^:]*):.*/\1/; s/^[[:space:]]+//' |
+  # one line per kernel: mangled name suffix, then REG/STACK/SHARED/LOCAL
+  cuobjdump -res-usage "$lib" 2>/dev/null | grep --no-group-separator -A1 -E "flash_(fwd|bwd)" |
+    sed -E 's/.*Function _ZN4attn5flash[0-9]+(flash_[a-z_]+)I([^:]*):.*/\1 \2/; s/^[[:space:]]+//' |
     paste - - | tee "$logs/resources.txt"
   spills=$(cuobjdump -sass "$lib" 2>/dev/null | grep -cE '\b(LDL|STL)\b' || true)
   echo "local-memory instructions (LDL/STL) in SASS: $spills"
@@ -60,64 +68,120 @@ if command -v cuobjdump >/dev/null; then
 fi
 
 step "GPU test suite"
-meson test -C "$build" --no-rebuild --suite gpu --print-errorlogs --verbose 2>&1 | tee "$logs/test.log"
+meson test -C "$build" --no-rebuild --suite gpu --print-errorlogs --verbose ${GPU_CHECK_TESTS:-} \
+  2>&1 | tee "$logs/test.log" | grep -vE "^ *(atomic|det) " | grep -E "^(ok|FAIL|seed|PASS|[0-9]+/)|FAIL|Ok:|Fail:|Skipped:"
 test_rc=${PIPESTATUS[0]}
-summary+=("meson test --suite gpu: $([ "$test_rc" = 0 ] && echo PASS || echo "FAIL ($test_rc)")")
+grep -E "^FAIL" -A2 "$logs/test.log" | head -40
+summary+=("meson test --suite gpu ${GPU_CHECK_TESTS:-}: $([ "$test_rc" = 0 ] && echo PASS || echo "FAIL ($test_rc)")")
 
-test_bin="$build/tests/gpu/test_flash_fwd"
 if [ "${GPU_CHECK_SANITIZE:-1}" != 0 ] && command -v compute-sanitizer >/dev/null; then
-  step "compute-sanitizer memcheck (small cases)"
-  ATTN_GPU_TEST_QUICK=1 compute-sanitizer --tool memcheck --error-exitcode 3 "$test_bin" \
-    >"$logs/memcheck.log" 2>&1
-  rc=$?
-  tail -4 "$logs/memcheck.log"
-  summary+=("compute-sanitizer memcheck: $([ $rc = 0 ] && echo clean || echo "FAIL ($rc)")")
-  step "compute-sanitizer racecheck (causal L=129, every head dim)"
-  ATTN_GPU_TEST_FILTER=causal-L129 compute-sanitizer --tool racecheck --error-exitcode 3 \
-    "$test_bin" >"$logs/racecheck.log" 2>&1
-  rc=$?
-  tail -3 "$logs/racecheck.log"
-  summary+=("compute-sanitizer racecheck: $([ $rc = 0 ] && echo clean || echo "FAIL ($rc)")")
+  for t in fwd bwd; do
+    bin="$build/tests/gpu/test_flash_$t"
+    step "compute-sanitizer memcheck, $t (small cases)"
+    ATTN_GPU_TEST_QUICK=1 compute-sanitizer --tool memcheck --error-exitcode 3 "$bin" \
+      >"$logs/memcheck_$t.log" 2>&1
+    rc=$?
+    tail -3 "$logs/memcheck_$t.log"
+    summary+=("compute-sanitizer memcheck $t: $([ $rc = 0 ] && echo clean || echo "FAIL ($rc)")")
+    step "compute-sanitizer racecheck, $t (causal L=129, every head dim)"
+    ATTN_GPU_TEST_FILTER=causal-L129 compute-sanitizer --tool racecheck --error-exitcode 3 \
+      "$bin" >"$logs/racecheck_$t.log" 2>&1
+    rc=$?
+    tail -2 "$logs/racecheck_$t.log"
+    summary+=("compute-sanitizer racecheck $t: $([ $rc = 0 ] && echo clean || echo "FAIL ($rc)")")
+  done
 fi
 
-step "timing: libattn forward"
-"$build/tests/gpu/time_flash_fwd" 2>&1 | tee "$logs/timing.log"
+torch_out=""
+if [ "${GPU_CHECK_TIMING:-1}" != 0 ]; then
+  step "timing: libattn forward and backward"
+  ATTN_TIME_VARIANTS=${GPU_CHECK_VARIANTS:-0} "$build/tests/gpu/time_flash_bwd" 2>&1 |
+    tee "$logs/timing.log" | grep -v "^RESULT"
 
-torch_table=""
-if [ "${GPU_CHECK_TORCH:-1}" != 0 ] && python3 -c "import torch" 2>/dev/null; then
-  step "timing: PyTorch SDPA FlashAttention-2 backend (same shapes)"
-  torch_table=$(python3 - <<'PY' 2>&1 | tee "$logs/torch.log"
+  if [ "${GPU_CHECK_TORCH:-1}" != 0 ] && python3 -c "import torch" 2>/dev/null; then
+    step "timing: PyTorch SDPA FlashAttention-2 and cuDNN backends (same shapes)"
+    python3 - >"$logs/torch.log" 2>&1 <<'PY'
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
-rows = []
-for d, L, causal in [(64, 8192, False), (128, 8192, False), (128, 16384, True)]:
-    b, h = max(1, 16384 // L), 2048 // d
-    q, k, v = (torch.randn(b, h, L, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-    pairs = b * h * (L * (L + 1) // 2 if causal else L * L)
-    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-        f = lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
-        for _ in range(3):
-            f()
-        ts = []
-        for _ in range(20):
-            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            e0.record(); f(); e1.record(); e1.synchronize()
-            ts.append(e0.elapsed_time(e1))
+sdpa = torch.nn.functional.scaled_dot_product_attention
+
+def median_ms(f, reps=20):
+    for _ in range(3):
+        f()
+    ts = []
+    for _ in range(reps):
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record(); f(); e1.record(); e1.synchronize()
+        ts.append(e0.elapsed_time(e1))
     ts.sort()
-    med = ts[len(ts) // 2]
-    rows.append(f"{d:4d} {L:6d} {'causal' if causal else 'full':6s} {med:9.3f} {4 * pairs * d / med / 1e9:8.1f}  torch-sdpa-flash")
-print("\n".join(rows))
+    return ts[len(ts) // 2]
+
+configs = [(d, L, c) for d in (64, 128) for L in (2048, 8192) for c in (False, True)]
+configs.append((128, 16384, True))
+for d, L, causal in configs:
+    b, h = max(1, 16384 // L), 2048 // d
+    # BSHD memory, as libattn's timing uses; leaves that require grad
+    q, k, v = (torch.randn(b, L, h, d, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+               .detach().requires_grad_() for _ in range(3))
+    pairs = b * h * (L * (L + 1) // 2 if causal else L * L)
+    fl_f = 4 * pairs * d
+    fl_b = 2.5 * fl_f
+    for name, backend in (("fa2", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
+        try:
+            with sdpa_kernel(backend):
+                with torch.no_grad():
+                    tf = median_ms(lambda: sdpa(q, k, v, is_causal=causal))
+                out = sdpa(q, k, v, is_causal=causal)
+                g = torch.randn_like(out)
+                tb = median_ms(lambda: torch.autograd.grad(out, (q, k, v), g, retain_graph=True))
+            print(f"TORCH {name} {d} {L} {'causal' if causal else 'full'} {tf:.4f} {fl_f / tf / 1e9:.1f} "
+                  f"{tb:.4f} {fl_b / tb / 1e9:.1f}", flush=True)
+            del out, g
+        except Exception as e:  # a backend that refuses the shape
+            print(f"TORCH {name} {d} {L} {'causal' if causal else 'full'} nan nan nan nan  # {e}",
+                  flush=True)
+    del q, k, v
+    torch.cuda.empty_cache()
 PY
-)
+    grep -v "^TORCH" "$logs/torch.log" | tail -5
+    torch_out=$(grep "^TORCH" "$logs/torch.log")
+  fi
+fi
+
+if [ "${GPU_CHECK_NCU:-0}" = 1 ] && command -v ncu >/dev/null; then
+  step "Nsight Compute: dK/dV kernel, d=128, L=8K, full"
+  ATTN_TIME_ONLY=1 ATTN_TIME_REPS=3 ncu --clock-control none --kernel-name regex:flash_bwd_dkdv \
+    --launch-skip 2 --launch-count 1 --section SpeedOfLight --section ComputeWorkloadAnalysis \
+    --section MemoryWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables \
+    --section WarpStateStats --section SchedulerStats --section Occupancy --section LaunchStats \
+    --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" \
+    "$build/tests/gpu/time_flash_bwd" 128,8192,0 >"$logs/ncu.txt" 2>&1
+  grep -E "Duration|Throughput|Issued|Eligible|Frequency" "$logs/ncu.txt" | head -12
+  # stall reasons (warps per issued instruction), largest first
+  grep -E "issue_stalled" "$logs/ncu.txt" | awk '{print $NF, $1}' | sort -rn | head -12
 fi
 
 step "summary"
 for s in "${summary[@]}"; do echo "$s"; done
-echo
-grep -A20 "^bf16 forward" "$logs/timing.log" || true
-if [ -n "$torch_table" ]; then
-  echo "PyTorch FA2 (same machine, same shapes):"
-  printf '%4s %6s %-6s %9s %8s\n' d L mask "ms(med)" TFLOP/s
-  echo "$torch_table" | grep -E "^ *[0-9]" || echo "$torch_table" | tail -3
+if [ -f "$logs/timing.log" ]; then
+  echo
+  echo "bf16, batch*seqlen = 16K, heads = 2048/d: TFLOP/s (fwd 4*pairs*d, bwd 2.5x); ratio = libattn bwd / other bwd"
+  python3 - "$logs/timing.log" <<PY
+import sys
+rows = {}
+for line in open(sys.argv[1]):
+    f = line.split()
+    if f and f[0] == "RESULT":
+        rows[(f[1], f[2], f[3])] = {"attn": (float(f[5]), float(f[7])), "det": float(f[9])}
+for line in """$torch_out""".splitlines():
+    f = line.split()
+    if len(f) >= 9 and f[0] == "TORCH" and (f[2], f[3], f[4]) in rows:
+        rows[(f[2], f[3], f[4])][f[1]] = (float(f[6]), float(f[8]))
+print(f"{'d':>4} {'L':>6} {'mask':6} | {'attn fwd':>8} {'bwd':>6} {'bwd-det':>7} | {'FA2 fwd':>7} {'bwd':>6} | {'cuDNN fwd':>9} {'bwd':>6} | {'bwd/FA2':>7} {'bwd/cuDNN':>9}")
+for (d, L, m), r in rows.items():
+    a = r["attn"]; fa = r.get("fa2", (float("nan"),) * 2); cu = r.get("cudnn", (float("nan"),) * 2)
+    print(f"{d:>4} {L:>6} {m:6} | {a[0]:8.1f} {a[1]:6.1f} {r['det']:7.1f} | {fa[0]:7.1f} {fa[1]:6.1f} | "
+          f"{cu[0]:9.1f} {cu[1]:6.1f} | {a[1] / fa[1]:7.2f} {a[1] / cu[1]:9.2f}")
+PY
 fi
 [ "$test_rc" = 0 ]

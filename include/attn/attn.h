@@ -295,7 +295,8 @@ ATTN_API attn_status_t attn_tensor_desc_get(attn_tensor_desc_t desc, attn_dtype_
  *
  * Defaults: batch 1, heads 1/1, seqlen 0/0 (must be set), head dims 0 (must
  * be set), FP32, BSHD, scale 1/sqrt(head_dim_qk), no softcap, no mask,
- * fixed-length batch, empty rows rejected, forward pass only. */
+ * fixed-length batch, empty rows rejected, forward pass only, not
+ * deterministic. */
 ATTN_API attn_status_t attn_plan_desc_create(attn_plan_desc_t *desc);
 ATTN_API attn_status_t attn_plan_desc_destroy(attn_plan_desc_t desc);
 
@@ -353,6 +354,16 @@ ATTN_API attn_status_t attn_plan_desc_set_allow_empty_rows(attn_plan_desc_t desc
 
 /* Which passes the plan must support. Default ATTN_PASSES_FORWARD. */
 ATTN_API attn_status_t attn_plan_desc_set_passes(attn_plan_desc_t desc, attn_passes_t passes);
+
+/* Deterministic gradients: 1 asks that attn_backward produce bit-identical
+ * dQ, dK and dV run after run for the same inputs (no floating-point
+ * atomics whose order varies); 0 (default) allows the faster kernels whose
+ * accumulation order may vary, so results may differ in the last bits from
+ * run to run. Must be 0 or 1. The forward pass is deterministic either way,
+ * and the CPU backend is always deterministic. attn_plan_describe's kernel
+ * names the variant that runs. */
+ATTN_API attn_status_t attn_plan_desc_set_deterministic(attn_plan_desc_t desc,
+                                                        int32_t deterministic);
 
 /* ------------------------------------------------------------------------ */
 /* Plan                                                                      */

@@ -44,38 +44,6 @@ struct FwdTraits {
   static_assert(D % 16 == 0 && kBlockN % 16 == 0 && kRows % 16 == 0, "whole mma tiles");
 };
 
-// An opaque copy of x: values derived from it are recomputed where used
-// instead of being hoisted out of the KV loop into registers.
-__device__ __forceinline__ int64_t opaque(int64_t x) {
-  asm volatile("" : "+l"(x));
-  return x;
-}
-
-// Copies a [ROWS][D] tile (row r at src + r * stride) into shared memory at
-// dst with row pitch D + 8; rows >= valid become zeros (so that masked keys
-// multiply finite values). Each thread copies one 16-byte column chunk of
-// every kRowStep-th row; with D = 96 a quarter of the threads idle.
-template <int ROWS, int D, int THREADS, class T>
-__device__ __forceinline__ void load_tile(uint32_t dst, const T* src, int64_t stride, int valid,
-                                          int tid) {
-  constexpr int kChunks = D / 8;
-  constexpr int kPitch = kChunks <= 8 ? 8 : kChunks <= 16 ? 16 : 32;
-  constexpr int kRowStep = THREADS / kPitch;
-  constexpr int kLd = D + 8;
-  static_assert(kChunks <= 32 && ROWS % kRowStep == 0, "tile rows divide among threads");
-  const int ch = tid % kPitch, r = tid / kPitch;
-  if (ch >= kChunks) return;
-  const T* g = src + r * stride + ch * 8;
-  const int64_t step = kRowStep * stride;
-  const uint32_t s = dst + uint32_t(r * kLd + ch * 8) * 2u;
-#pragma unroll
-  for (int i = 0; i < ROWS / kRowStep; ++i) {
-    const bool ok = r + i * kRowStep < valid;
-    cp_async_16(s + uint32_t(i * kRowStep * kLd * 2), ok ? g : src, ok);
-    g += step;
-  }
-}
-
 template <class T, int D>
 __global__ void __launch_bounds__(FwdTraits<D>::kThreads, FwdTraits<D>::kMinBlocks)
     flash_fwd_kernel(const __grid_constant__ FwdParams p) {

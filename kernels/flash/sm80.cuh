@@ -32,6 +32,13 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
+// 4-byte global -> shared copy through L1 (row statistics); !valid writes
+// zeros and reads nothing.
+__device__ __forceinline__ void cp_async_4(uint32_t dst, const void* src, bool valid) {
+  const int bytes = valid ? 4 : 0;
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
+}
+
 // Four 8x8 b16 matrices; lanes 8i..8i+7 give the row addresses of matrix i,
 // and register i receives matrix i (row g, columns 2t, 2t+1).
 __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
@@ -91,6 +98,49 @@ __device__ __forceinline__ float fast_exp2(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
   return y;
+}
+
+// p[0] += a, p[1] += b in global memory, the result unused (8-byte aligned
+// p). One vector reduction on sm_90+, two scalar ones before.
+__device__ __forceinline__ void red_add_f32x2(float* p, float a, float b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(p), "f"(a), "f"(b) : "memory");
+#else
+  atomicAdd(p, a);
+  atomicAdd(p + 1, b);
+#endif
+}
+
+// An opaque copy of x: values derived from it are recomputed where used
+// instead of being hoisted out of the KV loop into registers.
+__device__ __forceinline__ int64_t opaque(int64_t x) {
+  asm volatile("" : "+l"(x));
+  return x;
+}
+
+// Copies a [ROWS][D] tile (row r at src + r * stride) into shared memory at
+// dst with row pitch D + 8; rows >= valid become zeros (so that masked keys
+// multiply finite values). Each thread copies one 16-byte column chunk of
+// every kRowStep-th row; with D = 96 a quarter of the threads idle.
+template <int ROWS, int D, int THREADS, class T>
+__device__ __forceinline__ void load_tile(uint32_t dst, const T* src, int64_t stride, int valid,
+                                          int tid) {
+  constexpr int kChunks = D / 8;
+  constexpr int kPitch = kChunks <= 8 ? 8 : kChunks <= 16 ? 16 : 32;
+  constexpr int kRowStep = THREADS / kPitch;
+  constexpr int kLd = D + 8;
+  static_assert(kChunks <= 32 && ROWS % kRowStep == 0, "tile rows divide among threads");
+  const int ch = tid % kPitch, r = tid / kPitch;
+  if (ch >= kChunks) return;
+  const T* g = src + r * stride + ch * 8;
+  const int64_t step = kRowStep * stride;
+  const uint32_t s = dst + uint32_t(r * kLd + ch * 8) * 2u;
+#pragma unroll
+  for (int i = 0; i < ROWS / kRowStep; ++i) {
+    const bool ok = r + i * kRowStep < valid;
+    cp_async_16(s + uint32_t(i * kRowStep * kLd * 2), ok ? g : src, ok);
+    g += step;
+  }
 }
 
 }  // namespace attn::flash

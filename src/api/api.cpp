@@ -373,6 +373,15 @@ attn_status_t attn_plan_desc_set_passes(attn_plan_desc_t desc, attn_passes_t pas
   });
 }
 
+attn_status_t attn_plan_desc_set_deterministic(attn_plan_desc_t desc, int32_t deterministic) {
+  return guarded([&] {
+    attn::PlanDesc& d = checked(desc, "desc").desc;
+    if (deterministic != 0 && deterministic != 1)
+      invalid_argument("deterministic must be 0 or 1, got ", deterministic);
+    d.deterministic = deterministic == 1;
+  });
+}
+
 // --- plans -----------------------------------------------------------------------
 
 attn_status_t attn_plan_create(attn_context_t ctx, attn_plan_desc_t desc, attn_plan_t* plan) {

@@ -2,18 +2,25 @@
 // parameters once at plan creation and launches them on the caller's stream.
 // Execution allocates nothing and never synchronises, so it can be captured
 // in a CUDA graph.
+//
+// Backward workspace: D = rowsum(dO * O) and LSE in base 2 (fp32, LSE's
+// layout), then, unless the plan is deterministic, the fp32 dQ accumulator
+// [token][heads_q][D].
 #include "cuda/cuda_backend.hpp"
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstdio>
 #include <limits>
 #include <string>
 
 #include "core/dtype.hpp"
 #include "core/error.hpp"
+#include "cuda/flash_bwd.hpp"
 #include "cuda/flash_fwd.hpp"
 #include "plan/plan.hpp"
 
@@ -58,7 +65,19 @@ FwdKernel pick_kernel(int64_t d, bool bf16) {
   }
 }
 
+BwdKernels pick_bwd_kernels(int64_t d, bool bf16, int variant) {
+  switch (d) {
+    case 64: return bwd_kernels_d64(bf16, variant);
+    case 96: return bwd_kernels_d96(bf16, variant);
+    case 128: return bwd_kernels_d128(bf16, variant);
+    default: return bwd_kernels_d256(bf16, variant);
+  }
+}
+
 constexpr float kLog2e = 1.4426950408889634f;
+constexpr size_t kWorkspaceAlign = 256;
+
+size_t align_up(size_t x) { return (x + kWorkspaceAlign - 1) / kWorkspaceAlign * kWorkspaceAlign; }
 
 class CudaPlan final : public BackendPlan {
  public:
@@ -80,23 +99,47 @@ class CudaPlan final : public BackendPlan {
     if (major < 8)
       not_supported("backend CUDA: device ", device_, " is sm_", major, minor,
                     "; the attention kernels need sm_80 or newer (mma.sync, cp.async)");
-    cudaFuncAttributes attrs{};
-    const cudaError_t fe = cudaFuncGetAttributes(&attrs, kernel_.func);
-    if (fe == cudaErrorNoKernelImageForDevice || fe == cudaErrorInvalidDeviceFunction ||
-        fe == cudaErrorUnsupportedPtxVersion) {
-      (void)cudaGetLastError();
-      not_supported("backend CUDA: this build of libattn has no kernel image for device ", device_,
-                    " (sm_", major, minor, "); rebuild with -Dgpu_archs including sm_", major,
-                    minor);
-    }
-    check(fe, "cudaFuncGetAttributes");
-    const size_t smem = cfg_.smem_bytes(int(d));
-    if (size_t(smem_optin) < smem)
-      not_supported("backend CUDA: head_dim ", d, " needs ", smem,
-                    " bytes of shared memory per block; device ", device_, " allows ", smem_optin);
+    auto require_image = [&](const void* func) {
+      cudaFuncAttributes attrs{};
+      const cudaError_t fe = cudaFuncGetAttributes(&attrs, func);
+      if (fe == cudaErrorNoKernelImageForDevice || fe == cudaErrorInvalidDeviceFunction ||
+          fe == cudaErrorUnsupportedPtxVersion) {
+        (void)cudaGetLastError();
+        not_supported("backend CUDA: this build of libattn has no kernel image for device ",
+                      device_, " (sm_", major, minor, "); rebuild with -Dgpu_archs including sm_",
+                      major, minor);
+      }
+      check(fe, "cudaFuncGetAttributes");
+    };
+    auto require_smem = [&](size_t smem, const char* pass) {
+      if (size_t(smem_optin) < smem)
+        not_supported("backend CUDA: head_dim ", d, " needs ", smem, " bytes of shared memory per ",
+                      "block for the ", pass, " pass; device ", device_, " allows ", smem_optin);
+    };
+    require_image(kernel_.func);
+    require_smem(cfg_.smem_bytes(int(d)), "forward");
     check(kernel_.prepare(), "cudaFuncSetAttribute");
+    if (p.backward) {
+      // The first variant whose shared memory the device has (the last one
+      // otherwise, which then fails the check below with NOT_SUPPORTED).
+      // ATTN_CUDA_BWD_VARIANT=n starts the search at variant n instead, so
+      // that the fallbacks of small devices can be tested on large ones.
+      int variant = 0;
+      if (const char* env = std::getenv("ATTN_CUDA_BWD_VARIANT"))
+        variant = std::clamp(std::atoi(env), 0, flash::bwd_variants(int(d)) - 1);
+      while (variant + 1 < flash::bwd_variants(int(d)) &&
+             size_t(smem_optin) < flash::bwd_config(int(d), variant).smem_bytes(int(d)))
+        ++variant;
+      bwd_ = pick_bwd_kernels(d, bf16, variant);
+      bwd_cfg_ = flash::bwd_config(int(d), variant);
+      require_image(bwd_.dkdv_func);
+      require_smem(bwd_cfg_.smem_bytes(int(d)), "backward");
+      require_smem(flash::dq_config(int(d)).smem_bytes(int(d)), "backward");
+      check(bwd_.prepare(), "cudaFuncSetAttribute");
+    }
 
     fill_params();
+    fill_bwd_params();
     m_blocks_ = int((p.seqlen_q + cfg_.block_m - 1) / cfg_.block_m);
 
     if (p.varlen) {
@@ -125,11 +168,19 @@ class CudaPlan final : public BackendPlan {
       }
       params_.cu_q = cu_dev_;
       params_.cu_kv = cu_dev_ + n;
+      bwd_params_.cu_q = cu_dev_;
+      bwd_params_.cu_kv = cu_dev_ + n;
     }
 
-    std::snprintf(kernel_name_, sizeof kernel_name_, "cuda-fa2-sm80-%s-d%d-%dx%d-w%d-s%d",
-                  dtype_name(p.dtype), int(d), cfg_.block_m, cfg_.block_n, cfg_.warps,
-                  cfg_.stages);
+    // The forward's kernel, then the backward's variant: "-atomic" adds dQ
+    // with fp32 atomics, "-det" computes it in a separate pass without them.
+    int len = std::snprintf(kernel_name_, sizeof kernel_name_, "cuda-fa2-sm80-%s-d%d-%dx%d-w%d-s%d",
+                            dtype_name(p.dtype), int(d), cfg_.block_m, cfg_.block_n, cfg_.warps,
+                            cfg_.stages);
+    if (p.backward && len > 0 && size_t(len) < sizeof kernel_name_)
+      std::snprintf(kernel_name_ + len, sizeof kernel_name_ - size_t(len), "+bwd-%dx%d-w%d%s-%s",
+                    bwd_cfg_.block_m, bwd_cfg_.block_n, bwd_cfg_.warps,
+                    bwd_cfg_.register_path() ? "r" : "s", p.deterministic ? "det" : "atomic");
   }
 
   ~CudaPlan() override {
@@ -145,7 +196,10 @@ class CudaPlan final : public BackendPlan {
     (void)cudaGetLastError();
   }
 
-  size_t workspace_bytes(attn_pass_t) const override { return 0; }
+  size_t workspace_bytes(attn_pass_t pass) const override {
+    if (pass != ATTN_PASS_BACKWARD || !problem_.backward) return 0;
+    return 2 * delta_bytes() + dq_accum_bytes();
+  }
 
   void forward(const ForwardArgs& a) const override {
     const Problem& p = problem_;
@@ -170,8 +224,57 @@ class CudaPlan final : public BackendPlan {
           "forward kernel launch");
   }
 
-  void backward(const BackwardArgs&) const override {
-    not_supported("backend CUDA: the backward pass is not implemented yet");
+  void backward(const BackwardArgs& a) const override {
+    const Problem& p = problem_;
+    const int64_t total_q = p.total_q(), total_kv = p.total_kv();
+    if (total_q == 0 && total_kv == 0) return;
+    if (total_q > 0) {
+      require_aligned(a.q, "q");
+      require_aligned(a.o, "o");
+      require_aligned(a.d_o, "d_o");
+      require_aligned(a.dq, "dq");
+      if (reinterpret_cast<uintptr_t>(a.lse) % alignof(float) != 0)
+        invalid_argument("lse: the device pointer must be 4-byte aligned");
+    }
+    if (total_kv > 0) {
+      require_aligned(a.k, "k");
+      require_aligned(a.v, "v");
+      require_aligned(a.dk, "dk");
+      require_aligned(a.dv, "dv");
+    }
+    if (workspace_bytes(ATTN_PASS_BACKWARD) > 0) require_aligned(a.workspace, "workspace");
+    flash::BwdParams prm = bwd_params_;
+    prm.q = a.q;
+    prm.k = a.k;
+    prm.v = a.v;
+    prm.o = a.o;
+    prm.d_o = a.d_o;
+    prm.lse = a.lse;
+    prm.dq = a.dq;
+    prm.dk = a.dk;
+    prm.dv = a.dv;
+    char* ws = static_cast<char*>(a.workspace);
+    prm.delta = reinterpret_cast<float*>(ws);
+    prm.lse2 = reinterpret_cast<float*>(ws + delta_bytes());
+    prm.dq_accum = p.deterministic ? nullptr : reinterpret_cast<float*>(ws + 2 * delta_bytes());
+    const int64_t rows = total_q * p.heads_q;
+    const auto stream = static_cast<cudaStream_t>(a.stream);
+    DeviceScope scope(device_);
+    if (rows > 0) check(bwd_.preprocess(prm, rows, stream), "backward preprocess launch");
+    if (total_kv > 0) {
+      const int n_blocks = int((p.seqlen_kv + bwd_cfg_.block_n - 1) / bwd_cfg_.block_n);
+      check(bwd_.dkdv(prm, n_blocks, int(p.heads_kv), int(p.batch), stream),
+            "backward dK/dV kernel launch");
+    }
+    if (rows == 0) return;
+    if (p.deterministic) {
+      const int bm = flash::dq_config(int(p.head_dim_qk)).block_m;
+      const int m_blocks = int((p.seqlen_q + bm - 1) / bm);
+      check(bwd_.dq(prm, m_blocks, int(p.heads_q), int(p.batch), stream),
+            "backward dQ kernel launch");
+    } else {
+      check(bwd_.convert(prm, rows, stream), "backward dQ conversion launch");
+    }
   }
 
   int32_t tile_q() const override { return cfg_.block_m; }
@@ -182,9 +285,6 @@ class CudaPlan final : public BackendPlan {
 
  private:
   static void validate(const Problem& p) {
-    if (p.backward)
-      not_supported("backend CUDA: the backward pass is not implemented yet; create the plan with ",
-                    "ATTN_PASSES_FORWARD");
     if (p.dtype != ATTN_DTYPE_FP16 && p.dtype != ATTN_DTYPE_BF16)
       not_supported("backend CUDA: dtype ", dtype_name(p.dtype),
                     " is not supported by the CUDA kernels (fp16 and bf16 are)");
@@ -201,8 +301,14 @@ class CudaPlan final : public BackendPlan {
     if (p.seqlen_q >= max_len || p.seqlen_kv >= max_len || p.total_q() >= max_len * 2 ||
         p.total_kv() >= max_len * 2)
       not_supported("backend CUDA: sequences of 2^30 tokens or more");
-    const attn_tensor_role_t roles[] = {ATTN_TENSOR_Q, ATTN_TENSOR_K, ATTN_TENSOR_V, ATTN_TENSOR_O};
+    // Row-wise backward kernels: (token, head) rows in 64-bit, blocks in 32.
+    if (p.backward && p.total_q() * p.heads_q >= (int64_t(1) << 33))
+      not_supported("backend CUDA: a backward pass over 2^33 or more (token, head) rows");
+    const attn_tensor_role_t roles[] = {ATTN_TENSOR_Q,  ATTN_TENSOR_K,  ATTN_TENSOR_V,
+                                        ATTN_TENSOR_O,  ATTN_TENSOR_DO, ATTN_TENSOR_DQ,
+                                        ATTN_TENSOR_DK, ATTN_TENSOR_DV};
     for (attn_tensor_role_t r : roles) {
+      if (!p.backward && r > ATTN_TENSOR_O) break;
       const TensorStrides& s = p.strides[r];
       const bool ok = s.seq % 8 == 0 && s.head % 8 == 0 && (p.varlen || s.batch % 8 == 0);
       if (!ok)
@@ -250,11 +356,48 @@ class CudaPlan final : public BackendPlan {
     }
   }
 
+  void fill_bwd_params() {
+    const Problem& p = problem_;
+    flash::BwdParams& f = bwd_params_;
+    const flash::FwdParams& fw = params_;
+    f.q_batch = fw.q_batch, f.q_seq = fw.q_seq, f.q_head = fw.q_head;
+    f.k_batch = fw.k_batch, f.k_seq = fw.k_seq, f.k_head = fw.k_head;
+    f.v_batch = fw.v_batch, f.v_seq = fw.v_seq, f.v_head = fw.v_head;
+    f.o_batch = fw.o_batch, f.o_seq = fw.o_seq, f.o_head = fw.o_head;
+    const TensorStrides& d_o = p.strides[ATTN_TENSOR_DO];
+    const TensorStrides& dq = p.strides[ATTN_TENSOR_DQ];
+    const TensorStrides& dk = p.strides[ATTN_TENSOR_DK];
+    const TensorStrides& dv = p.strides[ATTN_TENSOR_DV];
+    f.do_batch = d_o.batch, f.do_seq = d_o.seq, f.do_head = d_o.head;
+    f.dq_batch = dq.batch, f.dq_seq = dq.seq, f.dq_head = dq.head;
+    f.dk_batch = dk.batch, f.dk_seq = dk.seq, f.dk_head = dk.head;
+    f.dv_batch = dv.batch, f.dv_seq = dv.seq, f.dv_head = dv.head;
+    f.lse_batch = fw.lse_batch, f.lse_head = fw.lse_head;
+    f.seqlen_q = fw.seqlen_q, f.seqlen_kv = fw.seqlen_kv;
+    f.heads_q = int32_t(p.heads_q);
+    f.group = fw.group;
+    f.window_left = fw.window_left, f.window_right = fw.window_right;
+    f.scale = p.scale;
+    f.scale_log2 = fw.scale_log2;
+    f.softcap = fw.softcap;
+    f.softcap_in = fw.softcap_in;
+  }
+
+  size_t delta_bytes() const { return align_up(size_t(problem_.lse_elements()) * sizeof(float)); }
+  size_t dq_accum_bytes() const {
+    const Problem& p = problem_;
+    if (p.deterministic) return 0;
+    return size_t(p.total_q()) * size_t(p.heads_q) * size_t(p.head_dim_qk) * sizeof(float);
+  }
+
   Problem problem_;
   int device_;
   flash::FwdConfig cfg_{};
   FwdKernel kernel_{};
   flash::FwdParams params_{};
+  flash::BwdConfig bwd_cfg_{};
+  BwdKernels bwd_{};
+  flash::BwdParams bwd_params_{};
   int m_blocks_ = 0;
   int32_t* cu_dev_ = nullptr;
   char kernel_name_[64] = {};

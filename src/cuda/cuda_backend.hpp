@@ -11,7 +11,7 @@ namespace attn::cuda {
 
 // Binds a validated problem to the CUDA kernels on ctx.device. Throws
 // NOT_SUPPORTED (naming the feature) for what the kernels cannot do: fp32,
-// the backward pass, head dims other than 64/96/128/256 or unequal qk/v
+// head dims other than 64/96/128/256 or unequal qk/v
 // head dims, strides that are not multiples of 8 elements, a device older
 // than sm_80 or one this build has no code for. May allocate small device
 // metadata (varlen offsets), freed with the plan.

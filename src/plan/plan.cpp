@@ -165,6 +165,7 @@ std::unique_ptr<Plan> create_plan(const ContextConfig& ctx, const PlanDesc& d) {
   }
   p.allow_empty_rows = d.allow_empty_rows;
   p.backward = d.passes == ATTN_PASSES_FORWARD_BACKWARD;
+  p.deterministic = d.deterministic;
 
   if (d.varlen) {
     if (d.layout_set && d.layout != ATTN_LAYOUT_THD)

@@ -32,6 +32,7 @@ struct PlanDesc {
   std::vector<int64_t> cu_q, cu_kv;
   bool allow_empty_rows = false;
   attn_passes_t passes = ATTN_PASSES_FORWARD;
+  bool deterministic = false;
 };
 
 struct Plan {

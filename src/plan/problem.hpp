@@ -35,6 +35,9 @@ struct Problem {
   std::vector<int64_t> cu_q, cu_kv;  // batch + 1 offsets (also for fixed length)
   bool allow_empty_rows = false;
   bool backward = false;
+  // Bit-identical gradients run after run (attn_plan_desc_set_deterministic);
+  // the CPU backend always is.
+  bool deterministic = false;
 
   // Indexed by attn_tensor_role_t.
   TensorStrides strides[8];

@@ -530,6 +530,7 @@ static void expect_setters_reject(attn_plan_desc_t h, attn_tensor_desc_t t) {
   EXPECT_FAIL(ATTN_STATUS_INVALID_HANDLE, "desc", attn_plan_desc_set_varlen(h, 2, NULL, NULL));
   EXPECT_FAIL(ATTN_STATUS_INVALID_HANDLE, "desc", attn_plan_desc_set_allow_empty_rows(h, 1));
   EXPECT_FAIL(ATTN_STATUS_INVALID_HANDLE, "desc", attn_plan_desc_set_passes(h, ATTN_PASSES_FORWARD));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_HANDLE, "desc", attn_plan_desc_set_deterministic(h, 1));
 }
 
 static void test_plan_desc_handles(void **state) {
@@ -644,6 +645,8 @@ static void test_plan_desc_setter_ranges(void **state) {
   EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "passes", attn_plan_desc_set_passes(d, (attn_passes_t)0));
   EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "passes", attn_plan_desc_set_passes(d, (attn_passes_t)2));
   EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "passes", attn_plan_desc_set_passes(d, (attn_passes_t)4));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "deterministic", attn_plan_desc_set_deterministic(d, 2));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "deterministic", attn_plan_desc_set_deterministic(d, -1));
 
   /* None of the failed setters changed the descriptor. */
   summary_of_desc(d, after, sizeof after);
@@ -656,6 +659,8 @@ static void test_plan_desc_setter_ranges(void **state) {
   EXPECT_OK(attn_plan_desc_set_mask(d, ATTN_MASK_WINDOW, -1, -1));
   EXPECT_OK(attn_plan_desc_set_mask(d, ATTN_MASK_WINDOW, 0, 0));
   EXPECT_OK(attn_plan_desc_set_allow_empty_rows(d, 0));
+  EXPECT_OK(attn_plan_desc_set_deterministic(d, 1));
+  EXPECT_OK(attn_plan_desc_set_deterministic(d, 0));
   EXPECT_OK(attn_plan_desc_set_varlen(d, 2, NULL, NULL)); /* clearing is always fine */
   EXPECT_OK(attn_plan_desc_destroy(d));
 }

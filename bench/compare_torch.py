@@ -1,0 +1,272 @@
+#!/usr/bin/env python3
+"""libattn's CUDA backend next to PyTorch's SDPA backends, in one process.
+
+libattn is loaded through ctypes and runs on the very tensors PyTorch uses
+(BSHD memory; SDPA gets the [B, H, L, d] transposed view of it), on PyTorch's
+current stream. For each case it checks that libattn's output (and gradients,
+when the plan supports the backward pass) agree with SDPA's, then times both
+with CUDA events (warm-up, median of many runs; the tensors are larger than
+the L2 cache) and reports TFLOP/s counted on visible pairs: forward
+4 * pairs * d, backward 2.5 x forward.
+
+Usage: compare_torch.py [--lib build/src/libattn.so] [--out results.md] [--quick]
+"""
+import argparse
+import ctypes
+import datetime
+import os
+import subprocess
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+ATTN_BACKEND_CUDA = 2
+ATTN_DTYPE_FP16, ATTN_DTYPE_BF16 = 1, 2
+ATTN_LAYOUT_BSHD = 0
+ATTN_MASK_NONE, ATTN_MASK_CAUSAL = 0, 1
+ATTN_PASSES_FORWARD, ATTN_PASSES_FORWARD_BACKWARD = 1, 3
+ATTN_PASS_FORWARD, ATTN_PASS_BACKWARD = 1, 2
+ATTN_STATUS_NOT_SUPPORTED = 3
+
+
+class PlanInfo(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", ctypes.c_uint64), ("backend", ctypes.c_int32), ("dtype", ctypes.c_int32),
+        ("tile_q", ctypes.c_int32), ("tile_kv", ctypes.c_int32), ("num_threads", ctypes.c_int32),
+        ("supports_backward", ctypes.c_int32), ("workspace_bytes_forward", ctypes.c_uint64),
+        ("workspace_bytes_backward", ctypes.c_uint64), ("visible_pairs", ctypes.c_uint64),
+        ("flops_forward", ctypes.c_double), ("flops_backward", ctypes.c_double),
+        ("bytes_forward", ctypes.c_double), ("bytes_backward", ctypes.c_double),
+        ("algorithm", ctypes.c_char * 64), ("kernel", ctypes.c_char * 64),
+    ]
+
+
+class AttnError(RuntimeError):
+    def __init__(self, status, msg):
+        super().__init__(msg)
+        self.status = status
+
+
+class Lib:
+    def __init__(self, path):
+        self.dll = ctypes.CDLL(path)
+        d = self.dll
+        vp, i32, i64, sz = ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64, ctypes.c_size_t
+        sig = {
+            "attn_status_string": ([i32], ctypes.c_char_p),
+            "attn_last_error_message": ([], ctypes.c_char_p),
+            "attn_context_create": ([i32, i32, i32, ctypes.POINTER(vp)], i32),
+            "attn_context_destroy": ([vp], i32),
+            "attn_plan_desc_create": ([ctypes.POINTER(vp)], i32),
+            "attn_plan_desc_destroy": ([vp], i32),
+            "attn_plan_desc_set_shape": ([vp, i64, i64, i64, i64, i64, i64, i64], i32),
+            "attn_plan_desc_set_dtype": ([vp, i32], i32),
+            "attn_plan_desc_set_layout": ([vp, i32], i32),
+            "attn_plan_desc_set_mask": ([vp, i32, i64, i64], i32),
+            "attn_plan_desc_set_passes": ([vp, i32], i32),
+            "attn_plan_create": ([vp, vp, ctypes.POINTER(vp)], i32),
+            "attn_plan_destroy": ([vp], i32),
+            "attn_plan_workspace_size": ([vp, i32, ctypes.POINTER(sz)], i32),
+            "attn_plan_describe": ([vp, ctypes.POINTER(PlanInfo)], i32),
+            "attn_forward": ([vp, vp, vp, vp, vp, vp, vp, sz, vp], i32),
+            "attn_backward": ([vp] + [vp] * 9 + [vp, sz, vp], i32),
+        }
+        for name, (args, res) in sig.items():
+            f = getattr(d, name)
+            f.argtypes, f.restype = args, res
+
+    def check(self, status, what):
+        if status != 0:
+            msg = self.dll.attn_last_error_message().decode()
+            name = self.dll.attn_status_string(status).decode()
+            raise AttnError(status, f"{what}: {name}: {msg}")
+
+
+class Plan:
+    """A libattn plan over BSHD bf16/fp16 tensors on the current CUDA device."""
+
+    def __init__(self, lib, ctx, b, h, L, d, dtype, causal, backward):
+        self.lib = lib
+        dl = lib.dll
+        desc = ctypes.c_void_p()
+        lib.check(dl.attn_plan_desc_create(ctypes.byref(desc)), "plan_desc_create")
+        try:
+            lib.check(dl.attn_plan_desc_set_shape(desc, b, h, h, L, L, d, d), "set_shape")
+            lib.check(dl.attn_plan_desc_set_dtype(desc, ATTN_DTYPE_BF16 if dtype == torch.bfloat16
+                                                  else ATTN_DTYPE_FP16), "set_dtype")
+            lib.check(dl.attn_plan_desc_set_layout(desc, ATTN_LAYOUT_BSHD), "set_layout")
+            lib.check(dl.attn_plan_desc_set_mask(desc, ATTN_MASK_CAUSAL if causal else ATTN_MASK_NONE,
+                                                 -1, -1), "set_mask")
+            lib.check(dl.attn_plan_desc_set_passes(
+                desc, ATTN_PASSES_FORWARD_BACKWARD if backward else ATTN_PASSES_FORWARD), "set_passes")
+            self.handle = ctypes.c_void_p()
+            lib.check(dl.attn_plan_create(ctx, desc, ctypes.byref(self.handle)), "plan_create")
+        finally:
+            dl.attn_plan_desc_destroy(desc)
+        self.info = PlanInfo()
+        self.info.struct_size = ctypes.sizeof(PlanInfo)
+        lib.check(dl.attn_plan_describe(self.handle, ctypes.byref(self.info)), "describe")
+        n = ctypes.c_size_t()
+        lib.check(dl.attn_plan_workspace_size(self.handle, ATTN_PASS_FORWARD, ctypes.byref(n)), "ws")
+        nb = ctypes.c_size_t(0)
+        if backward:
+            lib.check(dl.attn_plan_workspace_size(self.handle, ATTN_PASS_BACKWARD, ctypes.byref(nb)),
+                      "ws")
+        self.ws_bytes = max(n.value, nb.value)
+        self.ws = torch.empty(max(self.ws_bytes, 1), dtype=torch.uint8, device="cuda")
+
+    def forward(self, q, k, v, o, lse):
+        s = torch.cuda.current_stream().cuda_stream
+        self.lib.check(self.lib.dll.attn_forward(self.handle, q.data_ptr(), k.data_ptr(), v.data_ptr(),
+                                                 o.data_ptr(), lse.data_ptr(), self.ws.data_ptr(),
+                                                 self.ws_bytes, s), "attn_forward")
+
+    def backward(self, q, k, v, o, lse, do, dq, dk, dv):
+        s = torch.cuda.current_stream().cuda_stream
+        p = [t.data_ptr() for t in (q, k, v, o, lse, do, dq, dk, dv)]
+        self.lib.check(self.lib.dll.attn_backward(self.handle, *p, self.ws.data_ptr(), self.ws_bytes, s),
+                       "attn_backward")
+
+    def close(self):
+        self.lib.dll.attn_plan_destroy(self.handle)
+
+
+def time_ms(fn, warmup, reps):
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(reps):
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        fn()
+        e1.record()
+        e1.synchronize()
+        times.append(e0.elapsed_time(e1))
+    times.sort()
+    return times[len(times) // 2]
+
+
+def rel_err(a, b):
+    a, b = a.float(), b.float()
+    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+
+
+def sdpa_backends():
+    out = [("torch-fa2", SDPBackend.FLASH_ATTENTION)]
+    if hasattr(SDPBackend, "CUDNN_ATTENTION"):
+        out.append(("torch-cudnn", SDPBackend.CUDNN_ATTENTION))
+    return out
+
+
+def run_case(lib, ctx, d, L, causal, dtype, warmup, reps):
+    b, h = max(1, 16384 // L), 2048 // d
+    gen = torch.Generator(device="cuda").manual_seed(1234 + d + L + int(causal))
+    q, k, v, do = (torch.randn(b, L, h, d, device="cuda", dtype=dtype, generator=gen) for _ in range(4))
+    pairs = b * h * (L * (L + 1) // 2 if causal else L * L)
+    fwd_flop = 4.0 * pairs * d
+    rows = []
+    want_bwd = True
+    try:
+        plan = Plan(lib, ctx, b, h, L, d, dtype, causal, backward=True)
+    except AttnError as e:
+        if e.status != ATTN_STATUS_NOT_SUPPORTED:
+            raise
+        want_bwd = False
+        plan = Plan(lib, ctx, b, h, L, d, dtype, causal, backward=False)
+    kernel = plan.info.kernel.decode()
+    assert abs(plan.info.flops_forward - fwd_flop) < 1e-6 * fwd_flop, "pair count differs"
+
+    o = torch.full_like(q, float("nan"))
+    lse = torch.full((b, h, L), float("nan"), device="cuda", dtype=torch.float32)
+    plan.forward(q, k, v, o, lse)
+    qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+        ref = F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal).transpose(1, 2)
+    err_o = rel_err(o, ref)
+    errs = f"O {err_o:.1e}"
+    ok = err_o < 2e-2 and not torch.isnan(o).any().item()
+    if want_bwd:
+        dq, dk, dv = (torch.full_like(x, float("nan")) for x in (q, k, v))
+        plan.backward(q, k, v, o, lse, do, dq, dk, dv)
+        qr, kr, vr = (x.detach().clone().requires_grad_(True) for x in (q, k, v))
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            out = F.scaled_dot_product_attention(qr.transpose(1, 2), kr.transpose(1, 2),
+                                                 vr.transpose(1, 2), is_causal=causal)
+        gq, gk, gv = torch.autograd.grad(out, (qr, kr, vr), do.transpose(1, 2))
+        e = [rel_err(x, y) for x, y in ((dq, gq), (dk, gk), (dv, gv))]
+        errs += " dQ %.1e dK %.1e dV %.1e" % tuple(e)
+        ok = ok and max(e) < 5e-2
+
+    t = time_ms(lambda: plan.forward(q, k, v, o, lse), warmup, reps)
+    rows.append(("libattn", "fwd", t, fwd_flop / t / 1e9))
+    if want_bwd:
+        t = time_ms(lambda: plan.backward(q, k, v, o, lse, do, dq, dk, dv), warmup, reps)
+        rows.append(("libattn", "bwd", t, 2.5 * fwd_flop / t / 1e9))
+    for name, be in sdpa_backends():
+        try:
+            with sdpa_kernel(be):
+                t = time_ms(lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal),
+                            warmup, reps)
+                rows.append((name, "fwd", t, fwd_flop / t / 1e9))
+                qr, kr, vr = (x.detach().clone().transpose(1, 2).requires_grad_(True) for x in (q, k, v))
+                out = F.scaled_dot_product_attention(qr, kr, vr, is_causal=causal)
+                g = do.transpose(1, 2)
+                t = time_ms(lambda: torch.autograd.grad(out, (qr, kr, vr), g, retain_graph=True),
+                            warmup, reps)
+                rows.append((name, "bwd", t, 2.5 * fwd_flop / t / 1e9))
+        except RuntimeError as ex:  # backend unavailable for this shape
+            rows.append((name, "n/a", float("nan"), float("nan")))
+            print(f"  {name}: {str(ex).splitlines()[0]}", file=sys.stderr)
+    plan.close()
+    return kernel, errs, ok, rows
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--lib", default=os.environ.get("LIBATTN", "build/src/libattn.so"))
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--quick", action="store_true")
+    args = ap.parse_args()
+    lib = Lib(args.lib)
+    ctx = ctypes.c_void_p()
+    lib.check(lib.dll.attn_context_create(ATTN_BACKEND_CUDA, 0, 1, ctypes.byref(ctx)), "context")
+    cases = [(d, L, c) for d in (64, 128) for L in (1024, 2048, 4096, 8192, 16384) for c in (False, True)]
+    if args.quick:
+        cases = [(128, 8192, False), (128, 16384, True), (64, 8192, False)]
+    warmup, reps = (3, 10) if args.quick else (5, 30)
+    try:
+        commit = subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True).strip()
+        if subprocess.run(["git", "diff", "--quiet", "HEAD"]).returncode:
+            commit += "-dirty"
+    except (OSError, subprocess.CalledProcessError):
+        commit = os.environ.get("ATTN_COMMIT", "unknown")
+    lines = [f"# libattn CUDA vs PyTorch SDPA, {datetime.date.today()}", "",
+             f"commit `{commit}`, {torch.cuda.get_device_name()}, torch {torch.__version__}, "
+             f"bf16, batch x seqlen = 16K, heads = 2048/d, BSHD; median of {reps} after {warmup} "
+             "warm-up; TFLOP/s on visible pairs (fwd 4*pairs*d, bwd 2.5x).", "",
+             "| d | L | mask | pass | libattn TFLOP/s | torch FA2 | torch cuDNN | ours/FA2 | ours/cuDNN | agreement (rel. L2 vs FA2) | kernel |",
+             "|---|---|---|---|---:|---:|---:|---:|---:|---|---|"]
+    all_ok = True
+    for d, L, causal in cases:
+        kernel, errs, ok, rows = run_case(lib, ctx, d, L, causal, torch.bfloat16, warmup, reps)
+        all_ok &= ok
+        by = {(r[0], r[1]): r[3] for r in rows}
+        for ps in ("fwd", "bwd"):
+            ours = by.get(("libattn", ps), float("nan"))
+            fa2, cud = by.get(("torch-fa2", ps), float("nan")), by.get(("torch-cudnn", ps), float("nan"))
+            lines.append(f"| {d} | {L} | {'causal' if causal else 'full'} | {ps} | {ours:.1f} | {fa2:.1f} | "
+                         f"{cud:.1f} | {ours / fa2:.2f} | {ours / cud:.2f} | {errs}{'' if ok else ' MISMATCH'} | {kernel} |")
+        print(lines[-2] + "\n" + lines[-1], flush=True)
+    lib.dll.attn_context_destroy(ctx)
+    text = "\n".join(lines) + "\n"
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text)
+    print(text)
+    return 0 if all_ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

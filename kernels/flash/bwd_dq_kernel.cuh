@@ -1,0 +1,218 @@
+// The deterministic dQ kernel of the backward pass: one block per query tile
+// of one query head walks the KV tiles that tile sees (the forward's
+// schedule) and accumulates dQ = scale * dS K in registers, with no atomics,
+// so the result does not depend on scheduling. Each of the 4 warps owns 16
+// query rows:
+//
+//   S = Q K^T, dP = dO V^T    [16][BN] fp32 per warp
+//   P = 2^(z log2 e - lse2),  dS = P (dP - D) (softcap chain rule applied)
+//   dQ += dS K                dS repacked from C to A fragments in registers
+//
+// K and V stream through `stages` shared buffers (two for D <= 128).
+#pragma once
+
+#include "flash/bwd_kernel.cuh"
+
+namespace attn::flash {
+
+template <class T, int D>
+__global__ void __launch_bounds__(DqTraits<D>::kThreads, 2)
+    flash_bwd_dq_kernel(const __grid_constant__ BwdParams p) {
+  using Tr = DqTraits<D>;
+  constexpr int BM = Tr::kCfg.block_m, BN = Tr::kCfg.block_n, NTH = Tr::kThreads;
+  constexpr int ST = Tr::kCfg.stages;
+  constexpr int LD = D + 8, NT = BN / 8, DT = D / 8;
+  constexpr uint32_t kTile = uint32_t(BN * LD * 2);
+  static_assert(BM == 16 * Tr::kCfg.warps && BN % 16 == 0 && D % 16 == 0, "16 rows per warp");
+
+  extern __shared__ __align__(16) unsigned char smem[];
+  T* sQp = reinterpret_cast<T*>(smem);
+  const uint32_t sQ = smem_u32(smem);
+  const uint32_t sDo = sQ + uint32_t(BM * LD * 2);
+  const uint32_t sK = sDo + uint32_t(BM * LD * 2);  // [ST][BN][LD]
+  const uint32_t sV = sK + uint32_t(ST) * kTile;    // [ST][BN][LD]
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int g = lane >> 2, t4 = lane & 3;
+  const int b = blockIdx.z, h = blockIdx.y;
+  const int m_block = int(gridDim.x) - 1 - int(blockIdx.x);  // long (causal) tiles first
+
+  int lq = p.seqlen_q, lk = p.seqlen_kv;
+  int64_t q_tok = 0, kv_tok = 0;
+  const bool varlen = p.cu_q != nullptr;
+  if (varlen) {
+    q_tok = p.cu_q[b];
+    kv_tok = p.cu_kv[b];
+    lq = p.cu_q[b + 1] - int(q_tok);
+    lk = p.cu_kv[b + 1] - int(kv_tok);
+  }
+  const int r0 = m_block * BM;
+  if (r0 >= lq) return;
+  const int rows = min(BM, lq - r0);
+  const int hk = h / p.group;
+
+  const T* gQ = static_cast<const T*>(p.q) + (varlen ? q_tok * p.q_seq : b * p.q_batch) +
+                h * p.q_head + r0 * p.q_seq;
+  const T* gDo = static_cast<const T*>(p.d_o) + (varlen ? q_tok * p.do_seq : b * p.do_batch) +
+                 h * p.do_head + r0 * p.do_seq;
+  const T* gK = static_cast<const T*>(p.k) + (varlen ? kv_tok * p.k_seq : b * p.k_batch) +
+                hk * p.k_head;
+  const T* gV = static_cast<const T*>(p.v) + (varlen ? kv_tok * p.v_seq : b * p.v_batch) +
+                hk * p.v_head;
+  T* gDq = static_cast<T*>(p.dq) + (varlen ? q_tok * p.dq_seq : b * p.dq_batch) + h * p.dq_head +
+           r0 * p.dq_seq;
+  const int64_t stat0 = (varlen ? q_tok : b * p.lse_batch) + h * p.lse_head + r0;
+
+  const int off = lk - lq;
+  auto key_lo = [&](int i) -> int {
+    if (p.window_left < 0) return 0;
+    const long long x = (long long)i + off - p.window_left;
+    return int(x < 0 ? 0 : (x > lk ? lk : x));
+  };
+  auto key_hi = [&](int i) -> int {
+    if (p.window_right < 0) return lk - 1;
+    const long long x = (long long)i + off + p.window_right;
+    return int(x < -1 ? -1 : (x > lk - 1 ? lk - 1 : x));
+  };
+  const int lo_first = key_lo(r0), hi_last = key_hi(r0 + rows - 1);
+  const int lo_last = key_lo(r0 + rows - 1), hi_first = key_hi(r0);
+
+  if (hi_last < lo_first) {  // no row of the tile sees a key: dQ = 0
+    for (int c = tid; c < BM * DT; c += NTH) {
+      const int r = c / DT, ch = c % DT;
+      if (r < rows)
+        *reinterpret_cast<uint4*>(gDq + r * p.dq_seq + ch * 8) = make_uint4(0, 0, 0, 0);
+    }
+    return;
+  }
+  const int n_begin = lo_first / BN;
+  const int n_tiles = hi_last / BN + 1 - n_begin;
+
+  auto load_kv = [&](int it) {
+    if (it < n_tiles) {
+      const int n = n_begin + it;
+      const uint32_t so = ST == 1 ? 0u : uint32_t(it % ST) * kTile;
+      const int64_t ks = opaque(p.k_seq), vs = opaque(p.v_seq);
+      load_tile<BN, D, NTH>(sK + so, gK + n * BN * ks, ks, lk - n * BN, tid);
+      load_tile<BN, D, NTH>(sV + so, gV + n * BN * vs, vs, lk - n * BN, tid);
+    }
+    cp_async_commit();
+  };
+  load_tile<BM, D, NTH>(sQ, gQ, p.q_seq, rows, tid);
+  load_tile<BM, D, NTH>(sDo, gDo, p.do_seq, rows, tid);
+  load_kv(0);
+
+  // Row statistics of this thread's rows g and g + 8 of the warp; rows past
+  // the sequence get lse2 = +inf (P = 0).
+  float lse2[2], dd[2];
+  Interval vis[2];  // visible keys of the row
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const int r = warp * 16 + hh * 8 + g;
+    const bool ok = r < rows;
+    lse2[hh] = ok ? p.lse2[stat0 + r] : INFINITY;
+    dd[hh] = ok ? p.delta[stat0 + r] : 0.0f;
+    vis[hh] = Interval::of(key_lo(r0 + r), key_hi(r0 + r));
+  }
+
+  // Lane addresses: A (Q, dO rows of the warp), B non-transposed (K, V as
+  // [n][k]), B transposed (K as [k][n] for dQ).
+  const uint32_t a_lane = uint32_t(((warp * 16 + (lane & 15)) * LD + (lane >> 4) * 8) * 2);
+  const uint32_t b_nk =
+      uint32_t((((lane & 7) + (lane >> 4) * 8) * LD + ((lane >> 3) & 1) * 8) * 2);
+  const uint32_t b_kn = uint32_t(((lane & 15) * LD + (lane >> 4) * 8) * 2);
+
+  float acc[DT][4];
+#pragma unroll
+  for (int dt = 0; dt < DT; ++dt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[dt][e] = 0.0f;
+  const bool capped = p.softcap > 0.0f;
+
+#pragma unroll 1
+  for (int it = 0; it < n_tiles; ++it) {
+    const int n = n_begin + it;
+    const int c0 = n * BN;
+    const uint32_t so = ST == 1 ? 0u : uint32_t(it % ST) * kTile;
+    cp_async_wait<0>();
+    __syncthreads();
+    if (ST > 1) load_kv(it + 1);
+
+    float s[NT][4], dp[NT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        s[nt][e] = 0.0f;
+        dp[nt][e] = -dd[e >> 1];
+      }
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      uint32_t aq[4], ao[4];
+      ldsm_x4(aq, sQ + a_lane + uint32_t(kk * 32));
+      ldsm_x4(ao, sDo + a_lane + uint32_t(kk * 32));
+#pragma unroll
+      for (int np = 0; np < NT / 2; ++np) {
+        uint32_t bk[4], bv[4];
+        ldsm_x4(bk, sK + so + b_nk + uint32_t((np * 16 * LD + kk * 16) * 2));
+        ldsm_x4(bv, sV + so + b_nk + uint32_t((np * 16 * LD + kk * 16) * 2));
+        mma_16816<T>(s[2 * np], aq, bk[0], bk[1]);
+        mma_16816<T>(s[2 * np + 1], aq, bk[2], bk[3]);
+        mma_16816<T>(dp[2 * np], ao, bv[0], bv[1]);
+        mma_16816<T>(dp[2 * np + 1], ao, bv[2], bv[3]);
+      }
+    }
+
+    const bool full = c0 + BN <= lk && c0 >= lo_last && c0 + BN - 1 <= hi_first;
+    auto lse2_of = [&](int, int e) { return lse2[e >> 1]; };
+    if (capped)
+      probs_and_dscores<true>(s, dp, p, lse2_of);
+    else
+      probs_and_dscores<false>(s, dp, p, lse2_of);
+    if (!full)
+      apply_mask(s, dp, [&](int nt, int e) {
+        return vis[e >> 1].outside(c0 + nt * 8 + 2 * t4 + (e & 1));
+      });
+    uint32_t da[NT / 2][4];
+    pack_a<T>(da, dp);
+
+    // dQ += dS K (k = keys, n = head dim)
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk)
+#pragma unroll
+      for (int np = 0; np < D / 16; ++np) {
+        uint32_t bk[4];
+        ldsm_x4_trans(bk, sK + so + b_kn + uint32_t((kk * 16 * LD + np * 16) * 2));
+        mma_16816<T>(acc[2 * np], da[kk], bk[0], bk[1]);
+        mma_16816<T>(acc[2 * np + 1], da[kk], bk[2], bk[3]);
+      }
+    if (ST == 1) {
+      __syncthreads();  // the single K/V buffer is free
+      load_kv(it + 1);
+    }
+  }
+  cp_async_wait<0>();
+
+  // Epilogue: dQ = scale * acc, staged in the warp's own Q rows.
+  __syncwarp();
+  const float scale = p.scale;
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const int row = warp * 16 + hh * 8 + g;
+    uint32_t* dst = reinterpret_cast<uint32_t*>(sQp + row * LD) + t4;
+#pragma unroll
+    for (int dt = 0; dt < DT; ++dt)
+      dst[dt * 4] = pack2<T>(acc[dt][hh * 2] * scale, acc[dt][hh * 2 + 1] * scale);
+  }
+  __syncwarp();
+#pragma unroll
+  for (int i = 0; i < 16 * DT / 32; ++i) {
+    const int c = lane + i * 32;
+    const int r = warp * 16 + c / DT, ch = c % DT;
+    if (r < rows)
+      *reinterpret_cast<uint4*>(gDq + r * p.dq_seq + ch * 8) =
+          *reinterpret_cast<const uint4*>(sQp + r * LD + ch * 8);
+  }
+}
+
+}  // namespace attn::flash

@@ -1,0 +1,120 @@
+// The dense backward kernels' interface: launch parameters and tile
+// configurations per head dimension. Plain C++ (no CUDA syntax) so that the
+// host side in src/cuda fills it with an ordinary C++ compiler.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace attn::flash {
+
+// Element (b, s, h, c) of tensor X lives at X + base(b) + s * x_seq + h * x_head + c,
+// base(b) = cu ? cu[b] * x_seq : b * x_batch (cu_q for Q, O, dO, dQ; cu_kv for
+// K, V, dK, dV). Strides are in elements and multiples of 8.
+struct BwdParams {
+  const void* q;
+  const void* k;
+  const void* v;
+  const void* o;
+  const void* d_o;
+  const float* lse;  // row (b, h, s) at lse_base(b) + h * lse_head + s
+  void* dq;
+  void* dk;
+  void* dv;
+  // Workspace. delta: D = rowsum(dO * O), laid out as LSE; lse2: LSE in
+  // base 2 (LSE * log2(e), +inf for rows that saw nothing), likewise.
+  // dq_accum: fp32 [token][heads_q][D] (token = cu_q[b] + s, or
+  // b * seqlen_q + s), null for deterministic plans, whose dQ comes from a
+  // separate kernel.
+  float* delta;
+  float* lse2;
+  float* dq_accum;
+  int64_t q_batch, q_seq, q_head;
+  int64_t k_batch, k_seq, k_head;
+  int64_t v_batch, v_seq, v_head;
+  int64_t o_batch, o_seq, o_head;
+  int64_t do_batch, do_seq, do_head;
+  int64_t dq_batch, dq_seq, dq_head;
+  int64_t dk_batch, dk_seq, dk_head;
+  int64_t dv_batch, dv_seq, dv_head;
+  int64_t lse_batch, lse_head;  // lse_base(b) = cu_q ? cu_q[b] : b * lse_batch
+  const int32_t* cu_q;          // batch + 1 token offsets in device memory; null: fixed length
+  const int32_t* cu_kv;
+  int32_t seqlen_q, seqlen_kv;  // per sequence, fixed-length batches only
+  int32_t heads_q;
+  int32_t group;  // heads_q / heads_kv
+  // Query i sees key j when i + off - left <= j <= i + off + right, off = lk - lq;
+  // a negative bound is unbounded.
+  int32_t window_left, window_right;
+  float scale;       // softmax scale: dQ = scale * dS K, dK = scale * dS^T Q
+  float scale_log2;  // logit -> base-2 exponent: scale * log2(e), or log2(e) with softcap
+  float softcap;     // cap, 0 = off: z = cap * tanh(scale * q.k / cap)
+  float softcap_in;  // 2 * log2(e) * scale / cap, so that tanh needs one exp2
+};
+
+// The dK/dV kernel (which also adds dQ into dq_accum): one block owns
+// block_n keys of one KV head and loops over the query tiles (block_m rows)
+// of every query head of its group that see them. Per query tile:
+//   S^T = K Q^T, dP^T = V dO^T   warps s_wk (keys) x warps / s_wk (queries)
+//   dV += P^T dO, dK += dS^T Q   warps kv_wk (keys) x warps / kv_wk (head dim)
+//   dQ = dS K                    warps dq_wm (queries) x dq_wn (head dim)
+// When one warp computes S^T for all queries of its keys and owns all of D
+// for them (s_wk = kv_wk = warps), P^T and dS^T stay in the registers they
+// are computed in (the "register path": the warp's 16 keys x block_m
+// queries taken in `passes` passes, to bound the registers); otherwise they
+// go through shared memory (larger warp tiles, fewer shared-memory reads per
+// mma). Shared memory: K, V [block_n][D+8]; two stages of Q, dO
+// [block_m][D+8]; dS^T (and P^T off the register path) [block_n][block_m+8];
+// two stages of LSE and D rows.
+struct BwdConfig {
+  int block_m, block_n, warps, s_wk, kv_wk, dq_wm, dq_wn, passes;
+  constexpr int threads() const { return warps * 32; }
+  constexpr bool register_path() const { return s_wk == warps && kv_wk == warps; }
+  constexpr int ld(int d) const { return d + 8; }
+  constexpr int ld_s() const { return block_m + 8; }
+  constexpr size_t smem_bytes(int d) const {
+    return size_t(2 * block_n + 4 * block_m) * size_t(ld(d)) * 2u +
+           size_t(register_path() ? 1 : 2) * size_t(block_n) * size_t(ld_s()) * 2u +
+           size_t(4 * block_m) * 4u;
+  }
+};
+
+// Variant 0 is the default; variant 1 (D = 128 only) is for devices with
+// less than the 173 KB of shared memory per block that variant 0 takes
+// (sm_80: 163 KB). dK and dV of 16 keys x D take D / 2 registers per thread
+// each, so the register path holds up to D = 128 and D = 256 splits D over
+// two warps. At D = 64 a query tile of 128 rows, in two passes of 64, halves
+// the barriers per FLOP and gives dQ 32 x 32 warp tiles. At D = 128, 32 x 32
+// score tiles and 32 x 64 dK/dV tiles read 18% less shared memory than the
+// register path's 16 x 64 and 16 x 128.
+constexpr BwdConfig bwd_config(int d, int variant = 0) {
+  return d == 64    ? BwdConfig{128, 128, 8, 8, 8, 4, 2, 2}
+         : d == 96  ? BwdConfig{64, 128, 8, 8, 8, 4, 2, 1}
+         : d == 128 ? (variant == 0 ? BwdConfig{64, 128, 8, 4, 4, 2, 4, 1}
+                                    : BwdConfig{64, 128, 8, 8, 8, 2, 4, 1})
+                    : BwdConfig{32, 64, 8, 4, 4, 2, 4, 1};
+}
+constexpr int bwd_variants(int d) { return d == 128 ? 2 : 1; }
+
+// The deterministic dQ kernel: one block per query tile of one query head,
+// looping over its KV tiles like the forward (4 warps of 16 rows).
+struct DqConfig {
+  int block_m, block_n, warps, stages;
+  constexpr int threads() const { return warps * 32; }
+  constexpr size_t smem_bytes(int d) const {
+    return size_t(2 * block_m + 2 * stages * block_n) * size_t(d + 8) * 2u;
+  }
+};
+
+constexpr DqConfig dq_config(int d) {
+  // dQ of 16 rows x D is D / 2 registers per thread: at D = 256 the score
+  // tiles shrink to 32 keys to make room.
+  return d <= 128 ? DqConfig{64, 64, 4, 2} : DqConfig{64, 32, 4, 2};
+}
+
+// Threads per row in the row-wise kernels (preprocess, dQ conversion): one
+// 16-byte chunk each, rounded up to a power of two.
+constexpr int row_threads(int d) { return d / 8 <= 8 ? 8 : d / 8 <= 16 ? 16 : 32; }
+constexpr int kRowKernelThreads = 256;
+
+}  // namespace attn::flash

@@ -1,0 +1,8 @@
+// Dense backward kernels for head dimension 256 (fp16 and bf16).
+#include "cuda/flash_bwd_launch.cuh"
+
+namespace attn::cuda {
+BwdKernels bwd_kernels_d256(bool bf16, int variant) {
+  return make_bwd_kernels<256>(bf16, variant);
+}
+}  // namespace attn::cuda

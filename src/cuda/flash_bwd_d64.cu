@@ -1,0 +1,8 @@
+// Dense backward kernels for head dimension 64 (fp16 and bf16).
+#include "cuda/flash_bwd_launch.cuh"
+
+namespace attn::cuda {
+BwdKernels bwd_kernels_d64(bool bf16, int variant) {
+  return make_bwd_kernels<64>(bf16, variant);
+}
+}  // namespace attn::cuda

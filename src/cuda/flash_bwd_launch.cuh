@@ -1,0 +1,83 @@
+// Instantiates and launches the backward kernels for <T, D>; included once
+// per head dimension by flash_bwd_d*.cu.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "cuda/flash_bwd.hpp"
+#include "flash/bwd_dq_kernel.cuh"
+#include "flash/bwd_kernel.cuh"
+
+namespace attn::cuda {
+
+template <class T, int D, int V>
+cudaError_t bwd_prepare() {
+  cudaError_t e = cudaFuncSetAttribute(flash::flash_bwd_dkdv_kernel<T, D, V>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       int(flash::bwd_config(D, V).smem_bytes(D)));
+  if (e != cudaSuccess) return e;
+  return cudaFuncSetAttribute(flash::flash_bwd_dq_kernel<T, D>,
+                              cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              int(flash::dq_config(D).smem_bytes(D)));
+}
+
+template <int D>
+unsigned row_blocks(int64_t n_rows) {
+  constexpr int64_t per_block = flash::kRowKernelThreads / flash::row_threads(D);
+  return unsigned((n_rows + per_block - 1) / per_block);
+}
+
+template <class T, int D>
+cudaError_t bwd_preprocess(const flash::BwdParams& p, int64_t n_rows, cudaStream_t stream) {
+  flash::flash_bwd_preprocess_kernel<T, D>
+      <<<row_blocks<D>(n_rows), flash::kRowKernelThreads, 0, stream>>>(p, n_rows);
+  return cudaGetLastError();
+}
+
+template <class T, int D>
+cudaError_t bwd_convert(const flash::BwdParams& p, int64_t n_rows, cudaStream_t stream) {
+  flash::flash_bwd_convert_dq_kernel<T, D>
+      <<<row_blocks<D>(n_rows), flash::kRowKernelThreads, 0, stream>>>(p, n_rows);
+  return cudaGetLastError();
+}
+
+template <class T, int D, int V>
+cudaError_t bwd_dkdv(const flash::BwdParams& p, int n_blocks, int heads_kv, int batch,
+                     cudaStream_t stream) {
+  constexpr flash::BwdConfig cfg = flash::bwd_config(D, V);
+  const dim3 grid{unsigned(n_blocks), unsigned(heads_kv), unsigned(batch)};
+  flash::flash_bwd_dkdv_kernel<T, D, V><<<grid, cfg.threads(), cfg.smem_bytes(D), stream>>>(p);
+  return cudaGetLastError();
+}
+
+template <class T, int D>
+cudaError_t bwd_dq(const flash::BwdParams& p, int m_blocks, int heads_q, int batch,
+                   cudaStream_t stream) {
+  constexpr flash::DqConfig cfg = flash::dq_config(D);
+  const dim3 grid{unsigned(m_blocks), unsigned(heads_q), unsigned(batch)};
+  flash::flash_bwd_dq_kernel<T, D><<<grid, cfg.threads(), cfg.smem_bytes(D), stream>>>(p);
+  return cudaGetLastError();
+}
+
+template <class T, int D, int V>
+BwdKernels make_bwd_kernels_t() {
+  return {&bwd_prepare<T, D, V>,
+          &bwd_preprocess<T, D>,
+          &bwd_dkdv<T, D, V>,
+          &bwd_dq<T, D>,
+          &bwd_convert<T, D>,
+          reinterpret_cast<const void*>(&flash::flash_bwd_dkdv_kernel<T, D, V>),
+          reinterpret_cast<const void*>(&flash::flash_bwd_dq_kernel<T, D>)};
+}
+
+// Variant 1 exists only where bwd_variants(D) > 1.
+template <int D>
+BwdKernels make_bwd_kernels(bool bf16, int variant) {
+  if constexpr (flash::bwd_variants(D) > 1) {
+    if (variant == 1)
+      return bf16 ? make_bwd_kernels_t<__nv_bfloat16, D, 1>() : make_bwd_kernels_t<__half, D, 1>();
+  }
+  return bf16 ? make_bwd_kernels_t<__nv_bfloat16, D, 0>() : make_bwd_kernels_t<__half, D, 0>();
+}
+
+}  // namespace attn::cuda
