@@ -437,9 +437,13 @@ ATTN_API attn_status_t attn_plan_summary(attn_plan_t plan, char *buf, size_t cap
  * is written. Never allocates.
  * Thread-safety: several threads may execute one plan at once with distinct
  * workspaces and outputs.
+ * CUDA backend: every tensor pointer and the workspace must be 16-byte
+ * aligned (cudaMalloc's are), else INVALID_ARGUMENT naming the pointer; its
+ * kernels also need strides that are multiples of 8 elements, which plan
+ * creation checks (NOT_SUPPORTED).
  * Returns SUCCESS, INVALID_HANDLE, INVALID_ARGUMENT (a NULL tensor when the
- * problem is non-empty), WORKSPACE_TOO_SMALL, BACKEND_ERROR. On failure no
- * output has been written. */
+ * problem is non-empty, a misaligned pointer), WORKSPACE_TOO_SMALL,
+ * BACKEND_ERROR. On failure no output has been written. */
 ATTN_API attn_status_t attn_forward(attn_plan_t plan, const void *q, const void *k,
                                     const void *v, void *o, float *lse, void *workspace,
                                     size_t workspace_bytes, void *stream);
