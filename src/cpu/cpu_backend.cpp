@@ -107,6 +107,17 @@ class CpuPlan final : public BackendPlan {
     for (auto& e : q) kp_.q_units.push_back(e.second);
     for (auto& e : kv) kp_.kv_units.push_back(e.second);
 
+    // Waking a thread team costs microseconds and its idle threads spin for a
+    // while afterwards, so a problem of less than ~10 us of work runs on the
+    // calling thread, and no more threads are used than there are work items.
+    double tile_pairs = 0.0;
+    for (auto& e : q) tile_pairs += double(e.first);
+    const double flops = tile_pairs * double(p.heads_q) * double(kTile * kTile) * 2.0 *
+                         double(p.head_dim_qk + p.head_dim_v);
+    const int64_t items = std::max<int64_t>(1, int64_t(q.size()) * p.heads_q);
+    if (flops < 1.0e6) kp_.num_threads = 1;
+    kp_.num_threads = int32_t(std::min<int64_t>(kp_.num_threads, items));
+
     kp_.q_tile_base.assign(size_t(p.batch) + 1, 0);
     kp_.kv_tile_base.assign(size_t(p.batch) + 1, 0);
     for (int64_t b = 0; b < p.batch; ++b) {
