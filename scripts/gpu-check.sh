@@ -13,7 +13,7 @@
 #   GPU_CHECK_SANITIZE   0 skips compute-sanitizer
 #   GPU_CHECK_TORCH      0 skips the PyTorch reference timing
 #   GPU_CHECK_TIMING     0 skips all timing
-#   GPU_CHECK_VARIANTS   1 also times the d=128 backward variant of sm_80-sized devices
+#   GPU_CHECK_VARIANTS   1 also times the d=64 and d=128 backward variants of sm_80-sized devices
 #   GPU_CHECK_NCU        1 profiles the dK/dV kernel (d=128, L=8K, full) with Nsight
 #                        Compute (clocks left alone) into $logs/ncu.txt
 #   OUT                  when set, logs go there (else $BUILD_DIR/logs)

@@ -23,7 +23,9 @@
 // tiles and dK/dV tiles can be laid out independently (32 x 32 and 32 x 64
 // warp tiles at D = 128, which read less shared memory per mma). dS^T is
 // stored to shared memory in both cases, from where dQ = dS K is computed
-// by all warps.
+// by all warps: after a second barrier, or (pipe_dq, register path) with
+// dS^T double-buffered, in the next iteration after the barrier that starts
+// it, so that an iteration has one barrier.
 //
 // Probabilities are recomputed from LSE: P = 2^(z log2(e) - LSE log2(e)),
 // z the (softcapped) logit; dS = P (dP - D), times dz/du = 1 - (z/cap)^2
@@ -52,6 +54,8 @@ struct BwdTraits {
   static constexpr int kWarps = kCfg.warps;
   static constexpr int kThreads = kWarps * 32;
   static constexpr bool kRegPath = kCfg.register_path();
+  static constexpr bool kPipe = kCfg.pipe_dq;
+  static_assert(!kPipe || kRegPath, "dQ pipelining on the register path only");
   // S^T phase: warps kSWK (keys) x kSWQ (queries), tiles of kKS keys (kMS
   // m-tiles) x kQC queries.
   static constexpr int kSWK = kCfg.s_wk, kSWQ = kWarps / kSWK;
@@ -68,8 +72,10 @@ struct BwdTraits {
   static constexpr uint32_t kOffK = 0, kOffV = kTileKV, kOffQ = 2 * kTileKV;
   static constexpr uint32_t kOffDo = kOffQ + 2 * kTileQ;
   static constexpr uint32_t kOffDs = kOffDo + 2 * kTileQ;
-  static constexpr uint32_t kOffP = kOffDs + uint32_t(kBN * kLdS * 2);
-  static constexpr uint32_t kOffStat = kOffP + (kRegPath ? 0u : uint32_t(kBN * kLdS * 2));
+  static constexpr uint32_t kTileS = uint32_t(kBN * kLdS * 2);
+  // P^T off the register path; the second dS^T buffer with kPipe.
+  static constexpr uint32_t kOffP = kOffDs + kTileS;
+  static constexpr uint32_t kOffStat = kOffP + (kRegPath && !kPipe ? 0u : kTileS);
   static_assert(kOffStat + uint32_t(4 * kBM * 4) == kCfg.smem_bytes(D), "layout = config");
   static_assert(kSWK * kKS == kBN && kKS % 16 == 0 && kVWK * kKK == kBN && kKK % 16 == 0 &&
                     kCfg.dq_wm * kCfg.dq_wn == kWarps && kWarps % kSWK == 0 &&
@@ -297,7 +303,7 @@ __global__ void __launch_bounds__(BwdTraits<D, V>::kThreads, 1)
     flash_bwd_dkdv_kernel(const __grid_constant__ BwdParams p) {
   using Tr = BwdTraits<D, V>;
   constexpr int BM = Tr::kBM, BN = Tr::kBN, NTH = Tr::kThreads, LD = Tr::kLd, LDS = Tr::kLdS;
-  constexpr bool REG = Tr::kRegPath;
+  constexpr bool REG = Tr::kRegPath, PIPE = Tr::kPipe;
   constexpr int KS = Tr::kKS, MS = Tr::kMS, QC = Tr::kQC;
   constexpr int KK = Tr::kKK, MK = Tr::kMK, DC = Tr::kDC, ND = DC / 8;
   constexpr int DQR = Tr::kDqRows, DQC = Tr::kDqCols, MQ = DQR / 16, NQQ = DQC / 8;
@@ -419,6 +425,56 @@ __global__ void __launch_bounds__(BwdTraits<D, V>::kThreads, 1)
   const bool accum = p.dq_accum != nullptr;
   const bool capped = p.softcap > 0.0f;
   int h = hk * p.group, m = m_begin;  // the tile of this iteration
+  // dQ (BM x D) += dS K for the query tile at row tr0 (trows valid) of head
+  // th, dS^T at ds_buf: warp (wm, wn) owns DQR rows x DQC columns.
+  auto dq_tile = [&](uint32_t ds_buf, int tr0, int trows, int th) {
+    float dq[MQ][NQQ][4];
+#pragma unroll
+    for (int mt = 0; mt < MQ; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < NQQ; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) dq[mt][nt][e] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) {
+      uint32_t a[MQ][4];
+#pragma unroll
+      for (int mt = 0; mt < MQ; ++mt)
+        ldsm_x4_trans(a[mt], ds_buf + a_dq + uint32_t((kk * 16 * LDS + mt * 16) * 2));
+#pragma unroll
+      for (int np = 0; np < NQQ / 2; ++np) {
+        uint32_t bk[4];
+        ldsm_x4_trans(bk, sK + b_dq + uint32_t((kk * 16 * LD + np * 16) * 2));
+#pragma unroll
+        for (int mt = 0; mt < MQ; ++mt) {
+          mma_16816<T>(dq[mt][2 * np], a[mt], bk[0], bk[1]);
+          mma_16816<T>(dq[mt][2 * np + 1], a[mt], bk[2], bk[3]);
+        }
+      }
+    }
+    const int64_t acc_row = opaque(int64_t(p.heads_q) * D);
+    float* acc = p.dq_accum + ((opaque(q_tok) + tr0) * p.heads_q + th) * D + wn * DQC + 2 * t4;
+#pragma unroll
+    for (int mt = 0; mt < MQ; ++mt)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int row = wm * DQR + mt * 16 + hh * 8 + g;
+        if (row < trows) {
+          float* dst = acc + row * acc_row;
+#pragma unroll
+          for (int nt = 0; nt < NQQ; ++nt)
+            red_add_f32x2(dst + nt * 8, dq[mt][nt][2 * hh], dq[mt][nt][2 * hh + 1]);
+        }
+      }
+  };
+  // With PIPE: the dQ of the previous iteration's tile, from the other dS^T
+  // buffer (complete: a barrier separates it from its writers).
+  auto dq_prev = [&](int it) {
+    const bool first = m == m_begin;
+    const int pm = first ? m_end - 1 : m - 1, ph = first ? h - 1 : h;
+    const int pr0 = pm * BM;
+    dq_tile(sDs + uint32_t((it - 1) & 1) * Tr::kTileS, pr0, min(BM, lq - pr0), ph);
+  };
 
 #pragma unroll 1
   for (int it = 0; it < n_iter; ++it) {
@@ -426,6 +482,7 @@ __global__ void __launch_bounds__(BwdTraits<D, V>::kThreads, 1)
     __syncthreads();  // tile `it` landed; iteration it-1 is done with the other stage and dS^T
     if (it + 1 < n_iter) load_q(it + 1);
     cp_async_commit();
+    if (PIPE && accum && it > 0) dq_prev(it);
 
     const int r0 = m * BM;
     const int rows = min(BM, lq - r0);
@@ -515,7 +572,9 @@ __global__ void __launch_bounds__(BwdTraits<D, V>::kThreads, 1)
 #pragma unroll
         for (int mt = 0; mt < MS; ++mt) {
           const int row = sk * KS + mt * 16 + g;
-          uint32_t* ds_row = reinterpret_cast<uint32_t*>(smem + Tr::kOffDs) + (row * LDS + q0 + 2 * t4) / 2;
+          uint32_t* ds_row = reinterpret_cast<uint32_t*>(
+                                 smem + Tr::kOffDs + (PIPE ? (it & 1) * Tr::kTileS : 0u)) +
+                             (row * LDS + q0 + 2 * t4) / 2;
           uint32_t* p_row = reinterpret_cast<uint32_t*>(smem + Tr::kOffP) + (row * LDS + q0 + 2 * t4) / 2;
 #pragma unroll
           for (int kk = 0; kk < NP / 2; ++kk) {
@@ -545,7 +604,7 @@ __global__ void __launch_bounds__(BwdTraits<D, V>::kThreads, 1)
             mma_16816<T>(acc_dv[0][2 * np], pa[0][kk], bo[0], bo[1]);
             mma_16816<T>(acc_dv[0][2 * np + 1], pa[0][kk], bo[2], bo[3]);
           }
-        if (ps + 1 < PASSES || !accum) {
+        if (ps + 1 < PASSES || !accum || PIPE) {
           dk_step(da[0], q0);
         } else {
 #pragma unroll
@@ -585,54 +644,20 @@ __global__ void __launch_bounds__(BwdTraits<D, V>::kThreads, 1)
     }
 
     if (accum) {
-      if (REG) {
+      if (REG && !PIPE) {
         __syncthreads();  // dS^T complete
         dk_step(da_last, (PASSES - 1) * QP);
       }
-      // dQ (BM x D) += dS K: warp (wm, wn) owns DQR rows x DQC columns.
-      float dq[MQ][NQQ][4];
-#pragma unroll
-      for (int mt = 0; mt < MQ; ++mt)
-#pragma unroll
-        for (int nt = 0; nt < NQQ; ++nt)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) dq[mt][nt][e] = 0.0f;
-#pragma unroll
-      for (int kk = 0; kk < BN / 16; ++kk) {
-        uint32_t a[MQ][4];
-#pragma unroll
-        for (int mt = 0; mt < MQ; ++mt)
-          ldsm_x4_trans(a[mt], sDs + a_dq + uint32_t((kk * 16 * LDS + mt * 16) * 2));
-#pragma unroll
-        for (int np = 0; np < NQQ / 2; ++np) {
-          uint32_t bk[4];
-          ldsm_x4_trans(bk, sK + b_dq + uint32_t((kk * 16 * LD + np * 16) * 2));
-#pragma unroll
-          for (int mt = 0; mt < MQ; ++mt) {
-            mma_16816<T>(dq[mt][2 * np], a[mt], bk[0], bk[1]);
-            mma_16816<T>(dq[mt][2 * np + 1], a[mt], bk[2], bk[3]);
-          }
-        }
-      }
-      const int64_t acc_row = opaque(int64_t(p.heads_q) * D);
-      float* acc = p.dq_accum + ((opaque(q_tok) + r0) * p.heads_q + h) * D + wn * DQC + 2 * t4;
-#pragma unroll
-      for (int mt = 0; mt < MQ; ++mt)
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-          const int row = wm * DQR + mt * 16 + hh * 8 + g;
-          if (row < rows) {
-            float* dst = acc + row * acc_row;
-#pragma unroll
-            for (int nt = 0; nt < NQQ; ++nt)
-              red_add_f32x2(dst + nt * 8, dq[mt][nt][2 * hh], dq[mt][nt][2 * hh + 1]);
-          }
-        }
+      if (!PIPE) dq_tile(sDs, r0, rows, h);
     }
     if (++m == m_end) m = m_begin, ++h;
   }
   cp_async_wait<0>();
   __syncthreads();  // every warp is done with K and V
+  if (PIPE && accum && n_iter > 0) {
+    dq_prev(n_iter);  // the last tile's dQ
+    __syncthreads();  // K is free for the epilogue
+  }
 
   // Epilogue: dK = scale * acc_dk and dV staged in the K and V tiles, then
   // written with 16-byte stores.

@@ -64,37 +64,47 @@ struct BwdParams {
 // queries taken in `passes` passes, to bound the registers); otherwise they
 // go through shared memory (larger warp tiles, fewer shared-memory reads per
 // mma). Shared memory: K, V [block_n][D+8]; two stages of Q, dO
-// [block_m][D+8]; dS^T (and P^T off the register path) [block_n][block_m+8];
-// two stages of LSE and D rows.
+// [block_m][D+8]; dS^T (two with pipe_dq; and P^T off the register path)
+// [block_n][block_m+8]; two stages of LSE and D rows.
 struct BwdConfig {
   int block_m, block_n, warps, s_wk, kv_wk, dq_wm, dq_wn, passes;
+  // Register path only: dS^T double-buffered, and the dQ of query tile it
+  // computed in iteration it + 1, right after the barrier that starts it
+  // (which also completes dS^T of tile it), so that an iteration needs one
+  // barrier instead of two.
+  bool pipe_dq = false;
   constexpr int threads() const { return warps * 32; }
   constexpr bool register_path() const { return s_wk == warps && kv_wk == warps; }
   constexpr int ld(int d) const { return d + 8; }
   constexpr int ld_s() const { return block_m + 8; }
   constexpr size_t smem_bytes(int d) const {
     return size_t(2 * block_n + 4 * block_m) * size_t(ld(d)) * 2u +
-           size_t(register_path() ? 1 : 2) * size_t(block_n) * size_t(ld_s()) * 2u +
+           size_t(register_path() && !pipe_dq ? 1 : 2) * size_t(block_n) * size_t(ld_s()) * 2u +
            size_t(4 * block_m) * 4u;
   }
 };
 
-// Variant 0 is the default; variant 1 (D = 128 only) is for devices with
-// less than the 173 KB of shared memory per block that variant 0 takes
-// (sm_80: 163 KB). dK and dV of 16 keys x D take D / 2 registers per thread
-// each, so the register path holds up to D = 128 and D = 256 splits D over
-// two warps. At D = 64 a query tile of 128 rows, in two passes of 64, halves
-// the barriers per FLOP and gives dQ 32 x 32 warp tiles. At D = 128, 32 x 32
-// score tiles and 32 x 64 dK/dV tiles read 18% less shared memory than the
-// register path's 16 x 64 and 16 x 128.
+// Variant 0 is the default; variant 1 (D = 64 and 128) is for devices with
+// less shared memory per block than variant 0 takes (D = 64: 182 KB,
+// D = 128: 173 KB; sm_80: 163 KB). dK and dV of 16 keys x D take D / 2
+// registers per thread each, so the register path holds up to D = 128 and
+// D = 256 splits D over two warps. At D = 64 a query tile of 128 rows, in
+// two passes of 64, halves the barriers per FLOP and gives dQ 32 x 32 warp
+// tiles; pipelining dQ (pipe_dq) took that backward from 224 to 234 TFLOP/s
+// (L = 8K, full, bf16, H200; 4 warps x 64 keys at 2 blocks per SM, 218,
+// and 32 x 32 score tiles through shared memory, 234 with dQ pipelined,
+// did not do better). At D = 128, 32 x 32 score tiles and 32 x 64 dK/dV
+// tiles read 18% less shared memory than the register path's 16 x 64 and
+// 16 x 128 (272 TFLOP/s against 247; with dQ pipelined, 268 and 249).
 constexpr BwdConfig bwd_config(int d, int variant = 0) {
-  return d == 64    ? BwdConfig{128, 128, 8, 8, 8, 4, 2, 2}
+  return d == 64    ? (variant == 0 ? BwdConfig{128, 128, 8, 8, 8, 4, 2, 2, true}
+                                    : BwdConfig{128, 128, 8, 8, 8, 4, 2, 2})
          : d == 96  ? BwdConfig{64, 128, 8, 8, 8, 4, 2, 1}
          : d == 128 ? (variant == 0 ? BwdConfig{64, 128, 8, 4, 4, 2, 4, 1}
                                     : BwdConfig{64, 128, 8, 8, 8, 2, 4, 1})
                     : BwdConfig{32, 64, 8, 4, 4, 2, 4, 1};
 }
-constexpr int bwd_variants(int d) { return d == 128 ? 2 : 1; }
+constexpr int bwd_variants(int d) { return d == 64 || d == 128 ? 2 : 1; }
 
 // The deterministic dQ kernel: one block per query tile of one query head,
 // looping over its KV tiles like the forward (4 warps of 16 rows).

@@ -123,7 +123,7 @@ int main(int argc, char** argv) {
       attn_plan_destroy(plan);
     }
     const char* tv = std::getenv("ATTN_TIME_VARIANTS");
-    if (tv != nullptr && tv[0] == '1' && c.d == 128) {
+    if (tv != nullptr && tv[0] == '1' && (c.d == 64 || c.d == 128)) {
       setenv("ATTN_CUDA_BWD_VARIANT", "1", 1);
       attn_plan_desc_t pd;
       ATTN_CHECK(attn_plan_desc_create(&pd));
