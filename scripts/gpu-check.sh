@@ -17,8 +17,8 @@
 #   GPU_CHECK_NCU        1 profiles the dK/dV kernel (d=128, L=8K, full) with Nsight
 #                        Compute (clocks left alone) into $logs/ncu.txt
 #   OUT                  when set, logs go there (else $BUILD_DIR/logs)
-# A .deps/ folder (../shared/tools/device-deps.sh) supplies CMocka where the
-# machine lacks it.
+# On a machine without CMocka installed, an unpacked copy in .deps/ (its
+# pkg-config file in .deps/pc, the library in .deps/lib) is used when present.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
