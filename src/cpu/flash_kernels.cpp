@@ -18,6 +18,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <numeric>
 
 #include "attn_config.h"
 #include "core/dtype.hpp"
@@ -43,7 +44,10 @@ constexpr int MR = 6;
 #endif
 constexpr int NV = 2;
 constexpr int NR = NV * W;
-static_assert(kTile % MR == 0 && kTile % NR == 0, "tile must hold whole register blocks");
+// Keys are padded to a multiple of both block shapes: they are the columns of
+// the score GEMMs (NR) and the rows of the dK/dV GEMMs (MR).
+constexpr int kKeyPad = std::lcm(MR, NR);
+static_assert(kTile % kKeyPad == 0, "tile must hold whole register blocks");
 
 typedef float vf __attribute__((vector_size(W * 4)));
 typedef int32_t vi __attribute__((vector_size(W * 4)));
@@ -262,7 +266,7 @@ inline RowSpan q_rows(const DenseTileSchedule& sched, int64_t qt) {
 }
 inline RowSpan kv_rows(const DenseTileSchedule& sched, int64_t kt) {
   const int64_t c0 = sched.kv_begin(kt), n = sched.kv_end(kt) - c0;
-  return {c0, n, round_up(n, NR)};
+  return {c0, n, round_up(n, kKeyPad)};
 }
 
 // Packs KV tile u.tile of KV head hk: Kt [dqk][tile] always, V rows
