@@ -121,6 +121,20 @@ static void scores_fp64(const ref_problem *p, int64_t b, int64_t h, const double
   }
 }
 
+/* O_i = sum_j P_ij V_j for query row i of sequence b, KV head hk; prob is
+ * the [lq][lk] probability matrix of scores_fp64. */
+static void row_output(const ref_problem *p, int64_t b, int64_t hk, int64_t i, int64_t lk,
+                       const double *prob, const double *v, double *oi) {
+  int64_t j, c;
+  for (c = 0; c < p->head_dim_v; ++c) oi[c] = 0.0;
+  for (j = 0; j < lk; ++j) {
+    const double *vj = v + ref_offset(p, &p->v, 0, b, j, hk);
+    const double pij = prob[i * lk + j];
+    if (pij == 0.0) continue;
+    for (c = 0; c < p->head_dim_v; ++c) oi[c] += pij * vj[c];
+  }
+}
+
 double ref_max_abs_logit(const ref_problem *p, const double *q, const double *k) {
   const int64_t mq = max_lq(p), mk = max_lk(p);
   double *z = (double *)ref_alloc(sizeof(double) * (size_t)(mq * mk));
@@ -146,21 +160,14 @@ void ref_forward(const ref_problem *p, const double *q, const double *k, const d
   double *z = (double *)ref_alloc(sizeof(double) * (size_t)(mq * mk));
   double *prob = (double *)ref_alloc(sizeof(double) * (size_t)(mq * mk));
   double *row_lse = (double *)ref_alloc(sizeof(double) * (size_t)mq);
-  int64_t b, h, i, j, c;
+  int64_t b, h, i;
   for (b = 0; b < p->batch; ++b) {
     const int64_t lq = ref_lq(p, b), lk = ref_lk(p, b);
     for (h = 0; h < p->heads_q; ++h) {
       const int64_t hk = h / group_size(p);
       scores_fp64(p, b, h, q, k, z, prob, row_lse);
       for (i = 0; i < lq; ++i) {
-        double *oi = o + ref_offset(p, &p->o, 1, b, i, h);
-        for (c = 0; c < p->head_dim_v; ++c) oi[c] = 0.0;
-        for (j = 0; j < lk; ++j) {
-          const double *vj = v + ref_offset(p, &p->v, 0, b, j, hk);
-          const double pij = prob[i * lk + j];
-          if (pij == 0.0) continue;
-          for (c = 0; c < p->head_dim_v; ++c) oi[c] += pij * vj[c];
-        }
+        row_output(p, b, hk, i, lk, prob, v, o + ref_offset(p, &p->o, 1, b, i, h));
         if (lse != NULL) lse[ref_lse_index(p, b, h, i)] = row_lse[i];
       }
     }
@@ -199,11 +206,7 @@ void ref_backward(const ref_problem *p, const double *q, const double *k, const 
         double *dqi = dq + ref_offset(p, &p->dq, 1, b, i, h);
         double delta = 0.0;
         /* O_i, then D_i = dO_i . O_i */
-        for (c = 0; c < dvd; ++c) oi[c] = 0.0;
-        for (j = 0; j < lk; ++j) {
-          const double *vj = v + ref_offset(p, &p->v, 0, b, j, hk);
-          for (c = 0; c < dvd; ++c) oi[c] += prob[i * lk + j] * vj[c];
-        }
+        row_output(p, b, hk, i, lk, prob, v, oi);
         for (c = 0; c < dvd; ++c) delta += doi[c] * oi[c];
         for (c = 0; c < dqk; ++c) dqi[c] = 0.0;
 
@@ -263,11 +266,7 @@ void ref_backward_o_rounding_floor(const ref_problem *p, double u, const double 
         const double *doi = d_o + ref_offset(p, &p->d_o, 1, b, i, h);
         double *fq = floor_dq + ref_offset(p, &p->dq, 1, b, i, h);
         double e = 0.0;
-        for (c = 0; c < dvd; ++c) oi[c] = 0.0;
-        for (j = 0; j < lk; ++j) {
-          const double *vj = v + ref_offset(p, &p->v, 0, b, j, hk);
-          for (c = 0; c < dvd; ++c) oi[c] += prob[i * lk + j] * vj[c];
-        }
+        row_output(p, b, hk, i, lk, prob, v, oi);
         for (c = 0; c < dvd; ++c) e += doi[c] * oi[c] * doi[c] * oi[c];
         e = 2.0 * u * sqrt(e); /* E_i */
         for (c = 0; c < dqk; ++c) fq[c] = 0.0;
