@@ -25,6 +25,7 @@
 #include <cstdint>
 
 #include "flash/fwd_params.cuh"
+#include "flash/sequence.cuh"
 #include "flash/sm80.cuh"
 
 namespace attn::flash {
@@ -65,18 +66,11 @@ __global__ void __launch_bounds__(FwdTraits<D>::kThreads, FwdTraits<D>::kMinBloc
   // Last query tiles first: under a causal mask they are the longest.
   const int m_block = int(gridDim.x) - 1 - int(blockIdx.x);
 
-  int lq = p.seqlen_q, lk = p.seqlen_kv;
-  int64_t q_tok = 0, kv_tok = 0;
+  QueryTile qt;
+  if (!query_tile_of<BM>(p, b, m_block, qt)) return;
+  const int lk = qt.lk, r0 = qt.r0, rows = qt.rows;
   const bool varlen = p.cu_q != nullptr;
-  if (varlen) {
-    q_tok = p.cu_q[b];
-    kv_tok = p.cu_kv[b];
-    lq = p.cu_q[b + 1] - int(q_tok);
-    lk = p.cu_kv[b + 1] - int(kv_tok);
-  }
-  const int r0 = m_block * BM;
-  if (r0 >= lq) return;
-  const int rows = min(BM, lq - r0);
+  const int64_t q_tok = qt.q_tok, kv_tok = qt.kv_tok;
   const int hk = h / p.group;
 
   const T* gQ = static_cast<const T*>(p.q) + (varlen ? q_tok * p.q_seq : b * p.q_batch) +
@@ -91,20 +85,10 @@ __global__ void __launch_bounds__(FwdTraits<D>::kThreads, FwdTraits<D>::kMinBloc
                   ? nullptr
                   : p.lse + (varlen ? q_tok : b * p.lse_batch) + h * p.lse_head + r0;
 
-  // Visible keys of query row i: [key_lo(i), key_hi(i)], clamped to [0, lk).
-  const int off = lk - lq;
-  auto key_lo = [&](int i) -> int {
-    if (p.window_left < 0) return 0;
-    const long long x = (long long)i + off - p.window_left;
-    return int(x < 0 ? 0 : (x > lk ? lk : x));
-  };
-  auto key_hi = [&](int i) -> int {
-    if (p.window_right < 0) return lk - 1;
-    const long long x = (long long)i + off + p.window_right;
-    return int(x < -1 ? -1 : (x > lk - 1 ? lk - 1 : x));
-  };
-  const int lo_first = key_lo(r0), hi_last = key_hi(r0 + rows - 1);
-  const int lo_last = key_lo(r0 + rows - 1), hi_first = key_hi(r0);
+  auto key_lo = [&](int i) { return qt.key_lo(i); };
+  auto key_hi = [&](int i) { return qt.key_hi(i); };
+  const int lo_first = qt.lo_first, hi_last = qt.hi_last;
+  const int lo_last = qt.lo_last, hi_first = qt.hi_first;
 
   if (hi_last < lo_first) {  // no row of the tile sees a key
     for (int c = tid; c < BM * DT; c += NTH) {

@@ -1,0 +1,56 @@
+// The per-sequence set-up of the kernels that own one query tile (the
+// forward and the deterministic dQ kernel): where the tile's sequence starts
+// (varlen offsets), its lengths, and the keys each query row sees.
+#pragma once
+
+#include <cstdint>
+
+namespace attn::flash {
+
+// Query tile m_block (rows [r0, r0 + rows)) of sequence b. P is FwdParams
+// or BwdParams (cu_q, cu_kv, seqlen_q, seqlen_kv, window_left, window_right).
+struct QueryTile {
+  int lq, lk;             // this sequence's lengths
+  int64_t q_tok, kv_tok;  // its first token (varlen), else 0
+  int r0, rows;
+  int off;  // lk - lq: bottom-right alignment
+  int window_left, window_right;
+  // The tile's key range: first row [lo_first, hi_first], last row
+  // [lo_last, hi_last]; no row sees a key when hi_last < lo_first.
+  int lo_first, hi_first, lo_last, hi_last;
+
+  // Visible keys of query row i: [key_lo(i), key_hi(i)], clamped to [0, lk).
+  __device__ __forceinline__ int key_lo(int i) const {
+    if (window_left < 0) return 0;
+    const long long x = (long long)i + off - window_left;
+    return int(x < 0 ? 0 : (x > lk ? lk : x));
+  }
+  __device__ __forceinline__ int key_hi(int i) const {
+    if (window_right < 0) return lk - 1;
+    const long long x = (long long)i + off + window_right;
+    return int(x < -1 ? -1 : (x > lk - 1 ? lk - 1 : x));
+  }
+};
+
+// False when the tile starts past the end of its sequence (nothing to do).
+template <int BM, class P>
+__device__ __forceinline__ bool query_tile_of(const P& p, int b, int m_block, QueryTile& t) {
+  t.lq = p.seqlen_q, t.lk = p.seqlen_kv;
+  t.q_tok = 0, t.kv_tok = 0;
+  if (p.cu_q != nullptr) {
+    t.q_tok = p.cu_q[b];
+    t.kv_tok = p.cu_kv[b];
+    t.lq = p.cu_q[b + 1] - int(t.q_tok);
+    t.lk = p.cu_kv[b + 1] - int(t.kv_tok);
+  }
+  t.r0 = m_block * BM;
+  if (t.r0 >= t.lq) return false;
+  t.rows = min(BM, t.lq - t.r0);
+  t.off = t.lk - t.lq;
+  t.window_left = p.window_left, t.window_right = p.window_right;
+  t.lo_first = t.key_lo(t.r0), t.hi_first = t.key_hi(t.r0);
+  t.lo_last = t.key_lo(t.r0 + t.rows - 1), t.hi_last = t.key_hi(t.r0 + t.rows - 1);
+  return true;
+}
+
+}  // namespace attn::flash
