@@ -47,163 +47,16 @@ bool g_quick = false;
 const char* g_filter = nullptr;
 int g_failures = 0;
 
-struct Case {
-  std::string name;
-  attn_dtype_t dtype = ATTN_DTYPE_BF16;
-  int64_t batch = 1, hq = 1, hkv = 1, lq = 0, lk = 0, d = 128;
-  attn_mask_t mask = ATTN_MASK_NONE;
-  int64_t wl = -1, wr = -1;
-  float softcap = 0.0f;
-  float scale = 0.0f;  // 0: the default 1/sqrt(d)
-  attn_layout_t layout = ATTN_LAYOUT_BSHD;
-  bool padded = false;                 // non-default strides (gaps between heads, rows, batches)
-  std::vector<int32_t> seq_q, seq_kv;  // varlen lengths; empty: fixed length
-  bool allow_empty = false;
-  int sample = 0;       // 0: every gradient against fp64; else ~this many dQ rows per (b, h)
-  bool vs_cpu = true;   // compare every element with the CPU backend
-  float qmul = 1.0f;    // Q scale: > 1 gives peakier softmax rows
-  bool big = false;     // left out in quick mode
+struct Case : CaseShape {
+  bool vs_cpu = true;  // compare every element with the CPU backend
 };
-
-bool varlen(const Case& c) { return !c.seq_q.empty(); }
-
-struct Tensor {
-  int32_t ndim = 0;
-  int64_t dims[4] = {0, 0, 0, 0}, strides[4] = {0, 0, 0, 0};
-  int64_t sb = 0, ss = 0, sh = 0;  // batch, seq, head strides
-  size_t elems = 0;                // buffer size
-};
-
-// Q, O, dO, dQ share the query-side strides; K, V, dK, dV the key side.
-Tensor make_tensor(const Case& c, bool q_side, const std::vector<int64_t>& cu) {
-  Tensor t;
-  const int64_t heads = q_side ? c.hq : c.hkv, seq = q_side ? c.lq : c.lk, d = c.d;
-  const int64_t pad = c.padded ? 8 : 0;
-  if (varlen(c)) {
-    t.ndim = 3;
-    t.sh = d + pad;
-    t.ss = heads * t.sh + pad;
-    t.dims[0] = cu.back(), t.dims[1] = heads, t.dims[2] = d;
-    t.strides[0] = t.ss, t.strides[1] = t.sh, t.strides[2] = 1;
-  } else if (c.layout == ATTN_LAYOUT_BSHD) {
-    t.ndim = 4;
-    t.sh = d + pad;
-    t.ss = heads * t.sh + 2 * pad;
-    t.sb = seq * t.ss + 3 * pad;
-    t.dims[0] = c.batch, t.dims[1] = seq, t.dims[2] = heads, t.dims[3] = d;
-    t.strides[0] = t.sb, t.strides[1] = t.ss, t.strides[2] = t.sh, t.strides[3] = 1;
-  } else {
-    t.ndim = 4;
-    t.ss = d + pad;
-    t.sh = seq * t.ss + 2 * pad;
-    t.sb = heads * t.sh + 3 * pad;
-    t.dims[0] = c.batch, t.dims[1] = heads, t.dims[2] = seq, t.dims[3] = d;
-    t.strides[0] = t.sb, t.strides[1] = t.sh, t.strides[2] = t.ss, t.strides[3] = 1;
-  }
-  int64_t last = 0;
-  bool empty = false;
-  for (int i = 0; i < t.ndim; ++i) {
-    if (t.dims[i] == 0) empty = true;
-    last += (t.dims[i] - 1) * t.strides[i];
-  }
-  t.elems = empty ? 8 : size_t(last + 1 + pad);
-  return t;
-}
-
-struct Problem {
-  Case c;
-  std::vector<int64_t> cu_q, cu_kv;
-  Tensor tq, tk;
-  float scale = 0.0f;
-  int64_t group() const { return c.hq / c.hkv; }
-  int64_t lq(int64_t b) const { return cu_q[b + 1] - cu_q[b]; }
-  int64_t lk(int64_t b) const { return cu_kv[b + 1] - cu_kv[b]; }
-  int64_t off_q(int64_t b, int64_t s, int64_t h) const {
-    return (varlen(c) ? cu_q[b] * tq.ss : b * tq.sb) + s * tq.ss + h * tq.sh;
-  }
-  int64_t off_k(int64_t b, int64_t s, int64_t h) const {
-    return (varlen(c) ? cu_kv[b] * tk.ss : b * tk.sb) + s * tk.ss + h * tk.sh;
-  }
-  int64_t lse_elems() const { return varlen(c) ? c.hq * cu_q.back() : c.batch * c.hq * c.lq; }
-  int64_t lse_off(int64_t b, int64_t h, int64_t s) const {
-    return varlen(c) ? h * cu_q.back() + cu_q[b] + s : (b * c.hq + h) * c.lq + s;
-  }
-  void bounds(int64_t b, int64_t i, int64_t& lo, int64_t& hi) const {
-    const int64_t off = lk(b) - lq(b);
-    int64_t wl = c.wl, wr = c.wr;
-    if (c.mask == ATTN_MASK_NONE) wl = wr = -1;
-    if (c.mask == ATTN_MASK_CAUSAL) wl = -1, wr = 0;
-    lo = wl < 0 ? 0 : std::max<int64_t>(0, i + off - wl);
-    hi = wr < 0 ? lk(b) - 1 : std::min<int64_t>(lk(b) - 1, i + off + wr);
-  }
-};
-
-Problem make_problem(const Case& c) {
-  Problem p;
-  p.c = c;
-  if (varlen(c)) {
-    p.c.batch = int64_t(c.seq_q.size());
-    p.cu_q.push_back(0), p.cu_kv.push_back(0);
-    int64_t mq = 0, mk = 0;
-    for (size_t b = 0; b < c.seq_q.size(); ++b) {
-      p.cu_q.push_back(p.cu_q.back() + c.seq_q[b]);
-      p.cu_kv.push_back(p.cu_kv.back() + c.seq_kv[b]);
-      mq = std::max<int64_t>(mq, c.seq_q[b]);
-      mk = std::max<int64_t>(mk, c.seq_kv[b]);
-    }
-    p.c.lq = mq, p.c.lk = mk;
-  } else {
-    for (int64_t b = 0; b <= c.batch; ++b) {
-      p.cu_q.push_back(b * c.lq);
-      p.cu_kv.push_back(b * c.lk);
-    }
-  }
-  p.tq = make_tensor(p.c, true, p.cu_q);
-  p.tk = make_tensor(p.c, false, p.cu_kv);
-  p.scale = c.scale > 0.0f ? c.scale : float(1.0 / std::sqrt(double(c.d)));
-  return p;
-}
+using Problem = CaseProblem<Case>;
 
 attn_plan_t build_plan(const Problem& p, attn_context_t ctx, bool deterministic) {
-  const Case& c = p.c;
-  attn_plan_desc_t pd = nullptr;
-  ATTN_CHECK(attn_plan_desc_create(&pd));
-  ATTN_CHECK(attn_plan_desc_set_shape(pd, c.batch, c.hq, c.hkv, c.lq, c.lk, c.d, c.d));
-  ATTN_CHECK(attn_plan_desc_set_dtype(pd, c.dtype));
-  if (!varlen(c)) ATTN_CHECK(attn_plan_desc_set_layout(pd, c.layout));
-  ATTN_CHECK(attn_plan_desc_set_mask(pd, c.mask, c.mask == ATTN_MASK_WINDOW ? c.wl : -1,
-                                     c.mask == ATTN_MASK_WINDOW ? c.wr : -1));
-  if (c.softcap > 0.0f) ATTN_CHECK(attn_plan_desc_set_softcap(pd, c.softcap));
-  if (c.scale > 0.0f) ATTN_CHECK(attn_plan_desc_set_softmax_scale(pd, c.scale));
-  if (varlen(c)) {
-    std::vector<int32_t> q(p.cu_q.begin(), p.cu_q.end()), kv(p.cu_kv.begin(), p.cu_kv.end());
-    ATTN_CHECK(attn_plan_desc_set_varlen(pd, c.batch, q.data(), kv.data()));
-  }
-  if (c.allow_empty) ATTN_CHECK(attn_plan_desc_set_allow_empty_rows(pd, 1));
+  attn_plan_desc_t pd = case_plan_desc(p, ATTN_TENSOR_DV + 1);
   ATTN_CHECK(attn_plan_desc_set_passes(pd, ATTN_PASSES_FORWARD_BACKWARD));
   ATTN_CHECK(attn_plan_desc_set_deterministic(pd, deterministic ? 1 : 0));
-  if (c.padded) {
-    attn_tensor_desc_t td = nullptr;
-    ATTN_CHECK(attn_tensor_desc_create(&td));
-    for (int r = 0; r < 8; ++r) {
-      const auto role = attn_tensor_role_t(r);
-      const bool q_side = role == ATTN_TENSOR_Q || role == ATTN_TENSOR_O ||
-                          role == ATTN_TENSOR_DO || role == ATTN_TENSOR_DQ;
-      const Tensor& t = q_side ? p.tq : p.tk;
-      ATTN_CHECK(attn_tensor_desc_set(td, c.dtype, t.ndim, t.dims, t.strides));
-      ATTN_CHECK(attn_plan_desc_set_tensor(pd, role, td));
-    }
-    attn_tensor_desc_destroy(td);
-  }
-  attn_plan_t plan = nullptr;
-  const attn_status_t s = attn_plan_create(ctx, pd, &plan);
-  attn_plan_desc_destroy(pd);
-  if (s != ATTN_STATUS_SUCCESS) {
-    std::fprintf(stderr, "plan for %s: %s: %s\n", c.name.c_str(), attn_status_string(s),
-                 attn_last_error_message());
-    std::exit(1);
-  }
-  return plan;
+  return plan_or_exit(ctx, pd, p.c.name);
 }
 
 template <class F>
