@@ -8,8 +8,12 @@
 //                query tiles of every query head of the group that see its
 //                keys (the transposed schedule); dK, dV stay in registers and
 //                dQ contributions are added into the accumulator with
-//                atomics (deterministic plans skip that part)
-//   convert      dQ = scale * accumulator, in the dtype with dQ's strides
+//                atomics (deterministic plans skip that part). A split group
+//                (group_splits > 1, not deterministic) has group_splits
+//                blocks per (KV tile, KV head), each over its share of the
+//                query heads, adding dK and dV into fp32 accumulators too
+//   convert      dQ = scale * accumulator, in the dtype with dQ's strides;
+//                split groups also dK, dV from theirs
 //   dQ (deterministic plans, instead of the atomics and convert): one block
 //                per (query tile, query head, sequence) loops over its KV
 //                tiles like the forward and writes dQ once
@@ -193,6 +197,38 @@ __global__ void __launch_bounds__(kRowKernelThreads)
 }
 
 // dQ = scale * accumulator, rounded to T, written with dQ's strides.
+// Split groups: dK = scale * dk_accum and dV = dv_accum, rounded to T and
+// written with their strides; n_rows = total_kv * heads_kv (token, head) rows.
+template <class T, int D>
+__global__ void __launch_bounds__(kRowKernelThreads)
+    flash_bwd_convert_dkdv_kernel(const __grid_constant__ BwdParams p, int64_t n_rows) {
+  constexpr int TPR = RowTraits<D>::kTpr, CH = D / 8;
+  const int tid = threadIdx.x, ch = tid % TPR;
+  const int64_t row = int64_t(blockIdx.x) * (kRowKernelThreads / TPR) + tid / TPR;
+  if (row >= n_rows || ch >= CH) return;
+  const int heads_kv = p.heads_q / p.group;
+  const int64_t tok = row / heads_kv;
+  const int h = int(row - tok * heads_kv);
+  int64_t k_at = tok * p.dk_seq + h * p.dk_head, v_at = tok * p.dv_seq + h * p.dv_head;
+  if (p.cu_kv == nullptr) {
+    const int64_t b = tok / p.seqlen_kv, s = tok - b * p.seqlen_kv;
+    k_at = b * p.dk_batch + s * p.dk_seq + h * p.dk_head;
+    v_at = b * p.dv_batch + s * p.dv_seq + h * p.dv_head;
+  }
+  auto put = [&](const float* acc, float s, T* dst) {
+    const float4 x = reinterpret_cast<const float4*>(acc)[0];
+    const float4 y = reinterpret_cast<const float4*>(acc)[1];
+    uint4 out;
+    out.x = pack2<T>(x.x * s, x.y * s);
+    out.y = pack2<T>(x.z * s, x.w * s);
+    out.z = pack2<T>(y.x * s, y.y * s);
+    out.w = pack2<T>(y.z * s, y.w * s);
+    *reinterpret_cast<uint4*>(dst) = out;
+  };
+  put(p.dk_accum + row * D + ch * 8, p.scale, static_cast<T*>(p.dk) + k_at + ch * 8);
+  put(p.dv_accum + row * D + ch * 8, 1.0f, static_cast<T*>(p.dv) + v_at + ch * 8);
+}
+
 template <class T, int D>
 __global__ void __launch_bounds__(kRowKernelThreads)
     flash_bwd_convert_dq_kernel(const __grid_constant__ BwdParams p, int64_t n_rows) {
@@ -332,7 +368,11 @@ __global__ void __launch_bounds__(BwdTraits<D, V>::kThreads, 1)
   const int sk = REG ? warp : warp % Tr::kSWK, sq = REG ? 0 : warp / Tr::kSWK;  // S^T
   const int vk = REG ? warp : warp % Tr::kVWK, vd = REG ? 0 : warp / Tr::kVWK;  // dK, dV
   const int wm = warp / kDqWn, wn = warp % kDqWn;                                // dQ
-  const int b = blockIdx.z, hk = blockIdx.y;
+  // blockIdx.y = hk * group_splits + part: KV head hk, query heads
+  // [h_first, h_first + heads_per) of its group.
+  const int b = blockIdx.z, hk = int(blockIdx.y) / p.group_splits;
+  const int heads_per = p.group / p.group_splits;
+  const int h_first = hk * p.group + (int(blockIdx.y) - hk * p.group_splits) * heads_per;
   const int c0 = int(blockIdx.x) * BN;  // first key of the tile
 
   int lq = p.seqlen_q, lk = p.seqlen_kv;
@@ -360,13 +400,13 @@ __global__ void __launch_bounds__(BwdTraits<D, V>::kThreads, 1)
   const int row_hi = int(min((long long)lq - 1, (long long)c0 + kv_valid - 1 - dmin));
   const int m_begin = row_lo <= row_hi ? row_lo / BM : 0;
   const int n_mt = row_lo <= row_hi ? row_hi / BM - m_begin + 1 : 0;
-  const int n_iter = n_mt * p.group;
+  const int n_iter = n_mt * heads_per;
 
-  // Iteration it: query head hk * group + it / n_mt, query tile m_begin + it % n_mt,
+  // Iteration it: query head h_first + it / n_mt, query tile m_begin + it % n_mt,
   // tracked by counters (no division). (Addresses are rebuilt from the
   // parameters each time: registers are scarce.)
   const int m_end = m_begin + n_mt;
-  int ld_h = hk * p.group, ld_m = m_begin;  // the next tile to load
+  int ld_h = h_first, ld_m = m_begin;  // the next tile to load
   auto load_q = [&](int it) {
     const int h = ld_h;
     const int r0 = ld_m * BM;
@@ -424,7 +464,7 @@ __global__ void __launch_bounds__(BwdTraits<D, V>::kThreads, 1)
   const uint32_t b_dq = uint32_t(((lane & 15) * LD + (lane >> 4) * 8 + wn * DQC) * 2);
   const bool accum = p.dq_accum != nullptr;
   const bool capped = p.softcap > 0.0f;
-  int h = hk * p.group, m = m_begin;  // the tile of this iteration
+  int h = h_first, m = m_begin;  // the tile of this iteration
   // dQ (BM x D) += dS K for the query tile at row tr0 (trows valid) of head
   // th, dS^T at ds_buf: warp (wm, wn) owns DQR rows x DQC columns.
   auto dq_tile = [&](uint32_t ds_buf, int tr0, int trows, int th) {
@@ -657,6 +697,27 @@ __global__ void __launch_bounds__(BwdTraits<D, V>::kThreads, 1)
   if (PIPE && accum && n_iter > 0) {
     dq_prev(n_iter);  // the last tile's dQ
     __syncthreads();  // K is free for the epilogue
+  }
+
+  if (p.dk_accum != nullptr) {
+    // A split group: add this block's share (dK unscaled) into the fp32
+    // accumulators [token][heads_kv][D]; rows past the sequence add nothing.
+    const int64_t heads_kv = p.heads_q / p.group;
+    const int64_t tok0 = (varlen ? kv_tok : int64_t(b) * p.seqlen_kv) + c0;
+#pragma unroll
+    for (int mt = 0; mt < MK; ++mt)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int row = vk * KK + mt * 16 + g + hh * 8;
+        if (row >= kv_valid) continue;
+        const int64_t at = ((tok0 + row) * heads_kv + hk) * D + vd * DC + 2 * t4;
+#pragma unroll
+        for (int nt = 0; nt < ND; ++nt) {
+          red_add_f32x2(p.dk_accum + at + nt * 8, acc_dk[mt][nt][2 * hh], acc_dk[mt][nt][2 * hh + 1]);
+          red_add_f32x2(p.dv_accum + at + nt * 8, acc_dv[mt][nt][2 * hh], acc_dv[mt][nt][2 * hh + 1]);
+        }
+      }
+    return;
   }
 
   // Epilogue: dK = scale * acc_dk and dV staged in the K and V tiles, then

@@ -29,6 +29,11 @@ struct BwdParams {
   float* delta;
   float* lse2;
   float* dq_accum;
+  // Split groups only (group_splits > 1): fp32 dK (unscaled) and dV
+  // [token][heads_kv][D], zeroed before the dK/dV kernel adds each block's
+  // share into them; a convert kernel then writes dK and dV.
+  float* dk_accum;
+  float* dv_accum;
   int64_t q_batch, q_seq, q_head;
   int64_t k_batch, k_seq, k_head;
   int64_t v_batch, v_seq, v_head;
@@ -43,6 +48,11 @@ struct BwdParams {
   int32_t seqlen_q, seqlen_kv;  // per sequence, fixed-length batches only
   int32_t heads_q;
   int32_t group;  // heads_q / heads_kv
+  // The query heads of a group are shared by group_splits dK/dV blocks per
+  // KV tile (group / group_splits heads each), whose dK and dV partial sums
+  // meet in dk_accum, dv_accum: without it, the blocks of a GQA backward
+  // are group times longer and too few to balance a causal mask.
+  int32_t group_splits;
   // Query i sees key j when i + off - left <= j <= i + off + right, off = lk - lq;
   // a negative bound is unbounded.
   int32_t window_left, window_right;
@@ -54,7 +64,8 @@ struct BwdParams {
 
 // The dK/dV kernel (which also adds dQ into dq_accum): one block owns
 // block_n keys of one KV head and loops over the query tiles (block_m rows)
-// of every query head of its group that see them. Per query tile:
+// of the query heads of its group (all of them, or its share of a split
+// group) that see them. Per query tile:
 //   S^T = K Q^T, dP^T = V dO^T   warps s_wk (keys) x warps / s_wk (queries)
 //   dV += P^T dO, dK += dS^T Q   warps kv_wk (keys) x warps / kv_wk (head dim)
 //   dQ = dS K                    warps dq_wm (queries) x dq_wn (head dim)

@@ -18,7 +18,7 @@ struct BwdKernels {
   // D = rowsum(dO * O) (and zeroes dq_accum unless null) over n_rows =
   // total_q * heads_q rows.
   cudaError_t (*preprocess)(const flash::BwdParams& params, int64_t n_rows, cudaStream_t stream);
-  // Grid (n_blocks, heads_kv, batch).
+  // Grid (n_blocks, heads_kv * group_splits, batch).
   cudaError_t (*dkdv)(const flash::BwdParams& params, int n_blocks, int heads_kv, int batch,
                       cudaStream_t stream);
   // Deterministic dQ, grid (m_blocks, heads_q, batch).
@@ -26,6 +26,10 @@ struct BwdKernels {
                     cudaStream_t stream);
   // dQ = scale * dq_accum in the dtype.
   cudaError_t (*convert)(const flash::BwdParams& params, int64_t n_rows, cudaStream_t stream);
+  // Split groups: dK = scale * dk_accum, dV = dv_accum in the dtype over
+  // n_rows = total_kv * heads_kv rows.
+  cudaError_t (*convert_dkdv)(const flash::BwdParams& params, int64_t n_rows,
+                              cudaStream_t stream);
   const void* dkdv_func;  // for cudaFuncGetAttributes
   const void* dq_func;
 };

@@ -41,6 +41,13 @@ cudaError_t bwd_convert(const flash::BwdParams& p, int64_t n_rows, cudaStream_t 
   return cudaGetLastError();
 }
 
+template <class T, int D>
+cudaError_t bwd_convert_dkdv(const flash::BwdParams& p, int64_t n_rows, cudaStream_t stream) {
+  flash::flash_bwd_convert_dkdv_kernel<T, D>
+      <<<row_blocks<D>(n_rows), flash::kRowKernelThreads, 0, stream>>>(p, n_rows);
+  return cudaGetLastError();
+}
+
 template <class T, int D, int V>
 cudaError_t bwd_dkdv(const flash::BwdParams& p, int n_blocks, int heads_kv, int batch,
                      cudaStream_t stream) {
@@ -66,6 +73,7 @@ BwdKernels make_bwd_kernels_t() {
           &bwd_dkdv<T, D, V>,
           &bwd_dq<T, D>,
           &bwd_convert<T, D>,
+          &bwd_convert_dkdv<T, D>,
           reinterpret_cast<const void*>(&flash::flash_bwd_dkdv_kernel<T, D, V>),
           reinterpret_cast<const void*>(&flash::flash_bwd_dq_kernel<T, D>)};
 }
