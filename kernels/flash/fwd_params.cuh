@@ -53,6 +53,10 @@ constexpr FwdConfig fwd_config(int d) {
   // takes one stage to stay under sm_80's 163 KB of shared memory per block.
   // With 2 blocks per SM (255 registers, <= 104 KB each) this shape ran at
   // 363 TFLOP/s (d = 128, L = 8K, bf16) on an H200 (scripts/gpu-check.sh).
+  // At d = 64 (292 TFLOP/s, L = 8K full) 16 rows per warp and more warps
+  // per SM did worse: 128x64 with 8 warps and 128x128 with 8 warps (60
+  // bytes spilled), 2 blocks per SM each, 271 and 277; 64x64 with 4 warps
+  // at 3 blocks per SM, 250.
   return d <= 128 ? FwdConfig{128, 64, 4, 2} : FwdConfig{128, 64, 8, 1};
 }
 
