@@ -57,8 +57,8 @@ __global__ void __launch_bounds__(DqTraits<D>::kThreads, 2)
            r0 * p.dq_seq;
   const int64_t stat0 = (varlen ? q_tok : b * p.lse_batch) + h * p.lse_head + r0;
 
-  auto key_lo = [&](int i) { return qt.key_lo(i); };
-  auto key_hi = [&](int i) { return qt.key_hi(i); };
+  auto key_lo = [&](int i) { return flash::key_lo(p, qt, i); };
+  auto key_hi = [&](int i) { return flash::key_hi(p, qt, i); };
   const int lo_first = qt.lo_first, hi_last = qt.hi_last;
   const int lo_last = qt.lo_last, hi_first = qt.hi_first;
 

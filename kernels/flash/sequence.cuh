@@ -13,24 +13,28 @@ struct QueryTile {
   int lq, lk;             // this sequence's lengths
   int64_t q_tok, kv_tok;  // its first token (varlen), else 0
   int r0, rows;
-  int off;  // lk - lq: bottom-right alignment
-  int window_left, window_right;
+  int off;  // lk - lq: causal and window bounds are bottom-right aligned
   // The tile's key range: first row [lo_first, hi_first], last row
   // [lo_last, hi_last]; no row sees a key when hi_last < lo_first.
   int lo_first, hi_first, lo_last, hi_last;
-
-  // Visible keys of query row i: [key_lo(i), key_hi(i)], clamped to [0, lk).
-  __device__ __forceinline__ int key_lo(int i) const {
-    if (window_left < 0) return 0;
-    const long long x = (long long)i + off - window_left;
-    return int(x < 0 ? 0 : (x > lk ? lk : x));
-  }
-  __device__ __forceinline__ int key_hi(int i) const {
-    if (window_right < 0) return lk - 1;
-    const long long x = (long long)i + off + window_right;
-    return int(x < -1 ? -1 : (x > lk - 1 ? lk - 1 : x));
-  }
 };
+
+// Visible keys of query row i: [key_lo(i), key_hi(i)], clamped to [0, lk).
+// The window bounds come from the parameters at each use, as they did
+// before this helper: copies in the struct changed how ptxas scheduled the
+// forward's KV loop at its register limit.
+template <class P>
+__device__ __forceinline__ int key_lo(const P& p, const QueryTile& t, int i) {
+  if (p.window_left < 0) return 0;
+  const long long x = (long long)i + t.off - p.window_left;
+  return int(x < 0 ? 0 : (x > t.lk ? t.lk : x));
+}
+template <class P>
+__device__ __forceinline__ int key_hi(const P& p, const QueryTile& t, int i) {
+  if (p.window_right < 0) return t.lk - 1;
+  const long long x = (long long)i + t.off + p.window_right;
+  return int(x < -1 ? -1 : (x > t.lk - 1 ? t.lk - 1 : x));
+}
 
 // False when the tile starts past the end of its sequence (nothing to do).
 template <int BM, class P>
@@ -47,9 +51,8 @@ __device__ __forceinline__ bool query_tile_of(const P& p, int b, int m_block, Qu
   if (t.r0 >= t.lq) return false;
   t.rows = min(BM, t.lq - t.r0);
   t.off = t.lk - t.lq;
-  t.window_left = p.window_left, t.window_right = p.window_right;
-  t.lo_first = t.key_lo(t.r0), t.hi_first = t.key_hi(t.r0);
-  t.lo_last = t.key_lo(t.r0 + t.rows - 1), t.hi_last = t.key_hi(t.r0 + t.rows - 1);
+  t.lo_first = key_lo(p, t, t.r0), t.hi_first = key_hi(p, t, t.r0);
+  t.lo_last = key_lo(p, t, t.r0 + t.rows - 1), t.hi_last = key_hi(p, t, t.r0 + t.rows - 1);
   return true;
 }
 
