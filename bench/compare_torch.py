@@ -263,12 +263,16 @@ def main():
     if not args.no_gqa:
         cases += [(128, 8192, c, 16, 2) for c in (True, False)] + [(64, 8192, True, 32, 4)]
     warmup, reps = (3, 10) if args.quick else (5, 30)
-    try:
-        commit = subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True).strip()
-        if subprocess.run(["git", "diff", "--quiet", "HEAD"]).returncode:
-            commit += "-dirty"
-    except (OSError, subprocess.CalledProcessError):
-        commit = os.environ.get("ATTN_COMMIT", "unknown")
+    # ATTN_COMMIT names the commit where the tree's own .git cannot (a copy
+    # of the tree, or a stale .git beside it); otherwise ask git.
+    commit = os.environ.get("ATTN_COMMIT")
+    if not commit:
+        try:
+            commit = subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True).strip()
+            if subprocess.run(["git", "diff", "--quiet", "HEAD"]).returncode:
+                commit += "-dirty"
+        except (OSError, subprocess.CalledProcessError):
+            commit = "unknown"
     lines = [f"# libattn CUDA vs PyTorch SDPA, {datetime.date.today()}", "",
              f"commit `{commit}`, {torch.cuda.get_device_name()}, torch {torch.__version__}, "
              f"bf16, batch x seqlen = 16K, heads = 2048/d (GQA: heads q/kv), BSHD; median of {reps} "
