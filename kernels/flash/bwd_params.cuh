@@ -104,9 +104,11 @@ struct BwdConfig {
 // tiles; pipelining dQ (pipe_dq) took that backward from 224 to 234 TFLOP/s
 // (L = 8K, full, bf16, H200; 4 warps x 64 keys at 2 blocks per SM, 218,
 // and 32 x 32 score tiles through shared memory, 234 with dQ pipelined,
-// did not do better). At D = 128, 32 x 32 score tiles and 32 x 64 dK/dV
-// tiles read 18% less shared memory than the register path's 16 x 64 and
-// 16 x 128 (272 TFLOP/s against 247; with dQ pipelined, 268 and 249).
+// did not do better; nor did four passes of 32 queries, 240 registers
+// instead of 246: 3% slower at L = 2K to 16K). At D = 128, 32 x 32 score
+// tiles and 32 x 64 dK/dV tiles read 18% less shared memory than the
+// register path's 16 x 64 and 16 x 128 (272 TFLOP/s against 247; with dQ
+// pipelined, 268 and 249).
 constexpr BwdConfig bwd_config(int d, int variant = 0) {
   return d == 64    ? (variant == 0 ? BwdConfig{128, 128, 8, 8, 8, 4, 2, 2, true}
                                     : BwdConfig{128, 128, 8, 8, 8, 4, 2, 2})
