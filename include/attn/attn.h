@@ -410,6 +410,16 @@ typedef struct attn_plan_info {
   double bytes_backward;    /* read Q,K,V,O,dO,LSE once, write dQ,dK,dV */
   char algorithm[64];       /* e.g. "flash-tiled-online-softmax" */
   char kernel[64];          /* backend kernel variant, e.g. "cpu-avx512" */
+  /* (query tile, KV tile) pairs the kernels visit, summed over sequences and
+   * query heads, with the tile sizes above; total_tile_pairs is the number
+   * a mask without any restriction would visit. Their ratio is the tile
+   * density of a causal, windowed or block-sparse plan. */
+  uint64_t visited_tile_pairs;
+  uint64_t total_tile_pairs;
+  /* The block mask's block sizes (attn_plan_desc_set_block_mask), 0 when
+   * the plan has none. */
+  int32_t block_q;
+  int32_t block_kv;
 } attn_plan_info_t;
 
 /* Fills *info. Returns SUCCESS, INVALID_HANDLE, INVALID_ARGUMENT (info NULL
@@ -489,6 +499,129 @@ ATTN_API attn_status_t attn_merge_states(attn_context_t ctx, int32_t num_parts,
                                          const void *const *o_parts,
                                          const float *const *lse_parts, void *o_out,
                                          float *lse_out, void *stream);
+
+/* ------------------------------------------------------------------------ */
+/* Block-sparse attention                                                    */
+/* ------------------------------------------------------------------------ */
+
+/* A block mask restricts a plan to chosen blocks of block_q queries by
+ * block_kv keys. Query i sees key j when
+ *
+ *     dense(i, j)  AND  selected(i, j)
+ *
+ * where dense is the plan's own mask (none, causal or window, bottom-right
+ * aligned; see the top of this file), always applied, and selected(i, j)
+ * holds when key block j / block_kv is listed for query block i / block_q
+ * either as a FULL block (every element) or as a PARTIAL block whose bit
+ * tile has bit (i % block_q, j % block_kv) set. A partial block given
+ * without bits selects every element, like a full one. Example: Lq = Lk =
+ * 6, causal plan, block_q = block_kv = 2; query block 1 (queries 2, 3)
+ * lists key block 0 as full and key block 1 as partial with bit rows
+ * "01" and "11" (bit c of a row is key 2 + c); key block 2 is not listed:
+ *
+ *              key j:  0 1 | 2 3 | 4 5
+ *     query 2          x x | . . | . .    key 3 is selected, causal hides it
+ *     query 3          x x | x x | . .
+ *
+ * The last blocks may be ragged (seqlen not a multiple of the block); bits
+ * outside the sequences are ignored. A mask has `batch` 1 (shared by every
+ * sequence) or the plan's batch, and `heads` 1 (shared by every head) or
+ * the plan's heads_kv: mask head h applies to KV head h and to the query
+ * heads of its GQA group. Its seqlen_q and seqlen_kv are the plan's.
+ *
+ * Storage is canonical, so that two masks selecting the same elements read
+ * back the same: a block whose in-range elements are all selected is full,
+ * a partial block keeps its bits, a block selecting nothing is not listed,
+ * lists are sorted by key block.
+ *
+ * Bit tiles are block_q rows of block_kv bits, row-major, packed
+ * ATTN_BLOCK_MASK_TILE_BYTES(block_q, block_kv) bytes per tile: bit
+ * t = r * block_kv + c is bit (t % 8) of byte t / 8.
+ *
+ * The tables follow FlexAttention's BlockMask (int32, host memory):
+ *   kv_num_blocks       [batch][heads][num_q_blocks]   partial blocks per row
+ *   kv_indices          [batch][heads][num_q_blocks][max_partial]
+ *   partial_bits        [batch][heads][num_q_blocks][max_partial][tile bytes]
+ *   full_kv_num_blocks  [batch][heads][num_q_blocks]   full blocks per row
+ *   full_kv_indices     [batch][heads][num_q_blocks][max_full]
+ * with num_q_blocks = ceil(seqlen_q / block_q), num_kv_blocks likewise.
+ *
+ * The CPU backend runs block-sparse plans, forward and backward, visiting
+ * only the tiles that hold selected elements. The CUDA backend does not
+ * yet (plan creation: NOT_SUPPORTED), nor do varlen batches with a block
+ * mask (NOT_SUPPORTED; document masking covers packed sequences).
+ *
+ * A block mask is not thread-safe while being modified; a plan descriptor
+ * copies it, so it may be changed or destroyed afterwards. */
+
+typedef struct attn_block_mask *attn_block_mask_t;
+
+#define ATTN_BLOCK_MASK_TILE_BYTES(block_q, block_kv) (((block_q) * (block_kv) + 7) / 8)
+
+/* Creates an empty block mask (no block listed: it selects nothing).
+ * Ranges: batch >= 1, heads >= 1, seqlen >= 0, block sizes >= 1, and at
+ * most 2^31 - 1 blocks on each side. On success *mask owns a new mask; free
+ * it with attn_block_mask_destroy. Returns SUCCESS, INVALID_ARGUMENT,
+ * OUT_OF_MEMORY. */
+ATTN_API attn_status_t attn_block_mask_create(int64_t batch, int64_t heads, int64_t seqlen_q,
+                                              int64_t seqlen_kv, int64_t block_q,
+                                              int64_t block_kv, attn_block_mask_t *mask);
+
+/* NULL is a no-op. Returns SUCCESS or INVALID_HANDLE. */
+ATTN_API attn_status_t attn_block_mask_destroy(attn_block_mask_t mask);
+
+/* Replaces the mask's contents with the given tables (layouts above; only
+ * the first count entries of each index row are read). kv_num_blocks and
+ * kv_indices are both NULL (no partial block) or both given, likewise the
+ * full pair; partial_bits may be NULL (every partial block selects all its
+ * elements). Each count is in 0..min(max, num_kv_blocks); each index in
+ * 0..num_kv_blocks-1; no index may repeat within a row, partial and full
+ * together. max_partial / max_full >= 1 when their tables are given. The
+ * arrays are copied. Returns SUCCESS, INVALID_HANDLE, INVALID_ARGUMENT (the
+ * message names the table and the entry); on failure the mask is
+ * unchanged. */
+ATTN_API attn_status_t attn_block_mask_set_blocks(attn_block_mask_t mask,
+                                                  const int32_t *kv_num_blocks,
+                                                  const int32_t *kv_indices, int32_t max_partial,
+                                                  const uint8_t *partial_bits,
+                                                  const int32_t *full_kv_num_blocks,
+                                                  const int32_t *full_kv_indices,
+                                                  int32_t max_full);
+
+/* The longest row of partial and of full blocks: the smallest max_partial
+ * and max_full attn_block_mask_get_blocks accepts. Returns SUCCESS,
+ * INVALID_HANDLE, INVALID_ARGUMENT (an output NULL). */
+ATTN_API attn_status_t attn_block_mask_get_max_blocks(attn_block_mask_t mask,
+                                                      int32_t *max_partial, int32_t *max_full);
+
+/* Reads the (canonical) contents back into tables laid out as for
+ * attn_block_mask_set_blocks, indices sorted; unused index slots are -1 and
+ * unused bit tiles zero. partial_bits may be NULL; every other pointer is
+ * required. max_partial and max_full must be at least what
+ * attn_block_mask_get_max_blocks reports (and >= 1). Returns SUCCESS,
+ * INVALID_HANDLE, INVALID_ARGUMENT (nothing written then). */
+ATTN_API attn_status_t attn_block_mask_get_blocks(attn_block_mask_t mask, int32_t *kv_num_blocks,
+                                                  int32_t *kv_indices, int32_t max_partial,
+                                                  uint8_t *partial_bits,
+                                                  int32_t *full_kv_num_blocks,
+                                                  int32_t *full_kv_indices, int32_t max_full);
+
+/* ORs a materialised boolean mask into the mask: visible[b][h][i][j]
+ * (uint8, nonzero = selected), [batch][heads][seqlen_q][seqlen_kv] of the
+ * mask, host memory, read only during the call. Blocks whose in-range
+ * elements are all selected become full, others partial with bits.
+ * Returns SUCCESS, INVALID_HANDLE, INVALID_ARGUMENT (visible NULL). */
+ATTN_API attn_status_t attn_block_mask_add_dense(attn_block_mask_t mask, const uint8_t *visible);
+
+/* Attaches a copy of `mask` to the plan descriptor (NULL detaches it).
+ * Checked at plan creation: the mask's batch (1 or the plan's), heads (1
+ * or heads_kv), seqlen_q and seqlen_kv (the plan's), the backend (CPU
+ * only), no varlen batch; and rows left without any visible key are
+ * rejected unless attn_plan_desc_set_allow_empty_rows was called. Returns
+ * SUCCESS, INVALID_HANDLE (desc, or a mask that is not NULL and not live),
+ * OUT_OF_MEMORY. */
+ATTN_API attn_status_t attn_plan_desc_set_block_mask(attn_plan_desc_t desc,
+                                                     attn_block_mask_t mask);
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -5,10 +5,12 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "plan/backend.hpp"
 #include "plan/problem.hpp"
+#include "schedule/block_schedule.hpp"
 
 namespace attn::cpu {
 
@@ -52,6 +54,9 @@ struct KernelPlan {
   std::vector<Unit> q_units;        // (b, query tile), heaviest first
   std::vector<Unit> kv_units;       // (b, KV tile), heaviest first
   std::vector<int64_t> q_tile_base, kv_tile_base;  // first global tile of sequence b
+  // Block-sparse plans: the tiles to visit (kTile x kTile); null for dense
+  // plans, whose tiles follow from the window.
+  std::shared_ptr<const BlockTileSchedule> sparse;
   Scratch fwd, bwd;
   // Forward: Kt [dqk][tile] and V [tile][dv_pad] per KV tile and KV head.
   PackedTensor fwd_kt, fwd_v;

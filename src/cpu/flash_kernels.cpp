@@ -239,6 +239,19 @@ void compute_scores(const TileView& t, const float* qp, int64_t ldq, const float
   }
 }
 
+// Block-sparse plans, partial tiles: -inf where the block selection hides a
+// key (compute_scores applied the dense mask already).
+void hide_unselected(const KernelPlan& kp, int64_t b, int64_t hk, const TileView& t, float* s) {
+  const BlockTileSchedule& sched = *kp.sparse;
+  const int64_t mb = sched.mask_batch(b), mh = sched.mask_head(hk);
+  for (int64_t i = 0; i < t.m; ++i) {
+    float* row = s + i * kTile;
+    sched.mask().for_each_hidden(mb, mh, t.r0 + i, t.c0, t.c0 + t.n, [&](int64_t j0, int64_t j1) {
+      std::fill(row + (j0 - t.c0), row + (j1 - t.c0), kNegInf);
+    });
+  }
+}
+
 inline int thread_index() {
 #ifdef _OPENMP
   return omp_get_thread_num();
@@ -290,6 +303,8 @@ void pack_kv_tile(const KernelPlan& kp, const void* k, const void* v, const Unit
 // ---------------------------------------------------------------------------
 // Forward
 
+// Sparse: the KV tiles come from kp.sparse instead of the window's range.
+template <bool Sparse>
 void forward_item(const KernelPlan& kp, const ForwardArgs& a, char* ws, const Unit& u,
                   int64_t h, char* scratch) {
   const Problem& p = *kp.problem;
@@ -313,13 +328,14 @@ void forward_item(const KernelPlan& kp, const ForwardArgs& a, char* ws, const Un
   std::fill(row_m, row_m + t.m, kNegInf);
   std::fill(row_l, row_l + t.m, 0.0f);
 
-  const TileRange kr = sched.kv_tiles_of(qt);
-  for (int64_t kti = kr.begin; kti < kr.end; ++kti) {
+  auto visit = [&](int64_t kti, bool full) {
     const RowSpan cr = kv_rows(sched, kti);
     t.c0 = cr.r0, t.n = cr.m, t.n_pad = cr.m_pad;
-    t.full = sched.is_full(qt, kti);
+    t.full = full;
     const int64_t g = kp.kv_tile_base[size_t(b)] + kti;
     compute_scores(t, qp, ldq, packed_tile(ws, kp.fwd_kt, g, hk), s);
+    if constexpr (Sparse)
+      if (!full) hide_unselected(kp, b, hk, t, s);
 
     // Online softmax, one row at a time: S becomes P = 2^(s - m_new).
     for (int64_t i = 0; i < t.m; ++i) {
@@ -349,6 +365,13 @@ void forward_item(const KernelPlan& kp, const ForwardArgs& a, char* ws, const Un
     // Padding rows (i >= m) of S hold finite scores of zero query rows; their
     // output rows are never stored.
     gemm<true>(t.m_pad, ldv, t.n_pad, s, kTile, 1, packed_tile(ws, kp.fwd_v, g, hk), ldv, acc, ldv);
+  };
+  if constexpr (Sparse) {
+    for (const TileVisit& v : kp.sparse->kv_tiles_of(kp.sparse->slot(b, hk), qt))
+      visit(v.tile, v.full != 0);
+  } else {
+    const TileRange kr = sched.kv_tiles_of(qt);
+    for (int64_t kti = kr.begin; kti < kr.end; ++kti) visit(kti, sched.is_full(qt, kti));
   }
 
   // O = Oacc / l, LSE = m ln2 + ln l; a row that saw nothing gives 0 and -inf.
@@ -380,8 +403,13 @@ void forward(const KernelPlan& kp, const ForwardArgs& a) {
                    packed_tile(ws, kp.fwd_v, g, hk), nullptr, nullptr);
     }
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t w = 0; w < items; ++w)
-      forward_item(kp, a, ws, kp.q_units[size_t(w / p.heads_q)], w % p.heads_q, scratch);
+    for (int64_t w = 0; w < items; ++w) {
+      const Unit& u = kp.q_units[size_t(w / p.heads_q)];
+      if (kp.sparse)
+        forward_item<true>(kp, a, ws, u, w % p.heads_q, scratch);
+      else
+        forward_item<false>(kp, a, ws, u, w % p.heads_q, scratch);
+    }
   }
 }
 
@@ -469,6 +497,7 @@ void load_row_stats(const Problem& p, const BackwardArgs& a, const float* delta,
   }
 }
 
+template <bool Sparse>
 void backward_dkdv_item(const KernelPlan& kp, const BackwardArgs& a, char* ws, const float* delta,
                         const Unit& u, int64_t hk, char* scratch) {
   const Problem& p = *kp.problem;
@@ -494,23 +523,31 @@ void backward_dkdv_item(const KernelPlan& kp, const BackwardArgs& a, char* ws, c
   std::fill(acc_dk, acc_dk + t.n_pad * ldq, 0.0f);
   std::fill(acc_dv, acc_dv + t.n_pad * ldv, 0.0f);
 
-  const TileRange qrange = sched.q_tiles_of(kti);
   for (int64_t h = hk * p.group(); h < (hk + 1) * p.group(); ++h) {
-    for (int64_t qt = qrange.begin; qt < qrange.end; ++qt) {
+    auto visit = [&](int64_t qt, bool full) {
       const RowSpan qr = q_rows(sched, qt);
       t.r0 = qr.r0, t.m = qr.m, t.m_pad = qr.m_pad;
-      t.full = sched.is_full(qt, kti);
+      t.full = full;
       const int64_t gq = kp.q_tile_base[size_t(b)] + qt;
       const float* qp = packed_tile(ws, kp.bwd_q, gq, h);
       const float* dop = packed_tile(ws, kp.bwd_do, gq, h);
       load_row_stats(p, a, delta, b, h, t.r0, t.m, lse2, dd);
       compute_scores(t, qp, ldq, kt, s);
+      if constexpr (Sparse)
+        if (!full) hide_unselected(kp, b, hk, t, s);
       if (capped) std::copy(s, s + t.m_pad * kTile, z);
       probabilities_and_dscores(t, lse2, dd, dop, ldv, vt, s, dp);
       if (capped) apply_softcap_grad(t, z, dp);
       // dV += P^T dO;  dK += dS^T Qp (rescaled at the end)
       gemm<true>(t.n_pad, ldv, t.m_pad, s, 1, kTile, dop, ldv, acc_dv, ldv);
       gemm<true>(t.n_pad, ldq, t.m_pad, dp, 1, kTile, qp, ldq, acc_dk, ldq);
+    };
+    if constexpr (Sparse) {
+      for (const TileVisit& v : kp.sparse->q_tiles_of(kp.sparse->slot(b, hk), kti))
+        visit(v.tile, v.full != 0);
+    } else {
+      const TileRange qrange = sched.q_tiles_of(kti);
+      for (int64_t qt = qrange.begin; qt < qrange.end; ++qt) visit(qt, sched.is_full(qt, kti));
     }
   }
   // dS is in natural units (P is a true probability). S2 = Qp K^T with
@@ -522,6 +559,7 @@ void backward_dkdv_item(const KernelPlan& kp, const BackwardArgs& a, char* ws, c
              p.offset(ATTN_TENSOR_DV, b, t.c0, hk), p.strides[ATTN_TENSOR_DV].seq);
 }
 
+template <bool Sparse>
 void backward_dq_item(const KernelPlan& kp, const BackwardArgs& a, char* ws, const float* delta,
                       const Unit& u, int64_t h, char* scratch) {
   const Problem& p = *kp.problem;
@@ -546,19 +584,27 @@ void backward_dq_item(const KernelPlan& kp, const BackwardArgs& a, char* ws, con
   load_row_stats(p, a, delta, b, h, t.r0, t.m, lse2, dd);
   std::fill(acc_dq, acc_dq + t.m_pad * ldq, 0.0f);
 
-  const TileRange krange = sched.kv_tiles_of(qt);
-  for (int64_t kti = krange.begin; kti < krange.end; ++kti) {
+  auto visit = [&](int64_t kti, bool full) {
     const RowSpan cr = kv_rows(sched, kti);
     t.c0 = cr.r0, t.n = cr.m, t.n_pad = cr.m_pad;
-    t.full = sched.is_full(qt, kti);
+    t.full = full;
     const int64_t gk = kp.kv_tile_base[size_t(b)] + kti;
     compute_scores(t, qp, ldq, packed_tile(ws, kp.bwd_kt, gk, hk), s);
+    if constexpr (Sparse)
+      if (!full) hide_unselected(kp, b, hk, t, s);
     if (capped) std::copy(s, s + t.m_pad * kTile, z);
     probabilities_and_dscores(t, lse2, dd, dop, ldv, packed_tile(ws, kp.bwd_vt, gk, hk), s, dp);
     if (capped) apply_softcap_grad(t, z, dp);
     // dQ += dS K
     gemm<true>(t.m_pad, ldq, t.n_pad, dp, kTile, 1, packed_tile(ws, kp.bwd_k, gk, hk), ldq, acc_dq,
                ldq);
+  };
+  if constexpr (Sparse) {
+    for (const TileVisit& v : kp.sparse->kv_tiles_of(kp.sparse->slot(b, hk), qt))
+      visit(v.tile, v.full != 0);
+  } else {
+    const TileRange krange = sched.kv_tiles_of(qt);
+    for (int64_t kti = krange.begin; kti < krange.end; ++kti) visit(kti, sched.is_full(qt, kti));
   }
   store_rows(acc_dq, ldq, t.m, p.head_dim_qk, p.scale, a.dq, p.dtype,
              p.offset(ATTN_TENSOR_DQ, b, t.r0, h), p.strides[ATTN_TENSOR_DQ].seq);
@@ -585,13 +631,21 @@ void backward(const KernelPlan& kp, const BackwardArgs& a) {
     for (int64_t w = 0; w < q_items; ++w)
       backward_pack_q_tile(kp, a, ws, delta, kp.q_units[size_t(w / p.heads_q)], w % p.heads_q);
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t w = 0; w < kv_items; ++w)
-      backward_dkdv_item(kp, a, ws, delta, kp.kv_units[size_t(w / p.heads_kv)], w % p.heads_kv,
-                         scratch);
+    for (int64_t w = 0; w < kv_items; ++w) {
+      const Unit& u = kp.kv_units[size_t(w / p.heads_kv)];
+      if (kp.sparse)
+        backward_dkdv_item<true>(kp, a, ws, delta, u, w % p.heads_kv, scratch);
+      else
+        backward_dkdv_item<false>(kp, a, ws, delta, u, w % p.heads_kv, scratch);
+    }
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t w = 0; w < q_items; ++w)
-      backward_dq_item(kp, a, ws, delta, kp.q_units[size_t(w / p.heads_q)], w % p.heads_q,
-                       scratch);
+    for (int64_t w = 0; w < q_items; ++w) {
+      const Unit& u = kp.q_units[size_t(w / p.heads_q)];
+      if (kp.sparse)
+        backward_dq_item<true>(kp, a, ws, delta, u, w % p.heads_q, scratch);
+      else
+        backward_dq_item<false>(kp, a, ws, delta, u, w % p.heads_q, scratch);
+    }
   }
 }
 

@@ -5,8 +5,10 @@
 #include <attn/attn.h>
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
+#include "schedule/block_mask.hpp"
 #include "schedule/dense_schedule.hpp"
 
 namespace attn {
@@ -38,6 +40,8 @@ struct Problem {
   // Bit-identical gradients run after run (attn_plan_desc_set_deterministic);
   // the CPU backend always is.
   bool deterministic = false;
+  // Block-sparse selection on top of the window; null for dense plans.
+  std::shared_ptr<const BlockMask> block_mask;
 
   // Indexed by attn_tensor_role_t.
   TensorStrides strides[8];

@@ -29,6 +29,29 @@ int ref_visible(const ref_problem *p, int64_t b, int64_t i, int64_t j) {
   return p->key_filter == NULL || p->key_filter[p->cu_kv[b] + j] != 0;
 }
 
+int ref_visible_head(const ref_problem *p, int64_t b, int64_t hk, int64_t i, int64_t j) {
+  int64_t mb, mh;
+  if (!ref_visible(p, b, i, j)) return 0;
+  if (p->pair_mask == NULL) return 1;
+  mb = p->pair_mask_batch == 1 ? 0 : b;
+  mh = p->pair_mask_heads == 1 ? 0 : hk;
+  return p->pair_mask[((mb * p->pair_mask_heads + mh) * ref_lq(p, b) + i) * ref_lk(p, b) + j] != 0;
+}
+
+int ref_row_sees_any_head(const ref_problem *p, int64_t b, int64_t hk, int64_t i) {
+  int64_t j;
+  for (j = 0; j < ref_lk(p, b); ++j)
+    if (ref_visible_head(p, b, hk, i, j)) return 1;
+  return 0;
+}
+
+int ref_key_seen_head(const ref_problem *p, int64_t b, int64_t hk, int64_t j) {
+  int64_t i;
+  for (i = 0; i < ref_lq(p, b); ++i)
+    if (ref_visible_head(p, b, hk, i, j)) return 1;
+  return 0;
+}
+
 int ref_row_sees_any(const ref_problem *p, int64_t b, int64_t i) {
   int64_t j;
   for (j = 0; j < ref_lk(p, b); ++j)
@@ -101,7 +124,7 @@ static void scores_fp64(const ref_problem *p, int64_t b, int64_t h, const double
     for (j = 0; j < lk; ++j) {
       const double *kj = k + ref_offset(p, &p->k, 0, b, j, hk);
       double u = 0.0;
-      if (!ref_visible(p, b, i, j)) {
+      if (!ref_visible_head(p, b, hk, i, j)) {
         z[i * lk + j] = -INFINITY;
         continue;
       }
@@ -356,7 +379,7 @@ static void scores_lowp(const ref_problem *p, attn_dtype_t dt, int64_t b, int64_
         w->t[i * lk + j] = t;
         sij = tu_round_float(t * cap, dt);
       }
-      if (!ref_visible(p, b, i, j)) sij = -INFINITY;
+      if (!ref_visible_head(p, b, hk, i, j)) sij = -INFINITY;
       w->s[i * lk + j] = sij;
       if (sij > m) m = sij;
     }

@@ -84,6 +84,12 @@ typedef struct nc_case {
   int threads;     /* the context's thread count (0: 1) */
   int backward;    /* also run and check the backward pass */
   int no_lse;      /* forward only: pass lse = NULL (LSE is optional) */
+  /* Block-sparse (fixed-length batches): the plan gets block_mask and the
+   * reference its materialised selection pair_mask [mask_batch][mask_heads]
+   * [seqlen_q][seqlen_kv] (see ref_problem). NULL: a dense plan. */
+  attn_block_mask_t block_mask;
+  const unsigned char *pair_mask;
+  int64_t mask_batch, mask_heads;
 } nc_case;
 
 /* Call first in main(). When ATTN_CPU_ISA names a kernel variant, checks
