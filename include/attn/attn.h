@@ -613,6 +613,60 @@ ATTN_API attn_status_t attn_block_mask_get_blocks(attn_block_mask_t mask, int32_
  * Returns SUCCESS, INVALID_HANDLE, INVALID_ARGUMENT (visible NULL). */
 ATTN_API attn_status_t attn_block_mask_add_dense(attn_block_mask_t mask, const uint8_t *visible);
 
+/* Pattern builders. Each selects elements by a rule on (query i, key j) of
+ * one sequence, the same for every batch and head of the mask, and ORs them
+ * into the mask (attn_block_mask_and_documents ANDs), keeping the canonical
+ * form; so patterns compose, and with the plan's dense mask (e.g. a causal
+ * plan with a window, sinks and global rows). Windows and strides are
+ * measured from the aligned diagonal d(i) = i + seqlen_kv - seqlen_q, as
+ * the plan's masks. They cost at most O(seqlen_q * seqlen_kv) per call.
+ * Each returns SUCCESS, INVALID_HANDLE, INVALID_ARGUMENT (the mask is then
+ * unchanged), OUT_OF_MEMORY. */
+
+/* Keys d(i) - left <= j <= d(i) + right (inclusive; -1 = unbounded):
+ * sliding windows of any width, aligned with the blocks or not. */
+ATTN_API attn_status_t attn_block_mask_add_window(attn_block_mask_t mask, int64_t left,
+                                                  int64_t right);
+
+/* Every query sees the keys keys[0..count) (0 <= key < seqlen_kv): sink
+ * tokens (StreamingLLM: keys 0..n-1) and Longformer's global tokens as
+ * keys. keys may be NULL when count is 0. */
+ATTN_API attn_status_t attn_block_mask_add_global_keys(attn_block_mask_t mask,
+                                                       const int64_t *keys, int64_t count);
+
+/* The queries queries[0..count) (0 <= query < seqlen_q) see every key:
+ * Longformer's global tokens as queries. */
+ATTN_API attn_status_t attn_block_mask_add_global_queries(attn_block_mask_t mask,
+                                                          const int64_t *queries, int64_t count);
+
+/* Keys j with d(i) - j a multiple of stride (>= 1): the strided head of the
+ * Sparse Transformer (with a causal plan, j <= d(i)); its local head is a
+ * window (stride - 1, 0). */
+ATTN_API attn_status_t attn_block_mask_add_strided(attn_block_mask_t mask, int64_t stride);
+
+/* For every (batch, head, query block) row, blocks_per_row (0..num_kv_blocks)
+ * distinct whole key blocks chosen at random: BigBird's random blocks
+ * (BigBird = window + global keys and queries + random blocks). The draw is
+ * fixed by seed, on every platform: with state = seed, rows in the order
+ * [batch][heads][query block], a row starts from perm = 0..num_kv_blocks-1
+ * and for t = 0..blocks_per_row-1 swaps perm[t] with perm[t + x % (n - t)]
+ * (n = num_kv_blocks) and selects perm[t], where x is splitmix64's next
+ * output: state += 0x9E3779B97F4A7C15, z = state,
+ * z = (z ^ z >> 30) * 0xBF58476D1CE4E5B9, z = (z ^ z >> 27) *
+ * 0x94D049BB133111EB, x = z ^ z >> 31 (uint64 arithmetic). */
+ATTN_API attn_status_t attn_block_mask_add_random_blocks(attn_block_mask_t mask,
+                                                         int32_t blocks_per_row, uint64_t seed);
+
+/* Document masking for packed sequences: keeps only the selected pairs
+ * whose query and key belong to the same document, doc_q[b][i] ==
+ * doc_kv[b][j], with doc_q [batch][seqlen_q] and doc_kv [batch][seqlen_kv]
+ * (the mask's batch) any int32 document ids. An AND: call it after the
+ * builders whose selection it restricts (e.g. a window, or every block via
+ * attn_block_mask_add_window(mask, -1, -1)) and before any whose selection
+ * should cross documents. */
+ATTN_API attn_status_t attn_block_mask_and_documents(attn_block_mask_t mask, const int32_t *doc_q,
+                                                     const int32_t *doc_kv);
+
 /* Attaches a copy of `mask` to the plan descriptor (NULL detaches it).
  * Checked at plan creation: the mask's batch (1 or the plan's), heads (1
  * or heads_kv), seqlen_q and seqlen_kv (the plan's), the backend (CPU

@@ -12,6 +12,7 @@
 #include "api/guarded.hpp"
 #include "api/handles.hpp"
 #include "schedule/block_mask.hpp"
+#include "schedule/block_patterns.hpp"
 
 using attn::BlockMask;
 using attn::checked;
@@ -52,6 +53,24 @@ void tile_to_bytes(const BlockMask& m, const uint64_t* words, uint8_t* bytes) {
         const int64_t t = r * m.block_kv() + c;
         bytes[t / 8] = uint8_t(bytes[t / 8] | (1u << (t % 8)));
       }
+}
+
+// Builds on a copy so that a failure (out of memory) leaves the mask as it was.
+template <class Build>
+void update(attn_block_mask& h, Build build) {
+  BlockMask next = *h.mask;
+  build(next);
+  *h.mask = std::move(next);
+}
+
+void check_positions(const int64_t* pos, int64_t count, int64_t limit, const char* name,
+                     const char* limit_name) {
+  if (count < 0) invalid_argument("count must be >= 0, got ", count);
+  if (count > 0 && pos == nullptr) invalid_argument(name, " is NULL but count is ", count);
+  for (int64_t k = 0; k < count; ++k)
+    if (pos[k] < 0 || pos[k] >= limit)
+      invalid_argument(name, "[", k, "] = ", pos[k], " is outside 0..", limit - 1, " (", limit_name,
+                       " ", limit, ")");
 }
 
 }  // namespace
@@ -238,6 +257,63 @@ attn_status_t attn_block_mask_add_dense(attn_block_mask_t mask, const uint8_t* v
           }
       }
     *h.mask = std::move(next);
+  });
+}
+
+attn_status_t attn_block_mask_add_window(attn_block_mask_t mask, int64_t left, int64_t right) {
+  return guarded([&] {
+    attn_block_mask& h = checked(mask, "mask");
+    if (left < -1) invalid_argument("left must be >= -1 (-1: unbounded), got ", left);
+    if (right < -1) invalid_argument("right must be >= -1 (-1: unbounded), got ", right);
+    update(h, [&](BlockMask& m) { attn::add_window(m, left, right); });
+  });
+}
+
+
+attn_status_t attn_block_mask_add_global_keys(attn_block_mask_t mask, const int64_t* keys,
+                                              int64_t count) {
+  return guarded([&] {
+    attn_block_mask& h = checked(mask, "mask");
+    check_positions(keys, count, h.mask->seqlen_kv(), "keys", "seqlen_kv");
+    update(h, [&](BlockMask& m) { attn::add_global_keys(m, keys, count); });
+  });
+}
+
+attn_status_t attn_block_mask_add_global_queries(attn_block_mask_t mask, const int64_t* queries,
+                                                 int64_t count) {
+  return guarded([&] {
+    attn_block_mask& h = checked(mask, "mask");
+    check_positions(queries, count, h.mask->seqlen_q(), "queries", "seqlen_q");
+    update(h, [&](BlockMask& m) { attn::add_global_queries(m, queries, count); });
+  });
+}
+
+attn_status_t attn_block_mask_add_strided(attn_block_mask_t mask, int64_t stride) {
+  return guarded([&] {
+    attn_block_mask& h = checked(mask, "mask");
+    if (stride < 1) invalid_argument("stride must be >= 1, got ", stride);
+    update(h, [&](BlockMask& m) { attn::add_strided(m, stride); });
+  });
+}
+
+attn_status_t attn_block_mask_add_random_blocks(attn_block_mask_t mask, int32_t blocks_per_row,
+                                                uint64_t seed) {
+  return guarded([&] {
+    attn_block_mask& h = checked(mask, "mask");
+    if (blocks_per_row < 0 || blocks_per_row > h.mask->num_kv_blocks())
+      invalid_argument("blocks_per_row = ", blocks_per_row, " is outside 0..",
+                       h.mask->num_kv_blocks(), " (the number of key blocks)");
+    update(h, [&](BlockMask& m) { attn::add_random_blocks(m, blocks_per_row, seed); });
+  });
+}
+
+attn_status_t attn_block_mask_and_documents(attn_block_mask_t mask, const int32_t* doc_q,
+                                            const int32_t* doc_kv) {
+  return guarded([&] {
+    attn_block_mask& h = checked(mask, "mask");
+    require_out(doc_q, "doc_q");
+    require_out(doc_kv, "doc_kv");
+    update(h, [&](BlockMask& m) { attn::and_documents(m, doc_q, doc_kv); });
   });
 }
 

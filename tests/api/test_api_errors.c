@@ -1912,6 +1912,47 @@ static void test_block_mask_get_and_add_errors(void **state) {
   EXPECT_OK(attn_block_mask_destroy(m));
 }
 
+static void test_block_mask_builder_errors(void **state) {
+  attn_block_mask_t m = small_mask(); /* Lq = Lk = 10, 3 x 3 blocks */
+  bm_tables before, after;
+  const int64_t ok_keys[2] = {0, 9}, bad_keys[2] = {0, 10}, neg[1] = {-1};
+  const int32_t docs[BM_L] = {0, 0, 0, 1, 1, 1, 1, 2, 2, 2};
+  (void)state;
+  read_tables(m, &before);
+  EXPECT_FAIL(ATTN_STATUS_INVALID_HANDLE, "mask", attn_block_mask_add_window(NULL, 1, 1));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "left", attn_block_mask_add_window(m, -2, 1));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "right", attn_block_mask_add_window(m, 1, -2));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_HANDLE, "mask", attn_block_mask_add_global_keys(NULL, ok_keys, 2));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "keys", attn_block_mask_add_global_keys(m, NULL, 2));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "count", attn_block_mask_add_global_keys(m, ok_keys, -1));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "keys", attn_block_mask_add_global_keys(m, bad_keys, 2));
+  assert_true(strstr(attn_last_error_message(), "keys[1]") != NULL);
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "keys", attn_block_mask_add_global_keys(m, neg, 1));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_HANDLE, "mask", attn_block_mask_add_global_queries(NULL, ok_keys, 2));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "queries", attn_block_mask_add_global_queries(m, NULL, 1));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "queries",
+              attn_block_mask_add_global_queries(m, bad_keys, 2));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_HANDLE, "mask", attn_block_mask_add_strided(NULL, 2));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "stride", attn_block_mask_add_strided(m, 0));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_HANDLE, "mask", attn_block_mask_add_random_blocks(NULL, 1, 7));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "blocks_per_row",
+              attn_block_mask_add_random_blocks(m, -1, 7));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "blocks_per_row",
+              attn_block_mask_add_random_blocks(m, BM_N + 1, 7));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_HANDLE, "mask", attn_block_mask_and_documents(NULL, docs, docs));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "doc_q", attn_block_mask_and_documents(m, NULL, docs));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "doc_kv", attn_block_mask_and_documents(m, docs, NULL));
+  read_tables(m, &after);
+  assert_memory_equal(&before, &after, sizeof before);
+
+  /* count 0 with NULL is fine and changes nothing; so do 0 random blocks */
+  EXPECT_OK(attn_block_mask_add_global_keys(m, NULL, 0));
+  EXPECT_OK(attn_block_mask_add_random_blocks(m, 0, 7));
+  read_tables(m, &after);
+  assert_memory_equal(&before, &after, sizeof before);
+  EXPECT_OK(attn_block_mask_destroy(m));
+}
+
 static void test_block_mask_plans(void **state) {
   prob_t p = std_prob(); /* batch 2, heads 4/2, Lq 5, Lk 7, causal */
   attn_block_mask_t m = NULL, other = NULL;
@@ -2053,6 +2094,7 @@ int main(void) {
       cmocka_unit_test(test_block_mask_create_errors),
       cmocka_unit_test(test_block_mask_set_blocks_errors),
       cmocka_unit_test(test_block_mask_get_and_add_errors),
+      cmocka_unit_test(test_block_mask_builder_errors),
       cmocka_unit_test(test_block_mask_plans),
   };
   return cmocka_run_group_tests(tests, group_setup, group_teardown);
