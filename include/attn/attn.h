@@ -677,6 +677,36 @@ ATTN_API attn_status_t attn_block_mask_and_documents(attn_block_mask_t mask, con
 ATTN_API attn_status_t attn_plan_desc_set_block_mask(attn_plan_desc_t desc,
                                                      attn_block_mask_t mask);
 
+/* ------------------------------------------------------------------------ */
+/* MoBA: a learned block selector                                            */
+/* ------------------------------------------------------------------------ */
+
+/* Mixture of Block Attention (MoBA): each query picks, at run time, the key
+ * blocks it attends to. Keys are cut into blocks of block_size (the last
+ * may be ragged). For query i with aligned diagonal d = i + seqlen_kv -
+ * seqlen_q, its own block is d / block_size; every block before it is a
+ * past block, and the gate of past block kb is
+ *
+ *     g(i, kb) = sum over the selecting heads of  q_i . mean(K of block kb)
+ *
+ * (no softmax scale; fp32 sums over channels in order, then over heads).
+ * The query sees the keys of its own block (causally) and of the top_k past
+ * blocks with the largest gates (all of them when there are fewer); equal
+ * gates prefer the lower block index. Later blocks are never seen. With
+ * shared_per_group = 1 the selecting heads are the query heads of a GQA
+ * group and the group shares one selection; with 0 each query head selects
+ * on its own. The selection is a constant for the backward pass: the gate
+ * gets no gradient. The plan's mask must be ATTN_MASK_CAUSAL.
+ *
+ * block_size 0 turns MoBA off (the default); otherwise 1..65536, top_k >= 0,
+ * shared_per_group 0 or 1. Checked at plan creation: the mask, no block mask
+ * and no varlen batch at the same time (NOT_SUPPORTED), CPU backend only
+ * (NOT_SUPPORTED on CUDA). attn_plan_describe's visible_pairs and
+ * visited_tile_pairs are then upper bounds, since the selection depends on
+ * the data; the workspace holds the pooled keys and the selection. */
+ATTN_API attn_status_t attn_plan_desc_set_moba(attn_plan_desc_t desc, int64_t block_size,
+                                               int64_t top_k, int32_t shared_per_group);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

@@ -1,5 +1,6 @@
-// The C boundary of block masks: argument checks and conversion between the
-// public FlexAttention-style tables and attn::BlockMask.
+// The C boundary of block masks (argument checks, conversion between the
+// public FlexAttention-style tables and attn::BlockMask) and of the MoBA
+// plan option.
 
 #include <attn/attn.h>
 
@@ -326,6 +327,21 @@ attn_status_t attn_plan_desc_set_block_mask(attn_plan_desc_t desc, attn_block_ma
     }
     const attn_block_mask& h = checked(mask, "mask");
     d.block_mask = std::make_shared<const BlockMask>(h.mask->compacted());
+  });
+}
+
+attn_status_t attn_plan_desc_set_moba(attn_plan_desc_t desc, int64_t block_size, int64_t top_k,
+                                      int32_t shared_per_group) {
+  return guarded([&] {
+    attn::PlanDesc& d = checked(desc, "desc").desc;
+    if (block_size < 0 || block_size > kMaxBlock)
+      invalid_argument("block_size must be 0 (off) or in 1..", kMaxBlock, ", got ", block_size);
+    if (top_k < 0) invalid_argument("top_k must be >= 0, got ", top_k);
+    if (shared_per_group != 0 && shared_per_group != 1)
+      invalid_argument("shared_per_group must be 0 or 1, got ", shared_per_group);
+    d.moba_block = block_size;
+    d.moba_top_k = top_k;
+    d.moba_shared = shared_per_group == 1;
   });
 }
 

@@ -157,11 +157,22 @@ class CpuPlan final : public BackendPlan {
     f.acc_o = carve(c, tile * ldv);
     f.row_a = carve(c, tile);
     f.row_b = carve(c, tile);
+    const size_t moba_blocks = p.moba_block > 0 ? size_t(p.moba_num_blocks()) : 0;
+    if (moba_blocks > 0) f.moba = carve(c, 2 * moba_blocks);
     f.floats = c;
+    kp_.moba_words = int64_t((moba_blocks + 63) / 64);
+    const size_t moba_pooled_bytes =
+        size_t(p.batch * p.heads_kv) * moba_blocks * dqk * sizeof(float);
+    const size_t moba_selection_bytes =
+        size_t(p.batch * p.moba_heads() * p.seqlen_q * kp_.moba_words) * sizeof(uint64_t);
     WorkspaceLayout fl;
     kp_.fwd_kt = packed(fl, kv_tiles, p.heads_kv, dqk * tile);
     kp_.fwd_v = packed(fl, kv_tiles, p.heads_kv, tile * ldv);
     kp_.fwd_threads_offset = fl.add(threads * f.floats * sizeof(float));
+    if (moba_blocks > 0) {
+      kp_.fwd_moba_pooled = fl.add(moba_pooled_bytes);
+      kp_.fwd_moba_selection = fl.add(moba_selection_bytes);
+    }
     fwd_bytes_ = fl.total_bytes();
 
     if (p.backward) {
@@ -175,6 +186,7 @@ class CpuPlan final : public BackendPlan {
       g.acc_dv = carve(c, tile * ldv);
       g.row_a = carve(c, tile);
       g.row_b = carve(c, tile);
+      if (moba_blocks > 0) g.moba = carve(c, 2 * moba_blocks);
       g.floats = c;
       WorkspaceLayout bl;
       kp_.bwd_delta_offset = bl.add(size_t(p.lse_elements()) * sizeof(float));
@@ -184,6 +196,10 @@ class CpuPlan final : public BackendPlan {
       kp_.bwd_vt = packed(bl, kv_tiles, p.heads_kv, dv * tile);
       kp_.bwd_k = packed(bl, kv_tiles, p.heads_kv, tile * ldq);
       kp_.bwd_threads_offset = bl.add(threads * g.floats * sizeof(float));
+      if (moba_blocks > 0) {
+        kp_.bwd_moba_pooled = bl.add(moba_pooled_bytes);
+        kp_.bwd_moba_selection = bl.add(moba_selection_bytes);
+      }
       bwd_bytes_ = bl.total_bytes();
     }
   }
@@ -197,7 +213,8 @@ class CpuPlan final : public BackendPlan {
   int32_t tile_kv() const override { return int32_t(kTile); }
   int32_t num_threads() const override { return kp_.num_threads; }
   const char* algorithm() const override {
-    return kp_.sparse ? "flash-block-sparse-online-softmax" : "flash-tiled-online-softmax";
+    if (kp_.sparse) return "flash-block-sparse-online-softmax";
+    return problem_.moba_block > 0 ? "flash-moba-online-softmax" : "flash-tiled-online-softmax";
   }
   const char* kernel() const override { return isa_.name; }
 

@@ -139,6 +139,19 @@ TensorStrides tensor_strides(const Problem& p, const PlanDesc& d, attn_tensor_ro
   return t;
 }
 
+// MoBA: the most pairs a row can see, its own block up to the diagonal and
+// top_k whole past blocks, summed over the rows of one sequence.
+int64_t moba_max_pairs(const Problem& p, const SequenceMask& m) {
+  int64_t pairs = 0;
+  for (int64_t i = 0; i < m.lq(); ++i) {
+    const int64_t d = i + m.lk() - m.lq();
+    if (d < 0) continue;
+    const int64_t own = d / p.moba_block;
+    pairs += d - own * p.moba_block + 1 + std::min(own, p.moba_top_k) * p.moba_block;
+  }
+  return pairs;
+}
+
 // Tile pairs the kernels visit with the backend's tile sizes, and the number
 // an unrestricted mask would visit (attn_plan_info_t).
 void count_tile_pairs(Plan& plan, const Problem& p) {
@@ -251,6 +264,18 @@ std::unique_ptr<Plan> create_plan(const ContextConfig& ctx, const PlanDesc& d) {
     p.block_mask = d.block_mask;
   }
 
+  if (d.moba_block > 0) {
+    if (ctx.backend == ATTN_BACKEND_CUDA)
+      not_supported("MoBA: the CUDA backend does not run it yet (the CPU backend does)");
+    if (p.block_mask) not_supported("MoBA together with a block mask: not supported");
+    if (p.varlen) not_supported("MoBA with a varlen batch: not supported");
+    if (p.mask != ATTN_MASK_CAUSAL)
+      invalid_argument("MoBA: the mask must be ATTN_MASK_CAUSAL (future blocks are never seen)");
+    p.moba_block = d.moba_block;
+    p.moba_top_k = d.moba_top_k;
+    p.moba_shared = d.moba_shared;
+  }
+
   auto plan = std::make_unique<Plan>();
   int64_t empty = 0, first_b = -1, first_row = -1, first_h = -1;
   if (p.block_mask) {
@@ -284,7 +309,8 @@ std::unique_ptr<Plan> create_plan(const ContextConfig& ctx, const PlanDesc& d) {
         }
     }
     empty += e;
-    plan->visible_pairs += uint64_t(m.visible_pairs()) * uint64_t(p.heads_q);
+    plan->visible_pairs += uint64_t(p.moba_block > 0 ? moba_max_pairs(p, m) : m.visible_pairs()) *
+                           uint64_t(p.heads_q);
   }
   if (empty > 0 && !p.allow_empty_rows)
     invalid_argument("desc: the mask leaves ", empty, " query rows per head without any visible key",

@@ -34,6 +34,8 @@ struct PlanDesc {
   attn_passes_t passes = ATTN_PASSES_FORWARD;
   bool deterministic = false;
   std::shared_ptr<const BlockMask> block_mask;  // attn_plan_desc_set_block_mask
+  int64_t moba_block = 0, moba_top_k = 0;        // attn_plan_desc_set_moba; 0: off
+  bool moba_shared = false;
 };
 
 struct Plan {

@@ -2062,6 +2062,76 @@ static void test_block_mask_plans(void **state) {
   EXPECT_OK(attn_block_mask_destroy(m));
 }
 
+static void test_moba_errors(void **state) {
+  prob_t p = std_prob(); /* batch 2, heads 4/2, Lq 5, Lk 7, causal */
+  attn_plan_desc_t d = desc_for(&p);
+  attn_plan_t plan;
+  attn_plan_info_t info;
+  attn_block_mask_t m = NULL;
+  attn_context_t cuda = NULL;
+  int32_t cu[3] = {0, 5, 10};
+  (void)state;
+  EXPECT_FAIL(ATTN_STATUS_INVALID_HANDLE, "desc", attn_plan_desc_set_moba(NULL, 2, 1, 0));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "block_size", attn_plan_desc_set_moba(d, -1, 1, 0));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "block_size",
+              attn_plan_desc_set_moba(d, (int64_t)1 << 17, 1, 0));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "top_k", attn_plan_desc_set_moba(d, 2, -1, 0));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "shared_per_group", attn_plan_desc_set_moba(d, 2, 1, 2));
+  /* the failed setters left MoBA off: a dense causal plan */
+  EXPECT_OK(attn_plan_create(g_ctx, d, &plan));
+  memset(&info, 0, sizeof info);
+  info.struct_size = sizeof info;
+  EXPECT_OK(attn_plan_describe(plan, &info));
+  assert_int_equal(info.visible_pairs, 200);
+  EXPECT_OK(attn_plan_destroy(plan));
+
+  /* blocks of 2, top 1: row i (diagonal d = i + 2) sees its own block up to
+   * d and at most one whole past block: 3, 4, 3, 4, 3 keys, an upper bound */
+  EXPECT_OK(attn_plan_desc_set_moba(d, 2, 1, 0));
+  EXPECT_OK(attn_plan_create(g_ctx, d, &plan));
+  EXPECT_OK(attn_plan_describe(plan, &info));
+  assert_int_equal(info.visible_pairs, 2 * 4 * 17);
+  assert_true(strstr(info.algorithm, "moba") != NULL);
+  EXPECT_OK(attn_plan_destroy(plan));
+
+  /* the mask must be causal */
+  EXPECT_OK(attn_plan_desc_set_mask(d, ATTN_MASK_NONE, -1, -1));
+  POISON_PLAN(plan);
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "ATTN_MASK_CAUSAL", attn_plan_create(g_ctx, d, &plan));
+  EXPECT_PLAN_UNTOUCHED(plan);
+  EXPECT_OK(attn_plan_desc_set_mask(d, ATTN_MASK_CAUSAL, -1, -1));
+
+  /* not with a block mask, nor a varlen batch */
+  EXPECT_OK(attn_block_mask_create(1, 1, 5, 7, 4, 4, &m));
+  EXPECT_OK(attn_block_mask_add_window(m, -1, -1));
+  EXPECT_OK(attn_plan_desc_set_block_mask(d, m));
+  EXPECT_FAIL(ATTN_STATUS_NOT_SUPPORTED, "block", attn_plan_create(g_ctx, d, &plan));
+  EXPECT_PLAN_UNTOUCHED(plan);
+  EXPECT_OK(attn_plan_desc_set_block_mask(d, NULL));
+  EXPECT_OK(attn_block_mask_destroy(m));
+  EXPECT_OK(attn_plan_desc_set_shape(d, 2, 4, 2, 5, 5, 8, 8));
+  EXPECT_OK(attn_plan_desc_set_varlen(d, 2, cu, cu));
+  EXPECT_FAIL(ATTN_STATUS_NOT_SUPPORTED, "varlen", attn_plan_create(g_ctx, d, &plan));
+  EXPECT_PLAN_UNTOUCHED(plan);
+  EXPECT_OK(attn_plan_desc_set_varlen(d, 2, NULL, NULL));
+  EXPECT_OK(attn_plan_desc_set_shape(d, 2, 4, 2, 5, 7, 8, 8));
+
+  /* CUDA: not supported (checked where a CUDA context can be made) */
+  if (attn_context_create(ATTN_BACKEND_CUDA, 0, 1, &cuda) == ATTN_STATUS_SUCCESS) {
+    EXPECT_FAIL(ATTN_STATUS_NOT_SUPPORTED, "CUDA", attn_plan_create(cuda, d, &plan));
+    EXPECT_PLAN_UNTOUCHED(plan);
+    EXPECT_OK(attn_context_destroy(cuda));
+  }
+
+  /* block_size 0 turns it off again */
+  EXPECT_OK(attn_plan_desc_set_moba(d, 0, 0, 0));
+  EXPECT_OK(attn_plan_create(g_ctx, d, &plan));
+  EXPECT_OK(attn_plan_describe(plan, &info));
+  assert_int_equal(info.visible_pairs, 200);
+  EXPECT_OK(attn_plan_destroy(plan));
+  EXPECT_OK(attn_plan_desc_destroy(d));
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_version),
@@ -2096,6 +2166,7 @@ int main(void) {
       cmocka_unit_test(test_block_mask_get_and_add_errors),
       cmocka_unit_test(test_block_mask_builder_errors),
       cmocka_unit_test(test_block_mask_plans),
+      cmocka_unit_test(test_moba_errors),
   };
   return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

@@ -90,6 +90,15 @@ typedef struct nc_case {
   attn_block_mask_t block_mask;
   const unsigned char *pair_mask;
   int64_t mask_batch, mask_heads;
+  /* MoBA (moba_block > 0; causal, fixed length): the plan selects at run
+   * time, the reference selects in fp64 (ref_moba_select); visible_pairs is
+   * then checked as an upper bound. */
+  int64_t moba_block, moba_top_k;
+  int moba_shared;
+  /* Q and K entries drawn from {-2, -1, 1, 2}: every gate, block mean and
+   * their sums are exact in fp32, so MoBA's fp32 selection equals the fp64
+   * one, ties included. */
+  int qk_integers;
 } nc_case;
 
 /* Call first in main(). When ATTN_CPU_ISA names a kernel variant, checks
