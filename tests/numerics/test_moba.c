@@ -34,6 +34,8 @@ static const nc_case kCases[] = {
      MOBA(48, 0, 0), .threads = 1},
     {.name = "b48_top_all_is_causal_bf16", .dtype = ATTN_DTYPE_BF16, SHAPE(1, 2, 2, 100, 140, 32),
      MOBA(48, 100, 1), .threads = 2},
+    {.name = "b16_bhsd_shuffled_strides_bf16", .dtype = ATTN_DTYPE_BF16, .layout = ATTN_LAYOUT_BHSD,
+     SHAPE(2, 2, 1, 110, 110, 16), MOBA(16, 2, 1), .strides = NC_STRIDES_SHUFFLED, .threads = 2},
     {.name = "b16_q_gt_k_empty_rows_fp32", .dtype = ATTN_DTYPE_FP32, SHAPE(1, 2, 2, 130, 90, 16),
      MOBA(16, 2, 0), .threads = 2},
 };
