@@ -410,6 +410,16 @@ typedef struct attn_plan_info {
   double bytes_backward;    /* read Q,K,V,O,dO,LSE once, write dQ,dK,dV */
   char algorithm[64];       /* e.g. "flash-tiled-online-softmax" */
   char kernel[64];          /* backend kernel variant, e.g. "cpu-avx512" */
+  /* (query tile, KV tile) pairs the kernels visit, summed over sequences and
+   * query heads, with the tile sizes above; total_tile_pairs is the number
+   * a mask without any restriction would visit. Their ratio is the tile
+   * density of a causal, windowed or block-sparse plan. */
+  uint64_t visited_tile_pairs;
+  uint64_t total_tile_pairs;
+  /* The block mask's block sizes (attn_plan_desc_set_block_mask), 0 when
+   * the plan has none. */
+  int32_t block_q;
+  int32_t block_kv;
 } attn_plan_info_t;
 
 /* Fills *info. Returns SUCCESS, INVALID_HANDLE, INVALID_ARGUMENT (info NULL
@@ -489,6 +499,213 @@ ATTN_API attn_status_t attn_merge_states(attn_context_t ctx, int32_t num_parts,
                                          const void *const *o_parts,
                                          const float *const *lse_parts, void *o_out,
                                          float *lse_out, void *stream);
+
+/* ------------------------------------------------------------------------ */
+/* Block-sparse attention                                                    */
+/* ------------------------------------------------------------------------ */
+
+/* A block mask restricts a plan to chosen blocks of block_q queries by
+ * block_kv keys. Query i sees key j when
+ *
+ *     dense(i, j)  AND  selected(i, j)
+ *
+ * where dense is the plan's own mask (none, causal or window, bottom-right
+ * aligned; see the top of this file), always applied, and selected(i, j)
+ * holds when key block j / block_kv is listed for query block i / block_q
+ * either as a FULL block (every element) or as a PARTIAL block whose bit
+ * tile has bit (i % block_q, j % block_kv) set. A partial block given
+ * without bits selects every element, like a full one. Example: Lq = Lk =
+ * 6, causal plan, block_q = block_kv = 2; query block 1 (queries 2, 3)
+ * lists key block 0 as full and key block 1 as partial with bit rows
+ * "01" and "11" (bit c of a row is key 2 + c); key block 2 is not listed:
+ *
+ *              key j:  0 1 | 2 3 | 4 5
+ *     query 2          x x | . . | . .    key 3 is selected, causal hides it
+ *     query 3          x x | x x | . .
+ *
+ * The last blocks may be ragged (seqlen not a multiple of the block); bits
+ * outside the sequences are ignored. A mask has `batch` 1 (shared by every
+ * sequence) or the plan's batch, and `heads` 1 (shared by every head) or
+ * the plan's heads_kv: mask head h applies to KV head h and to the query
+ * heads of its GQA group. Its seqlen_q and seqlen_kv are the plan's.
+ *
+ * Storage is canonical, so that two masks selecting the same elements read
+ * back the same: a block whose in-range elements are all selected is full,
+ * a partial block keeps its bits, a block selecting nothing is not listed,
+ * lists are sorted by key block.
+ *
+ * Bit tiles are block_q rows of block_kv bits, row-major, packed
+ * ATTN_BLOCK_MASK_TILE_BYTES(block_q, block_kv) bytes per tile: bit
+ * t = r * block_kv + c is bit (t % 8) of byte t / 8.
+ *
+ * The tables follow FlexAttention's BlockMask (int32, host memory):
+ *   kv_num_blocks       [batch][heads][num_q_blocks]   partial blocks per row
+ *   kv_indices          [batch][heads][num_q_blocks][max_partial]
+ *   partial_bits        [batch][heads][num_q_blocks][max_partial][tile bytes]
+ *   full_kv_num_blocks  [batch][heads][num_q_blocks]   full blocks per row
+ *   full_kv_indices     [batch][heads][num_q_blocks][max_full]
+ * with num_q_blocks = ceil(seqlen_q / block_q), num_kv_blocks likewise.
+ *
+ * The CPU backend runs block-sparse plans, forward and backward, visiting
+ * only the tiles that hold selected elements. The CUDA backend does not
+ * yet (plan creation: NOT_SUPPORTED), nor do varlen batches with a block
+ * mask (NOT_SUPPORTED; document masking covers packed sequences).
+ *
+ * A block mask is not thread-safe while being modified; a plan descriptor
+ * copies it, so it may be changed or destroyed afterwards. */
+
+typedef struct attn_block_mask *attn_block_mask_t;
+
+#define ATTN_BLOCK_MASK_TILE_BYTES(block_q, block_kv) (((block_q) * (block_kv) + 7) / 8)
+
+/* Creates an empty block mask (no block listed: it selects nothing).
+ * Ranges: batch >= 1, heads >= 1, seqlen >= 0, block sizes >= 1, and at
+ * most 2^31 - 1 blocks on each side. On success *mask owns a new mask; free
+ * it with attn_block_mask_destroy. Returns SUCCESS, INVALID_ARGUMENT,
+ * OUT_OF_MEMORY. */
+ATTN_API attn_status_t attn_block_mask_create(int64_t batch, int64_t heads, int64_t seqlen_q,
+                                              int64_t seqlen_kv, int64_t block_q,
+                                              int64_t block_kv, attn_block_mask_t *mask);
+
+/* NULL is a no-op. Returns SUCCESS or INVALID_HANDLE. */
+ATTN_API attn_status_t attn_block_mask_destroy(attn_block_mask_t mask);
+
+/* Replaces the mask's contents with the given tables (layouts above; only
+ * the first count entries of each index row are read). kv_num_blocks and
+ * kv_indices are both NULL (no partial block) or both given, likewise the
+ * full pair; partial_bits may be NULL (every partial block selects all its
+ * elements). Each count is in 0..min(max, num_kv_blocks); each index in
+ * 0..num_kv_blocks-1; no index may repeat within a row, partial and full
+ * together. max_partial / max_full >= 1 when their tables are given. The
+ * arrays are copied. Returns SUCCESS, INVALID_HANDLE, INVALID_ARGUMENT (the
+ * message names the table and the entry); on failure the mask is
+ * unchanged. */
+ATTN_API attn_status_t attn_block_mask_set_blocks(attn_block_mask_t mask,
+                                                  const int32_t *kv_num_blocks,
+                                                  const int32_t *kv_indices, int32_t max_partial,
+                                                  const uint8_t *partial_bits,
+                                                  const int32_t *full_kv_num_blocks,
+                                                  const int32_t *full_kv_indices,
+                                                  int32_t max_full);
+
+/* The longest row of partial and of full blocks: the smallest max_partial
+ * and max_full attn_block_mask_get_blocks accepts. Returns SUCCESS,
+ * INVALID_HANDLE, INVALID_ARGUMENT (an output NULL). */
+ATTN_API attn_status_t attn_block_mask_get_max_blocks(attn_block_mask_t mask,
+                                                      int32_t *max_partial, int32_t *max_full);
+
+/* Reads the (canonical) contents back into tables laid out as for
+ * attn_block_mask_set_blocks, indices sorted; unused index slots are -1 and
+ * unused bit tiles zero. partial_bits may be NULL; every other pointer is
+ * required. max_partial and max_full must be at least what
+ * attn_block_mask_get_max_blocks reports (and >= 1). Returns SUCCESS,
+ * INVALID_HANDLE, INVALID_ARGUMENT (nothing written then). */
+ATTN_API attn_status_t attn_block_mask_get_blocks(attn_block_mask_t mask, int32_t *kv_num_blocks,
+                                                  int32_t *kv_indices, int32_t max_partial,
+                                                  uint8_t *partial_bits,
+                                                  int32_t *full_kv_num_blocks,
+                                                  int32_t *full_kv_indices, int32_t max_full);
+
+/* ORs a materialised boolean mask into the mask: visible[b][h][i][j]
+ * (uint8, nonzero = selected), [batch][heads][seqlen_q][seqlen_kv] of the
+ * mask, host memory, read only during the call. Blocks whose in-range
+ * elements are all selected become full, others partial with bits.
+ * Returns SUCCESS, INVALID_HANDLE, INVALID_ARGUMENT (visible NULL). */
+ATTN_API attn_status_t attn_block_mask_add_dense(attn_block_mask_t mask, const uint8_t *visible);
+
+/* Pattern builders. Each selects elements by a rule on (query i, key j) of
+ * one sequence, the same for every batch and head of the mask, and ORs them
+ * into the mask (attn_block_mask_and_documents ANDs), keeping the canonical
+ * form; so patterns compose, and with the plan's dense mask (e.g. a causal
+ * plan with a window, sinks and global rows). Windows and strides are
+ * measured from the aligned diagonal d(i) = i + seqlen_kv - seqlen_q, as
+ * the plan's masks. They cost at most O(seqlen_q * seqlen_kv) per call.
+ * Each returns SUCCESS, INVALID_HANDLE, INVALID_ARGUMENT (the mask is then
+ * unchanged), OUT_OF_MEMORY. */
+
+/* Keys d(i) - left <= j <= d(i) + right (inclusive; -1 = unbounded):
+ * sliding windows of any width, aligned with the blocks or not. */
+ATTN_API attn_status_t attn_block_mask_add_window(attn_block_mask_t mask, int64_t left,
+                                                  int64_t right);
+
+/* Every query sees the keys keys[0..count) (0 <= key < seqlen_kv): sink
+ * tokens (StreamingLLM: keys 0..n-1) and Longformer's global tokens as
+ * keys. keys may be NULL when count is 0. */
+ATTN_API attn_status_t attn_block_mask_add_global_keys(attn_block_mask_t mask,
+                                                       const int64_t *keys, int64_t count);
+
+/* The queries queries[0..count) (0 <= query < seqlen_q) see every key:
+ * Longformer's global tokens as queries. */
+ATTN_API attn_status_t attn_block_mask_add_global_queries(attn_block_mask_t mask,
+                                                          const int64_t *queries, int64_t count);
+
+/* Keys j with d(i) - j a multiple of stride (>= 1): the strided head of the
+ * Sparse Transformer (with a causal plan, j <= d(i)); its local head is a
+ * window (stride - 1, 0). */
+ATTN_API attn_status_t attn_block_mask_add_strided(attn_block_mask_t mask, int64_t stride);
+
+/* For every (batch, head, query block) row, blocks_per_row (0..num_kv_blocks)
+ * distinct whole key blocks chosen at random: BigBird's random blocks
+ * (BigBird = window + global keys and queries + random blocks). The draw is
+ * fixed by seed, on every platform: with state = seed, rows in the order
+ * [batch][heads][query block], a row starts from perm = 0..num_kv_blocks-1
+ * and for t = 0..blocks_per_row-1 swaps perm[t] with perm[t + x % (n - t)]
+ * (n = num_kv_blocks) and selects perm[t], where x is splitmix64's next
+ * output: state += 0x9E3779B97F4A7C15, z = state,
+ * z = (z ^ z >> 30) * 0xBF58476D1CE4E5B9, z = (z ^ z >> 27) *
+ * 0x94D049BB133111EB, x = z ^ z >> 31 (uint64 arithmetic). */
+ATTN_API attn_status_t attn_block_mask_add_random_blocks(attn_block_mask_t mask,
+                                                         int32_t blocks_per_row, uint64_t seed);
+
+/* Document masking for packed sequences: keeps only the selected pairs
+ * whose query and key belong to the same document, doc_q[b][i] ==
+ * doc_kv[b][j], with doc_q [batch][seqlen_q] and doc_kv [batch][seqlen_kv]
+ * (the mask's batch) any int32 document ids. An AND: call it after the
+ * builders whose selection it restricts (e.g. a window, or every block via
+ * attn_block_mask_add_window(mask, -1, -1)) and before any whose selection
+ * should cross documents. */
+ATTN_API attn_status_t attn_block_mask_and_documents(attn_block_mask_t mask, const int32_t *doc_q,
+                                                     const int32_t *doc_kv);
+
+/* Attaches a copy of `mask` to the plan descriptor (NULL detaches it).
+ * Checked at plan creation: the mask's batch (1 or the plan's), heads (1
+ * or heads_kv), seqlen_q and seqlen_kv (the plan's), the backend (CPU
+ * only), no varlen batch; and rows left without any visible key are
+ * rejected unless attn_plan_desc_set_allow_empty_rows was called. Returns
+ * SUCCESS, INVALID_HANDLE (desc, or a mask that is not NULL and not live),
+ * OUT_OF_MEMORY. */
+ATTN_API attn_status_t attn_plan_desc_set_block_mask(attn_plan_desc_t desc,
+                                                     attn_block_mask_t mask);
+
+/* ------------------------------------------------------------------------ */
+/* MoBA: a learned block selector                                            */
+/* ------------------------------------------------------------------------ */
+
+/* Mixture of Block Attention (MoBA): each query picks, at run time, the key
+ * blocks it attends to. Keys are cut into blocks of block_size (the last
+ * may be ragged). For query i with aligned diagonal d = i + seqlen_kv -
+ * seqlen_q, its own block is d / block_size; every block before it is a
+ * past block, and the gate of past block kb is
+ *
+ *     g(i, kb) = sum over the selecting heads of  q_i . mean(K of block kb)
+ *
+ * (no softmax scale; fp32 sums over channels in order, then over heads).
+ * The query sees the keys of its own block (causally) and of the top_k past
+ * blocks with the largest gates (all of them when there are fewer); equal
+ * gates prefer the lower block index. Later blocks are never seen. With
+ * shared_per_group = 1 the selecting heads are the query heads of a GQA
+ * group and the group shares one selection; with 0 each query head selects
+ * on its own. The selection is a constant for the backward pass: the gate
+ * gets no gradient. The plan's mask must be ATTN_MASK_CAUSAL.
+ *
+ * block_size 0 turns MoBA off (the default); otherwise 1..65536, top_k >= 0,
+ * shared_per_group 0 or 1. Checked at plan creation: the mask, no block mask
+ * and no varlen batch at the same time (NOT_SUPPORTED), CPU backend only
+ * (NOT_SUPPORTED on CUDA). attn_plan_describe's visible_pairs and
+ * visited_tile_pairs are then upper bounds, since the selection depends on
+ * the data; the workspace holds the pooled keys and the selection. */
+ATTN_API attn_status_t attn_plan_desc_set_moba(attn_plan_desc_t desc, int64_t block_size,
+                                               int64_t top_k, int32_t shared_per_group);
 
 #ifdef __cplusplus
 } /* extern "C" */

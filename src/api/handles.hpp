@@ -6,11 +6,13 @@
 #include <attn/attn.h>
 
 #include <memory>
+#include <optional>
 
 #include "core/context.hpp"
 #include "core/error.hpp"
 #include "core/tensor.hpp"
 #include "plan/plan.hpp"
+#include "schedule/block_mask.hpp"
 
 struct attn_context {
   attn::ContextConfig config;
@@ -24,10 +26,13 @@ struct attn_plan_desc {
 struct attn_plan {
   std::unique_ptr<attn::Plan> plan;
 };
+struct attn_block_mask {
+  std::optional<attn::BlockMask> mask;  // set by attn_block_mask_create
+};
 
 namespace attn {
 
-enum class HandleKind { context, tensor_desc, plan_desc, plan };
+enum class HandleKind { context, tensor_desc, plan_desc, plan, block_mask };
 
 void register_handle(const void* h, HandleKind kind);
 // Returns false if h was not registered as `kind`.
@@ -39,6 +44,7 @@ template <> constexpr HandleKind kind_of<attn_context>() { return HandleKind::co
 template <> constexpr HandleKind kind_of<attn_tensor_desc>() { return HandleKind::tensor_desc; }
 template <> constexpr HandleKind kind_of<attn_plan_desc>() { return HandleKind::plan_desc; }
 template <> constexpr HandleKind kind_of<attn_plan>() { return HandleKind::plan; }
+template <> constexpr HandleKind kind_of<attn_block_mask>() { return HandleKind::block_mask; }
 
 const char* kind_name(HandleKind kind);
 

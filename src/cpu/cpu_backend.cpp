@@ -90,15 +90,17 @@ class CpuPlan final : public BackendPlan {
     // Work units, heaviest first so that dynamic scheduling balances causal
     // and windowed problems.
     std::vector<std::pair<int64_t, Unit>> q, kv;
+    if (p.block_mask)
+      kp_.sparse = std::make_shared<const BlockTileSchedule>(p.block_mask, p.window, kTile, kTile);
     for (int64_t b = 0; b < p.batch; ++b) {
       const DenseTileSchedule sched(p.sequence_mask(b), kTile, kTile);
       for (int64_t t = 0; t < sched.num_q_tiles(); ++t) {
         TileRange r = sched.kv_tiles_of(t);
-        q.push_back({r.end - r.begin, Unit{int32_t(b), int32_t(t)}});
+        q.push_back({sparse_weight(b, t, true, r.end - r.begin), Unit{int32_t(b), int32_t(t)}});
       }
       for (int64_t t = 0; t < sched.num_kv_tiles(); ++t) {
         TileRange r = sched.q_tiles_of(t);
-        kv.push_back({r.end - r.begin, Unit{int32_t(b), int32_t(t)}});
+        kv.push_back({sparse_weight(b, t, false, r.end - r.begin), Unit{int32_t(b), int32_t(t)}});
       }
     }
     auto heavier = [](const auto& x, const auto& y) { return x.first > y.first; };
@@ -112,7 +114,9 @@ class CpuPlan final : public BackendPlan {
     // calling thread, and no more threads are used than there are work items.
     double tile_pairs = 0.0;
     for (auto& e : q) tile_pairs += double(e.first);
-    const double flops = tile_pairs * double(p.heads_q) * double(kTile * kTile) * 2.0 *
+    // (sparse weights already sum over the KV heads)
+    const double flop_heads = double(kp_.sparse ? p.group() : p.heads_q);
+    const double flops = tile_pairs * flop_heads * double(kTile * kTile) * 2.0 *
                          double(p.head_dim_qk + p.head_dim_v);
     const int64_t items = std::max<int64_t>(1, int64_t(q.size()) * p.heads_q);
     if (flops < 1.0e6) kp_.num_threads = 1;
@@ -153,11 +157,22 @@ class CpuPlan final : public BackendPlan {
     f.acc_o = carve(c, tile * ldv);
     f.row_a = carve(c, tile);
     f.row_b = carve(c, tile);
+    const size_t moba_blocks = p.moba_block > 0 ? size_t(p.moba_num_blocks()) : 0;
+    if (moba_blocks > 0) f.moba = carve(c, 2 * moba_blocks);
     f.floats = c;
+    kp_.moba_words = int64_t((moba_blocks + 63) / 64);
+    const size_t moba_pooled_bytes =
+        size_t(p.batch * p.heads_kv) * moba_blocks * dqk * sizeof(float);
+    const size_t moba_selection_bytes =
+        size_t(p.batch * p.moba_heads() * p.seqlen_q * kp_.moba_words) * sizeof(uint64_t);
     WorkspaceLayout fl;
     kp_.fwd_kt = packed(fl, kv_tiles, p.heads_kv, dqk * tile);
     kp_.fwd_v = packed(fl, kv_tiles, p.heads_kv, tile * ldv);
     kp_.fwd_threads_offset = fl.add(threads * f.floats * sizeof(float));
+    if (moba_blocks > 0) {
+      kp_.fwd_moba_pooled = fl.add(moba_pooled_bytes);
+      kp_.fwd_moba_selection = fl.add(moba_selection_bytes);
+    }
     fwd_bytes_ = fl.total_bytes();
 
     if (p.backward) {
@@ -171,6 +186,7 @@ class CpuPlan final : public BackendPlan {
       g.acc_dv = carve(c, tile * ldv);
       g.row_a = carve(c, tile);
       g.row_b = carve(c, tile);
+      if (moba_blocks > 0) g.moba = carve(c, 2 * moba_blocks);
       g.floats = c;
       WorkspaceLayout bl;
       kp_.bwd_delta_offset = bl.add(size_t(p.lse_elements()) * sizeof(float));
@@ -180,6 +196,10 @@ class CpuPlan final : public BackendPlan {
       kp_.bwd_vt = packed(bl, kv_tiles, p.heads_kv, dv * tile);
       kp_.bwd_k = packed(bl, kv_tiles, p.heads_kv, tile * ldq);
       kp_.bwd_threads_offset = bl.add(threads * g.floats * sizeof(float));
+      if (moba_blocks > 0) {
+        kp_.bwd_moba_pooled = bl.add(moba_pooled_bytes);
+        kp_.bwd_moba_selection = bl.add(moba_selection_bytes);
+      }
       bwd_bytes_ = bl.total_bytes();
     }
   }
@@ -192,10 +212,26 @@ class CpuPlan final : public BackendPlan {
   int32_t tile_q() const override { return int32_t(kTile); }
   int32_t tile_kv() const override { return int32_t(kTile); }
   int32_t num_threads() const override { return kp_.num_threads; }
-  const char* algorithm() const override { return "flash-tiled-online-softmax"; }
+  const char* algorithm() const override {
+    if (kp_.sparse) return "flash-block-sparse-online-softmax";
+    return problem_.moba_block > 0 ? "flash-moba-online-softmax" : "flash-tiled-online-softmax";
+  }
   const char* kernel() const override { return isa_.name; }
 
  private:
+  // Tiles a work unit visits, over the KV heads (block-sparse plans), or the
+  // dense count.
+  int64_t sparse_weight(int64_t b, int64_t tile, bool q_unit, int64_t dense) const {
+    if (!kp_.sparse) return dense;
+    int64_t n = 0;
+    for (int64_t hk = 0; hk < problem_.heads_kv; ++hk) {
+      const int64_t slot = kp_.sparse->slot(b, hk);
+      n += int64_t(q_unit ? kp_.sparse->kv_tiles_of(slot, tile).size()
+                          : kp_.sparse->q_tiles_of(slot, tile).size());
+    }
+    return n;
+  }
+
   Problem problem_;
   const IsaKernels& isa_;
   KernelPlan kp_;

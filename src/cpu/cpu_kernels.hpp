@@ -5,10 +5,12 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "plan/backend.hpp"
 #include "plan/problem.hpp"
+#include "schedule/block_schedule.hpp"
 
 namespace attn::cpu {
 
@@ -31,6 +33,7 @@ struct Scratch {
   size_t s = 0, dp = 0, z = 0;   // [tile][tile] scores, dP / dS, saved logits
   size_t acc_o = 0, acc_dq = 0, acc_dk = 0, acc_dv = 0;  // [tile][d_pad] fp32 sums
   size_t row_a = 0, row_b = 0;   // [tile] per-row statistics
+  size_t moba = 0;               // MoBA selector: gates and order, [num_blocks] each
   size_t floats = 0;             // size of one thread's slice
 };
 
@@ -52,6 +55,15 @@ struct KernelPlan {
   std::vector<Unit> q_units;        // (b, query tile), heaviest first
   std::vector<Unit> kv_units;       // (b, KV tile), heaviest first
   std::vector<int64_t> q_tile_base, kv_tile_base;  // first global tile of sequence b
+  // Block-sparse plans: the tiles to visit (kTile x kTile); null for dense
+  // plans, whose tiles follow from the window.
+  std::shared_ptr<const BlockTileSchedule> sparse;
+  // MoBA plans (problem->moba_block > 0), per pass, bytes from the base: the
+  // pooled keys [batch][heads_kv][num_blocks][dqk] (fp32) and the selection
+  // [batch][moba_heads][seqlen_q][moba_words] (bit kb: key block kb seen).
+  int64_t moba_words = 0;
+  size_t fwd_moba_pooled = 0, fwd_moba_selection = 0;
+  size_t bwd_moba_pooled = 0, bwd_moba_selection = 0;
   Scratch fwd, bwd;
   // Forward: Kt [dqk][tile] and V [tile][dv_pad] per KV tile and KV head.
   PackedTensor fwd_kt, fwd_v;

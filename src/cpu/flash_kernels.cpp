@@ -24,6 +24,7 @@
 #include "core/dtype.hpp"
 #include "core/workspace.hpp"
 #include "cpu/cpu_kernels.hpp"
+#include "cpu/moba_select.hpp"
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -239,6 +240,76 @@ void compute_scores(const TileView& t, const float* qp, int64_t ldq, const float
   }
 }
 
+// Block-sparse plans, partial tiles: -inf where the block selection hides a
+// key (compute_scores applied the dense mask already).
+void hide_unselected(const KernelPlan& kp, int64_t b, int64_t hk, const TileView& t, float* s) {
+  const BlockTileSchedule& sched = *kp.sparse;
+  const int64_t mb = sched.mask_batch(b), mh = sched.mask_head(hk);
+  for (int64_t i = 0; i < t.m; ++i) {
+    float* row = s + i * kTile;
+    sched.mask().for_each_hidden(mb, mh, t.r0 + i, t.c0, t.c0 + t.n, [&](int64_t j0, int64_t j1) {
+      std::fill(row + (j0 - t.c0), row + (j1 - t.c0), kNegInf);
+    });
+  }
+}
+
+// MoBA: the selection bit rows of sequence b, selecting head hs (row i at
+// + i * moba_words).
+inline const uint64_t* moba_rows(const KernelPlan& kp, char* ws, size_t offset, int64_t b,
+                                 int64_t hs) {
+  const Problem& p = *kp.problem;
+  return reinterpret_cast<const uint64_t*>(ws + offset) +
+         size_t(((b * p.moba_heads() + hs) * p.seqlen_q) * kp.moba_words);
+}
+
+// Whether any row of the tile selected a key block that meets its keys.
+bool moba_meets(const KernelPlan& kp, const uint64_t* rows, const TileView& t) {
+  const int64_t bs = t.p->moba_block;
+  for (int64_t i = 0; i < t.m; ++i) {
+    const uint64_t* bits = rows + (t.r0 + i) * kp.moba_words;
+    for (int64_t kb = t.c0 / bs; kb * bs < t.c0 + t.n; ++kb)
+      if ((bits[kb / 64] >> (kb % 64)) & 1u) return true;
+  }
+  return false;
+}
+
+// -inf where a row did not select the key's block (the causal mask is
+// applied by compute_scores).
+void hide_unselected_moba(const KernelPlan& kp, const uint64_t* rows, const TileView& t, float* s) {
+  const int64_t bs = t.p->moba_block;
+  for (int64_t i = 0; i < t.m; ++i) {
+    const uint64_t* bits = rows + (t.r0 + i) * kp.moba_words;
+    float* row = s + i * kTile;
+    for (int64_t kb = t.c0 / bs; kb * bs < t.c0 + t.n; ++kb)
+      if (!((bits[kb / 64] >> (kb % 64)) & 1u)) {
+        const int64_t j0 = std::max(kb * bs, t.c0), j1 = std::min((kb + 1) * bs, t.c0 + t.n);
+        std::fill(row + (j0 - t.c0), row + (j1 - t.c0), kNegInf);
+      }
+  }
+}
+
+// The MoBA selector over the whole batch, in two parallel loops of the
+// enclosing team: pooled keys, then every row's selection.
+void moba_select(const KernelPlan& kp, const void* q, const void* k, char* ws, size_t pooled_off,
+                 size_t selection_off, float* scratch) {
+  const Problem& p = *kp.problem;
+  const int64_t nb = p.moba_num_blocks(), dqk = p.head_dim_qk;
+  float* pooled = reinterpret_cast<float*>(ws + pooled_off);
+  uint64_t* selection = reinterpret_cast<uint64_t*>(ws + selection_off);
+  const int64_t pool_items = p.batch * p.heads_kv * nb;
+#pragma omp for schedule(static)
+  for (int64_t w = 0; w < pool_items; ++w)
+    moba_pool(p, k, w / (p.heads_kv * nb), (w / nb) % p.heads_kv, w % nb, pooled + w * dqk);
+  const int64_t rows = p.batch * p.moba_heads() * p.seqlen_q;
+#pragma omp for schedule(dynamic, 16)
+  for (int64_t w = 0; w < rows; ++w) {
+    const int64_t b = w / (p.moba_heads() * p.seqlen_q);
+    moba_select_row(p, q, pooled + b * p.heads_kv * nb * dqk, b, (w / p.seqlen_q) % p.moba_heads(),
+                    w % p.seqlen_q, scratch, reinterpret_cast<int32_t*>(scratch + nb),
+                    selection + w * kp.moba_words, kp.moba_words);
+  }
+}
+
 inline int thread_index() {
 #ifdef _OPENMP
   return omp_get_thread_num();
@@ -290,6 +361,11 @@ void pack_kv_tile(const KernelPlan& kp, const void* k, const void* v, const Unit
 // ---------------------------------------------------------------------------
 // Forward
 
+// How a kernel finds its tiles: the window's range (dense), the block-sparse
+// schedule, or the window's range filtered by the MoBA selection.
+enum class Mode { dense, block, moba };
+
+template <Mode M>
 void forward_item(const KernelPlan& kp, const ForwardArgs& a, char* ws, const Unit& u,
                   int64_t h, char* scratch) {
   const Problem& p = *kp.problem;
@@ -307,19 +383,24 @@ void forward_item(const KernelPlan& kp, const ForwardArgs& a, char* ws, const Un
 
   const RowSpan qr = q_rows(sched, qt);
   TileView t{&p, &mask, qr.r0, qr.m, qr.m_pad, 0, 0, 0, true};
+  const uint64_t* moba = nullptr;
+  if constexpr (M == Mode::moba)
+    moba = moba_rows(kp, ws, kp.fwd_moba_selection, b, p.moba_shared ? hk : h);
   pack_rows(a.q, p.dtype, p.offset(ATTN_TENSOR_Q, b, t.r0, h), p.strides[ATTN_TENSOR_Q].seq, t.m,
             dqk, q_scale(p), qp, t.m_pad, ldq);
   std::fill(acc, acc + t.m_pad * ldv, 0.0f);
   std::fill(row_m, row_m + t.m, kNegInf);
   std::fill(row_l, row_l + t.m, 0.0f);
 
-  const TileRange kr = sched.kv_tiles_of(qt);
-  for (int64_t kti = kr.begin; kti < kr.end; ++kti) {
+  auto visit = [&](int64_t kti, bool full) {
     const RowSpan cr = kv_rows(sched, kti);
     t.c0 = cr.r0, t.n = cr.m, t.n_pad = cr.m_pad;
-    t.full = sched.is_full(qt, kti);
+    t.full = full;
     const int64_t g = kp.kv_tile_base[size_t(b)] + kti;
     compute_scores(t, qp, ldq, packed_tile(ws, kp.fwd_kt, g, hk), s);
+    if constexpr (M == Mode::block)
+      if (!full) hide_unselected(kp, b, hk, t, s);
+    if constexpr (M == Mode::moba) hide_unselected_moba(kp, moba, t, s);
 
     // Online softmax, one row at a time: S becomes P = 2^(s - m_new).
     for (int64_t i = 0; i < t.m; ++i) {
@@ -349,6 +430,21 @@ void forward_item(const KernelPlan& kp, const ForwardArgs& a, char* ws, const Un
     // Padding rows (i >= m) of S hold finite scores of zero query rows; their
     // output rows are never stored.
     gemm<true>(t.m_pad, ldv, t.n_pad, s, kTile, 1, packed_tile(ws, kp.fwd_v, g, hk), ldv, acc, ldv);
+  };
+  if constexpr (M == Mode::block) {
+    for (const TileVisit& v : kp.sparse->kv_tiles_of(kp.sparse->slot(b, hk), qt))
+      visit(v.tile, v.full != 0);
+  } else {
+    const TileRange kr = sched.kv_tiles_of(qt);
+    for (int64_t kti = kr.begin; kti < kr.end; ++kti) {
+      if constexpr (M == Mode::moba) {
+        const RowSpan cr = kv_rows(sched, kti);
+        t.c0 = cr.r0, t.n = cr.m;
+        if (moba_meets(kp, moba, t)) visit(kti, false);
+      } else {
+        visit(kti, sched.is_full(qt, kti));
+      }
+    }
   }
 
   // O = Oacc / l, LSE = m ln2 + ln l; a row that saw nothing gives 0 and -inf.
@@ -379,9 +475,19 @@ void forward(const KernelPlan& kp, const ForwardArgs& a) {
       pack_kv_tile(kp, a.k, a.v, u, hk, packed_tile(ws, kp.fwd_kt, g, hk),
                    packed_tile(ws, kp.fwd_v, g, hk), nullptr, nullptr);
     }
+    if (p.moba_block > 0)
+      moba_select(kp, a.q, a.k, ws, kp.fwd_moba_pooled, kp.fwd_moba_selection,
+                  slice(scratch, kp.fwd.moba));
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t w = 0; w < items; ++w)
-      forward_item(kp, a, ws, kp.q_units[size_t(w / p.heads_q)], w % p.heads_q, scratch);
+    for (int64_t w = 0; w < items; ++w) {
+      const Unit& u = kp.q_units[size_t(w / p.heads_q)];
+      if (kp.sparse)
+        forward_item<Mode::block>(kp, a, ws, u, w % p.heads_q, scratch);
+      else if (p.moba_block > 0)
+        forward_item<Mode::moba>(kp, a, ws, u, w % p.heads_q, scratch);
+      else
+        forward_item<Mode::dense>(kp, a, ws, u, w % p.heads_q, scratch);
+    }
   }
 }
 
@@ -469,6 +575,7 @@ void load_row_stats(const Problem& p, const BackwardArgs& a, const float* delta,
   }
 }
 
+template <Mode M>
 void backward_dkdv_item(const KernelPlan& kp, const BackwardArgs& a, char* ws, const float* delta,
                         const Unit& u, int64_t hk, char* scratch) {
   const Problem& p = *kp.problem;
@@ -494,23 +601,43 @@ void backward_dkdv_item(const KernelPlan& kp, const BackwardArgs& a, char* ws, c
   std::fill(acc_dk, acc_dk + t.n_pad * ldq, 0.0f);
   std::fill(acc_dv, acc_dv + t.n_pad * ldv, 0.0f);
 
-  const TileRange qrange = sched.q_tiles_of(kti);
   for (int64_t h = hk * p.group(); h < (hk + 1) * p.group(); ++h) {
-    for (int64_t qt = qrange.begin; qt < qrange.end; ++qt) {
+    const uint64_t* moba = nullptr;
+    if constexpr (M == Mode::moba)
+      moba = moba_rows(kp, ws, kp.bwd_moba_selection, b, p.moba_shared ? hk : h);
+    auto visit = [&](int64_t qt, bool full) {
       const RowSpan qr = q_rows(sched, qt);
       t.r0 = qr.r0, t.m = qr.m, t.m_pad = qr.m_pad;
-      t.full = sched.is_full(qt, kti);
+      t.full = full;
       const int64_t gq = kp.q_tile_base[size_t(b)] + qt;
       const float* qp = packed_tile(ws, kp.bwd_q, gq, h);
       const float* dop = packed_tile(ws, kp.bwd_do, gq, h);
       load_row_stats(p, a, delta, b, h, t.r0, t.m, lse2, dd);
       compute_scores(t, qp, ldq, kt, s);
+      if constexpr (M == Mode::block)
+        if (!full) hide_unselected(kp, b, hk, t, s);
+      if constexpr (M == Mode::moba) hide_unselected_moba(kp, moba, t, s);
       if (capped) std::copy(s, s + t.m_pad * kTile, z);
       probabilities_and_dscores(t, lse2, dd, dop, ldv, vt, s, dp);
       if (capped) apply_softcap_grad(t, z, dp);
       // dV += P^T dO;  dK += dS^T Qp (rescaled at the end)
       gemm<true>(t.n_pad, ldv, t.m_pad, s, 1, kTile, dop, ldv, acc_dv, ldv);
       gemm<true>(t.n_pad, ldq, t.m_pad, dp, 1, kTile, qp, ldq, acc_dk, ldq);
+    };
+    if constexpr (M == Mode::block) {
+      for (const TileVisit& v : kp.sparse->q_tiles_of(kp.sparse->slot(b, hk), kti))
+        visit(v.tile, v.full != 0);
+    } else {
+      const TileRange qrange = sched.q_tiles_of(kti);
+      for (int64_t qt = qrange.begin; qt < qrange.end; ++qt) {
+        if constexpr (M == Mode::moba) {
+          const RowSpan qr = q_rows(sched, qt);
+          t.r0 = qr.r0, t.m = qr.m;
+          if (moba_meets(kp, moba, t)) visit(qt, false);
+        } else {
+          visit(qt, sched.is_full(qt, kti));
+        }
+      }
     }
   }
   // dS is in natural units (P is a true probability). S2 = Qp K^T with
@@ -522,6 +649,7 @@ void backward_dkdv_item(const KernelPlan& kp, const BackwardArgs& a, char* ws, c
              p.offset(ATTN_TENSOR_DV, b, t.c0, hk), p.strides[ATTN_TENSOR_DV].seq);
 }
 
+template <Mode M>
 void backward_dq_item(const KernelPlan& kp, const BackwardArgs& a, char* ws, const float* delta,
                       const Unit& u, int64_t h, char* scratch) {
   const Problem& p = *kp.problem;
@@ -543,22 +671,42 @@ void backward_dq_item(const KernelPlan& kp, const BackwardArgs& a, char* ws, con
   const float* qp = packed_tile(ws, kp.bwd_q, gq, h);
   const float* dop = packed_tile(ws, kp.bwd_do, gq, h);
   TileView t{&p, &mask, qr.r0, qr.m, qr.m_pad, 0, 0, 0, true};
+  const uint64_t* moba = nullptr;
+  if constexpr (M == Mode::moba)
+    moba = moba_rows(kp, ws, kp.bwd_moba_selection, b, p.moba_shared ? hk : h);
   load_row_stats(p, a, delta, b, h, t.r0, t.m, lse2, dd);
   std::fill(acc_dq, acc_dq + t.m_pad * ldq, 0.0f);
 
-  const TileRange krange = sched.kv_tiles_of(qt);
-  for (int64_t kti = krange.begin; kti < krange.end; ++kti) {
+  auto visit = [&](int64_t kti, bool full) {
     const RowSpan cr = kv_rows(sched, kti);
     t.c0 = cr.r0, t.n = cr.m, t.n_pad = cr.m_pad;
-    t.full = sched.is_full(qt, kti);
+    t.full = full;
     const int64_t gk = kp.kv_tile_base[size_t(b)] + kti;
     compute_scores(t, qp, ldq, packed_tile(ws, kp.bwd_kt, gk, hk), s);
+    if constexpr (M == Mode::block)
+      if (!full) hide_unselected(kp, b, hk, t, s);
+    if constexpr (M == Mode::moba) hide_unselected_moba(kp, moba, t, s);
     if (capped) std::copy(s, s + t.m_pad * kTile, z);
     probabilities_and_dscores(t, lse2, dd, dop, ldv, packed_tile(ws, kp.bwd_vt, gk, hk), s, dp);
     if (capped) apply_softcap_grad(t, z, dp);
     // dQ += dS K
     gemm<true>(t.m_pad, ldq, t.n_pad, dp, kTile, 1, packed_tile(ws, kp.bwd_k, gk, hk), ldq, acc_dq,
                ldq);
+  };
+  if constexpr (M == Mode::block) {
+    for (const TileVisit& v : kp.sparse->kv_tiles_of(kp.sparse->slot(b, hk), qt))
+      visit(v.tile, v.full != 0);
+  } else {
+    const TileRange krange = sched.kv_tiles_of(qt);
+    for (int64_t kti = krange.begin; kti < krange.end; ++kti) {
+      if constexpr (M == Mode::moba) {
+        const RowSpan cr = kv_rows(sched, kti);
+        t.c0 = cr.r0, t.n = cr.m;
+        if (moba_meets(kp, moba, t)) visit(kti, false);
+      } else {
+        visit(kti, sched.is_full(qt, kti));
+      }
+    }
   }
   store_rows(acc_dq, ldq, t.m, p.head_dim_qk, p.scale, a.dq, p.dtype,
              p.offset(ATTN_TENSOR_DQ, b, t.r0, h), p.strides[ATTN_TENSOR_DQ].seq);
@@ -584,14 +732,29 @@ void backward(const KernelPlan& kp, const BackwardArgs& a) {
 #pragma omp for schedule(dynamic, 4)
     for (int64_t w = 0; w < q_items; ++w)
       backward_pack_q_tile(kp, a, ws, delta, kp.q_units[size_t(w / p.heads_q)], w % p.heads_q);
+    if (p.moba_block > 0)
+      moba_select(kp, a.q, a.k, ws, kp.bwd_moba_pooled, kp.bwd_moba_selection,
+                  slice(scratch, kp.bwd.moba));
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t w = 0; w < kv_items; ++w)
-      backward_dkdv_item(kp, a, ws, delta, kp.kv_units[size_t(w / p.heads_kv)], w % p.heads_kv,
-                         scratch);
+    for (int64_t w = 0; w < kv_items; ++w) {
+      const Unit& u = kp.kv_units[size_t(w / p.heads_kv)];
+      if (kp.sparse)
+        backward_dkdv_item<Mode::block>(kp, a, ws, delta, u, w % p.heads_kv, scratch);
+      else if (p.moba_block > 0)
+        backward_dkdv_item<Mode::moba>(kp, a, ws, delta, u, w % p.heads_kv, scratch);
+      else
+        backward_dkdv_item<Mode::dense>(kp, a, ws, delta, u, w % p.heads_kv, scratch);
+    }
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t w = 0; w < q_items; ++w)
-      backward_dq_item(kp, a, ws, delta, kp.q_units[size_t(w / p.heads_q)], w % p.heads_q,
-                       scratch);
+    for (int64_t w = 0; w < q_items; ++w) {
+      const Unit& u = kp.q_units[size_t(w / p.heads_q)];
+      if (kp.sparse)
+        backward_dq_item<Mode::block>(kp, a, ws, delta, u, w % p.heads_q, scratch);
+      else if (p.moba_block > 0)
+        backward_dq_item<Mode::moba>(kp, a, ws, delta, u, w % p.heads_q, scratch);
+      else
+        backward_dq_item<Mode::dense>(kp, a, ws, delta, u, w % p.heads_q, scratch);
+    }
   }
 }
 

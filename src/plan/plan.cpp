@@ -9,6 +9,7 @@
 #include "core/dtype.hpp"
 #include "core/error.hpp"
 #include "cpu/cpu_backend.hpp"
+#include "schedule/block_schedule.hpp"
 #if ATTN_HAVE_CUDA
 #include "cuda/cuda_backend.hpp"
 #endif
@@ -138,6 +139,45 @@ TensorStrides tensor_strides(const Problem& p, const PlanDesc& d, attn_tensor_ro
   return t;
 }
 
+// MoBA: the most pairs a row can see, its own block up to the diagonal and
+// top_k whole past blocks, summed over the rows of one sequence.
+int64_t moba_max_pairs(const Problem& p, const SequenceMask& m) {
+  int64_t pairs = 0;
+  for (int64_t i = 0; i < m.lq(); ++i) {
+    const int64_t d = i + m.lk() - m.lq();
+    if (d < 0) continue;
+    const int64_t own = d / p.moba_block;
+    pairs += d - own * p.moba_block + 1 + std::min(own, p.moba_top_k) * p.moba_block;
+  }
+  return pairs;
+}
+
+// Tile pairs the kernels visit with the backend's tile sizes, and the number
+// an unrestricted mask would visit (attn_plan_info_t).
+void count_tile_pairs(Plan& plan, const Problem& p) {
+  const int64_t tq = plan.impl->tile_q(), tk = plan.impl->tile_kv();
+  if (tq < 1 || tk < 1) return;
+  uint64_t visited = 0, total = 0;
+  std::unique_ptr<BlockTileSchedule> sparse;
+  if (p.block_mask) sparse = std::make_unique<BlockTileSchedule>(p.block_mask, p.window, tq, tk);
+  for (int64_t b = 0; b < p.batch; ++b) {
+    const DenseTileSchedule dense(p.sequence_mask(b), tq, tk);
+    total += uint64_t(dense.num_q_tiles() * dense.num_kv_tiles() * p.heads_q);
+    for (int64_t h = 0; h < p.heads_q; ++h) {
+      if (sparse) {
+        visited += uint64_t(sparse->visits(sparse->slot(b, h / p.group())));
+        continue;
+      }
+      for (int64_t qt = 0; qt < dense.num_q_tiles(); ++qt) {
+        const TileRange r = dense.kv_tiles_of(qt);
+        visited += uint64_t(r.end - r.begin);
+      }
+    }
+  }
+  plan.visited_tile_pairs = visited;
+  plan.total_tile_pairs = total;
+}
+
 }  // namespace
 
 std::unique_ptr<Plan> create_plan(const ContextConfig& ctx, const PlanDesc& d) {
@@ -204,9 +244,60 @@ std::unique_ptr<Plan> create_plan(const ContextConfig& ctx, const PlanDesc& d) {
     p.strides[r] = tensor_strides(p, d, role);
   }
 
+  if (d.block_mask) {
+    const BlockMask& m = *d.block_mask;
+    if (ctx.backend == ATTN_BACKEND_CUDA)
+      not_supported("block mask: the CUDA backend does not run block-sparse plans yet (the CPU",
+                    " backend does)");
+    if (p.varlen)
+      not_supported("block mask with a varlen batch: not supported; use a fixed-length batch",
+                    " (a document mask covers packed sequences)");
+    if (m.batch() != 1 && m.batch() != p.batch)
+      invalid_argument("block mask: its batch ", m.batch(), " must be 1 or the plan's batch ",
+                       p.batch);
+    if (m.heads() != 1 && m.heads() != p.heads_kv)
+      invalid_argument("block mask: its heads ", m.heads(), " must be 1 or the plan's heads_kv ",
+                       p.heads_kv);
+    if (m.seqlen_q() != p.seqlen_q || m.seqlen_kv() != p.seqlen_kv)
+      invalid_argument("block mask: its seqlen_q/seqlen_kv ", m.seqlen_q(), "/", m.seqlen_kv(),
+                       " differ from the plan's ", p.seqlen_q, "/", p.seqlen_kv);
+    p.block_mask = d.block_mask;
+  }
+
+  if (d.moba_block > 0) {
+    if (ctx.backend == ATTN_BACKEND_CUDA)
+      not_supported("MoBA: the CUDA backend does not run it yet (the CPU backend does)");
+    if (p.block_mask) not_supported("MoBA together with a block mask: not supported");
+    if (p.varlen) not_supported("MoBA with a varlen batch: not supported");
+    if (p.mask != ATTN_MASK_CAUSAL)
+      invalid_argument("MoBA: the mask must be ATTN_MASK_CAUSAL (future blocks are never seen)");
+    p.moba_block = d.moba_block;
+    p.moba_top_k = d.moba_top_k;
+    p.moba_shared = d.moba_shared;
+  }
+
   auto plan = std::make_unique<Plan>();
-  int64_t empty = 0, first_b = -1, first_row = -1;
-  for (int64_t b = 0; b < p.batch; ++b) {
+  int64_t empty = 0, first_b = -1, first_row = -1, first_h = -1;
+  if (p.block_mask) {
+    // Exact: the dense mask AND the block selection, per (sequence, query head).
+    const BlockMask& m = *p.block_mask;
+    const BlockMaskCounts c = count_visible(m, p.window);
+    for (int64_t b = 0; b < p.batch; ++b)
+      for (int64_t h = 0; h < p.heads_q; ++h) {
+        const int64_t hk = h / p.group();
+        const size_t s = size_t((m.batch() == 1 ? 0 : b) * m.heads() + (m.heads() == 1 ? 0 : hk));
+        plan->visible_pairs += uint64_t(c.visible_pairs[s]);
+        if (c.empty_rows[s] > 0 && first_b < 0)
+          first_b = b, first_h = h, first_row = c.first_empty_row[s];
+        empty += c.empty_rows[s];
+      }
+    if (empty > 0 && !p.allow_empty_rows)
+      invalid_argument("desc: the mask and the block mask leave ", empty,
+                       " (query row, head) pairs without any visible key (first: batch ", first_b,
+                       ", query head ", first_h, ", row ", first_row,
+                       "); call attn_plan_desc_set_allow_empty_rows if that is intended");
+  }
+  for (int64_t b = 0; b < p.batch && !p.block_mask; ++b) {
     const SequenceMask m = p.sequence_mask(b);
     const int64_t e = m.empty_rows();
     if (e > 0 && first_b < 0) {
@@ -218,7 +309,8 @@ std::unique_ptr<Plan> create_plan(const ContextConfig& ctx, const PlanDesc& d) {
         }
     }
     empty += e;
-    plan->visible_pairs += uint64_t(m.visible_pairs()) * uint64_t(p.heads_q);
+    plan->visible_pairs += uint64_t(p.moba_block > 0 ? moba_max_pairs(p, m) : m.visible_pairs()) *
+                           uint64_t(p.heads_q);
   }
   if (empty > 0 && !p.allow_empty_rows)
     invalid_argument("desc: the mask leaves ", empty, " query rows per head without any visible key",
@@ -237,6 +329,7 @@ std::unique_ptr<Plan> create_plan(const ContextConfig& ctx, const PlanDesc& d) {
 #endif
     default: fail(ATTN_STATUS_INTERNAL_ERROR, "context with unresolved backend");
   }
+  count_tile_pairs(*plan, p);
   plan->problem = std::move(p);
   return plan;
 }
@@ -267,6 +360,10 @@ void Plan::describe(attn_plan_info_t& info) const {
   info.bytes_backward = 2.0 * (q_bytes + k_bytes + v_bytes) + 2.0 * o_bytes + lse_bytes;
   std::snprintf(info.algorithm, sizeof info.algorithm, "%s", impl->algorithm());
   std::snprintf(info.kernel, sizeof info.kernel, "%s", impl->kernel());
+  info.visited_tile_pairs = visited_tile_pairs;
+  info.total_tile_pairs = total_tile_pairs;
+  info.block_q = p.block_mask ? int32_t(p.block_mask->block_q()) : 0;
+  info.block_kv = p.block_mask ? int32_t(p.block_mask->block_kv()) : 0;
 }
 
 }  // namespace attn

@@ -33,6 +33,9 @@ struct PlanDesc {
   bool allow_empty_rows = false;
   attn_passes_t passes = ATTN_PASSES_FORWARD;
   bool deterministic = false;
+  std::shared_ptr<const BlockMask> block_mask;  // attn_plan_desc_set_block_mask
+  int64_t moba_block = 0, moba_top_k = 0;        // attn_plan_desc_set_moba; 0: off
+  bool moba_shared = false;
 };
 
 struct Plan {
@@ -40,6 +43,7 @@ struct Plan {
   Problem problem;
   std::unique_ptr<BackendPlan> impl;
   uint64_t visible_pairs = 0;
+  uint64_t visited_tile_pairs = 0, total_tile_pairs = 0;
 
   void describe(attn_plan_info_t& info) const;  // fills a full-size struct
 };

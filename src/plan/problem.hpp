@@ -5,8 +5,10 @@
 #include <attn/attn.h>
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
+#include "schedule/block_mask.hpp"
 #include "schedule/dense_schedule.hpp"
 
 namespace attn {
@@ -38,6 +40,13 @@ struct Problem {
   // Bit-identical gradients run after run (attn_plan_desc_set_deterministic);
   // the CPU backend always is.
   bool deterministic = false;
+  // Block-sparse selection on top of the window; null for dense plans.
+  std::shared_ptr<const BlockMask> block_mask;
+  // MoBA: a run-time block selection on top of the causal mask; 0: off.
+  int64_t moba_block = 0, moba_top_k = 0;
+  bool moba_shared = false;  // one selection per GQA group (else per query head)
+  int64_t moba_num_blocks() const { return (seqlen_kv + moba_block - 1) / moba_block; }
+  int64_t moba_heads() const { return moba_shared ? heads_kv : heads_q; }
 
   // Indexed by attn_tensor_role_t.
   TensorStrides strides[8];

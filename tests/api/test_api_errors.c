@@ -1732,6 +1732,406 @@ static void test_last_error_thread_local(void **state) {
   assert_true(contains_word(mine, "num_threads"));
 }
 
+/* ------------------------------------------------------------------------ */
+/* Block masks                                                               */
+/* ------------------------------------------------------------------------ */
+
+#define POISON_MASK(m) ((m) = (attn_block_mask_t)(void *)(uintptr_t)0xA5A5A5A0u)
+#define EXPECT_MASK_UNTOUCHED(m) assert_ptr_equal((void *)(m), (void *)(uintptr_t)0xA5A5A5A0u)
+
+static void test_block_mask_create_errors(void **state) {
+  attn_block_mask_t m;
+  (void)state;
+  POISON_MASK(m);
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "mask", attn_block_mask_create(1, 1, 8, 8, 4, 4, NULL));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "batch", attn_block_mask_create(0, 1, 8, 8, 4, 4, &m));
+  EXPECT_MASK_UNTOUCHED(m);
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "heads", attn_block_mask_create(1, 0, 8, 8, 4, 4, &m));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "seqlen_q", attn_block_mask_create(1, 1, -1, 8, 4, 4, &m));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "seqlen_kv", attn_block_mask_create(1, 1, 8, -1, 4, 4, &m));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "block_q", attn_block_mask_create(1, 1, 8, 8, 0, 4, &m));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "block_kv", attn_block_mask_create(1, 1, 8, 8, 4, 0, &m));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "block_q",
+              attn_block_mask_create(1, 1, 8, 8, (int64_t)1 << 17, 4, &m));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "seqlen_kv",
+              attn_block_mask_create(1, 1, 8, (int64_t)1 << 40, 4, 1, &m));
+  EXPECT_MASK_UNTOUCHED(m);
+
+  /* destroy: NULL is a no-op; twice, or another kind, is INVALID_HANDLE */
+  EXPECT_OK(attn_block_mask_destroy(NULL));
+  EXPECT_OK(attn_block_mask_create(1, 1, 8, 8, 4, 4, &m));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_HANDLE, "mask", attn_block_mask_destroy((attn_block_mask_t)(void *)g_ctx));
+  EXPECT_OK(attn_block_mask_destroy(m));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_HANDLE, "mask", attn_block_mask_destroy(m));
+}
+
+/* A 1 x 1 mask, Lq = Lk = 10, blocks 4 x 4 (3 x 3 blocks, the last ragged):
+ * row q lists key block q full and, for q = 0, key block 2 partial. */
+enum { BM_L = 10, BM_B = 4, BM_N = 3 };
+
+static attn_block_mask_t small_mask(void) {
+  attn_block_mask_t m = NULL;
+  const int32_t num_f[BM_N] = {1, 1, 1}, idx_f[BM_N] = {0, 1, 2};
+  const int32_t num_p[BM_N] = {1, 0, 0}, idx_p[BM_N] = {2, 7, 7};
+  uint8_t bits[BM_N * 2];
+  memset(bits, 0, sizeof bits);
+  bits[0] = 0x21; /* (row 0, key 0) and (row 1, key 1) */
+  EXPECT_OK(attn_block_mask_create(1, 1, BM_L, BM_L, BM_B, BM_B, &m));
+  EXPECT_OK(attn_block_mask_set_blocks(m, num_p, idx_p, 1, bits, num_f, idx_f, 1));
+  return m;
+}
+
+/* The tables of small_mask, read back. */
+typedef struct bm_tables {
+  int32_t num_p[BM_N], idx_p[BM_N * BM_N], num_f[BM_N], idx_f[BM_N * BM_N];
+  uint8_t bits[BM_N * BM_N * 2];
+} bm_tables;
+
+static void read_tables(attn_block_mask_t m, bm_tables *t) {
+  memset(t, 0, sizeof *t);
+  EXPECT_OK(attn_block_mask_get_blocks(m, t->num_p, t->idx_p, BM_N, t->bits, t->num_f, t->idx_f, BM_N));
+}
+
+static void test_block_mask_set_blocks_errors(void **state) {
+  attn_block_mask_t m = small_mask();
+  bm_tables before, after;
+  int32_t num[BM_N] = {1, 1, 1}, idx[BM_N * 2] = {0, 0, 1, 1, 2, 2}, full_num[BM_N] = {0, 0, 0};
+  int32_t full_idx[BM_N * 2] = {0, 0, 0, 0, 0, 0}, max_p = -1, max_f = -1;
+  (void)state;
+  read_tables(m, &before);
+  assert_int_equal(before.num_f[0], 1);
+  assert_int_equal(before.idx_f[0], 0);
+  assert_int_equal(before.num_p[0], 1);
+  assert_int_equal(before.idx_p[0], 2);
+  assert_int_equal(before.bits[0], 0x21);
+  assert_int_equal(before.idx_p[1], -1); /* unused slots */
+  EXPECT_OK(attn_block_mask_get_max_blocks(m, &max_p, &max_f));
+  assert_int_equal(max_p, 1);
+  assert_int_equal(max_f, 1);
+
+  EXPECT_FAIL(ATTN_STATUS_INVALID_HANDLE, "mask",
+              attn_block_mask_set_blocks(NULL, num, idx, 2, NULL, NULL, NULL, 0));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "kv_indices",
+              attn_block_mask_set_blocks(m, num, NULL, 2, NULL, NULL, NULL, 0));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "full_kv_indices",
+              attn_block_mask_set_blocks(m, NULL, NULL, 0, NULL, full_num, NULL, 2));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "partial_bits",
+              attn_block_mask_set_blocks(m, NULL, NULL, 0, before.bits, full_num, full_idx, 2));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "max_partial",
+              attn_block_mask_set_blocks(m, num, idx, 0, NULL, NULL, NULL, 0));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "max_full",
+              attn_block_mask_set_blocks(m, NULL, NULL, 0, NULL, full_num, full_idx, 0));
+  /* counts */
+  num[1] = -1;
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "kv_num_blocks",
+              attn_block_mask_set_blocks(m, num, idx, 2, NULL, NULL, NULL, 0));
+  num[1] = 3; /* more than max_partial = 2 */
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "kv_num_blocks",
+              attn_block_mask_set_blocks(m, num, idx, 2, NULL, NULL, NULL, 0));
+  num[1] = 1, full_num[2] = 4; /* more than the 3 key blocks */
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "full_kv_num_blocks",
+              attn_block_mask_set_blocks(m, num, idx, 2, NULL, full_num, full_idx, 2));
+  full_num[2] = 0;
+  /* indices: out of range, repeated, listed both full and partial */
+  idx[2] = 3;
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "kv_indices",
+              attn_block_mask_set_blocks(m, num, idx, 2, NULL, NULL, NULL, 0));
+  idx[2] = -1;
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "kv_indices",
+              attn_block_mask_set_blocks(m, num, idx, 2, NULL, NULL, NULL, 0));
+  idx[2] = 1, num[1] = 2, idx[3] = 1;
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "twice",
+              attn_block_mask_set_blocks(m, num, idx, 2, NULL, NULL, NULL, 0));
+  num[1] = 1, full_num[1] = 1, full_idx[2] = 1;
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "partial",
+              attn_block_mask_set_blocks(m, num, idx, 2, NULL, full_num, full_idx, 2));
+  assert_true(strstr(attn_last_error_message(), "kv_indices[0][0][1]") != NULL);
+
+  /* every failure left the mask as it was */
+  read_tables(m, &after);
+  assert_memory_equal(&before, &after, sizeof before);
+
+  /* an empty table set clears the mask */
+  EXPECT_OK(attn_block_mask_set_blocks(m, NULL, NULL, 0, NULL, NULL, NULL, 0));
+  EXPECT_OK(attn_block_mask_get_max_blocks(m, &max_p, &max_f));
+  assert_int_equal(max_p, 0);
+  assert_int_equal(max_f, 0);
+  EXPECT_OK(attn_block_mask_destroy(m));
+}
+
+static void test_block_mask_get_and_add_errors(void **state) {
+  attn_block_mask_t m = small_mask();
+  bm_tables t, ref;
+  int32_t mx;
+  uint8_t visible[BM_L * BM_L];
+  (void)state;
+  poison(&t, sizeof t);
+  ref = t;
+  EXPECT_FAIL(ATTN_STATUS_INVALID_HANDLE, "mask",
+              attn_block_mask_get_blocks(NULL, t.num_p, t.idx_p, BM_N, t.bits, t.num_f, t.idx_f, BM_N));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "kv_num_blocks",
+              attn_block_mask_get_blocks(m, NULL, t.idx_p, BM_N, t.bits, t.num_f, t.idx_f, BM_N));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "kv_indices",
+              attn_block_mask_get_blocks(m, t.num_p, NULL, BM_N, t.bits, t.num_f, t.idx_f, BM_N));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "full_kv_num_blocks",
+              attn_block_mask_get_blocks(m, t.num_p, t.idx_p, BM_N, t.bits, NULL, t.idx_f, BM_N));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "full_kv_indices",
+              attn_block_mask_get_blocks(m, t.num_p, t.idx_p, BM_N, t.bits, t.num_f, NULL, BM_N));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "max_partial",
+              attn_block_mask_get_blocks(m, t.num_p, t.idx_p, 0, t.bits, t.num_f, t.idx_f, BM_N));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "max_full",
+              attn_block_mask_get_blocks(m, t.num_p, t.idx_p, BM_N, t.bits, t.num_f, t.idx_f, 0));
+  assert_memory_equal(&t, &ref, sizeof t);
+  POISON_VAR(mx);
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "max_partial", attn_block_mask_get_max_blocks(m, NULL, &mx));
+  EXPECT_VAR_UNTOUCHED(mx);
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "max_full", attn_block_mask_get_max_blocks(m, &mx, NULL));
+  EXPECT_VAR_UNTOUCHED(mx);
+
+  EXPECT_FAIL(ATTN_STATUS_INVALID_HANDLE, "mask", attn_block_mask_add_dense(NULL, visible));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "visible", attn_block_mask_add_dense(m, NULL));
+
+  /* add_dense ORs: one element in block (1, 2) adds it as a partial block;
+   * filling block (0, 2) makes that one full. */
+  memset(visible, 0, sizeof visible);
+  visible[5 * BM_L + 9] = 1;                     /* query 5 (block 1), key 9 (block 2) */
+  visible[0 * BM_L + 8] = visible[0 * BM_L + 9] = 1; /* block (0, 2): its rows 0..3, keys 8, 9 */
+  visible[1 * BM_L + 8] = visible[1 * BM_L + 9] = 1;
+  visible[2 * BM_L + 8] = visible[2 * BM_L + 9] = 1;
+  visible[3 * BM_L + 8] = visible[3 * BM_L + 9] = 1;
+  EXPECT_OK(attn_block_mask_add_dense(m, visible));
+  read_tables(m, &t);
+  assert_int_equal(t.num_f[0], 2); /* key blocks 0 and 2 */
+  assert_int_equal(t.idx_f[0], 0);
+  assert_int_equal(t.idx_f[1], 2);
+  assert_int_equal(t.num_p[0], 0);
+  assert_int_equal(t.num_p[1], 1);
+  assert_int_equal(t.idx_p[BM_N], 2);
+  assert_int_equal(t.bits[BM_N * 2], 0x20); /* row 1 of the block, key 1 of the block: bit 5 */
+  assert_int_equal(t.bits[BM_N * 2 + 1], 0);
+  EXPECT_OK(attn_block_mask_destroy(m));
+}
+
+static void test_block_mask_builder_errors(void **state) {
+  attn_block_mask_t m = small_mask(); /* Lq = Lk = 10, 3 x 3 blocks */
+  bm_tables before, after;
+  const int64_t ok_keys[2] = {0, 9}, bad_keys[2] = {0, 10}, neg[1] = {-1};
+  const int32_t docs[BM_L] = {0, 0, 0, 1, 1, 1, 1, 2, 2, 2};
+  (void)state;
+  read_tables(m, &before);
+  EXPECT_FAIL(ATTN_STATUS_INVALID_HANDLE, "mask", attn_block_mask_add_window(NULL, 1, 1));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "left", attn_block_mask_add_window(m, -2, 1));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "right", attn_block_mask_add_window(m, 1, -2));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_HANDLE, "mask", attn_block_mask_add_global_keys(NULL, ok_keys, 2));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "keys", attn_block_mask_add_global_keys(m, NULL, 2));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "count", attn_block_mask_add_global_keys(m, ok_keys, -1));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "keys", attn_block_mask_add_global_keys(m, bad_keys, 2));
+  assert_true(strstr(attn_last_error_message(), "keys[1]") != NULL);
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "keys", attn_block_mask_add_global_keys(m, neg, 1));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_HANDLE, "mask", attn_block_mask_add_global_queries(NULL, ok_keys, 2));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "queries", attn_block_mask_add_global_queries(m, NULL, 1));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "queries",
+              attn_block_mask_add_global_queries(m, bad_keys, 2));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_HANDLE, "mask", attn_block_mask_add_strided(NULL, 2));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "stride", attn_block_mask_add_strided(m, 0));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_HANDLE, "mask", attn_block_mask_add_random_blocks(NULL, 1, 7));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "blocks_per_row",
+              attn_block_mask_add_random_blocks(m, -1, 7));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "blocks_per_row",
+              attn_block_mask_add_random_blocks(m, BM_N + 1, 7));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_HANDLE, "mask", attn_block_mask_and_documents(NULL, docs, docs));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "doc_q", attn_block_mask_and_documents(m, NULL, docs));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "doc_kv", attn_block_mask_and_documents(m, docs, NULL));
+  read_tables(m, &after);
+  assert_memory_equal(&before, &after, sizeof before);
+
+  /* count 0 with NULL is fine and changes nothing; so do 0 random blocks */
+  EXPECT_OK(attn_block_mask_add_global_keys(m, NULL, 0));
+  EXPECT_OK(attn_block_mask_add_random_blocks(m, 0, 7));
+  read_tables(m, &after);
+  assert_memory_equal(&before, &after, sizeof before);
+  EXPECT_OK(attn_block_mask_destroy(m));
+}
+
+static void test_block_mask_plans(void **state) {
+  prob_t p = std_prob(); /* batch 2, heads 4/2, Lq 5, Lk 7, causal */
+  attn_block_mask_t m = NULL, other = NULL;
+  attn_plan_desc_t d;
+  attn_plan_t plan;
+  attn_plan_info_t info;
+  attn_context_t cuda = NULL;
+  const int32_t all2[2] = {2, 2}, idx2[4] = {0, 1, 0, 1};
+  const int32_t one[8] = {1, 1, 1, 1, 1, 1, 1, 1}, first[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int32_t cu[3] = {0, 5, 10};
+  (void)state;
+  p.mask = ATTN_MASK_NONE;
+
+  /* setter errors */
+  EXPECT_OK(attn_block_mask_create(1, 1, 5, 7, 4, 4, &m)); /* 2 x 2 blocks */
+  EXPECT_OK(attn_block_mask_set_blocks(m, NULL, NULL, 0, NULL, all2, idx2, 2));
+  d = desc_for(&p);
+  EXPECT_FAIL(ATTN_STATUS_INVALID_HANDLE, "desc", attn_plan_desc_set_block_mask(NULL, m));
+  EXPECT_OK(attn_block_mask_create(1, 1, 5, 7, 4, 4, &other));
+  EXPECT_OK(attn_block_mask_destroy(other));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_HANDLE, "mask", attn_plan_desc_set_block_mask(d, other));
+
+  /* the descriptor copies the mask: clearing or destroying it later changes nothing */
+  EXPECT_OK(attn_plan_desc_set_block_mask(d, m));
+  EXPECT_OK(attn_block_mask_set_blocks(m, NULL, NULL, 0, NULL, NULL, NULL, 0));
+  EXPECT_OK(attn_plan_create(g_ctx, d, &plan));
+  memset(&info, 0, sizeof info);
+  info.struct_size = sizeof info;
+  EXPECT_OK(attn_plan_describe(plan, &info));
+  assert_int_equal(info.visible_pairs, 2 * 4 * 5 * 7); /* every block listed */
+  assert_int_equal(info.block_q, 4);
+  assert_int_equal(info.block_kv, 4);
+  assert_int_equal(info.visited_tile_pairs, 2 * 4);
+  assert_int_equal(info.total_tile_pairs, 2 * 4);
+  assert_true(strstr(info.algorithm, "block-sparse") != NULL);
+  EXPECT_OK(attn_plan_destroy(plan));
+
+  /* the (now empty) mask leaves every row empty */
+  EXPECT_OK(attn_plan_desc_set_block_mask(d, m));
+  POISON_PLAN(plan);
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "block", attn_plan_create(g_ctx, d, &plan));
+  EXPECT_PLAN_UNTOUCHED(plan);
+  assert_true(strstr(attn_last_error_message(), "allow_empty_rows") != NULL);
+  EXPECT_OK(attn_plan_desc_set_allow_empty_rows(d, 1));
+  EXPECT_OK(attn_plan_create(g_ctx, d, &plan));
+  EXPECT_OK(attn_plan_describe(plan, &info));
+  assert_int_equal(info.visible_pairs, 0);
+  assert_int_equal(info.visited_tile_pairs, 0);
+  EXPECT_OK(attn_plan_destroy(plan));
+  EXPECT_OK(attn_plan_desc_set_allow_empty_rows(d, 0));
+
+  /* a mask of the wrong batch, heads or lengths */
+  EXPECT_OK(attn_block_mask_destroy(m));
+  EXPECT_OK(attn_block_mask_create(3, 1, 5, 7, 4, 4, &m));
+  EXPECT_OK(attn_plan_desc_set_block_mask(d, m));
+  POISON_PLAN(plan);
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "batch", attn_plan_create(g_ctx, d, &plan));
+  EXPECT_PLAN_UNTOUCHED(plan);
+  EXPECT_OK(attn_block_mask_destroy(m));
+  EXPECT_OK(attn_block_mask_create(1, 4, 5, 7, 4, 4, &m)); /* heads_q, not heads_kv */
+  EXPECT_OK(attn_plan_desc_set_block_mask(d, m));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "heads_kv", attn_plan_create(g_ctx, d, &plan));
+  EXPECT_PLAN_UNTOUCHED(plan);
+  EXPECT_OK(attn_block_mask_destroy(m));
+  EXPECT_OK(attn_block_mask_create(2, 2, 7, 5, 4, 4, &m));
+  EXPECT_OK(attn_plan_desc_set_block_mask(d, m));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "seqlen_q", attn_plan_create(g_ctx, d, &plan));
+  EXPECT_PLAN_UNTOUCHED(plan);
+  EXPECT_OK(attn_block_mask_destroy(m));
+
+  /* per batch and KV head, each row listing only key block 0: 4 keys */
+  EXPECT_OK(attn_block_mask_create(2, 2, 5, 7, 4, 4, &m));
+  EXPECT_OK(attn_block_mask_set_blocks(m, NULL, NULL, 0, NULL, one, first, 1));
+  EXPECT_OK(attn_plan_desc_set_block_mask(d, m));
+  EXPECT_OK(attn_plan_create(g_ctx, d, &plan));
+  EXPECT_OK(attn_plan_describe(plan, &info));
+  assert_int_equal(info.visible_pairs, 2 * 4 * 5 * 4);
+  EXPECT_OK(attn_plan_destroy(plan));
+
+  /* varlen: not supported with a block mask */
+  EXPECT_OK(attn_plan_desc_set_shape(d, 2, 4, 2, 5, 5, 8, 8));
+  EXPECT_OK(attn_plan_desc_set_varlen(d, 2, cu, cu));
+  POISON_PLAN(plan);
+  EXPECT_FAIL(ATTN_STATUS_NOT_SUPPORTED, "varlen", attn_plan_create(g_ctx, d, &plan));
+  EXPECT_PLAN_UNTOUCHED(plan);
+  EXPECT_OK(attn_plan_desc_set_varlen(d, 2, NULL, NULL));
+  EXPECT_OK(attn_plan_desc_set_shape(d, 2, 4, 2, 5, 7, 8, 8));
+
+  /* CUDA: not supported (checked where a CUDA context can be made) */
+  if (attn_context_create(ATTN_BACKEND_CUDA, 0, 1, &cuda) == ATTN_STATUS_SUCCESS) {
+    POISON_PLAN(plan);
+    EXPECT_FAIL(ATTN_STATUS_NOT_SUPPORTED, "CUDA", attn_plan_create(cuda, d, &plan));
+    EXPECT_PLAN_UNTOUCHED(plan);
+    EXPECT_OK(attn_context_destroy(cuda));
+  } else {
+    printf("  (no CUDA context here: the CUDA block-mask check is not exercised)\n");
+  }
+
+  /* NULL detaches the mask: a dense plan again */
+  EXPECT_OK(attn_plan_desc_set_block_mask(d, NULL));
+  EXPECT_OK(attn_plan_create(g_ctx, d, &plan));
+  EXPECT_OK(attn_plan_describe(plan, &info));
+  assert_int_equal(info.block_q, 0);
+  assert_int_equal(info.visible_pairs, 2 * 4 * 5 * 7);
+  EXPECT_OK(attn_plan_destroy(plan));
+  EXPECT_OK(attn_plan_desc_destroy(d));
+  EXPECT_OK(attn_block_mask_destroy(m));
+}
+
+static void test_moba_errors(void **state) {
+  prob_t p = std_prob(); /* batch 2, heads 4/2, Lq 5, Lk 7, causal */
+  attn_plan_desc_t d = desc_for(&p);
+  attn_plan_t plan;
+  attn_plan_info_t info;
+  attn_block_mask_t m = NULL;
+  attn_context_t cuda = NULL;
+  int32_t cu[3] = {0, 5, 10};
+  (void)state;
+  EXPECT_FAIL(ATTN_STATUS_INVALID_HANDLE, "desc", attn_plan_desc_set_moba(NULL, 2, 1, 0));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "block_size", attn_plan_desc_set_moba(d, -1, 1, 0));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "block_size",
+              attn_plan_desc_set_moba(d, (int64_t)1 << 17, 1, 0));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "top_k", attn_plan_desc_set_moba(d, 2, -1, 0));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "shared_per_group", attn_plan_desc_set_moba(d, 2, 1, 2));
+  /* the failed setters left MoBA off: a dense causal plan */
+  EXPECT_OK(attn_plan_create(g_ctx, d, &plan));
+  memset(&info, 0, sizeof info);
+  info.struct_size = sizeof info;
+  EXPECT_OK(attn_plan_describe(plan, &info));
+  assert_int_equal(info.visible_pairs, 200);
+  EXPECT_OK(attn_plan_destroy(plan));
+
+  /* blocks of 2, top 1: row i (diagonal d = i + 2) sees its own block up to
+   * d and at most one whole past block: 3, 4, 3, 4, 3 keys, an upper bound */
+  EXPECT_OK(attn_plan_desc_set_moba(d, 2, 1, 0));
+  EXPECT_OK(attn_plan_create(g_ctx, d, &plan));
+  EXPECT_OK(attn_plan_describe(plan, &info));
+  assert_int_equal(info.visible_pairs, 2 * 4 * 17);
+  assert_true(strstr(info.algorithm, "moba") != NULL);
+  EXPECT_OK(attn_plan_destroy(plan));
+
+  /* the mask must be causal */
+  EXPECT_OK(attn_plan_desc_set_mask(d, ATTN_MASK_NONE, -1, -1));
+  POISON_PLAN(plan);
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "ATTN_MASK_CAUSAL", attn_plan_create(g_ctx, d, &plan));
+  EXPECT_PLAN_UNTOUCHED(plan);
+  EXPECT_OK(attn_plan_desc_set_mask(d, ATTN_MASK_CAUSAL, -1, -1));
+
+  /* not with a block mask, nor a varlen batch */
+  EXPECT_OK(attn_block_mask_create(1, 1, 5, 7, 4, 4, &m));
+  EXPECT_OK(attn_block_mask_add_window(m, -1, -1));
+  EXPECT_OK(attn_plan_desc_set_block_mask(d, m));
+  EXPECT_FAIL(ATTN_STATUS_NOT_SUPPORTED, "block", attn_plan_create(g_ctx, d, &plan));
+  EXPECT_PLAN_UNTOUCHED(plan);
+  EXPECT_OK(attn_plan_desc_set_block_mask(d, NULL));
+  EXPECT_OK(attn_block_mask_destroy(m));
+  EXPECT_OK(attn_plan_desc_set_shape(d, 2, 4, 2, 5, 5, 8, 8));
+  EXPECT_OK(attn_plan_desc_set_varlen(d, 2, cu, cu));
+  EXPECT_FAIL(ATTN_STATUS_NOT_SUPPORTED, "varlen", attn_plan_create(g_ctx, d, &plan));
+  EXPECT_PLAN_UNTOUCHED(plan);
+  EXPECT_OK(attn_plan_desc_set_varlen(d, 2, NULL, NULL));
+  EXPECT_OK(attn_plan_desc_set_shape(d, 2, 4, 2, 5, 7, 8, 8));
+
+  /* CUDA: not supported (checked where a CUDA context can be made) */
+  if (attn_context_create(ATTN_BACKEND_CUDA, 0, 1, &cuda) == ATTN_STATUS_SUCCESS) {
+    EXPECT_FAIL(ATTN_STATUS_NOT_SUPPORTED, "CUDA", attn_plan_create(cuda, d, &plan));
+    EXPECT_PLAN_UNTOUCHED(plan);
+    EXPECT_OK(attn_context_destroy(cuda));
+  }
+
+  /* block_size 0 turns it off again */
+  EXPECT_OK(attn_plan_desc_set_moba(d, 0, 0, 0));
+  EXPECT_OK(attn_plan_create(g_ctx, d, &plan));
+  EXPECT_OK(attn_plan_describe(plan, &info));
+  assert_int_equal(info.visible_pairs, 200);
+  EXPECT_OK(attn_plan_destroy(plan));
+  EXPECT_OK(attn_plan_desc_destroy(d));
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_version),
@@ -1761,6 +2161,12 @@ int main(void) {
       cmocka_unit_test(test_destroyed_handles_everywhere),
       cmocka_unit_test(test_last_error_reset),
       cmocka_unit_test(test_last_error_thread_local),
+      cmocka_unit_test(test_block_mask_create_errors),
+      cmocka_unit_test(test_block_mask_set_blocks_errors),
+      cmocka_unit_test(test_block_mask_get_and_add_errors),
+      cmocka_unit_test(test_block_mask_builder_errors),
+      cmocka_unit_test(test_block_mask_plans),
+      cmocka_unit_test(test_moba_errors),
   };
   return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

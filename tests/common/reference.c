@@ -85,6 +85,80 @@ static int64_t max_lk(const ref_problem *p) {
 
 static int64_t group_size(const ref_problem *p) { return p->heads_q / p->heads_kv; }
 
+int ref_visible_head(const ref_problem *p, int64_t b, int64_t h, int64_t i, int64_t j) {
+  int64_t mb, mh;
+  if (!ref_visible(p, b, i, j)) return 0;
+  if (p->pair_mask == NULL) return 1;
+  mb = p->pair_mask_batch == 1 ? 0 : b;
+  mh = p->pair_mask_heads == 1 ? 0 : p->pair_mask_heads == p->heads_q ? h : h / group_size(p);
+  return p->pair_mask[((mb * p->pair_mask_heads + mh) * ref_lq(p, b) + i) * ref_lk(p, b) + j] != 0;
+}
+
+int ref_row_sees_any_head(const ref_problem *p, int64_t b, int64_t h, int64_t i) {
+  int64_t j;
+  for (j = 0; j < ref_lk(p, b); ++j)
+    if (ref_visible_head(p, b, h, i, j)) return 1;
+  return 0;
+}
+
+int ref_key_seen_head(const ref_problem *p, int64_t b, int64_t hk, int64_t j) {
+  int64_t h, i;
+  for (h = hk * group_size(p); h < (hk + 1) * group_size(p); ++h)
+    for (i = 0; i < ref_lq(p, b); ++i)
+      if (ref_visible_head(p, b, h, i, j)) return 1;
+  return 0;
+}
+
+void ref_moba_select(const ref_problem *p, const double *q, const double *k, int64_t block,
+                     int64_t top_k, int shared, unsigned char *pair) {
+  const int64_t lq = ref_lq(p, 0), lk = ref_lk(p, 0), nb = (lk + block - 1) / block;
+  const int64_t dqk = p->head_dim_qk, group = group_size(p);
+  double *mean = (double *)ref_alloc(sizeof(double) * (size_t)(p->heads_kv * nb * dqk));
+  double *gate = (double *)ref_alloc(sizeof(double) * (size_t)(nb > 0 ? nb : 1));
+  unsigned char *taken = (unsigned char *)ref_alloc((size_t)(nb > 0 ? nb : 1));
+  int64_t b, h, hk, kb, j, c, i, t, hh;
+  for (b = 0; b < p->batch; ++b) {
+    for (hk = 0; hk < p->heads_kv; ++hk)
+      for (kb = 0; kb < nb; ++kb) {
+        double *m = mean + (hk * nb + kb) * dqk;
+        const int64_t j1 = (kb + 1) * block < lk ? (kb + 1) * block : lk;
+        for (c = 0; c < dqk; ++c) m[c] = 0.0;
+        for (j = kb * block; j < j1; ++j)
+          for (c = 0; c < dqk; ++c) m[c] += k[ref_offset(p, &p->k, 0, b, j, hk) + c];
+        for (c = 0; c < dqk; ++c) m[c] /= (double)(j1 - kb * block);
+      }
+    for (h = 0; h < p->heads_q; ++h)
+      for (i = 0; i < lq; ++i) {
+        const int64_t d = i + lk - lq, own = d >= 0 ? d / block : -1;
+        /* the heads whose gates add up: the group when shared */
+        const int64_t h0 = shared ? (h / group) * group : h, h1 = shared ? h0 + group : h + 1;
+        unsigned char *row = pair + ((size_t)(b * p->heads_q + h) * (size_t)lq + (size_t)i) * (size_t)lk;
+        memset(row, 0, (size_t)lk);
+        if (own < 0) continue;
+        for (kb = 0; kb < own; ++kb) {
+          gate[kb] = 0.0;
+          taken[kb] = 0;
+          for (hh = h0; hh < h1; ++hh)
+            for (c = 0; c < dqk; ++c)
+              gate[kb] += q[ref_offset(p, &p->q, 1, b, i, hh) + c] *
+                          mean[((hh / group) * nb + kb) * dqk + c];
+        }
+        for (t = 0; t < top_k && t < own; ++t) { /* the largest untaken gate, lowest index */
+          int64_t best = -1;
+          for (kb = 0; kb < own; ++kb)
+            if (!taken[kb] && (best < 0 || gate[kb] > gate[best])) best = kb;
+          taken[best] = 1;
+        }
+        for (kb = 0; kb <= own; ++kb)
+          if (kb == own || taken[kb])
+            for (j = kb * block; j < (kb + 1) * block && j < lk; ++j) row[j] = 1;
+      }
+  }
+  free(mean);
+  free(gate);
+  free(taken);
+}
+
 /* ------------------------------------------------------------------------ */
 /* fp64                                                                      */
 /* ------------------------------------------------------------------------ */
@@ -101,7 +175,7 @@ static void scores_fp64(const ref_problem *p, int64_t b, int64_t h, const double
     for (j = 0; j < lk; ++j) {
       const double *kj = k + ref_offset(p, &p->k, 0, b, j, hk);
       double u = 0.0;
-      if (!ref_visible(p, b, i, j)) {
+      if (!ref_visible_head(p, b, h, i, j)) {
         z[i * lk + j] = -INFINITY;
         continue;
       }
@@ -356,7 +430,7 @@ static void scores_lowp(const ref_problem *p, attn_dtype_t dt, int64_t b, int64_
         w->t[i * lk + j] = t;
         sij = tu_round_float(t * cap, dt);
       }
-      if (!ref_visible(p, b, i, j)) sij = -INFINITY;
+      if (!ref_visible_head(p, b, h, i, j)) sij = -INFINITY;
       w->s[i * lk + j] = sij;
       if (sij > m) m = sij;
     }

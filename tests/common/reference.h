@@ -70,6 +70,14 @@ typedef struct ref_problem {
    * exist, to compute partial states over a subset of the keys. */
   const unsigned char *key_filter;
   ref_strides q, k, v, o, d_o, dq, dk, dv;
+  /* Optional (NULL: none), fixed-length batches only: a block-sparse or
+   * MoBA selection, materialised. Query i of sequence b in query head h sees
+   * key j only when pair_mask[((mb * pair_mask_heads + mh) * lq + i) * lk + j]
+   * != 0, where mb = b (0 when pair_mask_batch is 1) and mh = 0 when
+   * pair_mask_heads is 1, h when it is heads_q, else the KV head h / group.
+   * The window applies on top. */
+  const unsigned char *pair_mask;
+  int64_t pair_mask_batch, pair_mask_heads;
 } ref_problem;
 
 int64_t ref_lq(const ref_problem *p, int64_t b);
@@ -80,6 +88,21 @@ int64_t ref_lk(const ref_problem *p, int64_t b);
 int ref_mask_visible(int64_t lq, int64_t lk, int64_t left, int64_t right, int64_t i, int64_t j);
 /* The same for sequence b of the problem, including key_filter. */
 int ref_visible(const ref_problem *p, int64_t b, int64_t i, int64_t j);
+/* The same for query head h, including pair_mask (which the three functions
+ * without a head ignore); ref_key_seen_head: seen by a query head of KV head
+ * hk's group. */
+int ref_visible_head(const ref_problem *p, int64_t b, int64_t h, int64_t i, int64_t j);
+int ref_row_sees_any_head(const ref_problem *p, int64_t b, int64_t h, int64_t i);
+int ref_key_seen_head(const ref_problem *p, int64_t b, int64_t hk, int64_t j);
+
+/* MoBA's selection (attn_plan_desc_set_moba) computed directly in fp64:
+ * block means of K, gates q . mean per past block summed over the selecting
+ * heads, the top_k largest (ties: lower block index) plus the own block.
+ * Writes pair [batch][heads_q][lq][lk]: 1 where the key's block is selected
+ * for the query (the causal mask is left to the window). Fixed-length
+ * batches. */
+void ref_moba_select(const ref_problem *p, const double *q, const double *k, int64_t block,
+                     int64_t top_k, int shared, unsigned char *pair);
 /* Whether query row i of sequence b sees at least one key. */
 int ref_row_sees_any(const ref_problem *p, int64_t b, int64_t i);
 /* Whether key j of sequence b is seen by at least one query row. */

@@ -58,6 +58,7 @@ typedef struct run {
   float *lse;
   double *lse_ref, *lse_lowp;
   size_t lse_n;
+  unsigned char *moba_pair; /* MoBA: the fp64 selection [batch][heads_q][lq][lk] */
   int64_t empty_rows; /* query rows (per head) that see no key */
   double zmax;        /* largest |logit| over visible pairs */
   char summary[512];
@@ -165,6 +166,9 @@ static void setup_shape(run *r) {
     case ATTN_MASK_CAUSAL: r->rp.window_left = -1, r->rp.window_right = 0; break;
     case ATTN_MASK_WINDOW: r->rp.window_left = c->left, r->rp.window_right = c->right; break;
   }
+  r->rp.pair_mask = c->pair_mask;
+  r->rp.pair_mask_batch = c->mask_batch;
+  r->rp.pair_mask_heads = c->mask_heads;
 }
 
 /* Element offset of (b, s, h, 0) of a tensor in its buffer. */
@@ -340,6 +344,13 @@ static void fill_inputs(run *r, tu_rng *rng) {
     if (i == ATTN_TENSOR_Q || i == ATTN_TENSOR_K) tu_fill_normal(rng, &r->buf[i], sd);
     if (i == ATTN_TENSOR_V || i == ATTN_TENSOR_DO) tu_fill_normal(rng, &r->buf[i], 1.0);
   }
+  if (c->qk_integers) {
+    static const double kValues[4] = {-2.0, -1.0, 1.0, 2.0};
+    size_t e;
+    if (c->strides == NC_STRIDES_PACKED) fail_case(r, "case error: integer Q, K need own buffers");
+    for (i = ATTN_TENSOR_Q; i <= ATTN_TENSOR_K; ++i)
+      for (e = 0; e < r->buf[i].n; ++e) tu_buffer_set(&r->buf[i], e, kValues[tu_rng_int(rng, 0, 3)]);
+  }
   if (c->strides == NC_STRIDES_PACKED) {
     /* one buffer: redraw V's slots with sd 1 */
     int64_t b, s, h, ch;
@@ -399,6 +410,12 @@ static attn_status_t try_plan(run *r, attn_context_t ctx, int allow_empty, attn_
                attn_plan_desc_set_mask(d, c->mask, c->mask == ATTN_MASK_WINDOW ? c->left : -1,
                                        c->mask == ATTN_MASK_WINDOW ? c->right : -1),
                "attn_plan_desc_set_mask");
+  if (c->block_mask != NULL)
+    check_status(r, attn_plan_desc_set_block_mask(d, c->block_mask),
+                 "attn_plan_desc_set_block_mask");
+  if (c->moba_block > 0)
+    check_status(r, attn_plan_desc_set_moba(d, c->moba_block, c->moba_top_k, c->moba_shared),
+                 "attn_plan_desc_set_moba");
   if (allow_empty)
     check_status(r, attn_plan_desc_set_allow_empty_rows(d, 1),
                  "attn_plan_desc_set_allow_empty_rows");
@@ -546,9 +563,9 @@ static void check_empty_rows(const run *r, int role) {
   const tu_buffer *buf = &r->buf[g->buf];
   int64_t b, s, h, ch;
   for (b = 0; b < r->c->batch; ++b)
-    for (s = 0; s < ref_lq(&r->rp, b); ++s) {
-      if (ref_row_sees_any(&r->rp, b, s)) continue;
-      for (h = 0; h < g->heads; ++h)
+    for (s = 0; s < ref_lq(&r->rp, b); ++s)
+      for (h = 0; h < g->heads; ++h) {
+        if (ref_row_sees_any_head(&r->rp, b, h, s)) continue;
         for (ch = 0; ch < g->dim; ++ch) {
           const double got = tu_load(buf->data, elem(r, role, b, s, h) + (size_t)ch, buf->dtype);
           if (got != 0.0)
@@ -565,9 +582,9 @@ static void check_unseen_keys(const run *r, int role) {
   const tu_buffer *buf = &r->buf[g->buf];
   int64_t b, j, h, ch;
   for (b = 0; b < r->c->batch; ++b)
-    for (j = 0; j < ref_lk(&r->rp, b); ++j) {
-      if (ref_key_seen(&r->rp, b, j)) continue;
-      for (h = 0; h < g->heads; ++h)
+    for (j = 0; j < ref_lk(&r->rp, b); ++j)
+      for (h = 0; h < g->heads; ++h) {
+        if (ref_key_seen_head(&r->rp, b, h, j)) continue;
         for (ch = 0; ch < g->dim; ++ch) {
           const double got = tu_load(buf->data, elem(r, role, b, j, h) + (size_t)ch, buf->dtype);
           if (got != 0.0)
@@ -578,18 +595,23 @@ static void check_unseen_keys(const run *r, int role) {
     }
 }
 
+/* (query row, query head) pairs that see no key. */
 static int64_t count_empty_rows(const run *r) {
-  int64_t b, s, n = 0;
+  int64_t b, h, s, n = 0;
   for (b = 0; b < r->c->batch; ++b)
-    for (s = 0; s < ref_lq(&r->rp, b); ++s) n += !ref_row_sees_any(&r->rp, b, s);
+    for (h = 0; h < r->c->heads_q; ++h)
+      for (s = 0; s < ref_lq(&r->rp, b); ++s) n += !ref_row_sees_any_head(&r->rp, b, h, s);
   return n;
 }
 
+/* Visible (query, key) pairs over every query head, as attn_plan_describe
+ * reports them. */
 static int64_t count_visible_pairs(const run *r) {
-  int64_t b, i, j, n = 0;
+  int64_t b, h, i, j, n = 0;
   for (b = 0; b < r->c->batch; ++b)
-    for (i = 0; i < ref_lq(&r->rp, b); ++i)
-      for (j = 0; j < ref_lk(&r->rp, b); ++j) n += ref_visible(&r->rp, b, i, j);
+    for (h = 0; h < r->c->heads_q; ++h)
+      for (i = 0; i < ref_lq(&r->rp, b); ++i)
+        for (j = 0; j < ref_lk(&r->rp, b); ++j) n += ref_visible_head(&r->rp, b, h, i, j);
   return n;
 }
 
@@ -798,6 +820,7 @@ static void free_run(run *r) {
   free(r->lse);
   free(r->lse_ref);
   free(r->lse_lowp);
+  free(r->moba_pair);
 }
 
 void nc_run(const nc_case *c) {
@@ -813,6 +836,15 @@ void nc_run(const nc_case *c) {
   describe_case(&r);
   setup_geometry(&r, &rng);
   fill_inputs(&r, &rng);
+  if (c->moba_block > 0) {
+    r.moba_pair = (unsigned char *)xcalloc((size_t)(c->batch * c->heads_q) *
+                                               (size_t)(r.seqlen_q * r.seqlen_kv), 1);
+    ref_moba_select(&r.rp, mirror_of(&r, ATTN_TENSOR_Q), mirror_of(&r, ATTN_TENSOR_K),
+                    c->moba_block, c->moba_top_k, c->moba_shared, r.moba_pair);
+    r.rp.pair_mask = r.moba_pair;
+    r.rp.pair_mask_batch = c->batch;
+    r.rp.pair_mask_heads = c->heads_q;
+  }
   r.empty_rows = count_empty_rows(&r);
   pairs = count_visible_pairs(&r);
   r.zmax = ref_max_abs_logit(&r.rp, mirror_of(&r, ATTN_TENSOR_Q), mirror_of(&r, ATTN_TENSOR_K));
@@ -821,6 +853,21 @@ void nc_run(const nc_case *c) {
                "attn_context_create");
   plan = make_plan(&r, ctx);
   attn_context_destroy(ctx);
+  {
+    attn_plan_info_t info;
+    memset(&info, 0, sizeof info);
+    info.struct_size = sizeof info;
+    check_status(&r, attn_plan_describe(plan, &info), "attn_plan_describe");
+    if (c->moba_block > 0 ? info.visible_pairs < (uint64_t)pairs
+                          : info.visible_pairs != (uint64_t)pairs)
+      fail_case(&r, "attn_plan_describe: visible_pairs %llu, the reference counts %lld",
+                (unsigned long long)info.visible_pairs, (long long)pairs);
+    if (info.visited_tile_pairs > info.total_tile_pairs ||
+        (pairs > 0 && info.visited_tile_pairs == 0))
+      fail_case(&r, "attn_plan_describe: visited_tile_pairs %llu of total_tile_pairs %llu",
+                (unsigned long long)info.visited_tile_pairs,
+                (unsigned long long)info.total_tile_pairs);
+  }
 
   run_forward(&r, plan, &rng, pairs);
   if (c->backward) run_backward(&r, plan, &rng, pairs);

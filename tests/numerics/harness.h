@@ -84,6 +84,21 @@ typedef struct nc_case {
   int threads;     /* the context's thread count (0: 1) */
   int backward;    /* also run and check the backward pass */
   int no_lse;      /* forward only: pass lse = NULL (LSE is optional) */
+  /* Block-sparse (fixed-length batches): the plan gets block_mask and the
+   * reference its materialised selection pair_mask [mask_batch][mask_heads]
+   * [seqlen_q][seqlen_kv] (see ref_problem). NULL: a dense plan. */
+  attn_block_mask_t block_mask;
+  const unsigned char *pair_mask;
+  int64_t mask_batch, mask_heads;
+  /* MoBA (moba_block > 0; causal, fixed length): the plan selects at run
+   * time, the reference selects in fp64 (ref_moba_select); visible_pairs is
+   * then checked as an upper bound. */
+  int64_t moba_block, moba_top_k;
+  int moba_shared;
+  /* Q and K entries drawn from {-2, -1, 1, 2}: every gate, block mean and
+   * their sums are exact in fp32, so MoBA's fp32 selection equals the fp64
+   * one, ties included. */
+  int qk_integers;
 } nc_case;
 
 /* Call first in main(). When ATTN_CPU_ISA names a kernel variant, checks

@@ -1,0 +1,632 @@
+/*
+ * Block-sparse plans against the fp64 reference. Each case draws a random
+ * block mask, gives it to the library (as FlexAttention-style tables or as a
+ * materialised boolean matrix), materialises the same selection on the test
+ * side, and runs the numerics harness (forward and backward, exact checks of
+ * empty rows, unseen keys, visible_pairs and determinism; see harness.h),
+ * whose reference sees the plan's dense mask AND the materialised selection.
+ * Before that, the mask is read back (attn_block_mask_get_blocks) and must
+ * select exactly the same elements, in canonical form.
+ * The pattern builders (window, global keys and queries, strided, random
+ * blocks, documents, and compositions) must give exactly the tables that
+ * attn_block_mask_add_dense gives for their test-side matrices; composed
+ * patterns (causal + window + sinks, BigBird, documents + causal, Sparse
+ * Transformer) also run through the numerics harness.
+ * Run once per CPU kernel variant (ATTN_CPU_ISA).
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "harness.h"
+#include "testutil.h"
+
+#define FP32 ATTN_DTYPE_FP32
+#define FP16 ATTN_DTYPE_FP16
+#define BF16 ATTN_DTYPE_BF16
+#define NONE ATTN_MASK_NONE
+#define CAUSAL ATTN_MASK_CAUSAL
+#define WINDOW ATTN_MASK_WINDOW
+
+typedef enum source {
+  FROM_TABLES = 0, /* attn_block_mask_set_blocks with random tables */
+  FROM_DENSE = 1   /* attn_block_mask_add_dense with a random blocky matrix */
+} source;
+
+typedef struct sparse_case {
+  nc_case base; /* name, dtype, shape, dense mask, threads, backward */
+  int64_t block_q, block_kv;
+  int64_t mask_batch, mask_heads; /* 1, or the batch / heads_kv */
+  source from;
+  double p_none;     /* chance that a block is not listed */
+  int empty_block0;  /* query block 0 of mask slot 0 lists nothing: empty rows */
+  int no_bits;       /* tables without partial_bits: partial blocks select everything */
+} sparse_case;
+
+static void *xcalloc(size_t n, size_t size) {
+  void *p = calloc(n == 0 ? 1 : n, size);
+  assert_non_null(p);
+  return p;
+}
+
+static void check(attn_status_t st, const char *call) {
+  if (st != ATTN_STATUS_SUCCESS)
+    fail_msg("%s returned %s: %s", call, attn_status_string(st), attn_last_error_message());
+}
+
+/* The selection as a [mask_batch][mask_heads][lq][lk] matrix, drawn block by
+ * block; when tables are given, also as FlexAttention tables (indices in a
+ * random order, unused slots filled with junk the library must not read). */
+typedef struct drawn {
+  unsigned char *pair;
+  int32_t *num_p, *idx_p, *num_f, *idx_f;
+  uint8_t *bits;
+} drawn;
+
+static void draw(const sparse_case *sc, tu_rng *rng, drawn *d) {
+  const nc_case *c = &sc->base;
+  const int64_t lq = c->seqlen_q, lk = c->seqlen_kv, bq = sc->block_q, bk = sc->block_kv;
+  const int64_t nqb = (lq + bq - 1) / bq, nkb = (lk + bk - 1) / bk;
+  const int64_t rows = sc->mask_batch * sc->mask_heads * nqb;
+  const size_t tile_bytes = (size_t)ATTN_BLOCK_MASK_TILE_BYTES(bq, bk);
+  int32_t *order = (int32_t *)xcalloc((size_t)nkb, sizeof(int32_t));
+  int64_t k, e, r, col;
+  d->pair = (unsigned char *)xcalloc((size_t)(sc->mask_batch * sc->mask_heads * lq * lk), 1);
+  d->num_p = (int32_t *)xcalloc((size_t)rows, sizeof(int32_t));
+  d->num_f = (int32_t *)xcalloc((size_t)rows, sizeof(int32_t));
+  d->idx_p = (int32_t *)xcalloc((size_t)(rows * nkb), sizeof(int32_t));
+  d->idx_f = (int32_t *)xcalloc((size_t)(rows * nkb), sizeof(int32_t));
+  d->bits = (uint8_t *)xcalloc((size_t)(rows * nkb) * tile_bytes, 1);
+  for (k = 0; k < rows * nkb; ++k) d->idx_p[k] = d->idx_f[k] = 12345;
+  memset(d->bits, 0xA5, (size_t)(rows * nkb) * tile_bytes);
+  for (k = 0; k < rows; ++k) {
+    const int64_t slot = k / nqb, qb = k % nqb;
+    unsigned char *plane = d->pair + (size_t)(slot * lq * lk);
+    tu_rng_permutation(rng, order, (size_t)nkb);
+    for (e = 0; e < nkb; ++e) {
+      const int64_t kb = order[e];
+      const double kind = tu_rng_uniform(rng, 0.0, 1.0);
+      const double density = tu_rng_uniform(rng, 0.15, 0.85);
+      const int listed = tu_rng_uniform(rng, 0.0, 1.0) >= sc->p_none && !(sc->empty_block0 && k == 0);
+      /* full 30%, partial with random bits 50%, partial with every bit set 20%
+       * (also those outside the sequence, which the library must ignore) */
+      const int full = kind < 0.3, with_bits = kind >= 0.3 && kind < 0.8 && !sc->no_bits;
+      uint8_t *tile = NULL;
+      if (!listed) continue;
+      if (sc->from == FROM_TABLES && full) {
+        d->idx_f[k * nkb + d->num_f[k]++] = (int32_t)kb;
+      } else if (sc->from == FROM_TABLES) {
+        tile = d->bits + (size_t)(k * nkb + d->num_p[k]) * tile_bytes;
+        memset(tile, with_bits ? 0 : 0xFF, tile_bytes);
+        d->idx_p[k * nkb + d->num_p[k]++] = (int32_t)kb;
+      }
+      for (r = 0; r < bq; ++r)
+        for (col = 0; col < bk; ++col) {
+          const int64_t i = qb * bq + r, j = kb * bk + col, t = r * bk + col;
+          const int on = full || !with_bits || tu_rng_uniform(rng, 0.0, 1.0) < density;
+          if (tile != NULL && with_bits && on) tile[t / 8] = (uint8_t)(tile[t / 8] | (1u << (t % 8)));
+          if (i < lq && j < lk && on) plane[i * lk + j] = 1;
+        }
+    }
+  }
+  free(order);
+}
+
+static void free_drawn(drawn *d) {
+  free(d->pair);
+  free(d->num_p);
+  free(d->idx_p);
+  free(d->num_f);
+  free(d->idx_f);
+  free(d->bits);
+}
+
+/* Reads the mask back and checks that it selects exactly `pair`, in
+ * canonical form: a block is listed full iff all its in-range elements are
+ * selected, partial iff some are, not at all iff none; lists sorted; unused
+ * slots -1. */
+static void check_readback(const sparse_case *sc, attn_block_mask_t mask, const unsigned char *pair) {
+  const nc_case *c = &sc->base;
+  const int64_t lq = c->seqlen_q, lk = c->seqlen_kv, bq = sc->block_q, bk = sc->block_kv;
+  const int64_t nqb = (lq + bq - 1) / bq, nkb = (lk + bk - 1) / bk;
+  const int64_t rows = sc->mask_batch * sc->mask_heads * nqb;
+  const size_t tile_bytes = (size_t)ATTN_BLOCK_MASK_TILE_BYTES(bq, bk);
+  int32_t max_p = -1, max_f = -1, mp, mf;
+  int32_t *num_p, *idx_p, *num_f, *idx_f;
+  uint8_t *bits;
+  int64_t k, kb, r, col, e;
+  check(attn_block_mask_get_max_blocks(mask, &max_p, &max_f), "attn_block_mask_get_max_blocks");
+  mp = max_p > 0 ? max_p : 1;
+  mf = max_f > 0 ? max_f : 1;
+  num_p = (int32_t *)xcalloc((size_t)rows, sizeof(int32_t));
+  num_f = (int32_t *)xcalloc((size_t)rows, sizeof(int32_t));
+  idx_p = (int32_t *)xcalloc((size_t)(rows * mp), sizeof(int32_t));
+  idx_f = (int32_t *)xcalloc((size_t)(rows * mf), sizeof(int32_t));
+  bits = (uint8_t *)xcalloc((size_t)(rows * mp) * tile_bytes, 1);
+  check(attn_block_mask_get_blocks(mask, num_p, idx_p, mp, bits, num_f, idx_f, mf),
+        "attn_block_mask_get_blocks");
+  for (k = 0; k < rows; ++k) {
+    const int64_t slot = k / nqb, qb = k % nqb;
+    const unsigned char *plane = pair + (size_t)(slot * lq * lk);
+    int32_t ep = 0, ef = 0;
+    for (e = num_p[k]; e < mp; ++e) assert_int_equal(idx_p[k * mp + e], -1);
+    for (e = num_f[k]; e < mf; ++e) assert_int_equal(idx_f[k * mf + e], -1);
+    for (kb = 0; kb < nkb; ++kb) {
+      int64_t on = 0, in_range = 0;
+      const int is_full = ef < num_f[k] && idx_f[k * mf + ef] == kb;
+      const int is_partial = ep < num_p[k] && idx_p[k * mp + ep] == kb;
+      const uint8_t *tile = is_partial ? bits + (size_t)(k * mp + ep) * tile_bytes : NULL;
+      for (r = 0; r < bq; ++r)
+        for (col = 0; col < bk; ++col) {
+          const int64_t i = qb * bq + r, j = kb * bk + col, t = r * bk + col;
+          const int bit = tile != NULL && ((tile[t / 8] >> (t % 8)) & 1);
+          if (i >= lq || j >= lk) {
+            if (bit)
+              fail_msg("row %lld block %lld: a bit outside the sequence is set", (long long)k,
+                       (long long)kb);
+            continue;
+          }
+          ++in_range;
+          on += plane[i * lk + j] != 0;
+          if (is_partial && bit != (plane[i * lk + j] != 0))
+            fail_msg("row %lld block %lld element (%lld, %lld): bit %d, expected %d", (long long)k,
+                     (long long)kb, (long long)r, (long long)col, bit, plane[i * lk + j] != 0);
+        }
+      if (is_full != (on == in_range && on > 0) || is_partial != (on > 0 && on < in_range))
+        fail_msg("row %lld key block %lld: listed full %d partial %d, but %lld of %lld elements "
+                 "are selected", (long long)k, (long long)kb, is_full, is_partial, (long long)on,
+                 (long long)in_range);
+      ef += is_full;
+      ep += is_partial;
+    }
+    /* every listed index was matched in increasing order: sorted, in range */
+    assert_int_equal(ef, num_f[k]);
+    assert_int_equal(ep, num_p[k]);
+  }
+  free(num_p);
+  free(num_f);
+  free(idx_p);
+  free(idx_f);
+  free(bits);
+}
+
+static void run_sparse(void **state) {
+  const sparse_case *sc = (const sparse_case *)*state;
+  nc_case c = sc->base;
+  tu_rng rng = tu_rng_for(sc->base.name);
+  attn_block_mask_t mask = NULL;
+  drawn d;
+  const int64_t nkb = (c.seqlen_kv + sc->block_kv - 1) / sc->block_kv;
+  memset(&d, 0, sizeof d);
+  draw(sc, &rng, &d);
+  check(attn_block_mask_create(sc->mask_batch, sc->mask_heads, c.seqlen_q, c.seqlen_kv,
+                               sc->block_q, sc->block_kv, &mask),
+        "attn_block_mask_create");
+  if (sc->from == FROM_TABLES)
+    check(attn_block_mask_set_blocks(mask, d.num_p, d.idx_p, (int32_t)nkb,
+                                     sc->no_bits ? NULL : d.bits, d.num_f,
+                                     d.idx_f, (int32_t)nkb),
+          "attn_block_mask_set_blocks");
+  else
+    check(attn_block_mask_add_dense(mask, d.pair), "attn_block_mask_add_dense");
+  check_readback(sc, mask, d.pair);
+
+  c.block_mask = mask;
+  c.pair_mask = d.pair;
+  c.mask_batch = sc->mask_batch;
+  c.mask_heads = sc->mask_heads;
+  nc_run(&c);
+  check(attn_block_mask_destroy(mask), "attn_block_mask_destroy");
+  free_drawn(&d);
+}
+
+#define SHAPE(b, hq, hkv, lq, lk, d) \
+  .batch = (b), .heads_q = (hq), .heads_kv = (hkv), .seqlen_q = (lq), .seqlen_kv = (lk), \
+  .dqk = (d), .dv = (d)
+#define CASE(name_, dtype_, ...) \
+  {.name = (name_), .dtype = (dtype_), .backward = 1, __VA_ARGS__}
+
+static const sparse_case kCases[] = {
+    {CASE("b16_len100_none_fp32", FP32, SHAPE(1, 2, 2, 100, 100, 32), .threads = 1), 16, 16, 1, 2,
+     FROM_TABLES, 0.4, 0, 0},
+    {CASE("b64_causal_gqa_per_head_bf16", BF16, SHAPE(1, 4, 2, 130, 200, 32), .mask = CAUSAL,
+          .threads = 2),
+     64, 64, 1, 2, FROM_TABLES, 0.3, 0, 0},
+    {CASE("b128_window_broadcast_fp16", FP16, SHAPE(2, 2, 2, 300, 300, 32), .mask = WINDOW,
+          .left = 100, .right = 20, .threads = 2),
+     128, 128, 2, 1, FROM_TABLES, 0.2, 0, 0},
+    {CASE("b48_nonpow2_q_gt_k_fp32", FP32, SHAPE(2, 2, 1, 150, 97, 24), .threads = 1), 48, 48, 1,
+     1, FROM_TABLES, 0.3, 0, 0},
+    {CASE("b16x64_causal_fp32", FP32, SHAPE(1, 1, 1, 200, 200, 16), .mask = CAUSAL, .threads = 2),
+     16, 64, 1, 1, FROM_TABLES, 0.3, 0, 0},
+    {CASE("b64x16_lq_lt_lk_bf16", BF16, SHAPE(1, 2, 1, 70, 250, 32), .mask = CAUSAL, .threads = 1),
+     64, 16, 1, 1, FROM_TABLES, 0.5, 0, 0},
+    {CASE("b32_empty_rows_fp32", FP32, SHAPE(1, 2, 2, 90, 90, 16), .threads = 1), 32, 32, 1, 2,
+     FROM_TABLES, 0.3, 1, 0},
+    {CASE("b128_causal_q_gt_k_empty_fp16", FP16, SHAPE(1, 2, 2, 260, 200, 32), .mask = CAUSAL,
+          .threads = 2),
+     128, 128, 1, 1, FROM_TABLES, 0.1, 0, 0},
+    {CASE("b96_softcap_per_batch_fp32", FP32, SHAPE(2, 2, 1, 200, 200, 32), .softcap = 8.0f,
+          .threads = 2),
+     96, 96, 2, 1, FROM_TABLES, 0.3, 0, 0},
+    {CASE("b32_shuffled_strides_gqa_fp16", FP16, SHAPE(2, 4, 2, 120, 140, 24), .mask = CAUSAL,
+          .strides = NC_STRIDES_SHUFFLED, .threads = 2),
+     32, 32, 2, 2, FROM_TABLES, 0.3, 0, 0},
+    {CASE("b64_bhsd_padded_window_fp32", FP32, SHAPE(1, 2, 2, 160, 160, 16), .mask = WINDOW,
+          .left = 50, .right = 50, .layout = ATTN_LAYOUT_BHSD, .strides = NC_STRIDES_PADDED,
+          .threads = 1),
+     64, 64, 1, 2, FROM_TABLES, 0.3, 0, 0},
+    {CASE("b7x13_tiny_blocks_fp32", FP32, SHAPE(1, 1, 1, 50, 60, 8), .threads = 1), 7, 13, 1, 1,
+     FROM_TABLES, 0.5, 0, 0},
+    {CASE("b32_no_bits_causal_bf16", BF16, SHAPE(1, 2, 1, 180, 180, 32), .mask = CAUSAL,
+          .threads = 2),
+     32, 32, 1, 1, FROM_TABLES, 0.4, 0, 1},
+    {CASE("b200_bigger_than_seq_fp32", FP32, SHAPE(1, 1, 1, 120, 150, 16), .threads = 1), 200, 200,
+     1, 1, FROM_TABLES, 0.0, 0, 0},
+    {CASE("dense_b32_causal_fp32", FP32, SHAPE(1, 2, 2, 150, 150, 32), .mask = CAUSAL,
+          .threads = 2),
+     32, 32, 1, 2, FROM_DENSE, 0.3, 0, 0},
+    {CASE("dense_b48x80_window_bf16", BF16, SHAPE(2, 2, 1, 130, 170, 16), .mask = WINDOW,
+          .left = 60, .right = 60, .threads = 1),
+     48, 80, 2, 1, FROM_DENSE, 0.2, 0, 0},
+    {CASE("dense_b64_gqa_fp16", FP16, SHAPE(1, 4, 2, 100, 100, 32), .threads = 2), 64, 64, 1, 2,
+     FROM_DENSE, 0.2, 0, 0},
+};
+
+/* ------------------------------------------------------------------------ */
+/* Pattern builders                                                          */
+/* ------------------------------------------------------------------------ */
+
+/* A geometry for the builder tests, and the selection as a test-side
+ * matrix [batch][heads][lq][lk]. */
+typedef struct geom {
+  int64_t batch, heads, lq, lk, bq, bk;
+} geom;
+
+static size_t plane_size(const geom *g) { return (size_t)(g->lq * g->lk); }
+static size_t matrix_size(const geom *g) { return (size_t)(g->batch * g->heads) * plane_size(g); }
+
+/* Test-side definitions of the patterns (attn.h), ORed into every slot. */
+static int64_t diag(const geom *g, int64_t i) { return i + g->lk - g->lq; }
+
+static void or_window(const geom *g, unsigned char *sel, int64_t left, int64_t right) {
+  size_t s;
+  int64_t i, j;
+  for (s = 0; s < (size_t)(g->batch * g->heads); ++s)
+    for (i = 0; i < g->lq; ++i)
+      for (j = 0; j < g->lk; ++j)
+        if ((left < 0 || j >= diag(g, i) - left) && (right < 0 || j <= diag(g, i) + right))
+          sel[s * plane_size(g) + (size_t)(i * g->lk + j)] = 1;
+}
+
+static void or_keys(const geom *g, unsigned char *sel, const int64_t *keys, int64_t n, int rows) {
+  size_t s;
+  int64_t i, k;
+  for (s = 0; s < (size_t)(g->batch * g->heads); ++s)
+    for (k = 0; k < n; ++k)
+      for (i = 0; i < (rows ? g->lk : g->lq); ++i) {
+        /* rows: query keys[k] sees every key i; else every query i sees key keys[k] */
+        const int64_t qi = rows ? keys[k] : i, kj = rows ? i : keys[k];
+        sel[s * plane_size(g) + (size_t)(qi * g->lk + kj)] = 1;
+      }
+}
+
+static void or_strided(const geom *g, unsigned char *sel, int64_t stride) {
+  size_t s;
+  int64_t i, j;
+  for (s = 0; s < (size_t)(g->batch * g->heads); ++s)
+    for (i = 0; i < g->lq; ++i)
+      for (j = 0; j < g->lk; ++j)
+        if (((diag(g, i) - j) % stride + stride) % stride == 0)
+          sel[s * plane_size(g) + (size_t)(i * g->lk + j)] = 1;
+}
+
+static uint64_t splitmix64(uint64_t *state) {
+  uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+/* The draw as attn.h specifies it. */
+static void or_random_blocks(const geom *g, unsigned char *sel, int64_t per_row, uint64_t seed) {
+  const int64_t nqb = (g->lq + g->bq - 1) / g->bq, nkb = (g->lk + g->bk - 1) / g->bk;
+  int64_t *perm = (int64_t *)xcalloc((size_t)nkb, sizeof(int64_t));
+  uint64_t state = seed;
+  int64_t s, qb, t, i, j;
+  for (s = 0; s < g->batch * g->heads; ++s)
+    for (qb = 0; qb < nqb; ++qb) {
+      for (t = 0; t < nkb; ++t) perm[t] = t;
+      for (t = 0; t < per_row; ++t) {
+        const int64_t u = t + (int64_t)(splitmix64(&state) % (uint64_t)(nkb - t));
+        const int64_t kb = perm[u];
+        perm[u] = perm[t];
+        perm[t] = kb;
+        for (i = qb * g->bq; i < (qb + 1) * g->bq && i < g->lq; ++i)
+          for (j = kb * g->bk; j < (kb + 1) * g->bk && j < g->lk; ++j)
+            sel[(size_t)s * plane_size(g) + (size_t)(i * g->lk + j)] = 1;
+      }
+    }
+  free(perm);
+}
+
+static void and_docs(const geom *g, unsigned char *sel, const int32_t *dq, const int32_t *dk) {
+  int64_t b, h, i, j;
+  for (b = 0; b < g->batch; ++b)
+    for (h = 0; h < g->heads; ++h)
+      for (i = 0; i < g->lq; ++i)
+        for (j = 0; j < g->lk; ++j)
+          if (dq[b * g->lq + i] != dk[b * g->lk + j])
+            sel[(size_t)(b * g->heads + h) * plane_size(g) + (size_t)(i * g->lk + j)] = 0;
+}
+
+/* Random document ids: runs of 1..max_run tokens, ids increasing (packed
+ * sequences), the same segmentation for queries and keys when lq == lk. */
+static void draw_docs(tu_rng *rng, int32_t *ids, int64_t n, int64_t max_run) {
+  int64_t i = 0;
+  int32_t doc = 0;
+  while (i < n) {
+    int64_t run = tu_rng_int(rng, 1, max_run), k;
+    for (k = 0; k < run && i < n; ++k) ids[i++] = doc;
+    ++doc;
+  }
+}
+
+/* The same tables, bits included, byte for byte. */
+static void expect_same_tables(const geom *g, attn_block_mask_t a, attn_block_mask_t b,
+                               const char *what) {
+  const int64_t nqb = (g->lq + g->bq - 1) / g->bq, rows = g->batch * g->heads * nqb;
+  const size_t tile = (size_t)ATTN_BLOCK_MASK_TILE_BYTES(g->bq, g->bk);
+  int32_t mp[2], mf[2], k;
+  int32_t *num_p[2], *idx_p[2], *num_f[2], *idx_f[2];
+  uint8_t *bits[2];
+  attn_block_mask_t m[2];
+  m[0] = a, m[1] = b;
+  for (k = 0; k < 2; ++k) {
+    check(attn_block_mask_get_max_blocks(m[k], &mp[k], &mf[k]), "attn_block_mask_get_max_blocks");
+  }
+  if (mp[0] != mp[1] || mf[0] != mf[1])
+    fail_msg("%s: longest rows differ: partial %d vs %d, full %d vs %d", what, mp[0], mp[1], mf[0],
+             mf[1]);
+  if (mp[0] < 1) mp[0] = mp[1] = 1;
+  if (mf[0] < 1) mf[0] = mf[1] = 1;
+  for (k = 0; k < 2; ++k) {
+    num_p[k] = (int32_t *)xcalloc((size_t)rows, sizeof(int32_t));
+    num_f[k] = (int32_t *)xcalloc((size_t)rows, sizeof(int32_t));
+    idx_p[k] = (int32_t *)xcalloc((size_t)(rows * mp[k]), sizeof(int32_t));
+    idx_f[k] = (int32_t *)xcalloc((size_t)(rows * mf[k]), sizeof(int32_t));
+    bits[k] = (uint8_t *)xcalloc((size_t)(rows * mp[k]) * tile, 1);
+    check(attn_block_mask_get_blocks(m[k], num_p[k], idx_p[k], mp[k], bits[k], num_f[k], idx_f[k],
+                                     mf[k]),
+          "attn_block_mask_get_blocks");
+  }
+  if (memcmp(num_p[0], num_p[1], (size_t)rows * sizeof(int32_t)) != 0 ||
+      memcmp(num_f[0], num_f[1], (size_t)rows * sizeof(int32_t)) != 0 ||
+      memcmp(idx_p[0], idx_p[1], (size_t)(rows * mp[0]) * sizeof(int32_t)) != 0 ||
+      memcmp(idx_f[0], idx_f[1], (size_t)(rows * mf[0]) * sizeof(int32_t)) != 0 ||
+      memcmp(bits[0], bits[1], (size_t)(rows * mp[0]) * tile) != 0)
+    fail_msg("%s: the builder's tables differ from those of its materialised matrix", what);
+  for (k = 0; k < 2; ++k) {
+    free(num_p[k]);
+    free(num_f[k]);
+    free(idx_p[k]);
+    free(idx_f[k]);
+    free(bits[k]);
+  }
+}
+
+static attn_block_mask_t new_mask(const geom *g) {
+  attn_block_mask_t m = NULL;
+  check(attn_block_mask_create(g->batch, g->heads, g->lq, g->lk, g->bq, g->bk, &m),
+        "attn_block_mask_create");
+  return m;
+}
+
+/* Builds `built` with the library's builders, `sel` on the test side, then
+ * compares built with add_dense(sel). */
+static void compare_with_dense(const geom *g, attn_block_mask_t built, const unsigned char *sel,
+                               const char *what) {
+  attn_block_mask_t dense = new_mask(g);
+  check(attn_block_mask_add_dense(dense, sel), "attn_block_mask_add_dense");
+  expect_same_tables(g, built, dense, what);
+  check(attn_block_mask_destroy(dense), "attn_block_mask_destroy");
+}
+
+static void test_builders_match_dense(void **state) {
+  static const geom geoms[] = {
+      {1, 1, 100, 100, 16, 16}, {2, 1, 130, 97, 48, 48},  {1, 2, 70, 250, 64, 16},
+      {1, 1, 200, 150, 128, 128}, {1, 1, 37, 53, 7, 13}, {2, 2, 96, 96, 96, 96},
+  };
+  tu_rng rng = tu_rng_for("builders_match_dense");
+  size_t gi;
+  (void)state;
+  for (gi = 0; gi < sizeof geoms / sizeof geoms[0]; ++gi) {
+    const geom *g = &geoms[gi];
+    unsigned char *sel = (unsigned char *)xcalloc(matrix_size(g), 1);
+    int32_t *dq = (int32_t *)xcalloc((size_t)(g->batch * g->lq), sizeof(int32_t));
+    int32_t *dk = (int32_t *)xcalloc((size_t)(g->batch * g->lk), sizeof(int32_t));
+    const int64_t nkb = (g->lk + g->bk - 1) / g->bk;
+    const int64_t left = tu_rng_int(&rng, -1, g->lk), right = tu_rng_int(&rng, -1, 20);
+    const int64_t stride = tu_rng_int(&rng, 1, 40);
+    const int64_t per_row = tu_rng_int(&rng, 0, nkb < 3 ? nkb : 3);
+    const uint64_t seed = tu_rng_next(&rng);
+    int64_t keys[5], queries[3], k, b;
+    attn_block_mask_t m;
+    char what[160];
+    for (k = 0; k < 5; ++k) keys[k] = tu_rng_int(&rng, 0, g->lk - 1);
+    for (k = 0; k < 3; ++k) queries[k] = tu_rng_int(&rng, 0, g->lq - 1);
+    for (b = 0; b < g->batch; ++b) {
+      draw_docs(&rng, dq + b * g->lq, g->lq, 40);
+      draw_docs(&rng, dk + b * g->lk, g->lk, 40);
+    }
+    snprintf(what, sizeof what, "geometry %zu (batch %lld heads %lld %lldx%lld blocks %lldx%lld)",
+             gi, (long long)g->batch, (long long)g->heads, (long long)g->lq, (long long)g->lk,
+             (long long)g->bq, (long long)g->bk);
+
+    /* each builder alone */
+    m = new_mask(g);
+    check(attn_block_mask_add_window(m, left, right), "attn_block_mask_add_window");
+    memset(sel, 0, matrix_size(g));
+    or_window(g, sel, left, right);
+    compare_with_dense(g, m, sel, what);
+    check(attn_block_mask_destroy(m), "destroy");
+
+    m = new_mask(g);
+    check(attn_block_mask_add_global_keys(m, keys, 5), "attn_block_mask_add_global_keys");
+    memset(sel, 0, matrix_size(g));
+    or_keys(g, sel, keys, 5, 0);
+    compare_with_dense(g, m, sel, what);
+    check(attn_block_mask_destroy(m), "destroy");
+
+    m = new_mask(g);
+    check(attn_block_mask_add_global_queries(m, queries, 3), "attn_block_mask_add_global_queries");
+    memset(sel, 0, matrix_size(g));
+    or_keys(g, sel, queries, 3, 1);
+    compare_with_dense(g, m, sel, what);
+    check(attn_block_mask_destroy(m), "destroy");
+
+    m = new_mask(g);
+    check(attn_block_mask_add_strided(m, stride), "attn_block_mask_add_strided");
+    memset(sel, 0, matrix_size(g));
+    or_strided(g, sel, stride);
+    compare_with_dense(g, m, sel, what);
+    check(attn_block_mask_destroy(m), "destroy");
+
+    m = new_mask(g);
+    check(attn_block_mask_add_random_blocks(m, (int32_t)per_row, seed),
+          "attn_block_mask_add_random_blocks");
+    memset(sel, 0, matrix_size(g));
+    or_random_blocks(g, sel, per_row, seed);
+    compare_with_dense(g, m, sel, what);
+    check(attn_block_mask_destroy(m), "destroy");
+
+    /* composed: (window AND documents) OR sinks OR global rows OR strided */
+    m = new_mask(g);
+    check(attn_block_mask_add_window(m, left, right), "attn_block_mask_add_window");
+    check(attn_block_mask_and_documents(m, dq, dk), "attn_block_mask_and_documents");
+    check(attn_block_mask_add_global_keys(m, keys, 2), "attn_block_mask_add_global_keys");
+    check(attn_block_mask_add_global_queries(m, queries, 1), "attn_block_mask_add_global_queries");
+    check(attn_block_mask_add_strided(m, stride), "attn_block_mask_add_strided");
+    memset(sel, 0, matrix_size(g));
+    or_window(g, sel, left, right);
+    and_docs(g, sel, dq, dk);
+    or_keys(g, sel, keys, 2, 0);
+    or_keys(g, sel, queries, 1, 1);
+    or_strided(g, sel, stride);
+    compare_with_dense(g, m, sel, what);
+    check(attn_block_mask_destroy(m), "destroy");
+    free(sel);
+    free(dq);
+    free(dk);
+  }
+}
+
+/* Numerics on composed patterns: the builders' mask in the plan, their
+ * test-side matrix in the reference. */
+typedef enum composed { CAUSAL_WINDOW_SINKS, BIGBIRD, DOCUMENTS_CAUSAL, STRIDED_CAUSAL } composed;
+
+typedef struct composed_case {
+  nc_case base;
+  int64_t block_q, block_kv;
+  composed pattern;
+} composed_case;
+
+static void run_composed(void **state) {
+  const composed_case *cc = (const composed_case *)*state;
+  nc_case c = cc->base;
+  const geom g = {c.batch, 1, c.seqlen_q, c.seqlen_kv, cc->block_q, cc->block_kv};
+  unsigned char *sel = (unsigned char *)xcalloc(matrix_size(&g), 1);
+  attn_block_mask_t m = new_mask(&g);
+  tu_rng rng = tu_rng_for(c.name);
+  int64_t sinks[8], globals[2], k, b;
+  int32_t *dq = (int32_t *)xcalloc((size_t)(g.batch * g.lq), sizeof(int32_t));
+  int32_t *dk = (int32_t *)xcalloc((size_t)(g.batch * g.lk), sizeof(int32_t));
+  for (k = 0; k < 8; ++k) sinks[k] = k;
+  switch (cc->pattern) {
+    case CAUSAL_WINDOW_SINKS: /* a window not aligned with the blocks, 8 sink keys */
+      check(attn_block_mask_add_window(m, 70, 0), "add_window");
+      check(attn_block_mask_add_global_keys(m, sinks, 8), "add_global_keys");
+      or_window(&g, sel, 70, 0);
+      or_keys(&g, sel, sinks, 8, 0);
+      break;
+    case BIGBIRD: /* window of one block each side, first block global, 2 random */
+      globals[0] = 0, globals[1] = 1;
+      check(attn_block_mask_add_window(m, g.bk, g.bk), "add_window");
+      check(attn_block_mask_add_global_keys(m, globals, 2), "add_global_keys");
+      check(attn_block_mask_add_global_queries(m, globals, 2), "add_global_queries");
+      check(attn_block_mask_add_random_blocks(m, 2, 20240611u), "add_random_blocks");
+      or_window(&g, sel, g.bk, g.bk);
+      or_keys(&g, sel, globals, 2, 0);
+      or_keys(&g, sel, globals, 2, 1);
+      or_random_blocks(&g, sel, 2, 20240611u);
+      break;
+    case DOCUMENTS_CAUSAL: /* packed documents; the plan is causal */
+      for (b = 0; b < g.batch; ++b) draw_docs(&rng, dq + b * g.lq, g.lq, 70);
+      memcpy(dk, dq, (size_t)(g.batch * g.lq) * sizeof(int32_t));
+      check(attn_block_mask_add_window(m, -1, -1), "add_window");
+      check(attn_block_mask_and_documents(m, dq, dk), "and_documents");
+      or_window(&g, sel, -1, -1);
+      and_docs(&g, sel, dq, dk);
+      break;
+    case STRIDED_CAUSAL: /* Sparse Transformer: local window + strided, causal plan */
+      check(attn_block_mask_add_window(m, 15, 0), "add_window");
+      check(attn_block_mask_add_strided(m, 16), "add_strided");
+      or_window(&g, sel, 15, 0);
+      or_strided(&g, sel, 16);
+      break;
+  }
+  c.block_mask = m;
+  c.pair_mask = sel;
+  c.mask_batch = g.batch;
+  c.mask_heads = 1;
+  nc_run(&c);
+  check(attn_block_mask_destroy(m), "attn_block_mask_destroy");
+  free(sel);
+  free(dq);
+  free(dk);
+}
+
+static const composed_case kComposed[] = {
+    {CASE("causal_window70_sinks8_b48_bf16", BF16, SHAPE(1, 4, 2, 300, 300, 32), .mask = CAUSAL,
+          .threads = 2),
+     48, 48, CAUSAL_WINDOW_SINKS},
+    {CASE("bigbird_b32_fp32", FP32, SHAPE(2, 2, 1, 256, 256, 32), .threads = 2), 32, 32, BIGBIRD},
+    {CASE("documents_causal_b64_fp16", FP16, SHAPE(2, 2, 2, 250, 250, 32), .mask = CAUSAL,
+          .threads = 1),
+     64, 64, DOCUMENTS_CAUSAL},
+    {CASE("strided16_causal_b16_fp32", FP32, SHAPE(1, 2, 2, 200, 200, 16), .mask = CAUSAL,
+          .threads = 2),
+     16, 16, STRIDED_CAUSAL},
+};
+
+int main(void) {
+  enum {
+    N = sizeof kCases / sizeof kCases[0],
+    NC = sizeof kComposed / sizeof kComposed[0],
+    NT = 1 + N + NC
+  };
+  struct CMUnitTest tests[NT];
+  size_t i;
+  int rc = nc_isa_gate();
+  if (rc != 0) return rc;
+  memset(tests, 0, sizeof tests);
+  tests[0].name = "builders_match_dense";
+  tests[0].test_func = test_builders_match_dense;
+  for (i = 0; i < N; ++i) {
+    tests[1 + i].name = kCases[i].base.name;
+    tests[1 + i].test_func = run_sparse;
+    tests[1 + i].initial_state = (void *)&kCases[i];
+  }
+  for (i = 0; i < NC; ++i) {
+    tests[1 + N + i].name = kComposed[i].base.name;
+    tests[1 + N + i].test_func = run_composed;
+    tests[1 + N + i].initial_state = (void *)&kComposed[i];
+  }
+  return _cmocka_run_group_tests("block-sparse", tests, NT, NULL, NULL);
+}
