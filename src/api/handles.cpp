@@ -47,6 +47,8 @@ const char* kind_name(HandleKind kind) {
     case HandleKind::tensor_desc: return "attn_tensor_desc_t";
     case HandleKind::plan_desc: return "attn_plan_desc_t";
     case HandleKind::plan: return "attn_plan_t";
+    case HandleKind::kv_cache: return "attn_kv_cache_t";
+    case HandleKind::decode_plan: return "attn_decode_plan_t";
   }
   return "handle";
 }
