@@ -218,8 +218,8 @@ typedef struct attn_context *attn_context_t;         /* backend + device */
 typedef struct attn_tensor_desc *attn_tensor_desc_t; /* dtype, dims, strides */
 typedef struct attn_plan_desc *attn_plan_desc_t;     /* a mutable description */
 typedef struct attn_plan *attn_plan_t;               /* an immutable plan */
-/* Reserved for the streaming KV state and the ring communicator; no
- * function takes them yet. */
+/* The streaming KV state (see "Streaming KV cache and decode plans") and the
+ * ring communicator (reserved; no function takes it yet). */
 typedef struct attn_kv_cache *attn_kv_cache_t;
 typedef struct attn_comm *attn_comm_t;
 

@@ -69,7 +69,8 @@ void run_task(const Task& tk, const WorkUnit& u, int64_t g, float* scratch) {
   const attn_dtype_t dt = cc.dtype;
   const float cap = cfg.softcap;
   float* qs = scratch + sc.q;    // [rows][dqk]
-  float* ks = scratch + sc.k;    // [ps][dqk]
+  float* ks = scratch + sc.k;    // [dqk][ps], transposed
+  float* krow = scratch + sc.krow;  // [dqk], one key before transposition
   float* vs = scratch + sc.v;    // [ps][dv]
   float* s = scratch + sc.s;     // [rows][ps]
   float* acc = scratch + sc.acc; // [rows][dv]
@@ -92,14 +93,24 @@ void run_task(const Task& tk, const WorkUnit& u, int64_t g, float* scratch) {
     const int64_t cnt = std::min(ps, n - base);
     const void* kp = tk.cache.k_page(int32_t(pe.page));
     const void* vp = tk.cache.v_page(int32_t(pe.page));
+    // K transposed ([dqk][ps]) so that the scores of a row are a sum of
+    // scaled K columns: a loop over keys that vectorises without
+    // reassociating a dot product.
     for (int64_t j = 0; j < cnt; ++j) {
-      load_row(kp, cc.slot_offset(j, g, dqk), dt, dqk, 1.0f, ks + j * dqk);
+      load_row(kp, cc.slot_offset(j, g, dqk), dt, dqk, 1.0f, krow);
+      for (int64_t c = 0; c < dqk; ++c) ks[c * ps + j] = krow[c];
       load_row(vp, cc.slot_offset(j, g, dv), dt, dv, 1.0f, vs + j * dv);
     }
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t qpos = n - ql + r / G;
       const float* qr = qs + r * dqk;
       float* sr = s + r * ps;
+      std::fill(sr, sr + cnt, 0.0f);
+      for (int64_t c = 0; c < dqk; ++c) {
+        const float qc = qr[c];
+        const float* kc = ks + c * ps;
+        for (int64_t j = 0; j < cnt; ++j) sr[j] += qc * kc[j];
+      }
       float mx = kNegInf;
       for (int64_t j = 0; j < cnt; ++j) {
         const int64_t pos = base + j;
@@ -109,12 +120,8 @@ void run_task(const Task& tk, const WorkUnit& u, int64_t g, float* scratch) {
           sr[j] = kNegInf;
           continue;
         }
-        const float* kr = ks + j * dqk;
-        float dot = 0.0f;
-        for (int64_t c = 0; c < dqk; ++c) dot += qr[c] * kr[c];
-        if (cap > 0.0f) dot = cap * std::tanh(dot / cap);
-        sr[j] = dot;
-        mx = std::max(mx, dot);
+        if (cap > 0.0f) sr[j] = cap * std::tanh(sr[j] / cap);
+        mx = std::max(mx, sr[j]);
       }
       if (mx == kNegInf) continue;  // this page holds no key of this row
       const float m_new = std::max(m[r], mx);

@@ -104,6 +104,7 @@ DecodePlan::DecodePlan(const ContextConfig& ctx, const CacheConfig& cache, const
   size_t c = 0;
   scratch_.q = carve(c, rows * dqk);
   scratch_.k = carve(c, size_t(ps) * dqk);
+  scratch_.krow = carve(c, dqk);
   scratch_.v = carve(c, size_t(ps) * dv);
   scratch_.s = carve(c, rows * size_t(ps));
   scratch_.acc = carve(c, rows * dv);

@@ -93,7 +93,7 @@ class DecodePlan {
 
   // Per-thread scratch regions (offsets in floats, each 16-float aligned).
   struct Scratch {
-    size_t q = 0, k = 0, v = 0, s = 0, acc = 0, m = 0, l = 0, floats = 0;
+    size_t q = 0, k = 0, krow = 0, v = 0, s = 0, acc = 0, m = 0, l = 0, floats = 0;
   };
   const Scratch& scratch() const { return scratch_; }
 
