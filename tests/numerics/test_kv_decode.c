@@ -35,6 +35,7 @@
 #include <string.h>
 
 #include <cmocka.h>
+#include <pthread.h>
 
 #include "reference.h"
 #include "testutil.h"
@@ -570,6 +571,153 @@ static void test_fork(void **state) {
   }
 }
 
+/* Forks in a windowed cache with sinks: both sides keep appending and
+ * evicting; pages shared by the two are freed only when both let go. */
+static void test_fork_windowed(void **state) {
+  tu_rng rng = tu_rng_for("fork-windowed");
+  attn_kv_cache_config_t cfg;
+  kv_env e;
+  step st;
+  step_result r;
+  int idx[2] = {0, 1}, round;
+  int32_t cnt[2];
+  const int64_t ps = 4, w = 12, sinks = 2;
+  (void)state;
+  memset(&cfg, 0, sizeof cfg);
+  cfg.struct_size = sizeof cfg;
+  cfg.dtype = ATTN_DTYPE_FP32;
+  cfg.layout = ATTN_KV_LAYOUT_HND;
+  cfg.page_size = ps;
+  cfg.num_pages = 16;
+  cfg.heads_kv = 1;
+  cfg.head_dim_qk = 16;
+  cfg.head_dim_v = 16;
+  cfg.window = w;
+  cfg.sink_tokens = sinks;
+  env_create(&e, &cfg, 1, 1, 1, 400);
+  cnt[0] = 30;
+  env_append(&e, &rng, 1, idx, cnt);
+  e.nseq = 2;
+  e.seq[1].id = 5;
+  e.seq[1].k = (double *)xcalloc(400 * 16, 8);
+  e.seq[1].v = (double *)xcalloc(400 * 16, 8);
+  {
+    const int64_t before = pages_in_use(&e);
+    CHECK(attn_kv_cache_fork(e.cache, e.seq[0].id, 5, 30));
+    copy_mirror(&e, 1, 0, 30);
+    assert_int_equal(pages_in_use(&e), before);
+  }
+  memset(&st, 0, sizeof st);
+  st.n = 2;
+  st.idx[0] = 1, st.idx[1] = 0;
+  st.heads_q = 2;
+  st.max_q = 3;
+  for (round = 0; round < 25; ++round) {
+    cnt[0] = (int32_t)tu_rng_int(&rng, 1, 3);
+    cnt[1] = (int32_t)tu_rng_int(&rng, 1, 3);
+    env_append(&e, &rng, 2, idx, cnt);
+    /* Sinks (1 page) plus w - 1 + 3 positions (at most 5 pages) each. */
+    assert_true(pages_in_use(&e) <= 2 * (1 + 5));
+    st.q_len[0] = cnt[1], st.q_len[1] = cnt[0];
+    st.chunk_tokens = round % 2 ? ps : -1;
+    run_step(&e, &rng, &st, "windowed fork", &r);
+  }
+  CHECK(attn_kv_cache_release(e.cache, e.seq[0].id));
+  assert_true(pages_in_use(&e) <= 1 + 5);
+  cnt[0] = 2;
+  idx[0] = 1;
+  env_append(&e, &rng, 1, idx, cnt);
+  st.n = 1;
+  st.idx[0] = 1;
+  st.q_len[0] = 2;
+  run_step(&e, &rng, &st, "windowed fork, parent released", &r);
+  env_destroy(&e);
+}
+
+/* Several threads execute one plan on one cache at once, each with its own
+ * workspace and outputs: every result equals the serial one bit for bit. */
+typedef struct exec_job {
+  attn_decode_plan_t plan;
+  attn_kv_cache_t cache;
+  const float *q;
+  float *o, *lse;
+  void *ws;
+  size_t bytes;
+  attn_status_t status;
+} exec_job;
+
+static void *exec_thread(void *arg) {
+  exec_job *j = (exec_job *)arg;
+  int rep;
+  j->status = ATTN_STATUS_SUCCESS;
+  for (rep = 0; rep < 20 && j->status == ATTN_STATUS_SUCCESS; ++rep)
+    j->status = attn_decode_execute(j->plan, j->cache, j->q, j->o, j->lse, j->ws, j->bytes, NULL);
+  return NULL;
+}
+
+static void test_concurrent_execute(void **state) {
+  enum { kThreads = 4 };
+  tu_rng rng = tu_rng_for("concurrent-execute");
+  attn_kv_cache_config_t cfg;
+  kv_env e;
+  attn_decode_config_t dc;
+  attn_decode_plan_t plan;
+  size_t bytes;
+  exec_job jobs[kThreads];
+  pthread_t threads[kThreads];
+  int idx[3] = {0, 1, 2};
+  int32_t cnt[3] = {300, 40, 2}, ql[3] = {2, 2, 2};
+  int64_t ids[3];
+  const size_t no = 6 * 8 * 32, nl = 8 * 6;
+  float *q, *o_serial, *lse_serial;
+  int i;
+  (void)state;
+  memset(&cfg, 0, sizeof cfg);
+  cfg.struct_size = sizeof cfg;
+  cfg.dtype = ATTN_DTYPE_FP32;
+  cfg.layout = ATTN_KV_LAYOUT_NHD;
+  cfg.page_size = 16;
+  cfg.num_pages = 40;
+  cfg.heads_kv = 2;
+  cfg.head_dim_qk = 32;
+  cfg.head_dim_v = 32;
+  env_create(&e, &cfg, 2, 0, 3, 400);
+  env_append(&e, &rng, 3, idx, cnt);
+  for (i = 0; i < 3; ++i) ids[i] = e.seq[i].id;
+  memset(&dc, 0, sizeof dc);
+  dc.struct_size = sizeof dc;
+  dc.heads_q = 8;
+  dc.max_batch = 3;
+  dc.max_query_tokens = 2;
+  dc.kv_chunk_tokens = 64;
+  CHECK(attn_decode_plan_create(e.ctx, e.cache, &dc, &plan));
+  CHECK(attn_decode_plan_workspace_size(plan, &bytes));
+  q = (float *)xcalloc(no, 4); /* [6, 8, 32]: d_qk = d_v */
+  for (i = 0; i < (int)(6 * 8 * 32); ++i) q[i] = (float)tu_rng_normal(&rng, 0.0, 1.0);
+  o_serial = (float *)xcalloc(no, 4);
+  lse_serial = (float *)xcalloc(nl, 4);
+  for (i = 0; i < kThreads; ++i) {
+    jobs[i].plan = plan, jobs[i].cache = e.cache, jobs[i].q = q;
+    jobs[i].o = (float *)xcalloc(no, 4);
+    jobs[i].lse = (float *)xcalloc(nl, 4);
+    jobs[i].ws = xcalloc(bytes, 1);
+    jobs[i].bytes = bytes;
+    CHECK(attn_decode_prepare(plan, e.cache, 3, ids, ql, jobs[i].ws, bytes, NULL));
+  }
+  CHECK(attn_decode_execute(plan, e.cache, q, o_serial, lse_serial, jobs[0].ws, bytes, NULL));
+  for (i = 0; i < kThreads; ++i) assert_int_equal(pthread_create(&threads[i], NULL, exec_thread, &jobs[i]), 0);
+  for (i = 0; i < kThreads; ++i) assert_int_equal(pthread_join(threads[i], NULL), 0);
+  for (i = 0; i < kThreads; ++i) {
+    assert_int_equal(jobs[i].status, ATTN_STATUS_SUCCESS);
+    assert_memory_equal(jobs[i].o, o_serial, no * 4);
+    assert_memory_equal(jobs[i].lse, lse_serial, nl * 4);
+    free(jobs[i].o), free(jobs[i].lse), free(jobs[i].ws);
+  }
+  free(q), free(o_serial), free(lse_serial);
+  CHECK(attn_decode_plan_destroy(plan));
+  env_destroy(&e);
+}
+
 /* ------------------------------------------------------------------------ */
 /* A rolling window against the dense window plan                            */
 /* ------------------------------------------------------------------------ */
@@ -704,7 +852,7 @@ static void test_rolling_window_matches_window_plan(void **state) {
 }
 
 int main(void) {
-  struct CMUnitTest tests[sizeof kCases / sizeof kCases[0] + 2];
+  struct CMUnitTest tests[sizeof kCases / sizeof kCases[0] + 4];
   size_t n = 0, i;
   tu_seed();
   for (i = 0; i < sizeof kCases / sizeof kCases[0]; ++i) {
@@ -714,8 +862,12 @@ int main(void) {
   {
     struct CMUnitTest t1 = cmocka_unit_test(test_fork);
     struct CMUnitTest t2 = cmocka_unit_test(test_rolling_window_matches_window_plan);
+    struct CMUnitTest t3 = cmocka_unit_test(test_fork_windowed);
+    struct CMUnitTest t4 = cmocka_unit_test(test_concurrent_execute);
     tests[n++] = t1;
     tests[n++] = t2;
+    tests[n++] = t3;
+    tests[n++] = t4;
   }
   return _cmocka_run_group_tests("kv_decode", tests, n, NULL, NULL);
 }
