@@ -174,7 +174,7 @@ void DecodePlan::prepare(const KvCache& cache, int32_t num_seqs, const int64_t* 
   std::vector<SeqMeta> seqs(static_cast<size_t>(num_seqs));
   std::vector<PageEntry> entries;
   std::vector<int64_t> entry_begin(static_cast<size_t>(num_seqs) + 1, 0);
-  int64_t total_q = 0;
+  int64_t total_q = 0, tokens_read = 0;  // tokens: the kernel reads whole (filled) pages
   uint64_t pairs = 0;
   for (int32_t i = 0; i < num_seqs; ++i) {
     const Sequence& s = cache.sequence(ids[i], "seq_ids");
@@ -208,6 +208,8 @@ void DecodePlan::prepare(const KvCache& cache, int32_t num_seqs, const int64_t* 
     for (int64_t l = 0; l < sink_pages; ++l) add(l);
     for (int64_t l = first; l <= last; ++l) add(l);
     entry_begin[size_t(i) + 1] = int64_t(entries.size());
+    for (int64_t e = entry_begin[size_t(i)]; e < entry_begin[size_t(i) + 1]; ++e)
+      tokens_read += std::min(ps, n - entries[size_t(e)].logical * ps);
     seqs[size_t(i)] = SeqMeta{total_q, ql, n, 0, 0};
     total_q += ql;
     // Visible pairs: query t at position n - ql + t sees its window (and the
@@ -280,7 +282,7 @@ void DecodePlan::prepare(const KvCache& cache, int32_t num_seqs, const int64_t* 
     full.max_chunks = max_chunks;
     full.kv_chunk_tokens = split_seqs > 0 ? chunk_pages * ps : 0;
     full.visible_pairs = pairs;
-    full.kv_bytes_read = double(entries.size()) * double(ps) * double(cache_.bytes_per_token());
+    full.kv_bytes_read = double(tokens_read) * double(cache_.bytes_per_token());
     const size_t n = std::min<size_t>(size_t(info->struct_size), sizeof full);
     std::memcpy(info, &full, n);
   }

@@ -264,6 +264,29 @@ static void run_step(kv_env *e, tu_rng *rng, const step *st, const char *label,
       for (j = 0; j <= p; ++j) filter[cu_kv[row] + j] = (unsigned char)key_visible(c, p, j);
     }
   }
+  {
+    /* The step's report: visible pairs exactly; KV bytes read at least
+     * those of the visible keys, at most a page more at each end of the
+     * window and sink ranges. */
+    uint64_t pairs = 0;
+    double keys = 0.0, slack = 0.0;
+    const double bpt = (double)(hkv * (dqk + dv)) * (double)tu_dtype_size(dt);
+    for (j = 0; j < total_kv; ++j) pairs += filter[j];
+    assert_int_equal(res->info.visible_pairs, pairs * (uint64_t)hq);
+    row = 0;
+    for (i = 0; i < st->n; ++i) {
+      const mirror_seq *s = &e->seq[st->idx[i]];
+      for (j = 0; j < s->len; ++j) { /* keys any query of s sees */
+        int seen = 0;
+        for (t = s->len - st->q_len[i]; t < s->len && !seen; ++t) seen = key_visible(c, t, j);
+        keys += seen;
+      }
+      slack += 4.0 * (double)c->page_size;
+      row += st->q_len[i];
+    }
+    assert_true(res->info.kv_bytes_read >= keys * bpt);
+    assert_true(res->info.kv_bytes_read <= (keys + slack) * bpt);
+  }
   memset(&rp, 0, sizeof rp);
   rp.batch = total_q;
   rp.heads_q = hq, rp.heads_kv = hkv;
