@@ -1,6 +1,7 @@
 #include "kv/kv_cache.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <limits>
 
@@ -9,6 +10,11 @@
 #include "core/workspace.hpp"
 
 namespace attn::kv {
+
+uint64_t next_generation() {
+  static std::atomic<uint64_t> counter{0};
+  return counter.fetch_add(1, std::memory_order_relaxed) + 1;
+}
 
 size_t CacheConfig::bytes_per_token() const {
   return size_t(heads_kv * (head_dim_qk + head_dim_v)) * dtype_size(dtype);
@@ -69,7 +75,8 @@ PoolLayout pool_layout(const CacheConfig& c) {
 
 KvCache::KvCache(const ContextConfig& ctx, const CacheConfig& config, void* memory,
                  size_t memory_bytes)
-    : config_(config), backend_(ctx.backend), layout_(pool_layout(config)) {
+    : config_(config), backend_(ctx.backend), layout_(pool_layout(config)),
+      generation_(next_generation()) {
   if (ctx.backend != ATTN_BACKEND_CPU)
     not_supported("KV cache: the CUDA backend has no KV cache yet (only the CPU backend has)");
   if (memory == nullptr && memory_bytes != 0)
@@ -110,7 +117,7 @@ void KvCache::add_sequence(int64_t id) {
   if (id < 0) invalid_argument("seq_id must be >= 0, got ", id);
   if (sequences_.count(id)) invalid_argument("seq_id: a sequence with id ", id, " is already live");
   sequences_.emplace(id, Sequence{});
-  ++generation_;
+  generation_ = next_generation();
 }
 
 template <class Drop>
@@ -272,7 +279,7 @@ void KvCache::append(int32_t num_seqs, const int64_t* ids, const int32_t* num_to
     v_src += size_t(n * hkv * dv) * es;
     s.length += n;
   }
-  ++generation_;
+  generation_ = next_generation();
 }
 
 void KvCache::fork(int64_t parent_id, int64_t child_id, int64_t num_tokens) {
@@ -304,7 +311,7 @@ void KvCache::fork(int64_t parent_id, int64_t child_id, int64_t num_tokens) {
   const Sequence& added = sequences_.emplace(child_id, std::move(child)).first->second;
   for (int32_t p : added.sink) ++refcount_[size_t(p)];
   for (int32_t p : added.recent) ++refcount_[size_t(p)];
-  ++generation_;
+  generation_ = next_generation();
 }
 
 void KvCache::release(int64_t id) {
@@ -315,7 +322,7 @@ void KvCache::release(int64_t id) {
   for (int32_t p : it->second.sink) unref(p);
   for (int32_t p : it->second.recent) unref(p);
   sequences_.erase(it);
-  ++generation_;
+  generation_ = next_generation();
 }
 
 }  // namespace attn::kv

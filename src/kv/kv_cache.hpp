@@ -46,6 +46,9 @@ struct CacheConfig {
   }
 };
 
+// The next state stamp (see KvCache::generation).
+uint64_t next_generation();
+
 // Checks every field of a public config and returns the internal one.
 // Throws INVALID_ARGUMENT naming the field.
 CacheConfig validate_config(const attn_kv_cache_config_t* config);
@@ -86,7 +89,9 @@ class KvCache {
 
   const CacheConfig& config() const { return config_; }
   attn_backend_t backend() const { return backend_; }
-  // Changes with every mutation; prepared decode metadata record it.
+  // A process-wide unique stamp of the cache's state, new with every
+  // mutation; prepared decode metadata record it. Unique across caches, so
+  // that a new cache at a freed cache's address cannot match stale metadata.
   uint64_t generation() const { return generation_; }
 
   void add_sequence(int64_t id);
@@ -130,7 +135,7 @@ class KvCache {
   std::vector<int32_t> refcount_;  // [num_pages]
   std::vector<int32_t> free_;      // a stack of free pages
   std::unordered_map<int64_t, Sequence> sequences_;
-  uint64_t generation_ = 0;
+  uint64_t generation_;
 };
 
 }  // namespace attn::kv

@@ -786,6 +786,18 @@ static void test_execute_errors(void **state) {
   }
   /* lse may be NULL. */
   EXPECT_OK(attn_decode_execute(f.plan, f.cache, f.q, f.o, NULL, f.ws, f.bytes, NULL));
+  {
+    /* The cache destroyed and a new one made, likely at the same address
+     * and in the same state history: the metadata still do not match it
+     * (the message names the cache or the workspace, by address). */
+    attn_kv_cache_destroy(f.cache);
+    f.cache = make_cache(&c);
+    EXPECT_OK(attn_kv_cache_add_sequence(f.cache, 1));
+    EXPECT_OK(attn_kv_cache_add_sequence(f.cache, 2));
+    append(f.cache, 1, 6);
+    append(f.cache, 2, 3);
+    EXPECT_EXECUTE_FAILS(INVALID, NULL, f.plan, f.cache, f.q, f.o, f.lse, f.ws, f.bytes, NULL);
+  }
 #undef EXPECT_EXECUTE_FAILS
   fixture_free(&f);
 }
