@@ -790,7 +790,7 @@ static void test_execute_errors(void **state) {
     /* The cache destroyed and a new one made, likely at the same address
      * and in the same state history: the metadata still do not match it
      * (the message names the cache or the workspace, by address). */
-    attn_kv_cache_destroy(f.cache);
+    EXPECT_OK(attn_kv_cache_destroy(f.cache));
     f.cache = make_cache(&c);
     EXPECT_OK(attn_kv_cache_add_sequence(f.cache, 1));
     EXPECT_OK(attn_kv_cache_add_sequence(f.cache, 2));
