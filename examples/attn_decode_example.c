@@ -155,7 +155,7 @@ int main(void) {
   CHECK(attn_kv_cache_append(cache, nseq, ids, counts, k, v, NULL));
   for (i = 0; i < nseq; ++i) g_seq[i].len += prompt[i];
   for (i = 0; i < (int)(off * HQ * D); ++i) q[i] = to_bf16(rnd());
-  CHECK(attn_decode_prepare(plan, cache, nseq, ids, counts, ws, ws_bytes, NULL));
+  CHECK(attn_decode_prepare(plan, cache, nseq, ids, counts, ws, ws_bytes, NULL, NULL));
   CHECK(attn_decode_execute(plan, cache, q, o, NULL, ws, ws_bytes, NULL));
   /* Each sequence's last prompt token's output seeds its first decode step. */
   off = 0;
@@ -193,7 +193,7 @@ int main(void) {
         }
     }
     sinfo.struct_size = sizeof sinfo;
-    CHECK(attn_decode_prepare(plan, cache, nseq, ids, counts, ws, ws_bytes, &sinfo));
+    CHECK(attn_decode_prepare(plan, cache, nseq, ids, counts, ws, ws_bytes, &sinfo, NULL));
     CHECK(attn_decode_execute(plan, cache, q, o, NULL, ws, ws_bytes, NULL));
     for (i = 0; i < nseq; ++i)
       for (h = 0; h < HQ; ++h)

@@ -722,7 +722,9 @@ typedef struct attn_decode_step_info {
  * query_lens[i] query tokens (1 .. max_query_tokens, at most its length).
  * Ids may repeat. Metadata are tied to the cache's state: any mutation of
  * the cache makes them stale, and attn_decode_execute then refuses them.
- * info may be NULL. Returns SUCCESS, INVALID_HANDLE, INVALID_ARGUMENT
+ * info may be NULL. stream is for device backends, where the metadata go
+ * to the device workspace in the stream's order (so a captured execute can
+ * be replayed after each prepare); the CPU backend ignores it. Returns SUCCESS, INVALID_HANDLE, INVALID_ARGUMENT
  * (num_seqs outside 1 .. max_batch, NULL arrays, unknown id, query_lens out
  * of range, a cache configured differently from the plan's, more visible
  * keys than max_kv_tokens, keys the queries need were evicted),
@@ -732,7 +734,7 @@ ATTN_API attn_status_t attn_decode_prepare(attn_decode_plan_t plan, attn_kv_cach
                                            int32_t num_seqs, const int64_t *seq_ids,
                                            const int32_t *query_lens, void *workspace,
                                            size_t workspace_bytes,
-                                           attn_decode_step_info_t *info);
+                                           attn_decode_step_info_t *info, void *stream);
 
 /* Runs the prepared step: O (and LSE unless NULL) for every query token,
  * from Q and the cache's pages. Never allocates. stream as for

@@ -195,8 +195,10 @@ attn_status_t attn_decode_plan_workspace_size(attn_decode_plan_t plan, size_t* b
 attn_status_t attn_decode_prepare(attn_decode_plan_t plan, attn_kv_cache_t cache,
                                   int32_t num_seqs, const int64_t* seq_ids,
                                   const int32_t* query_lens, void* workspace,
-                                  size_t workspace_bytes, attn_decode_step_info_t* info) {
+                                  size_t workspace_bytes, attn_decode_step_info_t* info,
+                                  void* stream) {
   return guarded([&] {
+    (void)stream;  // the CPU backend writes the host workspace directly
     const attn::kv::DecodePlan& p = *checked(plan, "plan").plan;
     const attn::kv::KvCache& c = cache_of(cache);
     p.prepare(c, num_seqs, seq_ids, query_lens, workspace, workspace_bytes, info);

@@ -171,7 +171,7 @@ static float *decode_fingerprint(attn_kv_cache_t cache, int n, const int64_t *id
   EXPECT_OK(attn_decode_plan_create(g_ctx, cache, &dc, &plan));
   EXPECT_OK(attn_decode_plan_workspace_size(plan, &bytes));
   ws = xmalloc(bytes);
-  EXPECT_OK(attn_decode_prepare(plan, cache, n, ids, ql, ws, bytes, NULL));
+  EXPECT_OK(attn_decode_prepare(plan, cache, n, ids, ql, ws, bytes, NULL, NULL));
   EXPECT_OK(attn_decode_execute(plan, cache, q, o, NULL, ws, bytes, NULL));
   free(ws);
   EXPECT_OK(attn_decode_plan_destroy(plan));
@@ -618,7 +618,7 @@ static void test_prepare_errors(void **state) {
     poison(f.ws, f.bytes);                                                \
     POISON_VAR(info);                                                     \
     info.struct_size = sizeof info;                                       \
-    EXPECT_FAIL(status, word, attn_decode_prepare(__VA_ARGS__));          \
+    EXPECT_FAIL(status, word, attn_decode_prepare(__VA_ARGS__, NULL));          \
     EXPECT_UNTOUCHED(f.ws, f.bytes);                                      \
     check_poisoned(&info.total_q, sizeof info - sizeof info.struct_size,  \
                    "info", __FILE__, __LINE__);                           \
@@ -655,11 +655,11 @@ static void test_prepare_errors(void **state) {
   poison(f.ws, f.bytes);
   POISON_VAR(info);
   info.struct_size = 4;
-  EXPECT_FAIL(INVALID, "info", attn_decode_prepare(f.plan, f.cache, 2, ids, ql, f.ws, f.bytes, &info));
+  EXPECT_FAIL(INVALID, "info", attn_decode_prepare(f.plan, f.cache, 2, ids, ql, f.ws, f.bytes, &info, NULL));
   EXPECT_UNTOUCHED(f.ws, f.bytes);
   /* Repeated ids are allowed. */
   info.struct_size = sizeof info;
-  EXPECT_OK(attn_decode_prepare(f.plan, f.cache, 4, ids, ql, f.ws, f.bytes, &info));
+  EXPECT_OK(attn_decode_prepare(f.plan, f.cache, 4, ids, ql, f.ws, f.bytes, &info, NULL));
   assert_int_equal(info.total_q, 5);
   assert_int_equal(info.num_work_units, 4);
   assert_int_equal(info.split_sequences, 0);
@@ -699,7 +699,7 @@ static void test_prepare_limits(void **state) {
   EXPECT_OK(attn_decode_plan_workspace_size(plan, &bytes));
   ws = xmalloc(bytes);
   poison(ws, bytes);
-  EXPECT_FAIL(INVALID, "max_kv_tokens", attn_decode_prepare(plan, cache, 1, &id, &ql, ws, bytes, NULL));
+  EXPECT_FAIL(INVALID, "max_kv_tokens", attn_decode_prepare(plan, cache, 1, &id, &ql, ws, bytes, NULL, NULL));
   EXPECT_UNTOUCHED(ws, bytes);
   free(ws);
   EXPECT_OK(attn_decode_plan_destroy(plan));
@@ -717,10 +717,10 @@ static void test_prepare_limits(void **state) {
   EXPECT_OK(attn_decode_plan_workspace_size(plan, &bytes));
   ws = xmalloc(bytes);
   poison(ws, bytes);
-  EXPECT_FAIL(INVALID, "evicted", attn_decode_prepare(plan, cache, 1, &id, &ql, ws, bytes, NULL));
+  EXPECT_FAIL(INVALID, "evicted", attn_decode_prepare(plan, cache, 1, &id, &ql, ws, bytes, NULL, NULL));
   EXPECT_UNTOUCHED(ws, bytes);
   ql = 1;
-  EXPECT_OK(attn_decode_prepare(plan, cache, 1, &id, &ql, ws, bytes, NULL));
+  EXPECT_OK(attn_decode_prepare(plan, cache, 1, &id, &ql, ws, bytes, NULL, NULL));
   free(ws);
   EXPECT_OK(attn_decode_plan_destroy(plan));
   EXPECT_OK(attn_kv_cache_destroy(cache));
@@ -745,7 +745,7 @@ static void test_execute_errors(void **state) {
   /* Never prepared. */
   poison(f.ws, f.bytes);
   EXPECT_EXECUTE_FAILS(INVALID, "workspace", f.plan, f.cache, f.q, f.o, f.lse, f.ws, f.bytes, NULL);
-  EXPECT_OK(attn_decode_prepare(f.plan, f.cache, 2, ids, ql, f.ws, f.bytes, NULL));
+  EXPECT_OK(attn_decode_prepare(f.plan, f.cache, 2, ids, ql, f.ws, f.bytes, NULL, NULL));
   EXPECT_EXECUTE_FAILS(INVALID, "q", f.plan, f.cache, NULL, f.o, f.lse, f.ws, f.bytes, NULL);
   EXPECT_EXECUTE_FAILS(INVALID, "o", f.plan, f.cache, f.q, NULL, f.lse, f.ws, f.bytes, NULL);
   EXPECT_EXECUTE_FAILS(ATTN_STATUS_WORKSPACE_TOO_SMALL, "workspace_bytes", f.plan, f.cache, f.q, f.o,
@@ -773,7 +773,7 @@ static void test_execute_errors(void **state) {
   EXPECT_OK(attn_kv_cache_add_sequence(f.cache, 9));
   EXPECT_EXECUTE_FAILS(INVALID, "workspace", f.plan, f.cache, f.q, f.o, f.lse, f.ws, f.bytes, NULL);
   /* Prepared again: runs, writing exactly O [3, HQ, DIM] and LSE [HQ, 3]. */
-  EXPECT_OK(attn_decode_prepare(f.plan, f.cache, 2, ids, ql, f.ws, f.bytes, NULL));
+  EXPECT_OK(attn_decode_prepare(f.plan, f.cache, 2, ids, ql, f.ws, f.bytes, NULL, NULL));
   poison(f.o, sizeof f.o);
   poison(f.lse, sizeof f.lse);
   EXPECT_OK(attn_decode_execute(f.plan, f.cache, f.q, f.o, f.lse, f.ws, f.bytes, NULL));

@@ -233,7 +233,7 @@ static void run_step(kv_env *e, tu_rng *rng, const step *st, const char *label,
   memset(&res->info, 0, sizeof res->info);
   res->info.struct_size = sizeof res->info;
   CHECK(attn_decode_prepare(plan, e->cache, st->n, ids, st->q_len, (char *)ws + 1, ws_bytes,
-                            &res->info));
+                            &res->info, NULL));
   assert_int_equal(res->info.total_q, total_q);
   CHECK(attn_decode_execute(plan, e->cache, q.data, o.data, lse, (char *)ws + 1, ws_bytes, NULL));
 
@@ -725,7 +725,7 @@ static void test_concurrent_execute(void **state) {
     jobs[i].lse = (float *)xcalloc(nl, 4);
     jobs[i].ws = xcalloc(bytes, 1);
     jobs[i].bytes = bytes;
-    CHECK(attn_decode_prepare(plan, e.cache, 3, ids, ql, jobs[i].ws, bytes, NULL));
+    CHECK(attn_decode_prepare(plan, e.cache, 3, ids, ql, jobs[i].ws, bytes, NULL, NULL));
   }
   CHECK(attn_decode_execute(plan, e.cache, q, o_serial, lse_serial, jobs[0].ws, bytes, NULL));
   for (i = 0; i < kThreads; ++i) assert_int_equal(pthread_create(&threads[i], NULL, exec_thread, &jobs[i]), 0);
@@ -840,7 +840,7 @@ static void test_rolling_window_matches_window_plan(void **state) {
     CHECK(attn_forward(plan, q.data, k.data, v.data, o_dense, lse_dense, ws, ws_bytes, NULL));
     {
       int32_t ql[3] = {1, 1, 1};
-      CHECK(attn_decode_prepare(dplan, e.cache, nseq, ids, ql, dws, dws_bytes, NULL));
+      CHECK(attn_decode_prepare(dplan, e.cache, nseq, ids, ql, dws, dws_bytes, NULL, NULL));
     }
     CHECK(attn_decode_execute(dplan, e.cache, q.data, o_dec, lse_dec, dws, dws_bytes, NULL));
     for (x = 0; x < nseq * hq * d; ++x) {
