@@ -159,6 +159,7 @@ typedef struct step {
   int64_t max_q;
   int64_t chunk_tokens; /* the plan's kv_chunk_tokens */
   float softcap;
+  float scale;          /* 0: the default 1/sqrt(d_qk) */
 } step;
 
 typedef struct step_result {
@@ -217,6 +218,7 @@ static void run_step(kv_env *e, tu_rng *rng, const step *st, const char *label,
   dc.max_query_tokens = st->max_q;
   dc.kv_chunk_tokens = st->chunk_tokens;
   dc.softcap = st->softcap;
+  dc.softmax_scale = st->scale;
   CHECK(attn_decode_plan_create(e->ctx, e->cache, &dc, &plan));
   CHECK(attn_decode_plan_workspace_size(plan, &ws_bytes));
   ws = malloc(ws_bytes + 1);
@@ -293,7 +295,7 @@ static void run_step(kv_env *e, tu_rng *rng, const step *st, const char *label,
   rp.head_dim_qk = dqk, rp.head_dim_v = dv;
   rp.cu_q = cu_q, rp.cu_kv = cu_kv;
   rp.varlen = 1;
-  rp.scale = (double)(float)(1.0 / sqrt((double)dqk));
+  rp.scale = st->scale > 0.0f ? (double)st->scale : (double)(float)(1.0 / sqrt((double)dqk));
   rp.softcap = st->softcap;
   rp.window_left = -1, rp.window_right = -1;
   rp.key_filter = filter;
@@ -361,6 +363,7 @@ typedef struct kv_case {
   float softcap;
   int threads;
   int caller_memory;
+  float scale; /* 0: default */
 } kv_case;
 
 /* Fills the cache by a random interleaved append schedule, then runs one
@@ -441,6 +444,7 @@ static void run_case(const kv_case *kc) {
   st.heads_q = kc->heads_q;
   st.max_q = kc->max_q;
   st.softcap = kc->softcap;
+  st.scale = kc->scale;
   for (pass = 0; pass < 3; ++pass) {
     step_result *r = pass == 0 ? &off : pass == 1 ? &on : &autos;
     st.chunk_tokens = pass == 0 ? -1 : pass == 1 ? 2 * kc->page_size : 0;
@@ -472,27 +476,30 @@ static void run_case(const kv_case *kc) {
 #define HND ATTN_KV_LAYOUT_HND
 
 static const kv_case kCases[] = {
-    /* name                       dtype layout ps  hq hkv dqk dv nseq len  q  win snk cap thr mem */
-    {"mha-ps16-nhd-q1", F32, NHD, 16, 4, 4, 32, 32, 5, 150, 1, 0, 0, 0.0f, 1, 0},
-    {"mha-ps16-hnd-q1", F32, HND, 16, 4, 4, 32, 32, 5, 150, 1, 0, 0, 0.0f, 1, 1},
-    {"gqa4-ps1-nhd-q3", F32, NHD, 1, 8, 2, 16, 24, 4, 40, 3, 0, 0, 0.0f, 1, 0},
-    {"gqa4-ps7-hnd-q4", F32, HND, 7, 8, 2, 40, 24, 6, 120, 4, 0, 0, 0.0f, 2, 1},
-    {"gqa8-ps64-nhd-q1", F32, NHD, 64, 8, 1, 64, 64, 3, 300, 1, 0, 0, 0.0f, 3, 0},
-    {"gqa8-ps64-hnd-q5", F32, HND, 64, 16, 2, 64, 64, 3, 260, 5, 0, 0, 0.0f, 1, 0},
-    {"gqa4-ps16-bf16-q2", B16, NHD, 16, 8, 2, 64, 64, 4, 200, 2, 0, 0, 0.0f, 2, 0},
-    {"gqa8-ps7-bf16-hnd", B16, HND, 7, 8, 1, 32, 32, 5, 90, 3, 0, 0, 0.0f, 1, 1},
-    {"gqa4-ps16-fp16-q1", F16, NHD, 16, 8, 2, 64, 64, 4, 180, 1, 0, 0, 0.0f, 2, 0},
-    {"mha-ps1-fp16-hnd-q2", F16, HND, 1, 2, 2, 16, 16, 3, 50, 2, 0, 0, 0.0f, 1, 0},
-    {"softcap-gqa4-ps16", F32, NHD, 16, 4, 1, 32, 32, 3, 100, 2, 0, 0, 5.0f, 1, 0},
+    /* name, dtype, layout, page size, heads q/kv, dims qk/v, sequences, longest, max q,
+       window, sinks, softcap, threads, caller memory, scale */
+    {"mha-ps16-nhd-q1", F32, NHD, 16, 4, 4, 32, 32, 5, 150, 1, 0, 0, 0.0f, 1, 0, 0.0f},
+    {"mha-ps16-hnd-q1", F32, HND, 16, 4, 4, 32, 32, 5, 150, 1, 0, 0, 0.0f, 1, 1, 0.0f},
+    {"gqa4-ps1-nhd-q3", F32, NHD, 1, 8, 2, 16, 24, 4, 40, 3, 0, 0, 0.0f, 1, 0, 0.0f},
+    {"gqa4-ps7-hnd-q4", F32, HND, 7, 8, 2, 40, 24, 6, 120, 4, 0, 0, 0.0f, 2, 1, 0.0f},
+    {"gqa8-ps64-nhd-q1", F32, NHD, 64, 8, 1, 64, 64, 3, 300, 1, 0, 0, 0.0f, 3, 0, 0.0f},
+    {"gqa8-ps64-hnd-q5", F32, HND, 64, 16, 2, 64, 64, 3, 260, 5, 0, 0, 0.0f, 1, 0, 0.0f},
+    {"gqa4-ps16-bf16-q2", B16, NHD, 16, 8, 2, 64, 64, 4, 200, 2, 0, 0, 0.0f, 2, 0, 0.0f},
+    {"gqa8-ps7-bf16-hnd", B16, HND, 7, 8, 1, 32, 32, 5, 90, 3, 0, 0, 0.0f, 1, 1, 0.0f},
+    {"gqa4-ps16-fp16-q1", F16, NHD, 16, 8, 2, 64, 64, 4, 180, 1, 0, 0, 0.0f, 2, 0, 0.0f},
+    {"mha-ps1-fp16-hnd-q2", F16, HND, 1, 2, 2, 16, 16, 3, 50, 2, 0, 0, 0.0f, 1, 0, 0.0f},
+    {"softcap-gqa4-ps16", F32, NHD, 16, 4, 1, 32, 32, 3, 100, 2, 0, 0, 5.0f, 1, 0, 0.0f},
+    {"scale-softcap-bf16", B16, HND, 16, 4, 2, 32, 32, 3, 100, 2, 0, 0, 3.0f, 1, 0, 0.45f},
+    {"scale-fp16-ps7", F16, NHD, 7, 8, 2, 24, 40, 3, 60, 3, 0, 0, 0.0f, 1, 0, 0.07f},
     /* rolling windows, with and without sinks */
-    {"win24-ps16-nhd-q1", F32, NHD, 16, 4, 2, 32, 32, 4, 200, 1, 24, 0, 0.0f, 1, 0},
-    {"win24-sink4-ps16-q3", F32, HND, 16, 4, 2, 32, 32, 4, 200, 3, 24, 4, 0.0f, 1, 0},
-    {"win10-sink3-ps7-q4", F32, NHD, 7, 8, 1, 16, 16, 5, 150, 4, 10, 3, 0.0f, 2, 1},
-    {"win5-sink1-ps1-bf16", B16, HND, 1, 4, 4, 16, 16, 3, 60, 2, 5, 1, 0.0f, 1, 0},
-    {"win1-ps64-fp16-q1", F16, NHD, 64, 8, 2, 32, 32, 3, 300, 1, 1, 0, 0.0f, 1, 0},
-    {"win100-sink20-ps7-q5", F32, HND, 7, 4, 1, 32, 16, 3, 260, 5, 100, 20, 0.0f, 1, 0},
+    {"win24-ps16-nhd-q1", F32, NHD, 16, 4, 2, 32, 32, 4, 200, 1, 24, 0, 0.0f, 1, 0, 0.0f},
+    {"win24-sink4-ps16-q3", F32, HND, 16, 4, 2, 32, 32, 4, 200, 3, 24, 4, 0.0f, 1, 0, 0.0f},
+    {"win10-sink3-ps7-q4", F32, NHD, 7, 8, 1, 16, 16, 5, 150, 4, 10, 3, 0.0f, 2, 1, 0.0f},
+    {"win5-sink1-ps1-bf16", B16, HND, 1, 4, 4, 16, 16, 3, 60, 2, 5, 1, 0.0f, 1, 0, 0.0f},
+    {"win1-ps64-fp16-q1", F16, NHD, 64, 8, 2, 32, 32, 3, 300, 1, 1, 0, 0.0f, 1, 0, 0.0f},
+    {"win100-sink20-ps7-q5", F32, HND, 7, 4, 1, 32, 16, 3, 260, 5, 100, 20, 0.0f, 1, 0, 0.0f},
     /* auto split with threads to spare: one long sequence */
-    {"auto-split-1seq", F32, NHD, 16, 4, 1, 32, 32, 1, 1500, 1, 0, 0, 0.0f, 4, 0},
+    {"auto-split-1seq", F32, NHD, 16, 4, 1, 32, 32, 1, 1500, 1, 0, 0, 0.0f, 4, 0, 0.0f},
 };
 
 static void test_case(void **state) { run_case((const kv_case *)*state); }
