@@ -39,7 +39,7 @@ template <> constexpr HandleKind kind_of<attn_context>() { return HandleKind::co
 template <> constexpr HandleKind kind_of<attn_tensor_desc>() { return HandleKind::tensor_desc; }
 template <> constexpr HandleKind kind_of<attn_plan_desc>() { return HandleKind::plan_desc; }
 template <> constexpr HandleKind kind_of<attn_plan>() { return HandleKind::plan; }
-// Defined in src/api/kv_api.cpp.
+// (Their handle structs are defined in src/api/kv_api.cpp.)
 template <> constexpr HandleKind kind_of<attn_kv_cache>() { return HandleKind::kv_cache; }
 template <> constexpr HandleKind kind_of<attn_decode_plan>() { return HandleKind::decode_plan; }
 
