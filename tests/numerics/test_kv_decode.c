@@ -118,21 +118,23 @@ static int64_t pages_in_use(const kv_env *e) {
 }
 
 /* Appends counts[i] random tokens to sequences idx[i] (mirror indices) in
- * one call and records them in the mirrors. */
-static void env_append(kv_env *e, tu_rng *rng, int n, const int *idx, const int32_t *counts) {
+ * one call; on success records them in the mirrors. Returns the status. */
+static attn_status_t env_try_append(kv_env *e, tu_rng *rng, int n, const int *idx,
+                                    const int32_t *counts) {
   const int64_t hkv = e->cfg.heads_kv, dqk = e->cfg.head_dim_qk, dv = e->cfg.head_dim_v;
   const attn_dtype_t dt = (attn_dtype_t)e->cfg.dtype;
   int64_t total = 0, off = 0, len;
   int64_t ids[64];
   tu_buffer k, v;
+  attn_status_t status;
   int i;
   for (i = 0; i < n; ++i) total += counts[i], ids[i] = e->seq[idx[i]].id;
   tu_buffer_alloc(&k, dt, (size_t)(total * hkv * dqk));
   tu_buffer_alloc(&v, dt, (size_t)(total * hkv * dv));
   tu_fill_normal(rng, &k, 1.0);
   tu_fill_normal(rng, &v, 1.0);
-  CHECK(attn_kv_cache_append(e->cache, n, ids, counts, k.data, v.data, NULL));
-  for (i = 0; i < n; ++i) {
+  status = attn_kv_cache_append(e->cache, n, ids, counts, k.data, v.data, NULL);
+  for (i = 0; i < n && status == ATTN_STATUS_SUCCESS; ++i) {
     mirror_seq *s = &e->seq[idx[i]];
     assert_true(s->len + counts[i] <= e->capacity);
     memcpy(s->k + s->len * hkv * dqk, k.mirror + off * hkv * dqk,
@@ -140,11 +142,19 @@ static void env_append(kv_env *e, tu_rng *rng, int n, const int *idx, const int3
     memcpy(s->v + s->len * hkv * dv, v.mirror + off * hkv * dv, (size_t)(counts[i] * hkv * dv) * 8);
     s->len += counts[i];
     off += counts[i];
-    CHECK(attn_kv_cache_sequence_length(e->cache, s->id, &len));
-    assert_int_equal(len, s->len);
+  }
+  /* Either way the library's lengths must equal the mirrors'. */
+  for (i = 0; i < n; ++i) {
+    CHECK(attn_kv_cache_sequence_length(e->cache, e->seq[idx[i]].id, &len));
+    assert_int_equal(len, e->seq[idx[i]].len);
   }
   tu_buffer_free(&k);
   tu_buffer_free(&v);
+  return status;
+}
+
+static void env_append(kv_env *e, tu_rng *rng, int n, const int *idx, const int32_t *counts) {
+  CHECK(env_try_append(e, rng, n, idx, counts));
 }
 
 /* ------------------------------------------------------------------------ */
@@ -664,6 +674,124 @@ static void test_fork_windowed(void **state) {
   env_destroy(&e);
 }
 
+/* Random operations (add, batched appends that may run out of pages, forks
+ * at random prefixes, releases) on a small pool, with decode steps over all
+ * live sequences against the reference in between: shared pages must never
+ * leak another sequence's tokens, a failed append must change nothing, and
+ * releasing everything must return every page. */
+static void random_operations(const char *label, int64_t window, int64_t sinks,
+                              attn_kv_layout_t layout) {
+  tu_rng rng = tu_rng_for(label);
+  attn_kv_cache_config_t cfg;
+  kv_env e;
+  step st;
+  step_result r;
+  int live[64], nlive = 0, op, i;
+  int32_t last_append[64];
+  int64_t next_id = 1;
+  const int64_t ps = 4;
+  int failures = 0, forks = 0, steps = 0;
+
+  memset(&cfg, 0, sizeof cfg);
+  cfg.struct_size = sizeof cfg;
+  cfg.dtype = ATTN_DTYPE_FP32;
+  cfg.layout = layout;
+  cfg.page_size = ps;
+  cfg.num_pages = 24;
+  cfg.heads_kv = 2;
+  cfg.head_dim_qk = 8;
+  cfg.head_dim_v = 8;
+  cfg.window = window;
+  cfg.sink_tokens = sinks;
+  env_create(&e, &cfg, 1, 0, 0, 200);
+  e.nseq = 64; /* mirror slots, allocated below as sequences appear */
+  for (i = 0; i < 64; ++i) {
+    e.seq[i].k = (double *)xcalloc(200 * 2 * 8, 8);
+    e.seq[i].v = (double *)xcalloc(200 * 2 * 8, 8);
+    e.seq[i].id = -1;
+  }
+  memset(&st, 0, sizeof st);
+  st.heads_q = 4;
+  st.max_q = 4;
+
+  for (op = 0; op < 300; ++op) {
+    const int64_t kind = tu_rng_int(&rng, 0, 9);
+    if ((kind == 0 || nlive == 0) && nlive < 10) { /* add */
+      int slot = 0;
+      while (e.seq[slot].id >= 0) ++slot;
+      e.seq[slot].id = next_id++;
+      e.seq[slot].len = 0;
+      last_append[slot] = 0;
+      CHECK(attn_kv_cache_add_sequence(e.cache, e.seq[slot].id));
+      live[nlive++] = slot;
+    } else if (kind <= 5) { /* append to a random subset; may run out of pages */
+      int idx[64], n = 0;
+      int32_t cnt[64];
+      const int64_t pages = pages_in_use(&e);
+      attn_status_t status;
+      for (i = 0; i < nlive; ++i) {
+        if (tu_rng_int(&rng, 0, 1) == 0 || e.seq[live[i]].len > 180) continue;
+        idx[n] = live[i];
+        cnt[n] = (int32_t)tu_rng_int(&rng, 1, 2 * ps);
+        ++n;
+      }
+      if (n == 0) continue;
+      status = env_try_append(&e, &rng, n, idx, cnt); /* checks the lengths */
+      if (status == ATTN_STATUS_CAPACITY) {
+        ++failures;
+        assert_int_equal(pages_in_use(&e), pages);
+        continue;
+      }
+      CHECK(status);
+      for (i = 0; i < n; ++i) last_append[idx[i]] = cnt[i];
+    } else if (kind == 6 && nlive < 10) { /* fork */
+      const int parent = live[tu_rng_int(&rng, 0, nlive - 1)];
+      int slot = 0;
+      int64_t prefix = e.seq[parent].len;
+      if (window == 0) prefix = tu_rng_int(&rng, 0, e.seq[parent].len);
+      while (e.seq[slot].id >= 0) ++slot;
+      e.seq[slot].id = next_id++;
+      CHECK(attn_kv_cache_fork(e.cache, e.seq[parent].id, e.seq[slot].id, prefix));
+      copy_mirror(&e, slot, parent, prefix);
+      last_append[slot] = 0;
+      live[nlive++] = slot;
+      ++forks;
+    } else if (kind == 7 && nlive > 0) { /* release */
+      const int64_t at = tu_rng_int(&rng, 0, nlive - 1);
+      CHECK(attn_kv_cache_release(e.cache, e.seq[live[at]].id));
+      e.seq[live[at]].id = -1;
+      live[at] = live[--nlive];
+    } else { /* a decode step over every sequence that can be queried */
+      st.n = 0;
+      for (i = 0; i < nlive; ++i) {
+        const int s_ = live[i];
+        int32_t q = (int32_t)(window > 0 ? last_append[s_] : e.seq[s_].len);
+        if (q > 4) q = 4;
+        if (q < 1) continue;
+        st.idx[st.n] = s_;
+        st.q_len[st.n] = (int32_t)tu_rng_int(&rng, 1, q);
+        ++st.n;
+      }
+      if (st.n == 0) continue;
+      st.chunk_tokens = tu_rng_int(&rng, 0, 1) ? -1 : ps;
+      run_step(&e, &rng, &st, label, &r);
+      ++steps;
+    }
+  }
+  for (i = 0; i < nlive; ++i) CHECK(attn_kv_cache_release(e.cache, e.seq[live[i]].id));
+  assert_int_equal(pages_in_use(&e), 0);
+  assert_true(forks > 0);
+  assert_true(failures > 0); /* the pool was small enough to run out */
+  assert_true(steps >= 10);
+  env_destroy(&e);
+}
+
+static void test_random_operations(void **state) {
+  (void)state;
+  random_operations("random-ops", 0, 0, ATTN_KV_LAYOUT_NHD);
+  random_operations("random-ops-window", 10, 3, ATTN_KV_LAYOUT_HND);
+}
+
 /* Several threads execute one plan on one cache at once, each with its own
  * workspace and outputs: every result equals the serial one bit for bit. */
 typedef struct exec_job {
@@ -882,7 +1010,7 @@ static void test_rolling_window_matches_window_plan(void **state) {
 }
 
 int main(void) {
-  struct CMUnitTest tests[sizeof kCases / sizeof kCases[0] + 4];
+  struct CMUnitTest tests[sizeof kCases / sizeof kCases[0] + 5];
   size_t n = 0, i;
   tu_seed();
   for (i = 0; i < sizeof kCases / sizeof kCases[0]; ++i) {
@@ -897,7 +1025,9 @@ int main(void) {
     tests[n++] = t1;
     tests[n++] = t2;
     tests[n++] = t3;
+    struct CMUnitTest t5 = cmocka_unit_test(test_random_operations);
     tests[n++] = t4;
+    tests[n++] = t5;
   }
   return _cmocka_run_group_tests("kv_decode", tests, n, NULL, NULL);
 }
