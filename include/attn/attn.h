@@ -673,8 +673,9 @@ typedef struct attn_decode_config {
   int64_t max_batch;        /* sequences per step, >= 1 */
   int64_t max_query_tokens; /* query tokens per sequence per step, >= 1 */
   /* Most keys one sequence's queries may see, >= 0; it bounds the
-   * workspace. 0: the cache's capacity (num_pages * page_size), or for a
-   * windowed cache sink_tokens + window + max_query_tokens - 1. */
+   * workspace. 0: the cache's capacity (num_pages * page_size); for a
+   * windowed cache, at most sink_tokens + window + max_query_tokens - 1,
+   * all that the queries of one step can see. */
   int64_t max_kv_tokens;
   /* Split-KV: 0 lets attn_decode_prepare choose; -1 never splits; n > 0
    * splits every sequence into chunks of n tokens rounded up to whole
