@@ -218,8 +218,8 @@ typedef struct attn_context *attn_context_t;         /* backend + device */
 typedef struct attn_tensor_desc *attn_tensor_desc_t; /* dtype, dims, strides */
 typedef struct attn_plan_desc *attn_plan_desc_t;     /* a mutable description */
 typedef struct attn_plan *attn_plan_t;               /* an immutable plan */
-/* Reserved for the streaming KV state and the ring communicator; no
- * function takes them yet. */
+/* The streaming KV state (see "Streaming KV cache and decode plans") and the
+ * ring communicator (reserved; no function takes it yet). */
 typedef struct attn_kv_cache *attn_kv_cache_t;
 typedef struct attn_comm *attn_comm_t;
 
@@ -706,6 +706,282 @@ ATTN_API attn_status_t attn_plan_desc_set_block_mask(attn_plan_desc_t desc,
  * the data; the workspace holds the pooled keys and the selection. */
 ATTN_API attn_status_t attn_plan_desc_set_moba(attn_plan_desc_t desc, int64_t block_size,
                                                int64_t top_k, int32_t shared_per_group);
+
+/* ------------------------------------------------------------------------ */
+/* Streaming KV cache and decode plans                                       */
+/* ------------------------------------------------------------------------ */
+
+/* The state an inference server keeps between steps: a paged KV cache that
+ * owns (or is given) memory for pages of keys and values, sequences that are
+ * added, grow by appended tokens, fork and are released, and decode plans
+ * that attend from each sequence's newest tokens to everything the cache
+ * holds for it.
+ *
+ * Positions are absolute: token t of a sequence (0-based, in append order)
+ * stays at position t, also when older pages are evicted by a rolling
+ * window. Masks are applied by position.
+ *
+ * Thread-safety of a cache: the mutating calls (append, add, fork, release,
+ * destroy) must not run concurrently with each other, nor with
+ * attn_decode_prepare / attn_decode_execute on the same cache; the library
+ * does not lock. Read-only queries (attn_kv_cache_get_info,
+ * attn_kv_cache_sequence_length) and several attn_decode_execute calls (with
+ * distinct workspaces and outputs) may run at the same time. */
+
+/* How a page stores its tokens. */
+typedef enum attn_kv_layout ATTN_ENUM_BASE {
+  /* Token-major: K page [page_size, heads_kv, head_dim_qk], V page
+   * [page_size, heads_kv, head_dim_v]. */
+  ATTN_KV_LAYOUT_NHD = 0,
+  /* Head-major: K page [heads_kv, page_size, head_dim_qk], V page
+   * [heads_kv, page_size, head_dim_v]. */
+  ATTN_KV_LAYOUT_HND = 1
+} attn_kv_layout_t;
+
+/* A cache's fixed configuration. Size-tagged: set struct_size =
+ * sizeof(attn_kv_cache_config_t); fields are only ever appended.
+ *
+ * Rolling window: with window = w > 0, the query at position p sees the keys
+ * at positions p - w + 1 .. p (w keys, itself included) and the sink tokens
+ * at positions 0 .. sink_tokens - 1. Appending to a sequence of n tokens
+ * first frees the pages that lie wholly below position n - w + 1 and hold
+ * no sink token: no query of that append or a later one can see them. A
+ * sequence therefore holds at most about (sink_tokens + w + tokens appended
+ * in one call) / page_size + 2 pages, however long it grows. window = 0
+ * keeps every token (and then sink_tokens must be 0). */
+typedef struct attn_kv_cache_config {
+  uint64_t struct_size;
+  int32_t dtype;        /* attn_dtype_t of K and V */
+  int32_t layout;       /* attn_kv_layout_t */
+  int64_t page_size;    /* tokens per page, >= 1 */
+  int64_t num_pages;    /* pages in the pool, 1 .. 2^31 - 1 */
+  int64_t heads_kv;     /* >= 1 */
+  int64_t head_dim_qk;  /* 1 .. 1024 */
+  int64_t head_dim_v;   /* 1 .. 1024 */
+  int64_t window;       /* 0: no window; else w >= 1 as above */
+  int64_t sink_tokens;  /* >= 0; only with a window */
+} attn_kv_cache_config_t;
+
+/* Bytes of page memory a cache of *config needs, for callers that supply it
+ * (attn_kv_cache_create with memory != NULL). It includes slack so that any
+ * base address works: the memory needs no particular alignment. Returns
+ * SUCCESS, INVALID_ARGUMENT (config or bytes NULL, a field out of range; the
+ * message names the field). Thread-safe. */
+ATTN_API attn_status_t attn_kv_cache_memory_size(const attn_kv_cache_config_t *config,
+                                                 size_t *bytes);
+
+/* Creates a cache on ctx's backend.
+ *   memory, memory_bytes  NULL and 0: the library allocates the page memory
+ *                 and frees it in attn_kv_cache_destroy. Otherwise the
+ *                 caller's memory (host memory on the CPU backend) of at
+ *                 least attn_kv_cache_memory_size() bytes; it stays owned by
+ *                 the caller, must outlive the cache and is not touched by
+ *                 anyone else meanwhile.
+ * The bookkeeping (page tables, reference counts) is small host memory that
+ * the library always allocates. The CUDA backend has no KV cache yet
+ * (NOT_SUPPORTED). On success *cache owns a new, empty cache. Returns
+ * SUCCESS, INVALID_HANDLE (ctx), INVALID_ARGUMENT (config, memory_bytes too
+ * small, memory NULL with memory_bytes != 0), NOT_SUPPORTED, OUT_OF_MEMORY.
+ * On failure *cache is unchanged. */
+ATTN_API attn_status_t attn_kv_cache_create(attn_context_t ctx,
+                                            const attn_kv_cache_config_t *config, void *memory,
+                                            size_t memory_bytes, attn_kv_cache_t *cache);
+
+/* NULL is a no-op. Returns SUCCESS or INVALID_HANDLE. Releases every
+ * sequence and, when the library allocated it, the page memory. */
+ATTN_API attn_status_t attn_kv_cache_destroy(attn_kv_cache_t cache);
+
+/* Adds an empty sequence (length 0, no page) under the caller's id, any
+ * seq_id >= 0 not live in this cache. Returns SUCCESS, INVALID_HANDLE,
+ * INVALID_ARGUMENT (negative or live seq_id), OUT_OF_MEMORY. */
+ATTN_API attn_status_t attn_kv_cache_add_sequence(attn_kv_cache_t cache, int64_t seq_id);
+
+/* Appends num_tokens[i] tokens to sequence seq_ids[i] for i < num_seqs: a
+ * prefill chunk or one decode token each. k is [total, heads_kv,
+ * head_dim_qk] and v [total, heads_kv, head_dim_v], contiguous, in the
+ * cache's dtype, holding the sequences' tokens back to back in the order of
+ * seq_ids (total = sum of num_tokens). Host memory on the CPU backend;
+ * stream is for the CUDA backend and ignored here. The ids must be live and
+ * distinct; num_tokens[i] >= 0.
+ * All or nothing: the pages the whole batch needs (new pages, and a copy of
+ * a shared, partly filled last page, see attn_kv_cache_fork) are counted
+ * first; if the pool has too few free pages the call returns CAPACITY and
+ * changes nothing (lengths, pages in use and contents stay as they were).
+ * Returns SUCCESS, INVALID_HANDLE, INVALID_ARGUMENT (NULL arrays, num_seqs <
+ * 1, unknown or repeated id, negative count, k or v NULL with total > 0, a
+ * sequence that would need more pages than the whole pool), CAPACITY. */
+ATTN_API attn_status_t attn_kv_cache_append(attn_kv_cache_t cache, int32_t num_seqs,
+                                            const int64_t *seq_ids, const int32_t *num_tokens,
+                                            const void *k, const void *v, void *stream);
+
+/* Creates sequence child_id holding the first num_tokens tokens of
+ * parent_id (0 <= num_tokens <= the parent's length), as beam search and
+ * prompt caching use. No data is copied: the child shares the parent's
+ * pages, which are reference-counted; a shared page that is partly filled
+ * is copied by whichever sequence appends into it first (copy-on-write),
+ * so neither sequence ever sees the other's later tokens. In a windowed
+ * cache the tokens the child can still see must not have been evicted from
+ * the parent. Returns SUCCESS, INVALID_HANDLE, INVALID_ARGUMENT (unknown
+ * parent, negative or live child_id, num_tokens out of range or evicted),
+ * OUT_OF_MEMORY. */
+ATTN_API attn_status_t attn_kv_cache_fork(attn_kv_cache_t cache, int64_t parent_id,
+                                          int64_t child_id, int64_t num_tokens);
+
+/* Ends sequence seq_id; its pages return to the pool once no other
+ * sequence shares them. Returns SUCCESS, INVALID_HANDLE, INVALID_ARGUMENT
+ * (seq_id not live, e.g. released twice). */
+ATTN_API attn_status_t attn_kv_cache_release(attn_kv_cache_t cache, int64_t seq_id);
+
+/* The number of tokens appended to seq_id so far (evicted ones included:
+ * the next token's position). Returns SUCCESS, INVALID_HANDLE,
+ * INVALID_ARGUMENT (length NULL, seq_id not live). */
+ATTN_API attn_status_t attn_kv_cache_sequence_length(attn_kv_cache_t cache, int64_t seq_id,
+                                                     int64_t *length);
+
+/* A report of a cache's use. Size-tagged as attn_plan_info_t. */
+typedef struct attn_kv_cache_info {
+  uint64_t struct_size;
+  int64_t num_pages;        /* pages in the pool */
+  int64_t pages_in_use;     /* pages held by at least one sequence */
+  int64_t num_sequences;    /* live sequences */
+  int64_t page_size;        /* tokens per page */
+  uint64_t bytes_per_token; /* K and V bytes of one token, all KV heads */
+  uint64_t memory_bytes;    /* page memory in use by the pool, both K and V */
+  int32_t owns_memory;      /* 1 when the library allocated the memory */
+  int32_t reserved;         /* 0 */
+} attn_kv_cache_info_t;
+
+/* Fills *info (the fields that fit in info->struct_size). Returns SUCCESS,
+ * INVALID_HANDLE, INVALID_ARGUMENT (info NULL or struct_size too small). */
+ATTN_API attn_status_t attn_kv_cache_get_info(attn_kv_cache_t cache, attn_kv_cache_info_t *info);
+
+/* A decode (or chunked-prefill) plan: the newest q_len tokens of each
+ * sequence of a batch attend to everything the cache holds for it. Query
+ * token t of a sequence whose cache holds n tokens (the new ones included:
+ * append first, then attend) is at position n - q_len + t and sees the
+ * keys at positions <= its own, limited by the cache's window and sinks.
+ * q_len > 1 serves speculative decoding and chunked prefill.
+ *
+ * Use: attn_decode_plan_create (once) -> attn_decode_plan_workspace_size ->
+ * per step: append the new tokens' K/V, attn_decode_prepare (a host step
+ * that writes the batch's page tables and split into the workspace) ->
+ * attn_decode_execute (reads only the workspace, the cache's pages and Q).
+ *
+ * Tensors of one step (contiguous, in the cache's dtype; LSE fp32):
+ *   Q   [total_q, heads_q, head_dim_qk]  the batch's query tokens back to
+ *       back in the order of seq_ids (total_q = sum of query_lens)
+ *   O   [total_q, heads_q, head_dim_v]
+ *   LSE [heads_q, total_q]               natural log, as for varlen plans
+ * Query head h uses KV head h / (heads_q / heads_kv); the query heads of a
+ * group (and all query tokens of a sequence) are processed together so
+ * that each K/V page is loaded once per group.
+ *
+ * Split-KV: when a batch has too few (sequence, KV head) pairs to occupy
+ * the threads, long sequences are cut into chunks of whole pages processed
+ * in parallel, and the chunks' (O, LSE) states are merged as
+ * attn_merge_states does. attn_decode_prepare chooses the split from the
+ * batch and reports it. */
+typedef struct attn_decode_plan *attn_decode_plan_t;
+
+/* Size-tagged as attn_kv_cache_config_t. */
+typedef struct attn_decode_config {
+  uint64_t struct_size;
+  int64_t heads_q;          /* a multiple of the cache's heads_kv */
+  int64_t max_batch;        /* sequences per step, >= 1 */
+  int64_t max_query_tokens; /* query tokens per sequence per step, >= 1 */
+  /* Most keys one sequence's queries may see, >= 0; it bounds the
+   * workspace. 0: the cache's capacity (num_pages * page_size); for a
+   * windowed cache, at most sink_tokens + window + max_query_tokens - 1,
+   * all that the queries of one step can see. */
+  int64_t max_kv_tokens;
+  /* Split-KV: 0 lets attn_decode_prepare choose; -1 never splits; n > 0
+   * splits every sequence into chunks of n tokens rounded up to whole
+   * pages (for tuning, and for tests that compare split and unsplit). */
+  int64_t kv_chunk_tokens;
+  float softmax_scale;      /* > 0, or 0 for 1/sqrt(head_dim_qk) */
+  float softcap;            /* >= 0; 0 disables, see attn_plan_desc_set_softcap */
+} attn_decode_config_t;
+
+/* Creates a decode plan for caches configured like `cache` (dtype, layout,
+ * page size, heads, head dims, window, sinks, pool size; the plan copies
+ * them and may then run on any cache so configured). Returns SUCCESS,
+ * INVALID_HANDLE (ctx, cache), INVALID_ARGUMENT (config NULL, a field out
+ * of range or heads_q not a multiple of heads_kv; the message names it),
+ * NOT_SUPPORTED (the CUDA backend has no decode kernel yet), OUT_OF_MEMORY.
+ * On failure *plan is unchanged. A plan is immutable: several threads may
+ * use it at once with distinct workspaces. */
+ATTN_API attn_status_t attn_decode_plan_create(attn_context_t ctx, attn_kv_cache_t cache,
+                                               const attn_decode_config_t *config,
+                                               attn_decode_plan_t *plan);
+
+/* NULL is a no-op. Returns SUCCESS or INVALID_HANDLE. */
+ATTN_API attn_status_t attn_decode_plan_destroy(attn_decode_plan_t plan);
+
+/* Workspace bytes one step needs, for any batch within the plan's limits.
+ * Returns SUCCESS, INVALID_HANDLE, INVALID_ARGUMENT (bytes NULL). */
+ATTN_API attn_status_t attn_decode_plan_workspace_size(attn_decode_plan_t plan, size_t *bytes);
+
+/* What one prepared step runs. Size-tagged. */
+typedef struct attn_decode_step_info {
+  uint64_t struct_size;
+  int64_t total_q;            /* query tokens of the batch */
+  int64_t num_work_units;     /* (sequence, KV chunk) pairs; x heads_kv tasks */
+  int64_t split_sequences;    /* sequences cut into more than one chunk */
+  int64_t max_chunks;         /* most chunks of one sequence */
+  int64_t kv_chunk_tokens;    /* chunk length used (0: no split) */
+  uint64_t visible_pairs;     /* (query, key) pairs, all query heads */
+  double kv_bytes_read;       /* K and V bytes of the pages the step reads */
+} attn_decode_step_info_t;
+
+/* The host step of one decode step: checks the batch against the cache
+ * and writes into `workspace` (host memory on the CPU backend) the
+ * metadata that attn_decode_execute reads: each sequence's length, the
+ * pages it reads and the split. Sequence seq_ids[i] contributes
+ * query_lens[i] query tokens (1 .. max_query_tokens, at most its length).
+ * Ids may repeat. Metadata are tied to the cache's state: any mutation of
+ * the cache makes them stale, and attn_decode_execute then refuses them.
+ * info may be NULL. stream is for device backends, where the metadata go
+ * to the device workspace in the stream's order (so a captured execute can
+ * be replayed after each prepare); the CPU backend ignores it. Returns SUCCESS, INVALID_HANDLE, INVALID_ARGUMENT
+ * (num_seqs outside 1 .. max_batch, NULL arrays, unknown id, query_lens out
+ * of range, a cache configured differently from the plan's, more visible
+ * keys than max_kv_tokens, keys the queries need were evicted),
+ * WORKSPACE_TOO_SMALL. On failure neither the workspace nor *info is
+ * written. */
+ATTN_API attn_status_t attn_decode_prepare(attn_decode_plan_t plan, attn_kv_cache_t cache,
+                                           int32_t num_seqs, const int64_t *seq_ids,
+                                           const int32_t *query_lens, void *workspace,
+                                           size_t workspace_bytes,
+                                           attn_decode_step_info_t *info, void *stream);
+
+/* Runs the prepared step: O (and LSE unless NULL) for every query token,
+ * from Q and the cache's pages. Never allocates. stream as for
+ * attn_forward. Returns SUCCESS, INVALID_HANDLE, INVALID_ARGUMENT (q or o
+ * NULL, a workspace not prepared by this plan for this cache's current
+ * state), WORKSPACE_TOO_SMALL. On failure no output is written. */
+ATTN_API attn_status_t attn_decode_execute(attn_decode_plan_t plan, attn_kv_cache_t cache,
+                                           const void *q, void *o, float *lse, void *workspace,
+                                           size_t workspace_bytes, void *stream);
+
+/* What a decode plan runs. Size-tagged. */
+typedef struct attn_decode_plan_info {
+  uint64_t struct_size;
+  int32_t backend;            /* attn_backend_t */
+  int32_t dtype;              /* attn_dtype_t */
+  int64_t heads_q, heads_kv;
+  int64_t max_batch, max_query_tokens, max_kv_tokens;
+  int64_t kv_chunk_tokens;    /* the configured split policy (0 auto, -1 never) */
+  int32_t num_threads;
+  int32_t reserved;           /* 0 */
+  uint64_t workspace_bytes;
+  char algorithm[64];         /* "paged-decode-gqa-packed-split-kv" */
+  char kernel[64];            /* "cpu-scalar" */
+} attn_decode_plan_info_t;
+
+/* Fills *info. Returns SUCCESS, INVALID_HANDLE, INVALID_ARGUMENT (info NULL
+ * or struct_size too small). */
+ATTN_API attn_status_t attn_decode_plan_describe(attn_decode_plan_t plan,
+                                                 attn_decode_plan_info_t *info);
 
 #ifdef __cplusplus
 } /* extern "C" */

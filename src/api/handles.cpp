@@ -48,6 +48,8 @@ const char* kind_name(HandleKind kind) {
     case HandleKind::plan_desc: return "attn_plan_desc_t";
     case HandleKind::plan: return "attn_plan_t";
     case HandleKind::block_mask: return "attn_block_mask_t";
+    case HandleKind::kv_cache: return "attn_kv_cache_t";
+    case HandleKind::decode_plan: return "attn_decode_plan_t";
   }
   return "handle";
 }

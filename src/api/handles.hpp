@@ -32,7 +32,7 @@ struct attn_block_mask {
 
 namespace attn {
 
-enum class HandleKind { context, tensor_desc, plan_desc, plan, block_mask };
+enum class HandleKind { context, tensor_desc, plan_desc, plan, block_mask, kv_cache, decode_plan };
 
 void register_handle(const void* h, HandleKind kind);
 // Returns false if h was not registered as `kind`.
@@ -45,6 +45,9 @@ template <> constexpr HandleKind kind_of<attn_tensor_desc>() { return HandleKind
 template <> constexpr HandleKind kind_of<attn_plan_desc>() { return HandleKind::plan_desc; }
 template <> constexpr HandleKind kind_of<attn_plan>() { return HandleKind::plan; }
 template <> constexpr HandleKind kind_of<attn_block_mask>() { return HandleKind::block_mask; }
+// (Their handle structs are defined in src/api/kv_api.cpp.)
+template <> constexpr HandleKind kind_of<attn_kv_cache>() { return HandleKind::kv_cache; }
+template <> constexpr HandleKind kind_of<attn_decode_plan>() { return HandleKind::decode_plan; }
 
 const char* kind_name(HandleKind kind);
 

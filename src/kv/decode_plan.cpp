@@ -1,0 +1,328 @@
+#include "kv/decode_plan.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdio>
+#include <cstring>
+#include <vector>
+
+#include "core/dtype.hpp"
+#include "core/error.hpp"
+#include "core/workspace.hpp"
+
+namespace attn::kv {
+namespace {
+
+// Auto split: no chunk shorter than this many tokens, since each chunk adds
+// a partial state to write and merge.
+constexpr int64_t kMinAutoChunkTokens = 256;
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+}  // namespace
+
+DecodeConfig validate_decode_config(const attn_decode_config_t* config, const CacheConfig& cache) {
+  if (config == nullptr) invalid_argument("config is NULL");
+  if (config->struct_size < sizeof(attn_decode_config_t))
+    invalid_argument("config->struct_size (", config->struct_size,
+                     ") is too small: set it to sizeof(attn_decode_config_t)");
+  const attn_decode_config_t& c = *config;
+  if (c.heads_q < 1) invalid_argument("config->heads_q must be >= 1, got ", c.heads_q);
+  if (c.heads_q % cache.heads_kv != 0)
+    invalid_argument("config->heads_q (", c.heads_q, ") must be a multiple of the cache's heads_kv (",
+                     cache.heads_kv, ")");
+  if (c.max_batch < 1 || c.max_batch > (int64_t(1) << 24))
+    invalid_argument("config->max_batch must be in 1..2^24, got ", c.max_batch);
+  if (c.max_query_tokens < 1 || c.max_query_tokens > (int64_t(1) << 24))
+    invalid_argument("config->max_query_tokens must be in 1..2^24, got ", c.max_query_tokens);
+  if (c.max_kv_tokens < 0)
+    invalid_argument("config->max_kv_tokens must be >= 0 (0: from the cache), got ",
+                     c.max_kv_tokens);
+  if (c.kv_chunk_tokens < -1)
+    invalid_argument("config->kv_chunk_tokens must be -1 (never split), 0 (auto) or > 0, got ",
+                     c.kv_chunk_tokens);
+  if (!(std::isfinite(c.softmax_scale) && c.softmax_scale >= 0.0f))
+    invalid_argument("config->softmax_scale must be finite and > 0 (or 0 for the default), got ",
+                     c.softmax_scale);
+  if (!(std::isfinite(c.softcap) && c.softcap >= 0.0f))
+    invalid_argument("config->softcap must be finite and >= 0 (0 disables it), got ", c.softcap);
+  DecodeConfig d;
+  d.heads_q = c.heads_q;
+  d.max_batch = c.max_batch;
+  d.max_query_tokens = c.max_query_tokens;
+  d.kv_chunk_tokens = c.kv_chunk_tokens;
+  d.scale = c.softmax_scale > 0.0f ? c.softmax_scale
+                                   : float(1.0 / std::sqrt(double(cache.head_dim_qk)));
+  d.softcap = c.softcap;
+  const int64_t capacity = cache.num_pages * cache.page_size;
+  int64_t limit = capacity;
+  if (cache.window > 0)
+    limit = std::min(capacity, cache.sink_tokens + cache.window + c.max_query_tokens - 1);
+  d.max_kv_tokens = c.max_kv_tokens == 0 ? limit : c.max_kv_tokens;
+  // The workspace holds max_batch page lists of this length.
+  const double entries = double(c.max_batch) * double(ceil_div(d.max_kv_tokens, cache.page_size) + 2);
+  if (entries > 1.0e10)
+    invalid_argument("config->max_kv_tokens: ", d.max_kv_tokens, " keys for each of ", c.max_batch,
+                     " sequences need too large a workspace; set a smaller max_kv_tokens");
+  return d;
+}
+
+DecodePlan::DecodePlan(const ContextConfig& ctx, const CacheConfig& cache, const DecodeConfig& cfg)
+    : ctx_(ctx), cache_(cache), cfg_(cfg) {
+  if (ctx.backend != ATTN_BACKEND_CPU)
+    not_supported("decode plan: the CUDA backend has no decode kernel yet (only the CPU backend has)");
+  threads_ = std::max<int32_t>(1, ctx.num_threads);
+  const int64_t ps = cache_.page_size;
+  // A page straddling each end of the window, plus the sink pages' tail.
+  max_entries_per_seq_ = ceil_div(cfg_.max_kv_tokens, ps) + 2;
+  const int64_t units_per_seq_forced =
+      cfg_.kv_chunk_tokens > 0 ? ceil_div(max_entries_per_seq_, ceil_div(cfg_.kv_chunk_tokens, ps))
+                               : 1;
+  if (cfg_.kv_chunk_tokens > 0) {
+    max_units_ = cfg_.max_batch * units_per_seq_forced;
+    max_partials_ = units_per_seq_forced > 1 ? max_units_ : 0;
+  } else if (cfg_.kv_chunk_tokens == 0 && threads_ > 1) {
+    // Auto splits only when batch * heads_kv < threads, into at most
+    // ceil(2 threads / (batch * heads_kv)) chunks per sequence: fewer than
+    // 2 threads + batch < 3 threads units in all.
+    max_units_ = std::max<int64_t>(cfg_.max_batch, 3 * int64_t(threads_));
+    max_partials_ = 3 * int64_t(threads_);
+  } else {
+    max_units_ = cfg_.max_batch;
+    max_partials_ = 0;
+  }
+
+  const size_t a = kWorkspaceAlign / sizeof(float);
+  auto carve = [&](size_t& cursor, size_t floats) {
+    const size_t off = cursor;
+    cursor += align_up(floats, a);
+    return off;
+  };
+  const size_t rows = size_t(cfg_.max_query_tokens * group());
+  const size_t dqk = size_t(cache_.head_dim_qk), dv = size_t(cache_.head_dim_v);
+  size_t c = 0;
+  scratch_.q = carve(c, rows * dqk);
+  scratch_.k = carve(c, size_t(ps) * dqk);
+  scratch_.krow = carve(c, dqk);
+  scratch_.v = carve(c, size_t(ps) * dv);
+  scratch_.s = carve(c, rows * size_t(ps));
+  scratch_.acc = carve(c, rows * dv);
+  scratch_.m = carve(c, rows);
+  scratch_.l = carve(c, rows);
+  scratch_.floats = c;
+
+  const size_t q_rows = size_t(cfg_.max_query_tokens * cfg_.heads_q);
+  WorkspaceLayout w;
+  off_header_ = w.add(sizeof(PreparedHeader));
+  off_seqs_ = w.add(size_t(cfg_.max_batch) * sizeof(SeqMeta));
+  off_entries_ = w.add(size_t(cfg_.max_batch * max_entries_per_seq_) * sizeof(PageEntry));
+  off_units_ = w.add(size_t(max_units_) * sizeof(WorkUnit));
+  off_partial_o_ = w.add(size_t(max_partials_) * q_rows * dv * sizeof(float));
+  off_partial_lse_ = w.add(size_t(max_partials_) * q_rows * sizeof(float));
+  off_scratch_ = w.add(size_t(threads_) * scratch_.floats * sizeof(float));
+  total_bytes_ = w.total_bytes();
+}
+
+DecodeWorkspace DecodePlan::carve(void* workspace) const {
+  char* base = workspace_base(workspace);
+  DecodeWorkspace ws;
+  ws.header = reinterpret_cast<PreparedHeader*>(base + off_header_);
+  ws.seqs = reinterpret_cast<SeqMeta*>(base + off_seqs_);
+  ws.entries = reinterpret_cast<PageEntry*>(base + off_entries_);
+  ws.units = reinterpret_cast<WorkUnit*>(base + off_units_);
+  ws.partial_o = reinterpret_cast<float*>(base + off_partial_o_);
+  ws.partial_lse = reinterpret_cast<float*>(base + off_partial_lse_);
+  ws.scratch = reinterpret_cast<float*>(base + off_scratch_);
+  return ws;
+}
+
+void DecodePlan::check_cache(const KvCache& cache) const {
+  if (!(cache.config() == cache_))
+    invalid_argument("cache: configured differently from the cache the plan was made for ",
+                     "(dtype, layout, page size, pages, heads, head dims, window and sinks ",
+                     "must all match)");
+  if (cache.backend() != ctx_.backend)
+    invalid_argument("cache: lives on another backend than the plan");
+}
+
+static void check_workspace(size_t needed, const void* workspace, size_t bytes) {
+  if (bytes < needed)
+    fail(ATTN_STATUS_WORKSPACE_TOO_SMALL, "workspace_bytes: ", bytes,
+         " bytes given, the plan needs ", needed);
+  if (needed > 0 && workspace == nullptr) invalid_argument("workspace is NULL");
+}
+
+void DecodePlan::prepare(const KvCache& cache, int32_t num_seqs, const int64_t* ids,
+                         const int32_t* query_lens, void* workspace, size_t workspace_bytes,
+                         attn_decode_step_info_t* info) const {
+  check_cache(cache);
+  if (num_seqs < 1 || num_seqs > cfg_.max_batch)
+    invalid_argument("num_seqs must be in 1..", cfg_.max_batch, " (the plan's max_batch), got ",
+                     num_seqs);
+  if (ids == nullptr) invalid_argument("seq_ids is NULL");
+  if (query_lens == nullptr) invalid_argument("query_lens is NULL");
+  const size_t min_info = offsetof(attn_decode_step_info_t, total_q);
+  if (info != nullptr && info->struct_size < min_info)
+    invalid_argument("info->struct_size (", info->struct_size,
+                     ") is too small: set it to sizeof(attn_decode_step_info_t)");
+  check_workspace(total_bytes_, workspace, workspace_bytes);
+
+  // Everything is built in host vectors first and copied at the end, so that
+  // a failure leaves the workspace untouched.
+  const int64_t ps = cache_.page_size, w = cache_.window, sinks = cache_.sink_tokens;
+  std::vector<SeqMeta> seqs(static_cast<size_t>(num_seqs));
+  std::vector<PageEntry> entries;
+  std::vector<int64_t> entry_begin(static_cast<size_t>(num_seqs) + 1, 0);
+  int64_t total_q = 0, tokens_read = 0;  // tokens: the kernel reads whole (filled) pages
+  uint64_t pairs = 0;
+  for (int32_t i = 0; i < num_seqs; ++i) {
+    const Sequence& s = cache.sequence(ids[i], "seq_ids");
+    const int64_t ql = query_lens[i];
+    if (ql < 1 || ql > cfg_.max_query_tokens)
+      invalid_argument("query_lens[", i, "] must be in 1..", cfg_.max_query_tokens,
+                       " (the plan's max_query_tokens), got ", ql);
+    if (ql > s.length)
+      invalid_argument("query_lens[", i, "]: ", ql, " query tokens but sequence ", ids[i],
+                       " holds only ", s.length, " tokens (append the new tokens first)");
+    const int64_t n = s.length;
+    // Keys the queries see: the window [lo, n) and the sinks below lo.
+    const int64_t lo = w > 0 ? std::max<int64_t>(0, n - ql - w + 1) : 0;
+    const int64_t sink_end = std::min(sinks, lo);
+    const int64_t keys = (n - lo) + sink_end;
+    if (keys > cfg_.max_kv_tokens)
+      invalid_argument("query_lens[", i, "]: the queries of sequence ", ids[i], " see ", keys,
+                       " keys, more than the plan's max_kv_tokens (", cfg_.max_kv_tokens, ")");
+    const int64_t sink_pages = ceil_div(sink_end, ps);
+    const int64_t first = std::max(sink_pages, lo / ps), last = (n - 1) / ps;
+    auto add = [&](int64_t l) {
+      const int32_t p = s.page(l);
+      if (p < 0)
+        invalid_argument("query_lens[", i, "]: the queries of sequence ", ids[i],
+                         " see keys at positions ", std::max(l * ps, lo), "..",
+                         std::min(n, (l + 1) * ps) - 1,
+                         ", which the rolling window already evicted (query_lens above the ",
+                         "tokens of the last append reach behind the window)");
+      entries.push_back(PageEntry{l, p});
+    };
+    for (int64_t l = 0; l < sink_pages; ++l) add(l);
+    for (int64_t l = first; l <= last; ++l) add(l);
+    entry_begin[size_t(i) + 1] = int64_t(entries.size());
+    for (int64_t e = entry_begin[size_t(i)]; e < entry_begin[size_t(i) + 1]; ++e)
+      tokens_read += std::min(ps, n - entries[size_t(e)].logical * ps);
+    seqs[size_t(i)] = SeqMeta{total_q, ql, n, 0, 0};
+    total_q += ql;
+    // Visible pairs: query t at position n - ql + t sees its window (and the
+    // sinks below it).
+    for (int64_t t = 0; t < ql; ++t) {
+      const int64_t p = n - ql + t;
+      const int64_t wlo = w > 0 ? std::max<int64_t>(0, p - w + 1) : 0;
+      pairs += uint64_t((p - wlo + 1) + std::min(sinks, wlo)) * uint64_t(cfg_.heads_q);
+    }
+  }
+
+  // The split.
+  int64_t chunk_pages = 0;  // 0: one unit per sequence
+  int64_t max_entries = 0;
+  for (int32_t i = 0; i < num_seqs; ++i)
+    max_entries = std::max(max_entries, entry_begin[size_t(i) + 1] - entry_begin[size_t(i)]);
+  if (cfg_.kv_chunk_tokens > 0) {
+    chunk_pages = ceil_div(cfg_.kv_chunk_tokens, ps);
+  } else if (cfg_.kv_chunk_tokens == 0 && threads_ > 1) {
+    const int64_t items = int64_t(num_seqs) * cache_.heads_kv;
+    if (items < threads_) {
+      const int64_t target = ceil_div(2 * int64_t(threads_), items);
+      chunk_pages = std::max(ceil_div(max_entries, target), ceil_div(kMinAutoChunkTokens, ps));
+    }
+  }
+  std::vector<WorkUnit> units;
+  int64_t partials = 0, split_seqs = 0, max_chunks = 1;
+  for (int32_t i = 0; i < num_seqs; ++i) {
+    const int64_t b = entry_begin[size_t(i)], e = entry_begin[size_t(i) + 1];
+    const int64_t chunks = chunk_pages > 0 ? std::max<int64_t>(1, ceil_div(e - b, chunk_pages)) : 1;
+    seqs[size_t(i)].first_unit = int64_t(units.size());
+    seqs[size_t(i)].num_units = chunks;
+    max_chunks = std::max(max_chunks, chunks);
+    if (chunks > 1) ++split_seqs;
+    for (int64_t c = 0; c < chunks; ++c) {
+      const int64_t cb = chunks == 1 ? b : b + c * chunk_pages;
+      const int64_t ce = chunks == 1 ? e : std::min(e, cb + chunk_pages);
+      units.push_back(WorkUnit{i, cb, ce, chunks > 1 ? partials++ : -1});
+    }
+  }
+  if (int64_t(units.size()) > max_units_ || partials > max_partials_ ||
+      int64_t(entries.size()) > cfg_.max_batch * max_entries_per_seq_)
+    fail(ATTN_STATUS_INTERNAL_ERROR, "decode prepare: ", units.size(), " units, ", partials,
+         " partial states or ", entries.size(), " page entries exceed the workspace's room (",
+         max_units_, ", ", max_partials_, ", ", cfg_.max_batch * max_entries_per_seq_, ")");
+
+  // Commit.
+  DecodeWorkspace ws = carve(workspace);
+  std::memcpy(ws.seqs, seqs.data(), seqs.size() * sizeof(SeqMeta));
+  if (!entries.empty()) std::memcpy(ws.entries, entries.data(), entries.size() * sizeof(PageEntry));
+  std::memcpy(ws.units, units.data(), units.size() * sizeof(WorkUnit));
+  PreparedHeader h;
+  h.magic = kPreparedMagic;
+  h.plan_id = uint64_t(reinterpret_cast<uintptr_t>(this));
+  h.cache_id = uint64_t(reinterpret_cast<uintptr_t>(&cache));
+  h.generation = cache.generation();
+  h.batch = num_seqs;
+  h.total_q = total_q;
+  h.num_units = int64_t(units.size());
+  h.chunk_pages = split_seqs > 0 ? chunk_pages : 0;
+  std::memcpy(ws.header, &h, sizeof h);
+
+  if (info != nullptr) {
+    attn_decode_step_info_t full;
+    std::memset(&full, 0, sizeof full);
+    full.struct_size = info->struct_size;
+    full.total_q = total_q;
+    full.num_work_units = int64_t(units.size());
+    full.split_sequences = split_seqs;
+    full.max_chunks = max_chunks;
+    full.kv_chunk_tokens = split_seqs > 0 ? chunk_pages * ps : 0;
+    full.visible_pairs = pairs;
+    full.kv_bytes_read = double(tokens_read) * double(cache_.bytes_per_token());
+    const size_t n = std::min<size_t>(size_t(info->struct_size), sizeof full);
+    std::memcpy(info, &full, n);
+  }
+}
+
+void DecodePlan::execute(const KvCache& cache, const void* q, void* o, float* lse,
+                         void* workspace, size_t workspace_bytes) const {
+  check_cache(cache);
+  if (q == nullptr) invalid_argument("q is NULL");
+  if (o == nullptr) invalid_argument("o is NULL");
+  check_workspace(total_bytes_, workspace, workspace_bytes);
+  DecodeWorkspace ws = carve(workspace);
+  PreparedHeader h;
+  std::memcpy(&h, ws.header, sizeof h);
+  if (h.magic != kPreparedMagic || h.plan_id != uint64_t(reinterpret_cast<uintptr_t>(this)))
+    invalid_argument("workspace: not prepared by attn_decode_prepare with this plan");
+  if (h.cache_id != uint64_t(reinterpret_cast<uintptr_t>(&cache)))
+    invalid_argument("cache: the workspace was prepared for another cache");
+  if (h.generation != cache.generation())
+    invalid_argument("workspace: prepared before the cache last changed (append, add, fork or ",
+                     "release); call attn_decode_prepare again");
+  cpu::decode_execute(*this, cache, ws, q, o, lse);
+}
+
+void DecodePlan::describe(attn_decode_plan_info_t& info) const {
+  std::memset(&info, 0, sizeof info);
+  info.struct_size = sizeof info;
+  info.backend = ctx_.backend;
+  info.dtype = cache_.dtype;
+  info.heads_q = cfg_.heads_q;
+  info.heads_kv = cache_.heads_kv;
+  info.max_batch = cfg_.max_batch;
+  info.max_query_tokens = cfg_.max_query_tokens;
+  info.max_kv_tokens = cfg_.max_kv_tokens;
+  info.kv_chunk_tokens = cfg_.kv_chunk_tokens;
+  info.num_threads = threads_;
+  info.workspace_bytes = total_bytes_;
+  std::snprintf(info.algorithm, sizeof info.algorithm, "%s",
+                max_partials_ > 0 ? "paged-decode-gqa-packed-split-kv" : "paged-decode-gqa-packed");
+  std::snprintf(info.kernel, sizeof info.kernel, "%s", "cpu-scalar");
+}
+
+}  // namespace attn::kv

@@ -1,0 +1,125 @@
+// Decode and chunked-prefill plans over a paged KV cache.
+//
+// A plan fixes the limits (batch, query tokens, visible keys) and so the
+// workspace. attn_decode_prepare is a host step that turns one batch into
+// metadata in the workspace: per sequence its length and the pages its
+// queries read, and the work units (sequence, chunk of pages). Execution
+// reads only that metadata, Q and the pages, which is what lets a device
+// backend capture it in a graph later.
+#pragma once
+
+#include <attn/attn.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "core/context.hpp"
+#include "kv/kv_cache.hpp"
+
+namespace attn::kv {
+
+struct DecodeConfig {
+  int64_t heads_q = 0;
+  int64_t max_batch = 0;
+  int64_t max_query_tokens = 0;
+  int64_t max_kv_tokens = 0;    // resolved (never 0)
+  int64_t kv_chunk_tokens = 0;  // as configured: 0 auto, -1 never, n > 0 fixed
+  float scale = 1.0f;
+  float softcap = 0.0f;
+};
+
+// --- metadata in the workspace (plain data, shared with the kernels) -------
+
+constexpr uint64_t kPreparedMagic = 0x6b76646563303031ull;  // "kvdec001"
+
+struct PreparedHeader {
+  uint64_t magic;
+  uint64_t plan_id;     // address of the DecodePlan that prepared it
+  uint64_t cache_id;    // address of the KvCache it describes
+  uint64_t generation;  // the cache's generation at prepare time
+  int64_t batch;
+  int64_t total_q;
+  int64_t num_units;
+  int64_t chunk_pages;  // 0: no split
+};
+
+struct SeqMeta {
+  int64_t q_begin;      // first query token in Q / O
+  int64_t q_len;
+  int64_t length;       // tokens in the cache, the new ones included
+  int64_t first_unit;   // units [first_unit, first_unit + num_units)
+  int64_t num_units;
+};
+
+// One page a sequence's queries read.
+struct PageEntry {
+  int64_t logical;  // holds positions [logical * page_size, ... + page_size)
+  int64_t page;     // physical page
+};
+
+struct WorkUnit {
+  int64_t seq;
+  int64_t entry_begin, entry_end;  // into the entry array
+  int64_t partial;                 // partial-state slot, -1: writes O directly
+};
+
+// Pointers into a prepared workspace.
+struct DecodeWorkspace {
+  PreparedHeader* header;
+  SeqMeta* seqs;
+  PageEntry* entries;
+  WorkUnit* units;
+  float* partial_o;    // [slot][max_query_tokens][heads_q][head_dim_v]
+  float* partial_lse;  // [slot][max_query_tokens][heads_q]
+  float* scratch;      // [threads][scratch_floats]
+};
+
+class DecodePlan {
+ public:
+  DecodePlan(const ContextConfig& ctx, const CacheConfig& cache, const DecodeConfig& cfg);
+
+  size_t workspace_bytes() const { return total_bytes_; }
+  void prepare(const KvCache& cache, int32_t num_seqs, const int64_t* ids,
+               const int32_t* query_lens, void* workspace, size_t workspace_bytes,
+               attn_decode_step_info_t* info) const;
+  void execute(const KvCache& cache, const void* q, void* o, float* lse, void* workspace,
+               size_t workspace_bytes) const;
+  void describe(attn_decode_plan_info_t& info) const;
+
+  const CacheConfig& cache_config() const { return cache_; }
+  const DecodeConfig& config() const { return cfg_; }
+  int32_t num_threads() const { return threads_; }
+  int64_t group() const { return cfg_.heads_q / cache_.heads_kv; }
+
+  // Per-thread scratch regions (offsets in floats, each 16-float aligned).
+  struct Scratch {
+    size_t q = 0, k = 0, krow = 0, v = 0, s = 0, acc = 0, m = 0, l = 0, floats = 0;
+  };
+  const Scratch& scratch() const { return scratch_; }
+
+ private:
+  void check_cache(const KvCache& cache) const;
+  DecodeWorkspace carve(void* workspace) const;
+
+  ContextConfig ctx_;
+  CacheConfig cache_;
+  DecodeConfig cfg_;
+  int32_t threads_ = 1;
+  int64_t max_entries_per_seq_ = 0;
+  int64_t max_units_ = 0, max_partials_ = 0;
+  Scratch scratch_;
+  size_t off_header_ = 0, off_seqs_ = 0, off_entries_ = 0, off_units_ = 0;
+  size_t off_partial_o_ = 0, off_partial_lse_ = 0, off_scratch_ = 0;
+  size_t total_bytes_ = 0;
+};
+
+// Validates a public config against the cache's and resolves defaults.
+DecodeConfig validate_decode_config(const attn_decode_config_t* config, const CacheConfig& cache);
+
+}  // namespace attn::kv
+
+namespace attn::cpu {
+// Runs a prepared decode step on the CPU (src/cpu/decode_cpu.cpp).
+void decode_execute(const kv::DecodePlan& plan, const kv::KvCache& cache,
+                    const kv::DecodeWorkspace& ws, const void* q, void* o, float* lse);
+}  // namespace attn::cpu
