@@ -33,6 +33,7 @@ struct PlanDesc {
   bool allow_empty_rows = false;
   attn_passes_t passes = ATTN_PASSES_FORWARD;
   bool deterministic = false;
+  int64_t diagonal_shift = 0;  // internal, see Problem::diagonal_shift
 };
 
 struct Plan {

@@ -38,6 +38,10 @@ struct Problem {
   // Bit-identical gradients run after run (attn_plan_desc_set_deterministic);
   // the CPU backend always is.
   bool deterministic = false;
+  // Added to the bottom-right diagonal offset lk - lq of every sequence.
+  // Internal (no public setter): ring steps run blocks of a longer sequence
+  // as dense problems that keep their global alignment. 0 for user plans.
+  int64_t diagonal_shift = 0;
 
   // Indexed by attn_tensor_role_t.
   TensorStrides strides[8];
@@ -47,7 +51,9 @@ struct Problem {
   int64_t total_kv() const { return cu_kv.back(); }
   int64_t lq(int64_t b) const { return cu_q[b + 1] - cu_q[b]; }
   int64_t lk(int64_t b) const { return cu_kv[b + 1] - cu_kv[b]; }
-  SequenceMask sequence_mask(int64_t b) const { return SequenceMask(lq(b), lk(b), window); }
+  SequenceMask sequence_mask(int64_t b) const {
+    return SequenceMask(lq(b), lk(b), window, lk(b) - lq(b) + diagonal_shift);
+  }
 
   // Element offset of (b, s, h, 0) in tensor `role`.
   int64_t offset(attn_tensor_role_t role, int64_t b, int64_t s, int64_t h) const {
