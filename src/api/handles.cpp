@@ -47,6 +47,7 @@ const char* kind_name(HandleKind kind) {
     case HandleKind::tensor_desc: return "attn_tensor_desc_t";
     case HandleKind::plan_desc: return "attn_plan_desc_t";
     case HandleKind::plan: return "attn_plan_t";
+    case HandleKind::comm: return "attn_comm_t";
   }
   return "handle";
 }

@@ -27,7 +27,7 @@ struct attn_plan {
 
 namespace attn {
 
-enum class HandleKind { context, tensor_desc, plan_desc, plan };
+enum class HandleKind { context, tensor_desc, plan_desc, plan, comm };
 
 void register_handle(const void* h, HandleKind kind);
 // Returns false if h was not registered as `kind`.
@@ -39,6 +39,8 @@ template <> constexpr HandleKind kind_of<attn_context>() { return HandleKind::co
 template <> constexpr HandleKind kind_of<attn_tensor_desc>() { return HandleKind::tensor_desc; }
 template <> constexpr HandleKind kind_of<attn_plan_desc>() { return HandleKind::plan_desc; }
 template <> constexpr HandleKind kind_of<attn_plan>() { return HandleKind::plan; }
+// attn_comm is defined with the ring API (src/api/ring_api.cpp).
+template <> constexpr HandleKind kind_of<attn_comm>() { return HandleKind::comm; }
 
 const char* kind_name(HandleKind kind);
 
