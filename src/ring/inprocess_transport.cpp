@@ -72,6 +72,11 @@ class InprocessTransport final : public Transport {
   const char* name() const override { return "inprocess"; }
   attn_backend_t backend() const override { return ATTN_BACKEND_CPU; }
 
+  void check_usable() override {
+    std::lock_guard lock(group_->mutex);
+    if (group_->aborted) group_->throw_aborted(rank_);
+  }
+
   void start(const Exchange& x, void*) override {
     Group& g = *group_;
     std::unique_lock lock(g.mutex);

@@ -176,6 +176,7 @@ class RingPlan final : public BackendPlan {
     char* kv[2] = {ws + fwd_.kv[0], ws + fwd_.kv[1]};
     void* sub_ws = ws + fwd_.sub;
 
+    tr_->check_usable();
     to_fp32(a.q, g_.dtype, q_, qf);
     std::fill(o_acc, o_acc + o_.elements(), 0.0f);
     std::fill(lse_acc, lse_acc + g_.batch * g_.heads_q * sq_, -std::numeric_limits<float>::infinity());
@@ -238,6 +239,7 @@ class RingPlan final : public BackendPlan {
     const int64_t nk = k_.elements(), nv = v_.elements();
     const int64_t bh_count = g_.batch * g_.heads_q;
 
+    tr_->check_usable();
     to_fp32(a.q, g_.dtype, q_, qf);
     to_fp32(a.o, g_.dtype, o_, of);
     to_fp32(a.d_o, g_.dtype, o_, dof);

@@ -35,6 +35,10 @@ class Transport {
   // The backend whose memory the buffers of an exchange live in.
   virtual attn_backend_t backend() const = 0;
 
+  // Throws COMMUNICATION_ERROR when the group has failed already, so that a
+  // ring without exchanges (one rank) notices too.
+  virtual void check_usable() = 0;
+
   // Both throw attn::Error(COMMUNICATION_ERROR) when the group failed or
   // fails meanwhile (a peer left, a mismatch, a timeout); the group is then
   // unusable for every rank.
