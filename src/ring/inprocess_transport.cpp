@@ -72,6 +72,8 @@ class InprocessTransport final : public Transport {
   const char* name() const override { return "inprocess"; }
   attn_backend_t backend() const override { return ATTN_BACKEND_CPU; }
 
+  void agree(uint64_t) override {}
+
   void check_usable() override {
     std::lock_guard lock(group_->mutex);
     if (group_->aborted) group_->throw_aborted(rank_);

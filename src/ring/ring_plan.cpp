@@ -1,510 +1,32 @@
-// Ring attention on top of the dense plans.
-//
-// The global sequence (seqlen_q queries, seqlen_kv keys per batch entry) is
-// cut into equal chunks. Rank r holds one chunk (contiguous layout: chunk r
-// of N) or two (zigzag: chunks r and 2N-1-r of 2N), the same chunks of Q
-// and of K/V. At step t rank r holds the K/V shard of rank r - t; every
-// (local query chunk, held KV chunk) pair is a *block*, a dense problem
-// whose mask keeps the global alignment through Problem::diagonal_shift.
-// Blocks that the mask hides entirely are never run. The forward merges
-// each block's (O, LSE) into a running state; the backward runs each block
-// with the global LSE and the global O (so D = rowsum(dO * O) is global),
-// which makes the block's dQ, dK and dV exactly its share of the gradient:
-// dQ accumulates locally, dK and dV accumulate in buffers that travel with
-// their K/V around the ring and end at their owner after one last step.
-//
-// Everything is computed in fp32: local Q, O, dO and each arriving K/V
-// shard are converted into fp32 copies in the workspace and the blocks run
-// fp32 dense plans, so that merges and gradient sums never round to the
-// input dtype before the end. K/V travel in the input dtype; the dK/dV
-// accumulators travel in fp32.
 #include "ring/ring_plan.hpp"
 
-#include <algorithm>
-#include <cstring>
 #include <exception>
-#include <limits>
 #include <string>
-#include <vector>
 
-#include "core/dtype.hpp"
+#include "attn_config.h"
 #include "core/error.hpp"
-#include "core/tensor.hpp"
-#include "core/workspace.hpp"
-#include "cpu/cpu_backend.hpp"
 
 namespace attn::ring {
-namespace {
 
-uint64_t mix64(uint64_t x) {
-  x ^= x >> 30;
-  x *= 0xbf58476d1ce4e5b9ull;
-  x ^= x >> 27;
-  x *= 0x94d049bb133111ebull;
-  x ^= x >> 31;
-  return x;
+void fill_facts(RingFacts& f, const RingSchedule& s, const char* transport) {
+  f.layout = s.layout;
+  f.rank = s.rank;
+  f.size = s.size;
+  f.steps = s.size;
+  f.exchanges_forward = s.size - 1;
+  f.exchanges_backward = s.size > 1 ? 2 * s.size - 1 : 0;
+  f.local_seqlen_q = s.sq;
+  f.local_seqlen_kv = s.sk;
+  f.blocks_computed = s.blocks_computed;
+  f.blocks_skipped = s.blocks_skipped;
+  f.local_visible_pairs = s.visible_pairs;
+  f.transport = transport;
 }
 
-uint64_t hash_combine(uint64_t h, uint64_t v) { return mix64(h ^ (v + 0x9e3779b97f4a7c15ull)); }
-
-uint64_t float_bits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, sizeof u);
-  return u;
-}
-
-// Where element (b, s, h, 0) of a local tensor lives, for the layout's
-// contiguous strides over the local shape [batch, seq, heads, dim].
-TensorStrides local_strides(attn_layout_t layout, int64_t seq, int64_t heads, int64_t dim) {
-  if (layout == ATTN_LAYOUT_BHSD) return {heads * seq * dim, dim, seq * dim};
-  return {seq * heads * dim, heads * dim, dim};
-}
-
-// The shape of one local tensor and its strides in the caller's memory; the
-// fp32 copies in the workspace are contiguous [batch, seq, heads, dim].
-struct LocalShape {
-  int64_t batch, seq, heads, dim;
-  TensorStrides user;
-  int64_t elements() const { return batch * seq * heads * dim; }
-};
-
-void to_fp32(const void* src, attn_dtype_t dtype, const LocalShape& t, float* dst) {
-  for (int64_t b = 0; b < t.batch; ++b)
-    for (int64_t s = 0; s < t.seq; ++s)
-      for (int64_t h = 0; h < t.heads; ++h) {
-        const int64_t from = b * t.user.batch + s * t.user.seq + h * t.user.head;
-        float* row = dst + ((b * t.seq + s) * t.heads + h) * t.dim;
-        for (int64_t c = 0; c < t.dim; ++c) row[c] = load_as_float(src, from + c, dtype);
-      }
-}
-
-void from_fp32(const float* src, const LocalShape& t, attn_dtype_t dtype, void* dst) {
-  for (int64_t b = 0; b < t.batch; ++b)
-    for (int64_t s = 0; s < t.seq; ++s)
-      for (int64_t h = 0; h < t.heads; ++h) {
-        const int64_t to = b * t.user.batch + s * t.user.seq + h * t.user.head;
-        const float* row = src + ((b * t.seq + s) * t.heads + h) * t.dim;
-        for (int64_t c = 0; c < t.dim; ++c) store_from_float(dst, to + c, dtype, row[c]);
-      }
-}
-
-// The caller's tensor, in its dtype, into the contiguous order that travels.
-void gather_raw(const void* src, size_t elem, const LocalShape& t, char* dst) {
-  const size_t row = size_t(t.dim) * elem;
-  for (int64_t b = 0; b < t.batch; ++b)
-    for (int64_t s = 0; s < t.seq; ++s)
-      for (int64_t h = 0; h < t.heads; ++h) {
-        const int64_t from = b * t.user.batch + s * t.user.seq + h * t.user.head;
-        std::memcpy(dst + size_t((b * t.seq + s) * t.heads + h) * row,
-                    static_cast<const char*>(src) + size_t(from) * elem, row);
-      }
-}
-
-void contiguous_to_fp32(const void* src, attn_dtype_t dtype, int64_t n, float* dst) {
-  for (int64_t i = 0; i < n; ++i) dst[i] = load_as_float(src, i, dtype);
-}
-
-// acc[rows of chunk] += part[rows of chunk], for tensors [batch, seq, heads, dim].
-void add_chunk(float* acc, const float* part, const LocalShape& t, int64_t start, int64_t len) {
-  const int64_t row = t.heads * t.dim;
-  for (int64_t b = 0; b < t.batch; ++b) {
-    const int64_t off = (b * t.seq + start) * row;
-    for (int64_t i = 0; i < len * row; ++i) acc[off + i] += part[off + i];
-  }
-}
-
-float* floats(char* base, size_t offset) { return reinterpret_cast<float*>(base + offset); }
-
-enum class Traffic : uint64_t { kv = 1, dkv = 2 };
-
-class RingPlan final : public BackendPlan {
- public:
-  RingPlan(const ContextConfig& ctx, const Problem& global, std::shared_ptr<Transport> transport,
-           attn_ring_layout_t layout)
-      : ctx_(ctx), g_(global), tr_(std::move(transport)), layout_(layout) {
-    rank_ = tr_->rank();
-    n_ = tr_->size();
-    const int64_t parts = layout == ATTN_RING_LAYOUT_ZIGZAG ? 2 * n_ : n_;
-    chunks_ = layout == ATTN_RING_LAYOUT_ZIGZAG ? 2 : 1;
-    cq_ = g_.seqlen_q / parts;
-    ck_ = g_.seqlen_kv / parts;
-    sq_ = cq_ * chunks_;
-    sk_ = ck_ * chunks_;
-
-    const int64_t B = g_.batch;
-    q_ = {B, sq_, g_.heads_q, g_.head_dim_qk, local_strides(g_.layout, sq_, g_.heads_q, g_.head_dim_qk)};
-    o_ = {B, sq_, g_.heads_q, g_.head_dim_v, local_strides(g_.layout, sq_, g_.heads_q, g_.head_dim_v)};
-    k_ = {B, sk_, g_.heads_kv, g_.head_dim_qk, local_strides(g_.layout, sk_, g_.heads_kv, g_.head_dim_qk)};
-    v_ = {B, sk_, g_.heads_kv, g_.head_dim_v, local_strides(g_.layout, sk_, g_.heads_kv, g_.head_dim_v)};
-
-    fingerprint_ = 0x52494e47ull;  // plans of every rank must agree on all of this
-    for (uint64_t v : {uint64_t(n_), uint64_t(layout), uint64_t(g_.dtype), uint64_t(g_.layout),
-                       uint64_t(g_.batch), uint64_t(g_.heads_q), uint64_t(g_.heads_kv),
-                       uint64_t(g_.seqlen_q), uint64_t(g_.seqlen_kv), uint64_t(g_.head_dim_qk),
-                       uint64_t(g_.head_dim_v), uint64_t(g_.mask), uint64_t(g_.window.left),
-                       uint64_t(g_.window.right), float_bits(g_.scale), float_bits(g_.softcap)})
-      fingerprint_ = hash_combine(fingerprint_, v);
-
-    build_blocks();
-    build_workspace();
-  }
-
-  size_t workspace_bytes(attn_pass_t pass) const override {
-    return pass == ATTN_PASS_FORWARD ? fwd_.bytes : bwd_.bytes;
-  }
-  int32_t tile_q() const override { return sub_plans_.empty() ? 0 : sub_plans_[0]->impl->tile_q(); }
-  int32_t tile_kv() const override {
-    return sub_plans_.empty() ? 0 : sub_plans_[0]->impl->tile_kv();
-  }
-  int32_t num_threads() const override {
-    return sub_plans_.empty() ? 1 : sub_plans_[0]->impl->num_threads();
-  }
-  const char* algorithm() const override { return "ring-attention"; }
-  const char* kernel() const override {
-    return sub_plans_.empty() ? "none" : sub_plans_[0]->impl->kernel();
-  }
-
-  void forward(const ForwardArgs& a) const override {
-    char* ws = workspace_base(a.workspace);
-    float* qf = floats(ws, fwd_.qf);
-    float* o_acc = floats(ws, fwd_.o_acc);
-    float* o_part = floats(ws, fwd_.o_part);
-    float* lse_acc = floats(ws, fwd_.lse_acc);
-    float* lse_part = floats(ws, fwd_.lse_part);
-    float* kf = floats(ws, fwd_.kf);
-    float* vf = floats(ws, fwd_.vf);
-    char* kv[2] = {ws + fwd_.kv[0], ws + fwd_.kv[1]};
-    void* sub_ws = ws + fwd_.sub;
-
-    tr_->check_usable();
-    to_fp32(a.q, g_.dtype, q_, qf);
-    std::fill(o_acc, o_acc + o_.elements(), 0.0f);
-    std::fill(lse_acc, lse_acc + g_.batch * g_.heads_q * sq_, -std::numeric_limits<float>::infinity());
-    pack_kv(a.k, a.v, kv[0]);
-
-    Exchange x;
-    bool in_flight = false;
-    try {
-      int cur = 0;
-      for (int32_t t = 0; t < n_; ++t) {
-        if (t + 1 < n_) {
-          x = {kv[cur], kv[1 - cur], kv_bytes_, tag(ATTN_PASS_FORWARD, t, Traffic::kv)};
-          tr_->start(x, a.stream);
-          in_flight = true;
-        }
-        unpack_kv(kv[cur], kf, vf);
-        for (const Block& blk : steps_[size_t(t)]) {
-          const int64_t qs = int64_t(blk.q_chunk) * cq_, ks = int64_t(blk.kv_chunk) * ck_;
-          blk.plan->forward(ForwardArgs{qf + row_offset(q_, qs), kf + row_offset(k_, ks),
-                                        vf + row_offset(v_, ks), o_part + row_offset(o_, qs),
-                                        lse_part, sub_ws, a.stream});
-          merge_block(o_acc, lse_acc, o_part, lse_part, blk.q_chunk);
-        }
-        if (in_flight) {
-          in_flight = false;
-          tr_->finish(x, a.stream);
-          cur = 1 - cur;
-        }
-      }
-    } catch (...) {
-      fail_group(in_flight ? &x : nullptr, a.stream);
-      throw;
-    }
-
-    // Outputs only now: a failed ring leaves them untouched.
-    from_fp32(o_acc, o_, g_.dtype, a.o);
-    if (a.lse != nullptr) {
-      for (int64_t bh = 0; bh < g_.batch * g_.heads_q; ++bh)
-        for (int32_t c = 0; c < chunks_; ++c)
-          std::memcpy(a.lse + bh * sq_ + c * cq_, lse_acc + (c * g_.batch * g_.heads_q + bh) * cq_,
-                      sizeof(float) * size_t(cq_));
-    }
-  }
-
-  void backward(const BackwardArgs& a) const override {
-    char* ws = workspace_base(a.workspace);
-    float* qf = floats(ws, bwd_.qf);
-    float* of = floats(ws, bwd_.of);
-    float* dof = floats(ws, bwd_.dof);
-    float* dq_acc = floats(ws, bwd_.dq_acc);
-    float* dq_part = floats(ws, bwd_.dq_part);
-    float* lse_c = floats(ws, bwd_.lse_chunks);
-    float* kf = floats(ws, bwd_.kf);
-    float* vf = floats(ws, bwd_.vf);
-    float* dk_part = floats(ws, bwd_.dk_part);
-    float* dv_part = floats(ws, bwd_.dv_part);
-    char* kv[2] = {ws + bwd_.kv[0], ws + bwd_.kv[1]};
-    float* dkv[2] = {floats(ws, bwd_.dkv[0]), floats(ws, bwd_.dkv[1])};
-    void* sub_ws = ws + bwd_.sub;
-    const int64_t nk = k_.elements(), nv = v_.elements();
-    const int64_t bh_count = g_.batch * g_.heads_q;
-
-    tr_->check_usable();
-    to_fp32(a.q, g_.dtype, q_, qf);
-    to_fp32(a.o, g_.dtype, o_, of);
-    to_fp32(a.d_o, g_.dtype, o_, dof);
-    std::fill(dq_acc, dq_acc + q_.elements(), 0.0f);
-    // The sub-plans read LSE as [batch, heads, chunk]: one copy per chunk.
-    for (int64_t bh = 0; bh < bh_count; ++bh)
-      for (int32_t c = 0; c < chunks_; ++c)
-        std::memcpy(lse_c + (c * bh_count + bh) * cq_, a.lse + bh * sq_ + c * cq_,
-                    sizeof(float) * size_t(cq_));
-    pack_kv(a.k, a.v, kv[0]);
-    std::fill(dkv[0], dkv[0] + nk + nv, 0.0f);
-
-    Exchange x;
-    bool in_flight = false;
-    int kv_cur = 0, dkv_cur = 0;
-    try {
-      for (int32_t t = 0; t < n_; ++t) {
-        if (t + 1 < n_) {
-          x = {kv[kv_cur], kv[1 - kv_cur], kv_bytes_, tag(ATTN_PASS_BACKWARD, t, Traffic::kv)};
-          tr_->start(x, a.stream);
-          in_flight = true;
-        }
-        unpack_kv(kv[kv_cur], kf, vf);
-        float* dk_acc = dkv[dkv_cur];
-        float* dv_acc = dkv[dkv_cur] + nk;
-        for (const Block& blk : steps_[size_t(t)]) {
-          const int64_t qs = int64_t(blk.q_chunk) * cq_, ks = int64_t(blk.kv_chunk) * ck_;
-          blk.plan->backward(BackwardArgs{
-              qf + row_offset(q_, qs), kf + row_offset(k_, ks), vf + row_offset(v_, ks),
-              of + row_offset(o_, qs), lse_c + blk.q_chunk * bh_count * cq_,
-              dof + row_offset(o_, qs), dq_part + row_offset(q_, qs),
-              dk_part + row_offset(k_, ks), dv_part + row_offset(v_, ks), sub_ws, a.stream});
-          add_chunk(dq_acc, dq_part, q_, qs, cq_);
-          add_chunk(dk_acc, dk_part, k_, ks, ck_);
-          add_chunk(dv_acc, dv_part, v_, ks, ck_);
-        }
-        if (in_flight) {
-          in_flight = false;
-          tr_->finish(x, a.stream);
-          kv_cur = 1 - kv_cur;
-        }
-        // The accumulators follow their K/V; after the last step they go
-        // home (rank r then receives its own shard's).
-        if (n_ > 1) {
-          x = {dkv[dkv_cur], dkv[1 - dkv_cur], dkv_bytes_, tag(ATTN_PASS_BACKWARD, t, Traffic::dkv)};
-          tr_->start(x, a.stream);  // nothing to overlap: the next step needs it
-          tr_->finish(x, a.stream);
-          dkv_cur = 1 - dkv_cur;
-        }
-      }
-    } catch (...) {
-      fail_group(in_flight ? &x : nullptr, a.stream);
-      throw;
-    }
-
-    from_fp32(dq_acc, q_, g_.dtype, a.dq);
-    from_fp32(dkv[dkv_cur], k_, g_.dtype, a.dk);
-    from_fp32(dkv[dkv_cur] + nk, v_, g_.dtype, a.dv);
-  }
-
-  RingFacts facts;
-
- private:
-  struct Block {
-    int32_t q_chunk, kv_chunk;  // local chunk indices
-    const BackendPlan* plan;
-  };
-
-  struct ForwardSpace {
-    size_t qf, o_acc, o_part, lse_acc, lse_part, kv[2], kf, vf, sub, bytes = 0;
-  };
-  struct BackwardSpace {
-    size_t qf, of, dof, dq_acc, dq_part, lse_chunks, kv[2], kf, vf, dkv[2], dk_part, dv_part, sub,
-        bytes = 0;
-  };
-
-  // Global index of local chunk c of rank s (in units of the chunk length).
-  int64_t chunk_index(int32_t s, int32_t c) const {
-    return c == 0 ? s : 2 * int64_t(n_) - 1 - s;
-  }
-
-  void build_blocks() {
-    const int64_t global_off = g_.seqlen_kv - g_.seqlen_q;
-    steps_.resize(size_t(n_));
-    uint64_t computed = 0, skipped = 0, pairs = 0;
-    std::vector<int64_t> shifts;
-    std::vector<const BackendPlan*> plans;
-    for (int32_t t = 0; t < n_; ++t) {
-      const int32_t owner = (rank_ - t + n_) % n_;
-      for (int32_t qc = 0; qc < chunks_; ++qc)
-        for (int32_t kc = 0; kc < chunks_; ++kc) {
-          const int64_t qs = chunk_index(rank_, qc) * cq_;
-          const int64_t ks = chunk_index(owner, kc) * ck_;
-          // Query i of the block is global qs + i and sees key ks + j when
-          // the global predicate holds: the block's own offset is this.
-          const int64_t off = qs + global_off - ks;
-          const SequenceMask mask(cq_, ck_, g_.window, off);
-          const int64_t visible = mask.visible_pairs();
-          if (visible == 0) {
-            ++skipped;
-            continue;
-          }
-          ++computed;
-          pairs += uint64_t(visible);
-          const int64_t shift = off - (ck_ - cq_);
-          auto it = std::find(shifts.begin(), shifts.end(), shift);
-          const BackendPlan* plan;
-          if (it == shifts.end()) {
-            sub_plans_.push_back(make_block_plan(shift));
-            shifts.push_back(shift);
-            plan = sub_plans_.back()->impl.get();
-            plans.push_back(plan);
-          } else {
-            plan = plans[size_t(it - shifts.begin())];
-          }
-          steps_[size_t(t)].push_back(Block{qc, kc, plan});
-        }
-    }
-    facts.layout = layout_;
-    facts.rank = rank_;
-    facts.size = n_;
-    facts.steps = n_;
-    facts.exchanges_forward = n_ - 1;
-    facts.exchanges_backward = n_ > 1 ? 2 * n_ - 1 : 0;
-    facts.local_seqlen_q = sq_;
-    facts.local_seqlen_kv = sk_;
-    facts.blocks_computed = computed;
-    facts.blocks_skipped = skipped;
-    facts.local_visible_pairs = pairs * uint64_t(g_.batch) * uint64_t(g_.heads_q);
-    facts.transport = tr_->name();
-  }
-
-  // A dense fp32 plan over one block: Q-side tensors are views of the
-  // [batch, local seq, heads, dim] fp32 copies, so their strides are those
-  // of the whole local shard.
-  std::unique_ptr<Plan> make_block_plan(int64_t shift) const {
-    PlanDesc d;
-    d.batch = g_.batch;
-    d.heads_q = g_.heads_q;
-    d.heads_kv = g_.heads_kv;
-    d.seqlen_q = cq_;
-    d.seqlen_kv = ck_;
-    d.head_dim_qk = g_.head_dim_qk;
-    d.head_dim_v = g_.head_dim_v;
-    d.dtype = ATTN_DTYPE_FP32;
-    d.layout = ATTN_LAYOUT_BSHD;
-    d.scale = g_.scale;
-    d.softcap = g_.softcap;
-    d.mask = g_.mask;
-    d.window_left = g_.mask == ATTN_MASK_WINDOW ? g_.window.left : -1;
-    d.window_right = g_.mask == ATTN_MASK_WINDOW ? g_.window.right : -1;
-    d.allow_empty_rows = true;  // a block may hide rows that other blocks show
-    d.passes = g_.backward ? ATTN_PASSES_FORWARD_BACKWARD : ATTN_PASSES_FORWARD;
-    d.diagonal_shift = shift;
-    auto view = [&](const LocalShape& t, int64_t chunk) {
-      TensorDesc v;
-      v.dtype = ATTN_DTYPE_FP32;
-      v.ndim = 4;
-      v.dims = {};
-      v.dims[0] = t.batch, v.dims[1] = chunk, v.dims[2] = t.heads, v.dims[3] = t.dim;
-      v.strides = {};
-      v.strides[0] = t.seq * t.heads * t.dim, v.strides[1] = t.heads * t.dim;
-      v.strides[2] = t.dim, v.strides[3] = 1;
-      return v;
-    };
-    d.tensors[ATTN_TENSOR_Q] = d.tensors[ATTN_TENSOR_DQ] = view(q_, cq_);
-    d.tensors[ATTN_TENSOR_O] = d.tensors[ATTN_TENSOR_DO] = view(o_, cq_);
-    d.tensors[ATTN_TENSOR_K] = d.tensors[ATTN_TENSOR_DK] = view(k_, ck_);
-    d.tensors[ATTN_TENSOR_V] = d.tensors[ATTN_TENSOR_DV] = view(v_, ck_);
-    return create_plan(ctx_, d);
-  }
-
-  void build_workspace() {
-    const size_t f = sizeof(float);
-    const size_t es = dtype_size(g_.dtype);
-    const size_t nq = size_t(q_.elements()), no = size_t(o_.elements());
-    const size_t nk = size_t(k_.elements()), nv = size_t(v_.elements());
-    const size_t lse_local = size_t(g_.batch * g_.heads_q * sq_);
-    const size_t lse_chunk = size_t(g_.batch * g_.heads_q * cq_);
-    kv_bytes_ = (nk + nv) * es;
-    dkv_bytes_ = (nk + nv) * f;
-    size_t sub_fwd = 0, sub_bwd = 0;
-    for (const auto& p : sub_plans_) {
-      sub_fwd = std::max(sub_fwd, p->impl->workspace_bytes(ATTN_PASS_FORWARD));
-      if (g_.backward) sub_bwd = std::max(sub_bwd, p->impl->workspace_bytes(ATTN_PASS_BACKWARD));
-    }
-
-    WorkspaceLayout fl;
-    fwd_.qf = fl.add(nq * f);
-    fwd_.o_acc = fl.add(no * f);
-    fwd_.o_part = fl.add(no * f);
-    fwd_.lse_acc = fl.add(lse_local * f);
-    fwd_.lse_part = fl.add(lse_chunk * f);
-    fwd_.kv[0] = fl.add(kv_bytes_);
-    fwd_.kv[1] = fl.add(kv_bytes_);
-    fwd_.kf = fl.add(nk * f);
-    fwd_.vf = fl.add(nv * f);
-    fwd_.sub = fl.add(sub_fwd);
-    fwd_.bytes = fl.total_bytes();
-
-    if (g_.backward) {
-      WorkspaceLayout bl;
-      bwd_.qf = bl.add(nq * f);
-      bwd_.of = bl.add(no * f);
-      bwd_.dof = bl.add(no * f);
-      bwd_.dq_acc = bl.add(nq * f);
-      bwd_.dq_part = bl.add(nq * f);
-      bwd_.lse_chunks = bl.add(lse_local * f);
-      bwd_.kv[0] = bl.add(kv_bytes_);
-      bwd_.kv[1] = bl.add(kv_bytes_);
-      bwd_.kf = bl.add(nk * f);
-      bwd_.vf = bl.add(nv * f);
-      bwd_.dkv[0] = bl.add(dkv_bytes_);
-      bwd_.dkv[1] = bl.add(dkv_bytes_);
-      bwd_.dk_part = bl.add(nk * f);
-      bwd_.dv_part = bl.add(nv * f);
-      bwd_.sub = bl.add(sub_bwd);
-      bwd_.bytes = bl.total_bytes();
-    }
-    facts.bytes_per_step_forward = kv_bytes_;
-    facts.bytes_per_step_backward = kv_bytes_ + dkv_bytes_;
-  }
-
-  static int64_t row_offset(const LocalShape& t, int64_t s) { return s * t.heads * t.dim; }
-
-  uint64_t tag(attn_pass_t pass, int32_t step, Traffic what) const {
-    return hash_combine(hash_combine(hash_combine(fingerprint_, uint64_t(pass)), uint64_t(step)),
-                        uint64_t(what));
-  }
-
-  // Local K then V, in the input dtype, contiguous: the message of a step.
-  void pack_kv(const void* k, const void* v, char* dst) const {
-    const size_t es = dtype_size(g_.dtype);
-    gather_raw(k, es, k_, dst);
-    gather_raw(v, es, v_, dst + size_t(k_.elements()) * es);
-  }
-  void unpack_kv(const char* src, float* kf, float* vf) const {
-    const size_t es = dtype_size(g_.dtype);
-    contiguous_to_fp32(src, g_.dtype, k_.elements(), kf);
-    contiguous_to_fp32(src + size_t(k_.elements()) * es, g_.dtype, v_.elements(), vf);
-  }
-
-  // (O, LSE) of local query chunk c: acc := merge(acc, part).
-  void merge_block(float* o_acc, float* lse_acc, const float* o_part, const float* lse_part,
-                   int32_t c) const {
-    const int64_t B = g_.batch, H = g_.heads_q, D = g_.head_dim_v;
-    TensorDesc od, ld;
-    od.dtype = ld.dtype = ATTN_DTYPE_FP32;
-    od.ndim = 4;
-    od.dims[0] = B, od.dims[1] = cq_, od.dims[2] = H, od.dims[3] = D;
-    od.strides[0] = sq_ * H * D, od.strides[1] = H * D, od.strides[2] = D, od.strides[3] = 1;
-    ld.ndim = 3;  // the chunk's LSE is [batch, heads, chunk]
-    ld.dims[0] = B, ld.dims[1] = cq_, ld.dims[2] = H;
-    ld.strides[0] = H * cq_, ld.strides[1] = 1, ld.strides[2] = cq_;
-    float* o_rows = o_acc + row_offset(o_, int64_t(c) * cq_);
-    float* lse_rows = lse_acc + c * B * H * cq_;
-    const void* o_parts[2] = {o_rows, o_part + row_offset(o_, int64_t(c) * cq_)};
-    const float* lse_parts[2] = {lse_rows, lse_part};
-    cpu::merge_states(ctx_, 2, od, ld, o_parts, lse_parts, o_rows, lse_rows);
-  }
-
-  // A failure of this rank mid-ring fails the whole group, so that peers
-  // stop waiting for it; a started exchange is withdrawn.
-  void fail_group(const Exchange* pending, void* stream) const noexcept {
-    std::string why = "rank " + std::to_string(rank_) + " failed: ";
+void fail_ring_group(Transport& transport, int32_t rank, const Exchange* pending,
+                     void* stream) noexcept {
+  try {
+    std::string why = "rank " + std::to_string(rank) + " failed: ";
     bool from_group = false;
     try {
       throw;
@@ -516,37 +38,20 @@ class RingPlan final : public BackendPlan {
     } catch (...) {
       why += "unknown error";
     }
-    if (!from_group) tr_->abort(why);
-    if (pending != nullptr) tr_->cancel(*pending, stream);
+    if (!from_group) transport.abort(why);
+  } catch (...) {
+    transport.abort("a rank failed (out of memory while saying why)");
   }
-
-  ContextConfig ctx_;
-  Problem g_;
-  std::shared_ptr<Transport> tr_;
-  attn_ring_layout_t layout_;
-  int32_t rank_ = 0, n_ = 1, chunks_ = 1;
-  int64_t cq_ = 0, ck_ = 0, sq_ = 0, sk_ = 0;
-  LocalShape q_{}, o_{}, k_{}, v_{};
-  uint64_t fingerprint_ = 0;
-  std::vector<std::vector<Block>> steps_;
-  std::vector<std::unique_ptr<Plan>> sub_plans_;
-  size_t kv_bytes_ = 0, dkv_bytes_ = 0;
-  ForwardSpace fwd_;
-  BackwardSpace bwd_;
-};
-
-const char* layout_name(attn_ring_layout_t layout) {
-  return layout == ATTN_RING_LAYOUT_ZIGZAG ? "zigzag" : "contiguous";
+  if (pending != nullptr) transport.cancel(*pending, stream);
 }
-
-}  // namespace
 
 std::unique_ptr<Plan> create_ring_plan(const ContextConfig& ctx, const PlanDesc& desc,
                                        std::shared_ptr<Transport> transport,
                                        attn_ring_layout_t layout) {
-  if (ctx.backend != transport->backend() || ctx.backend != ATTN_BACKEND_CPU)
-    not_supported("ctx: ring plans run on the CPU backend with the in-process transport only "
-                  "in this build (context backend and communicator must match)");
+  if (ctx.backend != transport->backend())
+    invalid_argument("comm: a ", transport->name(), " communicator moves ",
+                     transport->backend() == ATTN_BACKEND_CUDA ? "CUDA device" : "host",
+                     " memory, which ctx's backend does not compute on");
   if (desc.varlen)
     not_supported("desc: ring plans do not support varlen batches yet (attn_plan_desc_set_varlen)");
   for (int r = 0; r < 8; ++r)
@@ -554,26 +59,35 @@ std::unique_ptr<Plan> create_ring_plan(const ContextConfig& ctx, const PlanDesc&
       not_supported("desc: ring plans take local shards with the layout's contiguous strides; ",
                     "the strides set for tensor ", tensor_role_name(attn_tensor_role_t(r)),
                     " (attn_plan_desc_set_tensor) are not supported");
-  if (desc.seqlen_q < 1 || desc.seqlen_kv < 1)
-    invalid_argument("desc: ring plans need seqlen_q and seqlen_kv >= 1 (got ", desc.seqlen_q, "/",
-                     desc.seqlen_kv, ")");
-  const int32_t n = transport->size();
-  const int64_t parts = layout == ATTN_RING_LAYOUT_ZIGZAG ? 2 * int64_t(n) : n;
-  if (desc.seqlen_q % parts != 0 || desc.seqlen_kv % parts != 0)
-    invalid_argument("desc: seqlen_q and seqlen_kv (", desc.seqlen_q, "/", desc.seqlen_kv,
-                     ") must be multiples of ", parts, " for the ", layout_name(layout),
-                     " layout over ", n, " ranks",
-                     layout == ATTN_RING_LAYOUT_ZIGZAG ? " (2 chunks per rank)" : "");
+  RingSchedule::check_lengths(desc, transport->size(), layout);
 
   // The global problem, validated as a dense plan would be (shapes, GQA,
-  // empty rows, ...); its backend binding is then replaced by the ring.
+  // empty rows, what the backend supports); its backend binding is then
+  // replaced by the ring.
   std::unique_ptr<Plan> plan = create_plan(ctx, desc);
-  plan->impl = std::make_unique<RingPlan>(ctx, plan->problem, std::move(transport), layout);
+  const RingSchedule schedule =
+      RingSchedule::build(plan->problem, transport->rank(), transport->size(), layout);
+  // Every rank must build the same ring (a no-op where mismatches are
+  // caught at the first exchange instead).
+  transport->agree(schedule.fingerprint);
+  switch (ctx.backend) {
+    case ATTN_BACKEND_CPU:
+      plan->impl = make_cpu_ring_plan(ctx, plan->problem, std::move(transport), schedule);
+      break;
+    case ATTN_BACKEND_CUDA:
+#if ATTN_HAVE_CUDA && ATTN_HAVE_NCCL
+      plan->impl = make_cuda_ring_plan(ctx, plan->problem, std::move(transport), schedule);
+      break;
+#else
+      not_supported("ctx: this build of libattn has no CUDA ring attention (needs NCCL)");
+#endif
+    default: fail(ATTN_STATUS_INTERNAL_ERROR, "context with unresolved backend");
+  }
   return plan;
 }
 
 const RingFacts* ring_facts(const Plan& plan) {
-  const auto* ring = dynamic_cast<const RingPlan*>(plan.impl.get());
+  const auto* ring = dynamic_cast<const RingBackendPlan*>(plan.impl.get());
   return ring != nullptr ? &ring->facts : nullptr;
 }
 

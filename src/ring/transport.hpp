@@ -35,6 +35,12 @@ class Transport {
   // The backend whose memory the buffers of an exchange live in.
   virtual attn_backend_t backend() const = 0;
 
+  // Called by every rank at ring plan creation with the plan's fingerprint:
+  // a transport that cannot check each message (NCCL) compares them here
+  // (a collective call) and throws COMMUNICATION_ERROR on a mismatch; the
+  // in-process one checks the tag of every message instead and does nothing.
+  virtual void agree(uint64_t fingerprint) = 0;
+
   // Throws COMMUNICATION_ERROR when the group has failed already, so that a
   // ring without exchanges (one rank) notices too.
   virtual void check_usable() = 0;
