@@ -536,6 +536,22 @@ typedef enum attn_ring_layout ATTN_ENUM_BASE {
 ATTN_API attn_status_t attn_comm_create_inprocess(int32_t num_ranks, int64_t timeout_ms,
                                                   attn_comm_t *comms);
 
+/* Wraps an NCCL communicator (an ncclComm_t passed as void*) the host
+ * application created, one per rank (ncclCommInitRank, ncclCommInitAll):
+ * ranks, size and device are NCCL's. nccl_comm stays owned by the caller and
+ * must outlive *comm and every ring plan made from it. The new handle (free
+ * it with attn_comm_destroy) creates its own communication stream on the
+ * communicator's device; exchanges are ordered with the execution's stream
+ * by events, never by waiting on the host. Ring plans on it need a CUDA
+ * context on that device; plan creation is then collective (every rank
+ * creates its plan, and a mismatch fails all of them with
+ * COMMUNICATION_ERROR). A rank that fails during an execution cannot stop
+ * its peers' enqueued NCCL operations: the application aborts the NCCL
+ * communicator (ncclCommAbort) to release them. Returns SUCCESS,
+ * INVALID_ARGUMENT (NULL), BACKEND_UNAVAILABLE (built without NCCL),
+ * COMMUNICATION_ERROR (NCCL's message), BACKEND_ERROR, OUT_OF_MEMORY. */
+ATTN_API attn_status_t attn_comm_create_nccl(void *nccl_comm, attn_comm_t *comm);
+
 /* Destroys one rank's communicator. NULL is a no-op. Leaving fails the
  * group: the other ranks' ring executions then fail with
  * COMMUNICATION_ERROR instead of waiting for this rank, and so do ring
@@ -564,10 +580,15 @@ ATTN_API attn_status_t attn_comm_get_size(attn_comm_t comm, int32_t *size);
  * COMMUNICATION_ERROR (outputs unwritten) and the communicators are no
  * longer usable. A rank that fails before it starts (an invalid argument, a
  * small workspace) is noticed by the others only through their timeout.
- * Supported: CPU contexts with in-process communicators; full, causal and
+ * Supported: CPU contexts with in-process communicators (full, causal and
  * window masks, GQA, softcap, head_dim_v != head_dim_qk, every dtype, BSHD
- * and BHSD. Not supported (NOT_SUPPORTED): varlen batches, custom strides
- * (attn_plan_desc_set_tensor), the CUDA backend.
+ * and BHSD), and CUDA contexts with NCCL communicators for what the CUDA
+ * backend runs, when every block of the ring is fully visible or aligned
+ * like the whole sequence (full and causal masks with seqlen_q ==
+ * seqlen_kv). Not supported (NOT_SUPPORTED): varlen batches, custom strides
+ * (attn_plan_desc_set_tensor), other CUDA rings (windows, causal with
+ * seqlen_q != seqlen_kv). A communicator of the other kind than ctx's
+ * backend is INVALID_ARGUMENT.
  * Returns SUCCESS, INVALID_HANDLE (ctx, desc, comm), INVALID_ARGUMENT
  * (layout, lengths not divisible as the layout needs, and whatever
  * attn_plan_create rejects), NOT_SUPPORTED, OUT_OF_MEMORY. On failure *plan
@@ -592,7 +613,7 @@ typedef struct attn_ring_info {
   uint64_t blocks_computed;   /* (query chunk, KV chunk) blocks run per pass on this rank */
   uint64_t blocks_skipped;    /* blocks the mask hides wholly, never run */
   uint64_t local_visible_pairs; /* (query, key) pairs computed on this rank, all heads */
-  char transport[32];         /* "inprocess" */
+  char transport[32];         /* "inprocess" or "nccl" */
 } attn_ring_info_t;
 
 /* Fills *info (only the fields that fit info->struct_size). Returns

@@ -8,9 +8,13 @@
 #include <vector>
 
 #include "api/boundary.hpp"
+#include "attn_config.h"
 #include "api/handles.hpp"
 #include "core/error.hpp"
 #include "ring/inprocess_transport.hpp"
+#if ATTN_HAVE_NCCL
+#include "ring/nccl_transport.hpp"
+#endif
 #include "ring/ring_plan.hpp"
 
 struct attn_comm {
@@ -51,6 +55,23 @@ attn_status_t attn_comm_create_inprocess(int32_t num_ranks, int64_t timeout_ms,
       throw;
     }
     for (int32_t r = 0; r < num_ranks; ++r) comms[r] = made[size_t(r)].release();
+  });
+}
+
+attn_status_t attn_comm_create_nccl(void* nccl_comm, attn_comm_t* comm) {
+  return guarded([&] {
+    if (nccl_comm == nullptr) invalid_argument("nccl_comm is NULL");
+    require_out(comm, "comm");
+#if ATTN_HAVE_NCCL
+    auto h = std::make_unique<attn_comm>();
+    h->transport = attn::ring::make_nccl_transport(nccl_comm);
+    attn::register_handle(h.get(), attn::HandleKind::comm);
+    *comm = h.release();
+#else
+    attn::fail(ATTN_STATUS_BACKEND_UNAVAILABLE,
+               "nccl_comm: this build of libattn has no NCCL transport (configure with CUDA and ",
+               "-Dnccl=enabled)");
+#endif
   });
 }
 

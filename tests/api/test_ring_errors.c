@@ -24,6 +24,10 @@
 #include <string.h>
 #include <time.h>
 
+#ifndef ATTN_TEST_NCCL_BUILT
+#define ATTN_TEST_NCCL_BUILT 0
+#endif
+
 #define POISON_BYTE 0xA5
 
 static int is_ident_char(char c) { return isalnum((unsigned char)c) || c == '_'; }
@@ -228,6 +232,20 @@ static void test_comm_queries(void **state) {
   EXPECT_OK(attn_comm_destroy(NULL));
   EXPECT_OK(attn_comm_destroy(comms[0]));
   EXPECT_OK(attn_comm_destroy(comms[2]));
+}
+
+static void test_comm_create_nccl_errors(void **state) {
+  (void)state;
+  attn_comm_t comm;
+  poison(&comm, sizeof comm);
+  int not_a_comm = 0;
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "nccl_comm", attn_comm_create_nccl(NULL, &comm));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "comm", attn_comm_create_nccl(&not_a_comm, NULL));
+#if !ATTN_TEST_NCCL_BUILT
+  /* Without NCCL the pointer is never used: any non-NULL one shows it. */
+  EXPECT_FAIL(ATTN_STATUS_BACKEND_UNAVAILABLE, "nccl_comm", attn_comm_create_nccl(&not_a_comm, &comm));
+#endif
+  assert_true(is_poisoned(&comm, sizeof comm));
 }
 
 /* ------------------------------------------------------------------------ */
@@ -607,6 +625,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_comm_create_errors),
       cmocka_unit_test(test_comm_queries),
+      cmocka_unit_test(test_comm_create_nccl_errors),
       cmocka_unit_test(test_ring_plan_create_errors),
       cmocka_unit_test(test_ring_describe),
       cmocka_unit_test(test_mismatched_plans),
