@@ -36,7 +36,10 @@ __device__ inline int64_t chunk_row_offset(const ChunkRows& g, int64_t r) {
 }
 
 // p[0..n) = value.   grid-stride
-__global__ void fill_kernel(float* p, float value, int64_t n) {
+// (A template, like every kernel here: the host stub of a plain kernel would
+// be a strong global symbol outside namespace attn in the static library.)
+template <class T>
+__global__ void fill_kernel(T* p, T value, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x)
     p[i] = value;

@@ -44,7 +44,7 @@ void by_dtype(attn_dtype_t dtype, F f) {
 
 void device_fill(float* p, float value, int64_t n, void* stream) {
   if (n == 0) return;
-  rk::fill_kernel<<<blocks_for(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(p, value, n);
+  rk::fill_kernel<float><<<blocks_for(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(p, value, n);
   check_launch("fill_kernel");
 }
 
