@@ -71,6 +71,7 @@ class InprocessTransport final : public Transport {
   int32_t size() const override { return group_->size; }
   const char* name() const override { return "inprocess"; }
   attn_backend_t backend() const override { return ATTN_BACKEND_CPU; }
+  int32_t device() const override { return 0; }
 
   void agree(uint64_t) override {}
 

@@ -58,6 +58,7 @@ class NcclTransport final : public Transport {
   int32_t size() const override { return size_; }
   const char* name() const override { return "nccl"; }
   attn_backend_t backend() const override { return ATTN_BACKEND_CUDA; }
+  int32_t device() const override { return device_; }
 
   // Plan creation may block: all-gather the fingerprints and compare.
   void agree(uint64_t fingerprint) override {

@@ -52,6 +52,9 @@ std::unique_ptr<Plan> create_ring_plan(const ContextConfig& ctx, const PlanDesc&
     invalid_argument("comm: a ", transport->name(), " communicator moves ",
                      transport->backend() == ATTN_BACKEND_CUDA ? "CUDA device" : "host",
                      " memory, which ctx's backend does not compute on");
+  if (ctx.device != transport->device())
+    invalid_argument("comm: its ", transport->name(), " communicator is on device ",
+                     transport->device(), " but ctx is on device ", ctx.device);
   if (desc.varlen)
     not_supported("desc: ring plans do not support varlen batches yet (attn_plan_desc_set_varlen)");
   for (int r = 0; r < 8; ++r)

@@ -32,8 +32,10 @@ class Transport {
   virtual int32_t rank() const = 0;
   virtual int32_t size() const = 0;
   virtual const char* name() const = 0;
-  // The backend whose memory the buffers of an exchange live in.
+  // The backend whose memory the buffers of an exchange live in, and its
+  // device (0 for host memory).
   virtual attn_backend_t backend() const = 0;
+  virtual int32_t device() const = 0;
 
   // Called by every rank at ring plan creation with the plan's fingerprint:
   // a transport that cannot check each message (NCCL) compares them here

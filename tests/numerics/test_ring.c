@@ -15,7 +15,9 @@
  * 1e-5 max(1, |LSE_ref|) for LSE. The dense plan itself is checked against
  * the reference by the forward and backward tests. Outputs are poisoned
  * before the run (an unwritten element is NaN and fails), and inputs must
- * come back unchanged.
+ * come back unchanged. Besides the fixed cases, 12 cases drawn from the seed
+ * (ranks, layouts, dtypes, masks, windows, GQA, softcap, seqlen_q !=
+ * seqlen_kv with empty rows allowed) run each time.
  */
 #define _POSIX_C_SOURCE 200809L
 
@@ -47,6 +49,7 @@ typedef struct ring_case {
   attn_mask_t mask;
   int64_t left, right; /* ATTN_MASK_WINDOW */
   float softcap;
+  int allow_empty_rows; /* random cases: Lq > Lk with a mask can empty rows */
 } ring_case;
 
 /* One tensor's geometry: [batch, seq, heads, dim] in the case's layout. */
@@ -250,6 +253,8 @@ static void run_case(void **state) {
                                            c->mask == ATTN_MASK_WINDOW ? c->right : -1),
                    ATTN_STATUS_SUCCESS);
   assert_int_equal(attn_plan_desc_set_softcap(desc, c->softcap), ATTN_STATUS_SUCCESS);
+  assert_int_equal(attn_plan_desc_set_allow_empty_rows(desc, c->allow_empty_rows),
+                   ATTN_STATUS_SUCCESS);
   assert_int_equal(attn_plan_desc_set_passes(desc, ATTN_PASSES_FORWARD_BACKWARD),
                    ATTN_STATUS_SUCCESS);
 
@@ -393,32 +398,75 @@ static void run_case(void **state) {
 #define BHSD ATTN_LAYOUT_BHSD
 
 static const ring_case kCases[] = {
-    /* name                       ranks layout  dtype layout  B Hq Hkv  Lq   Lk  dqk dv  mask                 l  r  cap */
-    {"r1-contiguous-full-fp32",     1, CONTIG, F32,  BSHD, 1, 2, 2,  24,  24, 16, 16, ATTN_MASK_NONE,   -1, -1, 0.0f},
-    {"r1-zigzag-causal-bf16",       1, ZIGZAG, BF16, BSHD, 1, 2, 1,  26,  26, 16, 16, ATTN_MASK_CAUSAL, -1, -1, 0.0f},
-    {"r2-contiguous-causal-gqa",    2, CONTIG, F32,  BSHD, 2, 4, 2,  24,  24, 16,  8, ATTN_MASK_CAUSAL, -1, -1, 0.0f},
-    {"r2-zigzag-full-fp32",         2, ZIGZAG, F32,  BSHD, 1, 2, 2,  20,  20, 8,   8, ATTN_MASK_NONE,   -1, -1, 0.0f},
-    {"r2-zigzag-causal-bhsd-fp16",  2, ZIGZAG, F16,  BHSD, 2, 2, 1,  20,  20, 16, 16, ATTN_MASK_CAUSAL, -1, -1, 0.0f},
-    {"r2-contiguous-causal-lq<lk",  2, CONTIG, F32,  BSHD, 1, 2, 1,  12,  20, 16, 16, ATTN_MASK_CAUSAL, -1, -1, 0.0f},
-    {"r2-zigzag-causal-multitile",  2, ZIGZAG, F32,  BSHD, 1, 2, 1, 400, 400, 32, 32, ATTN_MASK_CAUSAL, -1, -1, 0.0f},
-    {"r3-zigzag-causal-gqa",        3, ZIGZAG, F32,  BSHD, 1, 4, 2,  30,  30, 16, 16, ATTN_MASK_CAUSAL, -1, -1, 0.0f},
-    {"r3-contiguous-window-fp32",   3, CONTIG, F32,  BSHD, 2, 2, 2,  33,  33, 8,  16, ATTN_MASK_WINDOW,  5,  3, 0.0f},
-    {"r3-contiguous-causal-softcap",3, CONTIG, F32,  BSHD, 1, 2, 2,  21,  21, 16, 16, ATTN_MASK_CAUSAL, -1, -1, 5.0f},
-    {"r3-zigzag-full-bf16",         3, ZIGZAG, BF16, BHSD, 1, 3, 1,  36,  36, 16, 16, ATTN_MASK_NONE,   -1, -1, 0.0f},
-    {"r4-zigzag-full-bf16",         4, ZIGZAG, BF16, BSHD, 1, 2, 2,  32,  32, 16, 16, ATTN_MASK_NONE,   -1, -1, 0.0f},
-    {"r4-zigzag-window-fp32",       4, ZIGZAG, F32,  BSHD, 1, 2, 1,  40,  40, 16, 16, ATTN_MASK_WINDOW,  6,  0, 0.0f},
-    {"r4-contiguous-window-right",  4, CONTIG, F32,  BSHD, 1, 2, 2,  28,  28, 8,   8, ATTN_MASK_WINDOW, -1,  4, 0.0f},
-    {"r5-contiguous-causal-bf16",   5, CONTIG, BF16, BSHD, 1, 2, 1,  35,  35, 16, 16, ATTN_MASK_CAUSAL, -1, -1, 0.0f},
-    {"r5-zigzag-window-bf16",       5, ZIGZAG, BF16, BSHD, 1, 2, 2,  50,  50, 16, 16, ATTN_MASK_WINDOW,  3,  2, 0.0f},
-    {"r5-zigzag-causal-fp32",       5, ZIGZAG, F32,  BSHD, 2, 2, 1,  30,  30, 8,   8, ATTN_MASK_CAUSAL, -1, -1, 0.0f},
+    /* name                       ranks layout  dtype layout  B Hq Hkv  Lq   Lk  dqk dv  mask                 l  r  cap empty */
+    {"r1-contiguous-full-fp32",     1, CONTIG, F32,  BSHD, 1, 2, 2,  24,  24, 16, 16, ATTN_MASK_NONE,   -1, -1, 0.0f, 0},
+    {"r1-zigzag-causal-bf16",       1, ZIGZAG, BF16, BSHD, 1, 2, 1,  26,  26, 16, 16, ATTN_MASK_CAUSAL, -1, -1, 0.0f, 0},
+    {"r2-contiguous-causal-gqa",    2, CONTIG, F32,  BSHD, 2, 4, 2,  24,  24, 16,  8, ATTN_MASK_CAUSAL, -1, -1, 0.0f, 0},
+    {"r2-zigzag-full-fp32",         2, ZIGZAG, F32,  BSHD, 1, 2, 2,  20,  20, 8,   8, ATTN_MASK_NONE,   -1, -1, 0.0f, 0},
+    {"r2-zigzag-causal-bhsd-fp16",  2, ZIGZAG, F16,  BHSD, 2, 2, 1,  20,  20, 16, 16, ATTN_MASK_CAUSAL, -1, -1, 0.0f, 0},
+    {"r2-contiguous-causal-lq<lk",  2, CONTIG, F32,  BSHD, 1, 2, 1,  12,  20, 16, 16, ATTN_MASK_CAUSAL, -1, -1, 0.0f, 0},
+    {"r2-zigzag-causal-multitile",  2, ZIGZAG, F32,  BSHD, 1, 2, 1, 400, 400, 32, 32, ATTN_MASK_CAUSAL, -1, -1, 0.0f, 0},
+    {"r3-zigzag-causal-gqa",        3, ZIGZAG, F32,  BSHD, 1, 4, 2,  30,  30, 16, 16, ATTN_MASK_CAUSAL, -1, -1, 0.0f, 0},
+    {"r3-contiguous-window-fp32",   3, CONTIG, F32,  BSHD, 2, 2, 2,  33,  33, 8,  16, ATTN_MASK_WINDOW,  5,  3, 0.0f, 0},
+    {"r3-contiguous-causal-softcap",3, CONTIG, F32,  BSHD, 1, 2, 2,  21,  21, 16, 16, ATTN_MASK_CAUSAL, -1, -1, 5.0f, 0},
+    {"r3-zigzag-full-bf16",         3, ZIGZAG, BF16, BHSD, 1, 3, 1,  36,  36, 16, 16, ATTN_MASK_NONE,   -1, -1, 0.0f, 0},
+    {"r4-zigzag-full-bf16",         4, ZIGZAG, BF16, BSHD, 1, 2, 2,  32,  32, 16, 16, ATTN_MASK_NONE,   -1, -1, 0.0f, 0},
+    {"r4-zigzag-window-fp32",       4, ZIGZAG, F32,  BSHD, 1, 2, 1,  40,  40, 16, 16, ATTN_MASK_WINDOW,  6,  0, 0.0f, 0},
+    {"r4-contiguous-window-right",  4, CONTIG, F32,  BSHD, 1, 2, 2,  28,  28, 8,   8, ATTN_MASK_WINDOW, -1,  4, 0.0f, 0},
+    {"r5-contiguous-causal-bf16",   5, CONTIG, BF16, BSHD, 1, 2, 1,  35,  35, 16, 16, ATTN_MASK_CAUSAL, -1, -1, 0.0f, 0},
+    {"r5-zigzag-window-bf16",       5, ZIGZAG, BF16, BSHD, 1, 2, 2,  50,  50, 16, 16, ATTN_MASK_WINDOW,  3,  2, 0.0f, 0},
+    {"r5-zigzag-causal-fp32",       5, ZIGZAG, F32,  BSHD, 2, 2, 1,  30,  30, 8,   8, ATTN_MASK_CAUSAL, -1, -1, 0.0f, 0},
 };
+
+/* Cases drawn from the seed: new every run, reproduced by ATTN_TEST_SEED. */
+enum { kRandomCases = 12 };
+static ring_case random_cases[kRandomCases];
+static char random_names[kRandomCases][96];
+
+static void draw_random_cases(void) {
+  tu_rng r = tu_rng_for("ring-random");
+  const attn_dtype_t dtypes[3] = {F32, F16, BF16};
+  const attn_mask_t masks[3] = {ATTN_MASK_NONE, ATTN_MASK_CAUSAL, ATTN_MASK_WINDOW};
+  const int64_t dims[3] = {8, 16, 24};
+  for (int i = 0; i < kRandomCases; ++i) {
+    ring_case *c = &random_cases[i];
+    memset(c, 0, sizeof *c);
+    c->ranks = (int32_t)tu_rng_int(&r, 1, 5);
+    c->ring_layout = tu_rng_int(&r, 0, 1) ? ZIGZAG : CONTIG;
+    c->dtype = dtypes[tu_rng_int(&r, 0, 2)];
+    c->layout = tu_rng_int(&r, 0, 1) ? BHSD : BSHD;
+    c->batch = tu_rng_int(&r, 1, 2);
+    c->heads_kv = tu_rng_int(&r, 1, 2);
+    c->heads_q = c->heads_kv * tu_rng_int(&r, 1, 3);
+    const int64_t parts = c->ring_layout == ZIGZAG ? 2 * c->ranks : c->ranks;
+    c->seqlen_q = parts * tu_rng_int(&r, 1, 9);
+    c->seqlen_kv = tu_rng_int(&r, 0, 2) ? c->seqlen_q : parts * tu_rng_int(&r, 1, 9);
+    c->dqk = dims[tu_rng_int(&r, 0, 2)];
+    c->dv = dims[tu_rng_int(&r, 0, 2)];
+    c->mask = masks[tu_rng_int(&r, 0, 2)];
+    c->left = c->mask == ATTN_MASK_WINDOW ? tu_rng_int(&r, -1, 12) : -1;
+    c->right = c->mask == ATTN_MASK_WINDOW ? tu_rng_int(&r, -1, 12) : -1;
+    c->softcap = tu_rng_int(&r, 0, 3) == 0 ? 5.0f : 0.0f;
+    c->allow_empty_rows = 1;
+    snprintf(random_names[i], sizeof random_names[i],
+             "random-%d: r%d %s %s %s B%lld H%lld/%lld L%lld/%lld d%lld/%lld mask %d (%lld,%lld)%s",
+             i, c->ranks, c->ring_layout == ZIGZAG ? "zigzag" : "contiguous",
+             tu_dtype_name(c->dtype), c->layout == BHSD ? "BHSD" : "BSHD", (long long)c->batch,
+             (long long)c->heads_q, (long long)c->heads_kv, (long long)c->seqlen_q,
+             (long long)c->seqlen_kv, (long long)c->dqk, (long long)c->dv, (int)c->mask,
+             (long long)c->left, (long long)c->right, c->softcap > 0.0f ? " softcap" : "");
+    c->name = random_names[i];
+  }
+}
 
 int main(void) {
   tu_seed(); /* prints the seed */
+  draw_random_cases();
   enum { N = sizeof kCases / sizeof kCases[0] };
-  struct CMUnitTest tests[N];
-  for (size_t i = 0; i < N; ++i) {
-    struct CMUnitTest t = {kCases[i].name, run_case, NULL, NULL, (void *)&kCases[i]};
+  struct CMUnitTest tests[N + kRandomCases];
+  for (size_t i = 0; i < N + kRandomCases; ++i) {
+    const ring_case *c = i < N ? &kCases[i] : &random_cases[i - N];
+    struct CMUnitTest t = {c->name, run_case, NULL, NULL, (void *)c};
     tests[i] = t;
   }
   return cmocka_run_group_tests_name("numerics-ring", tests, NULL, NULL);
