@@ -218,8 +218,9 @@ typedef struct attn_context *attn_context_t;         /* backend + device */
 typedef struct attn_tensor_desc *attn_tensor_desc_t; /* dtype, dims, strides */
 typedef struct attn_plan_desc *attn_plan_desc_t;     /* a mutable description */
 typedef struct attn_plan *attn_plan_t;               /* an immutable plan */
-/* Reserved for the streaming KV state and the ring communicator; no
- * function takes them yet. */
+/* attn_kv_cache_t is reserved for the streaming KV state (no function takes
+ * it yet); attn_comm_t is one rank's end of a ring communicator (see "Ring
+ * attention" below). */
 typedef struct attn_kv_cache *attn_kv_cache_t;
 typedef struct attn_comm *attn_comm_t;
 
