@@ -553,11 +553,12 @@ ATTN_API attn_status_t attn_comm_create_inprocess(int32_t num_ranks, int64_t tim
  * COMMUNICATION_ERROR (NCCL's message), BACKEND_ERROR, OUT_OF_MEMORY. */
 ATTN_API attn_status_t attn_comm_create_nccl(void *nccl_comm, attn_comm_t *comm);
 
-/* Destroys one rank's communicator. NULL is a no-op. Leaving fails the
- * group: the other ranks' ring executions then fail with
- * COMMUNICATION_ERROR instead of waiting for this rank, and so do ring
- * plans made from this communicator (they keep what they need alive, and
- * must still be destroyed). Returns SUCCESS or INVALID_HANDLE. */
+/* Destroys one rank's communicator. NULL is a no-op. Ring plans made from
+ * it keep what they need alive (they must still be destroyed) but fail with
+ * COMMUNICATION_ERROR from then on. In-process, leaving fails the whole
+ * group: the other ranks' ring executions fail too instead of waiting for
+ * this rank. (NCCL peers cannot be told; see attn_comm_create_nccl.)
+ * Returns SUCCESS or INVALID_HANDLE. */
 ATTN_API attn_status_t attn_comm_destroy(attn_comm_t comm);
 
 /* This rank's index in 0..size-1, and the number of ranks. Returns SUCCESS,
