@@ -283,19 +283,31 @@ class CpuRingPlan final : public RingBackendPlan {
         bytes = 0;
   };
 
-  // One dense plan per distinct diagonal shift; blocks point at theirs.
+  // One dense plan for the fully visible blocks (no mask) and one per
+  // distinct diagonal shift of the others; blocks point at theirs.
   void build_blocks() {
     blocks_.resize(sched_.steps.size());
-    std::vector<int64_t> shifts;
+    const BackendPlan* full = nullptr;
+    std::vector<std::pair<int64_t, const BackendPlan*>> by_shift;
     for (size_t t = 0; t < sched_.steps.size(); ++t)
       for (const RingBlock& rb : sched_.steps[t]) {
-        auto it = std::find(shifts.begin(), shifts.end(), rb.shift);
-        size_t index = size_t(it - shifts.begin());
-        if (it == shifts.end()) {
-          sub_plans_.push_back(make_block_plan(rb.shift));
-          shifts.push_back(rb.shift);
+        const BackendPlan* plan = nullptr;
+        if (rb.full) {
+          if (full == nullptr) {
+            sub_plans_.push_back(make_block_plan(true, 0));
+            full = sub_plans_.back()->impl.get();
+          }
+          plan = full;
+        } else {
+          for (const auto& e : by_shift)
+            if (e.first == rb.shift) plan = e.second;
+          if (plan == nullptr) {
+            sub_plans_.push_back(make_block_plan(false, rb.shift));
+            plan = sub_plans_.back()->impl.get();
+            by_shift.push_back({rb.shift, plan});
+          }
         }
-        blocks_[t].push_back(Block{rb.q_chunk, rb.kv_chunk, sub_plans_[index]->impl.get()});
+        blocks_[t].push_back(Block{rb.q_chunk, rb.kv_chunk, plan});
       }
     fill_facts(facts, sched_, tr_->name());
   }
@@ -303,7 +315,7 @@ class CpuRingPlan final : public RingBackendPlan {
   // A dense fp32 plan over one block: Q-side tensors are views of the
   // [batch, local seq, heads, dim] fp32 copies, so their strides are those
   // of the whole local shard.
-  std::unique_ptr<Plan> make_block_plan(int64_t shift) const {
+  std::unique_ptr<Plan> make_block_plan(bool full, int64_t shift) const {
     PlanDesc d;
     d.batch = g_.batch;
     d.heads_q = g_.heads_q;
@@ -316,9 +328,9 @@ class CpuRingPlan final : public RingBackendPlan {
     d.layout = ATTN_LAYOUT_BSHD;
     d.scale = g_.scale;
     d.softcap = g_.softcap;
-    d.mask = g_.mask;
-    d.window_left = g_.mask == ATTN_MASK_WINDOW ? g_.window.left : -1;
-    d.window_right = g_.mask == ATTN_MASK_WINDOW ? g_.window.right : -1;
+    d.mask = full ? ATTN_MASK_NONE : g_.mask;
+    d.window_left = !full && g_.mask == ATTN_MASK_WINDOW ? g_.window.left : -1;
+    d.window_right = !full && g_.mask == ATTN_MASK_WINDOW ? g_.window.right : -1;
     d.allow_empty_rows = true;  // a block may hide rows that other blocks show
     d.passes = g_.backward ? ATTN_PASSES_FORWARD_BACKWARD : ATTN_PASSES_FORWARD;
     d.diagonal_shift = shift;
