@@ -581,7 +581,8 @@ ATTN_API attn_status_t attn_comm_get_size(attn_comm_t comm, int32_t *size);
  * rank during an execution fails the group: every rank then returns
  * COMMUNICATION_ERROR (outputs unwritten) and the communicators are no
  * longer usable. A rank that fails before it starts (an invalid argument, a
- * small workspace) is noticed by the others only through their timeout.
+ * small workspace) is noticed by the others through their timeout, or at
+ * once if it then destroys its (in-process) communicator.
  * Supported: CPU contexts with in-process communicators (full, causal and
  * window masks, GQA, softcap, head_dim_v != head_dim_qk, every dtype, BSHD
  * and BHSD), and CUDA contexts with NCCL communicators for what the CUDA
