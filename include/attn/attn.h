@@ -220,6 +220,9 @@ typedef struct attn_plan_desc *attn_plan_desc_t;     /* a mutable description */
 typedef struct attn_plan *attn_plan_t;               /* an immutable plan */
 /* The streaming KV state (see "Streaming KV cache and decode plans") and the
  * ring communicator (reserved; no function takes it yet). */
+/* attn_kv_cache_t is reserved for the streaming KV state (no function takes
+ * it yet); attn_comm_t is one rank's end of a ring communicator (see "Ring
+ * attention" below). */
 typedef struct attn_kv_cache *attn_kv_cache_t;
 typedef struct attn_comm *attn_comm_t;
 
@@ -982,6 +985,137 @@ typedef struct attn_decode_plan_info {
  * or struct_size too small). */
 ATTN_API attn_status_t attn_decode_plan_describe(attn_decode_plan_t plan,
                                                  attn_decode_plan_info_t *info);
+/* Ring attention: sequences split over ranks                                */
+/* ------------------------------------------------------------------------ */
+
+/* A sequence too long for one device is split over the N ranks of a
+ * communicator. Each rank keeps its shard of the queries; the key/value
+ * shards travel around the ring (rank r sends to r + 1 and receives from
+ * r - 1) while each rank attends to the shard it holds and merges the
+ * result into its running (O, LSE) state. After N steps every rank has O and
+ * LSE of its own queries over the whole sequence, exactly as a dense plan
+ * over the whole sequence would give them (up to rounding).
+ *
+ * How the sequence is laid over the ranks (for every batch entry; seqlen_q
+ * and seqlen_kv are cut alike, each into equal chunks):
+ *
+ *   CONTIGUOUS  rank r holds chunk r of N.           needs seqlen % N == 0
+ *   ZIGZAG      rank r holds chunks r and 2N-1-r of  needs seqlen % 2N == 0
+ *               2N, in that order, so that causal
+ *               work is the same on every rank.
+ *
+ *   e.g. N = 2, seqlen 8, ZIGZAG:  rank 0 holds positions 0 1 | 6 7,
+ *                                  rank 1 holds positions 2 3 | 4 5.
+ *
+ * A rank's local tensors are the global ones restricted to the positions it
+ * holds, in that order, with the layout's contiguous strides over the local
+ * shape: Q, O, dO, dQ [batch, seqlen_q / N, heads_q, dim] (BSHD) or
+ * [batch, heads_q, seqlen_q / N, dim] (BHSD), K, V, dK, dV likewise with
+ * seqlen_kv / N, LSE [batch, heads_q, seqlen_q / N]. Masks keep their
+ * global meaning (bottom-right alignment over the global lengths). */
+
+typedef enum attn_ring_layout ATTN_ENUM_BASE {
+  ATTN_RING_LAYOUT_CONTIGUOUS = 0,
+  ATTN_RING_LAYOUT_ZIGZAG = 1
+} attn_ring_layout_t;
+
+/* Creates an in-process group of num_ranks communicators, for ranks that are
+ * threads of this process (one context per rank; CPU backend). comms must
+ * have room for num_ranks handles; comms[i] gets rank i. Every wait of an
+ * exchange gives up after timeout_ms milliseconds (0: waits without bound)
+ * and then fails the group. Each handle is owned by the caller (destroy each
+ * with attn_comm_destroy) and used by one thread at a time.
+ * num_ranks in 1..1024, timeout_ms >= 0. On failure no handle is created
+ * and comms is unchanged. Returns SUCCESS, INVALID_ARGUMENT, OUT_OF_MEMORY. */
+ATTN_API attn_status_t attn_comm_create_inprocess(int32_t num_ranks, int64_t timeout_ms,
+                                                  attn_comm_t *comms);
+
+/* Wraps an NCCL communicator (an ncclComm_t passed as void*) the host
+ * application created, one per rank (ncclCommInitRank, ncclCommInitAll):
+ * ranks, size and device are NCCL's. nccl_comm stays owned by the caller and
+ * must outlive *comm and every ring plan made from it. The new handle (free
+ * it with attn_comm_destroy) creates its own communication stream on the
+ * communicator's device; exchanges are ordered with the execution's stream
+ * by events, never by waiting on the host. Ring plans on it need a CUDA
+ * context on that device; plan creation is then collective (every rank
+ * creates its plan, and a mismatch fails all of them with
+ * COMMUNICATION_ERROR). A rank that fails during an execution cannot stop
+ * its peers' enqueued NCCL operations: the application aborts the NCCL
+ * communicator (ncclCommAbort) to release them. Returns SUCCESS,
+ * INVALID_ARGUMENT (NULL), BACKEND_UNAVAILABLE (built without NCCL),
+ * COMMUNICATION_ERROR (NCCL's message), BACKEND_ERROR, OUT_OF_MEMORY. */
+ATTN_API attn_status_t attn_comm_create_nccl(void *nccl_comm, attn_comm_t *comm);
+
+/* Destroys one rank's communicator. NULL is a no-op. Ring plans made from
+ * it keep what they need alive (they must still be destroyed) but fail with
+ * COMMUNICATION_ERROR from then on. In-process, leaving fails the whole
+ * group: the other ranks' ring executions fail too instead of waiting for
+ * this rank. (NCCL peers cannot be told; see attn_comm_create_nccl.)
+ * Returns SUCCESS or INVALID_HANDLE. */
+ATTN_API attn_status_t attn_comm_destroy(attn_comm_t comm);
+
+/* This rank's index in 0..size-1, and the number of ranks. Returns SUCCESS,
+ * INVALID_HANDLE, INVALID_ARGUMENT (out pointer NULL). Thread-safe. */
+ATTN_API attn_status_t attn_comm_get_rank(attn_comm_t comm, int32_t *rank);
+ATTN_API attn_status_t attn_comm_get_size(attn_comm_t comm, int32_t *size);
+
+/* Creates this rank's ring plan for the problem `desc` describes with its
+ * GLOBAL sequence lengths (the same descriptor a dense plan over the whole
+ * sequence would take). Every rank of comm must create its plan from an
+ * equal descriptor and layout; a mismatch is found at the first exchange
+ * and fails every rank with COMMUNICATION_ERROR.
+ * The plan is an ordinary attn_plan_t: attn_plan_workspace_size,
+ * attn_forward and attn_backward take it with the rank's local tensors (see
+ * above), attn_plan_describe reports the global problem's pairs, FLOPs and
+ * bytes with this rank's workspace, and attn_ring_plan_describe the ring.
+ * attn_forward and attn_backward on a ring plan are collective: every rank
+ * calls the same pass with its shards; a rank returns when the ring is done.
+ * Their executions must not overlap on one communicator. A failure of one
+ * rank during an execution fails the group: every rank then returns
+ * COMMUNICATION_ERROR (outputs unwritten) and the communicators are no
+ * longer usable. A rank that fails before it starts (an invalid argument, a
+ * small workspace) is noticed by the others through their timeout, or at
+ * once if it then destroys its (in-process) communicator.
+ * Supported: CPU contexts with in-process communicators (full, causal and
+ * window masks, GQA, softcap, head_dim_v != head_dim_qk, every dtype, BSHD
+ * and BHSD), and CUDA contexts with NCCL communicators for what the CUDA
+ * backend runs, when every block of the ring is fully visible or aligned
+ * like the whole sequence (full and causal masks with seqlen_q ==
+ * seqlen_kv). Not supported (NOT_SUPPORTED): varlen batches, custom strides
+ * (attn_plan_desc_set_tensor), other CUDA rings (windows, causal with
+ * seqlen_q != seqlen_kv). A communicator of the other kind than ctx's
+ * backend is INVALID_ARGUMENT.
+ * Returns SUCCESS, INVALID_HANDLE (ctx, desc, comm), INVALID_ARGUMENT
+ * (layout, lengths not divisible as the layout needs, and whatever
+ * attn_plan_create rejects), NOT_SUPPORTED, OUT_OF_MEMORY. On failure *plan
+ * is unchanged. */
+ATTN_API attn_status_t attn_ring_plan_create(attn_context_t ctx, attn_plan_desc_t desc,
+                                             attn_comm_t comm, attn_ring_layout_t layout,
+                                             attn_plan_t *plan);
+
+/* What a ring plan does on this rank. Size-tagged like attn_plan_info_t. */
+typedef struct attn_ring_info {
+  uint64_t struct_size;
+  int32_t layout;             /* attn_ring_layout_t */
+  int32_t rank;
+  int32_t size;               /* ranks in the ring */
+  int32_t steps;              /* attention steps per pass (= size) */
+  int32_t exchanges_forward;  /* sends per forward: size - 1 */
+  int32_t exchanges_backward; /* sends per backward: K/V size - 1 times, dK/dV size times */
+  int64_t local_seqlen_q;     /* positions of each sequence this rank holds */
+  int64_t local_seqlen_kv;
+  uint64_t bytes_per_step_forward;  /* bytes sent per forward exchange (K and V, dtype) */
+  uint64_t bytes_per_step_backward; /* per backward step: K, V (dtype) and dK, dV (fp32) */
+  uint64_t blocks_computed;   /* (query chunk, KV chunk) blocks run per pass on this rank */
+  uint64_t blocks_skipped;    /* blocks the mask hides wholly, never run */
+  uint64_t local_visible_pairs; /* (query, key) pairs computed on this rank, all heads */
+  char transport[32];         /* "inprocess" or "nccl" */
+} attn_ring_info_t;
+
+/* Fills *info (only the fields that fit info->struct_size). Returns
+ * SUCCESS, INVALID_HANDLE, INVALID_ARGUMENT (info NULL, struct_size too
+ * small, plan not a ring plan). Thread-safe. */
+ATTN_API attn_status_t attn_ring_plan_describe(attn_plan_t plan, attn_ring_info_t *info);
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -50,6 +50,7 @@ const char* kind_name(HandleKind kind) {
     case HandleKind::block_mask: return "attn_block_mask_t";
     case HandleKind::kv_cache: return "attn_kv_cache_t";
     case HandleKind::decode_plan: return "attn_decode_plan_t";
+    case HandleKind::comm: return "attn_comm_t";
   }
   return "handle";
 }

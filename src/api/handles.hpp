@@ -32,7 +32,7 @@ struct attn_block_mask {
 
 namespace attn {
 
-enum class HandleKind { context, tensor_desc, plan_desc, plan, block_mask, kv_cache, decode_plan };
+enum class HandleKind { context, tensor_desc, plan_desc, plan, block_mask, kv_cache, decode_plan, comm };
 
 void register_handle(const void* h, HandleKind kind);
 // Returns false if h was not registered as `kind`.
@@ -48,6 +48,8 @@ template <> constexpr HandleKind kind_of<attn_block_mask>() { return HandleKind:
 // (Their handle structs are defined in src/api/kv_api.cpp.)
 template <> constexpr HandleKind kind_of<attn_kv_cache>() { return HandleKind::kv_cache; }
 template <> constexpr HandleKind kind_of<attn_decode_plan>() { return HandleKind::decode_plan; }
+// attn_comm is defined with the ring API (src/api/ring_api.cpp).
+template <> constexpr HandleKind kind_of<attn_comm>() { return HandleKind::comm; }
 
 const char* kind_name(HandleKind kind);
 

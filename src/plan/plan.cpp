@@ -206,6 +206,9 @@ std::unique_ptr<Plan> create_plan(const ContextConfig& ctx, const PlanDesc& d) {
   p.allow_empty_rows = d.allow_empty_rows;
   p.backward = d.passes == ATTN_PASSES_FORWARD_BACKWARD;
   p.deterministic = d.deterministic;
+  p.diagonal_shift = d.diagonal_shift;
+  if (p.diagonal_shift != 0 && ctx.backend != ATTN_BACKEND_CPU)
+    not_supported("a shifted mask diagonal (ring steps) runs on the CPU backend only");
 
   if (d.varlen) {
     if (d.layout_set && d.layout != ATTN_LAYOUT_THD)

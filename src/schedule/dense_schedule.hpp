@@ -35,6 +35,11 @@ struct TileRange {
 class SequenceMask {
  public:
   SequenceMask(int64_t lq, int64_t lk, WindowBounds w) : lq_(lq), lk_(lk), w_(w), off_(lk - lq) {}
+  // An explicit diagonal offset: a block cut out of a longer sequence (a
+  // ring step) keeps its global alignment, query i then lining up with key
+  // i + off. With it a row may also be emptied by the left bound.
+  SequenceMask(int64_t lq, int64_t lk, WindowBounds w, int64_t off)
+      : lq_(lq), lk_(lk), w_(w), off_(off) {}
 
   int64_t lq() const { return lq_; }
   int64_t lk() const { return lk_; }
@@ -54,12 +59,13 @@ class SequenceMask {
     return w_.left < 0 ? lq_ - 1 : std::min<int64_t>(lq_ - 1, j - off_ + w_.left);
   }
 
-  // Number of query rows that see no key.
+  // Number of query rows that see no key: rows with i + off + right < 0
+  // (before the first key) or i + off - left > lk - 1 (past the last).
   int64_t empty_rows() const {
     if (lk_ == 0) return lq_;
-    if (w_.right < 0) return 0;
-    // rows with i + off + right < 0; the left bound never empties a row
-    return std::clamp<int64_t>(-off_ - w_.right, 0, lq_);
+    const int64_t first = w_.right < 0 ? 0 : std::clamp<int64_t>(-off_ - w_.right, 0, lq_);
+    const int64_t end = w_.left < 0 ? lq_ : std::clamp<int64_t>(lk_ + w_.left - off_, 0, lq_);
+    return lq_ - std::max<int64_t>(0, end - first);
   }
 
   // Visible (query, key) pairs.

@@ -1,0 +1,97 @@
+// Device code of the CUDA ring plan: the elementwise steps between the dense
+// block kernels. Local tensors are contiguous in the plan's layout; element
+// (b, s, h, c) of one lives at b * stride_b + s * stride_s + h * stride_h + c.
+// A *chunk* is the rows s in [start, start + len) of every (b, h).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+namespace attn::ring_kernels {
+
+struct ChunkRows {
+  int64_t batch, heads, dim;
+  int64_t start, len;                   // the chunk's rows of the local sequence
+  int64_t stride_b, stride_s, stride_h;  // of the tensor, in elements
+};
+
+__device__ inline float to_float(float x) { return x; }
+__device__ inline float to_float(__half x) { return __half2float(x); }
+__device__ inline float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+template <class T> __device__ inline T from_float(float x);
+template <> __device__ inline float from_float<float>(float x) { return x; }
+template <> __device__ inline __half from_float<__half>(float x) { return __float2half_rn(x); }
+template <> __device__ inline __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
+  return __float2bfloat16_rn(x);
+}
+
+// Row r of a chunk, r = (b * heads + h) * len + i: its element offset.
+__device__ inline int64_t chunk_row_offset(const ChunkRows& g, int64_t r) {
+  const int64_t i = r % g.len, bh = r / g.len;
+  const int64_t h = bh % g.heads, b = bh / g.heads;
+  return b * g.stride_b + (g.start + i) * g.stride_s + h * g.stride_h;
+}
+
+// p[0..n) = value.   grid-stride
+// (A template, like every kernel here: the host stub of a plain kernel would
+// be a strong global symbol outside namespace attn in the static library.)
+template <class T>
+__global__ void fill_kernel(T* p, T value, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    p[i] = value;
+}
+
+// dst[i] = T(src[i]) for a contiguous tensor of n elements.
+template <class T>
+__global__ void store_kernel(T* dst, const float* src, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    dst[i] = from_float<T>(src[i]);
+}
+
+// acc[chunk] += part[chunk]: acc fp32, part in the dtype, same layout.
+// One warp per row, lanes over the head dim.
+template <class T>
+__global__ void accumulate_kernel(float* acc, const T* part, ChunkRows g) {
+  const int64_t rows = g.batch * g.heads * g.len;
+  const int lane = threadIdx.x % 32;
+  for (int64_t r = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32; r < rows;
+       r += int64_t(gridDim.x) * blockDim.x / 32) {
+    const int64_t off = chunk_row_offset(g, r);
+    for (int64_t c = lane; c < g.dim; c += 32) acc[off + c] += to_float(part[off + c]);
+  }
+}
+
+// The (O, LSE) merge of attn_merge_states for one chunk, in place into the
+// fp32 running state:  m = max(lse_acc, lse_part), w = exp(lse - m),
+// O_acc = (w_acc O_acc + w_part O_part) / (w_acc + w_part),
+// LSE_acc = m + log(w_acc + w_part). Both empty (m = -inf): unchanged (the
+// running state starts as O = 0, LSE = -inf). LSE of the chunk is
+// [batch, heads, len]. One warp per row.
+template <class T>
+__global__ void merge_kernel(float* o_acc, float* lse_acc, const T* o_part, const float* lse_part,
+                             ChunkRows g) {
+  const int64_t rows = g.batch * g.heads * g.len;
+  const int lane = threadIdx.x % 32;
+  for (int64_t r = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32; r < rows;
+       r += int64_t(gridDim.x) * blockDim.x / 32) {
+    const float la = lse_acc[r], lp = lse_part[r];
+    const float m = fmaxf(la, lp);
+    if (m == -INFINITY) continue;
+    const float wa = __expf(la - m), wp = __expf(lp - m);  // exp(-inf) = 0
+    const float inv = 1.0f / (wa + wp);
+    const int64_t off = chunk_row_offset(g, r);
+    for (int64_t c = lane; c < g.dim; c += 32) {
+      const float part = wp != 0.0f ? to_float(o_part[off + c]) : 0.0f;
+      o_acc[off + c] = (wa * o_acc[off + c] + wp * part) * inv;
+    }
+    __syncwarp();
+    if (lane == 0) lse_acc[r] = m + logf(wa + wp);
+  }
+}
+
+}  // namespace attn::ring_kernels

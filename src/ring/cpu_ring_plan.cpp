@@ -1,0 +1,469 @@
+// Ring attention on the CPU backend, on top of the dense CPU plans.
+//
+// The blocks of each step (ring_schedule.hpp) run as dense plans. The
+// forward merges each block's (O, LSE) into a running state; the backward
+// runs each block with the global LSE and the global O (so D = rowsum(dO *
+// O) is global), which makes the block's dQ, dK and dV exactly its share of
+// the gradient: dQ accumulates locally, dK and dV accumulate in buffers that
+// travel with their K/V around the ring and end at their owner after one
+// last step.
+//
+// Everything is computed in fp32: local Q, O, dO and each arriving K/V
+// shard are converted into fp32 copies in the workspace and the blocks run
+// fp32 dense plans, so that merges and gradient sums never round to the
+// input dtype before the end. K/V travel in the input dtype; the dK/dV
+// accumulators travel in fp32.
+#include <algorithm>
+#include <cstring>
+#include <exception>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "core/dtype.hpp"
+#include "core/error.hpp"
+#include "core/tensor.hpp"
+#include "core/workspace.hpp"
+#include "cpu/cpu_backend.hpp"
+#include "ring/ring_plan.hpp"
+#include "ring/ring_schedule.hpp"
+
+namespace attn::ring {
+namespace {
+
+// Where element (b, s, h, 0) of a local tensor lives, for the layout's
+// contiguous strides over the local shape [batch, seq, heads, dim].
+TensorStrides local_strides(attn_layout_t layout, int64_t seq, int64_t heads, int64_t dim) {
+  if (layout == ATTN_LAYOUT_BHSD) return {heads * seq * dim, dim, seq * dim};
+  return {seq * heads * dim, heads * dim, dim};
+}
+
+// The shape of one local tensor and its strides in the caller's memory; the
+// fp32 copies in the workspace are contiguous [batch, seq, heads, dim].
+struct LocalShape {
+  int64_t batch, seq, heads, dim;
+  TensorStrides user;
+  int64_t elements() const { return batch * seq * heads * dim; }
+};
+
+void to_fp32(const void* src, attn_dtype_t dtype, const LocalShape& t, float* dst) {
+  for (int64_t b = 0; b < t.batch; ++b)
+    for (int64_t s = 0; s < t.seq; ++s)
+      for (int64_t h = 0; h < t.heads; ++h) {
+        const int64_t from = b * t.user.batch + s * t.user.seq + h * t.user.head;
+        float* row = dst + ((b * t.seq + s) * t.heads + h) * t.dim;
+        for (int64_t c = 0; c < t.dim; ++c) row[c] = load_as_float(src, from + c, dtype);
+      }
+}
+
+void from_fp32(const float* src, const LocalShape& t, attn_dtype_t dtype, void* dst) {
+  for (int64_t b = 0; b < t.batch; ++b)
+    for (int64_t s = 0; s < t.seq; ++s)
+      for (int64_t h = 0; h < t.heads; ++h) {
+        const int64_t to = b * t.user.batch + s * t.user.seq + h * t.user.head;
+        const float* row = src + ((b * t.seq + s) * t.heads + h) * t.dim;
+        for (int64_t c = 0; c < t.dim; ++c) store_from_float(dst, to + c, dtype, row[c]);
+      }
+}
+
+// The caller's tensor, in its dtype, into the contiguous order that travels.
+void gather_raw(const void* src, size_t elem, const LocalShape& t, char* dst) {
+  const size_t row = size_t(t.dim) * elem;
+  for (int64_t b = 0; b < t.batch; ++b)
+    for (int64_t s = 0; s < t.seq; ++s)
+      for (int64_t h = 0; h < t.heads; ++h) {
+        const int64_t from = b * t.user.batch + s * t.user.seq + h * t.user.head;
+        std::memcpy(dst + size_t((b * t.seq + s) * t.heads + h) * row,
+                    static_cast<const char*>(src) + size_t(from) * elem, row);
+      }
+}
+
+void contiguous_to_fp32(const void* src, attn_dtype_t dtype, int64_t n, float* dst) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = load_as_float(src, i, dtype);
+}
+
+// acc[rows of chunk] += part[rows of chunk], for tensors [batch, seq, heads, dim].
+void add_chunk(float* acc, const float* part, const LocalShape& t, int64_t start, int64_t len) {
+  const int64_t row = t.heads * t.dim;
+  for (int64_t b = 0; b < t.batch; ++b) {
+    const int64_t off = (b * t.seq + start) * row;
+    for (int64_t i = 0; i < len * row; ++i) acc[off + i] += part[off + i];
+  }
+}
+
+float* floats(char* base, size_t offset) { return reinterpret_cast<float*>(base + offset); }
+
+using Traffic = RingSchedule::Traffic;
+
+class CpuRingPlan final : public RingBackendPlan {
+ public:
+  CpuRingPlan(const ContextConfig& ctx, const Problem& global, std::shared_ptr<Transport> transport,
+              const RingSchedule& schedule)
+      : ctx_(ctx), g_(global), tr_(std::move(transport)), sched_(schedule) {
+    rank_ = sched_.rank;
+    n_ = sched_.size;
+    chunks_ = sched_.chunks;
+    cq_ = sched_.cq;
+    ck_ = sched_.ck;
+    sq_ = sched_.sq;
+    sk_ = sched_.sk;
+
+    const int64_t B = g_.batch;
+    q_ = {B, sq_, g_.heads_q, g_.head_dim_qk, local_strides(g_.layout, sq_, g_.heads_q, g_.head_dim_qk)};
+    o_ = {B, sq_, g_.heads_q, g_.head_dim_v, local_strides(g_.layout, sq_, g_.heads_q, g_.head_dim_v)};
+    k_ = {B, sk_, g_.heads_kv, g_.head_dim_qk, local_strides(g_.layout, sk_, g_.heads_kv, g_.head_dim_qk)};
+    v_ = {B, sk_, g_.heads_kv, g_.head_dim_v, local_strides(g_.layout, sk_, g_.heads_kv, g_.head_dim_v)};
+
+    build_blocks();
+    build_workspace();
+  }
+
+  size_t workspace_bytes(attn_pass_t pass) const override {
+    return pass == ATTN_PASS_FORWARD ? fwd_.bytes : bwd_.bytes;
+  }
+  int32_t tile_q() const override { return sub_plans_.empty() ? 0 : sub_plans_[0]->impl->tile_q(); }
+  int32_t tile_kv() const override {
+    return sub_plans_.empty() ? 0 : sub_plans_[0]->impl->tile_kv();
+  }
+  int32_t num_threads() const override {
+    return sub_plans_.empty() ? 1 : sub_plans_[0]->impl->num_threads();
+  }
+  const char* algorithm() const override { return "ring-attention"; }
+  const char* kernel() const override {
+    return sub_plans_.empty() ? "none" : sub_plans_[0]->impl->kernel();
+  }
+
+  void forward(const ForwardArgs& a) const override {
+    char* ws = workspace_base(a.workspace);
+    float* qf = floats(ws, fwd_.qf);
+    float* o_acc = floats(ws, fwd_.o_acc);
+    float* o_part = floats(ws, fwd_.o_part);
+    float* lse_acc = floats(ws, fwd_.lse_acc);
+    float* lse_part = floats(ws, fwd_.lse_part);
+    float* kf = floats(ws, fwd_.kf);
+    float* vf = floats(ws, fwd_.vf);
+    char* kv[2] = {ws + fwd_.kv[0], ws + fwd_.kv[1]};
+    void* sub_ws = ws + fwd_.sub;
+
+    tr_->check_usable();
+    to_fp32(a.q, g_.dtype, q_, qf);
+    std::fill(o_acc, o_acc + o_.elements(), 0.0f);
+    std::fill(lse_acc, lse_acc + g_.batch * g_.heads_q * sq_, -std::numeric_limits<float>::infinity());
+    pack_kv(a.k, a.v, kv[0]);
+
+    Exchange x;
+    bool in_flight = false;
+    try {
+      int cur = 0;
+      for (int32_t t = 0; t < n_; ++t) {
+        if (t + 1 < n_) {
+          x = {kv[cur], kv[1 - cur], kv_bytes_, tag(ATTN_PASS_FORWARD, t, Traffic::kv)};
+          tr_->start(x, a.stream);
+          in_flight = true;
+        }
+        unpack_kv(kv[cur], kf, vf);
+        for (const Block& blk : blocks_[size_t(t)]) {
+          const int64_t qs = int64_t(blk.q_chunk) * cq_, ks = int64_t(blk.kv_chunk) * ck_;
+          blk.plan->forward(ForwardArgs{qf + row_offset(q_, qs), kf + row_offset(k_, ks),
+                                        vf + row_offset(v_, ks), o_part + row_offset(o_, qs),
+                                        lse_part, sub_ws, a.stream});
+          merge_block(o_acc, lse_acc, o_part, lse_part, blk.q_chunk);
+        }
+        if (in_flight) {
+          in_flight = false;
+          tr_->finish(x, a.stream);
+          cur = 1 - cur;
+        }
+      }
+    } catch (...) {
+      fail_group(in_flight ? &x : nullptr, a.stream);
+      throw;
+    }
+
+    // Outputs only now: a failed ring leaves them untouched.
+    from_fp32(o_acc, o_, g_.dtype, a.o);
+    if (a.lse != nullptr) {
+      for (int64_t bh = 0; bh < g_.batch * g_.heads_q; ++bh)
+        for (int32_t c = 0; c < chunks_; ++c)
+          std::memcpy(a.lse + bh * sq_ + c * cq_, lse_acc + (c * g_.batch * g_.heads_q + bh) * cq_,
+                      sizeof(float) * size_t(cq_));
+    }
+  }
+
+  void backward(const BackwardArgs& a) const override {
+    char* ws = workspace_base(a.workspace);
+    float* qf = floats(ws, bwd_.qf);
+    float* of = floats(ws, bwd_.of);
+    float* dof = floats(ws, bwd_.dof);
+    float* dq_acc = floats(ws, bwd_.dq_acc);
+    float* dq_part = floats(ws, bwd_.dq_part);
+    float* lse_c = floats(ws, bwd_.lse_chunks);
+    float* kf = floats(ws, bwd_.kf);
+    float* vf = floats(ws, bwd_.vf);
+    float* dk_part = floats(ws, bwd_.dk_part);
+    float* dv_part = floats(ws, bwd_.dv_part);
+    char* kv[2] = {ws + bwd_.kv[0], ws + bwd_.kv[1]};
+    float* dkv[2] = {floats(ws, bwd_.dkv[0]), floats(ws, bwd_.dkv[1])};
+    void* sub_ws = ws + bwd_.sub;
+    const int64_t nk = k_.elements(), nv = v_.elements();
+    const int64_t bh_count = g_.batch * g_.heads_q;
+
+    tr_->check_usable();
+    to_fp32(a.q, g_.dtype, q_, qf);
+    to_fp32(a.o, g_.dtype, o_, of);
+    to_fp32(a.d_o, g_.dtype, o_, dof);
+    std::fill(dq_acc, dq_acc + q_.elements(), 0.0f);
+    // The sub-plans read LSE as [batch, heads, chunk]: one copy per chunk.
+    for (int64_t bh = 0; bh < bh_count; ++bh)
+      for (int32_t c = 0; c < chunks_; ++c)
+        std::memcpy(lse_c + (c * bh_count + bh) * cq_, a.lse + bh * sq_ + c * cq_,
+                    sizeof(float) * size_t(cq_));
+    pack_kv(a.k, a.v, kv[0]);
+    std::fill(dkv[0], dkv[0] + nk + nv, 0.0f);
+
+    Exchange x;
+    bool in_flight = false;
+    int kv_cur = 0, dkv_cur = 0;
+    try {
+      for (int32_t t = 0; t < n_; ++t) {
+        if (t + 1 < n_) {
+          x = {kv[kv_cur], kv[1 - kv_cur], kv_bytes_, tag(ATTN_PASS_BACKWARD, t, Traffic::kv)};
+          tr_->start(x, a.stream);
+          in_flight = true;
+        }
+        unpack_kv(kv[kv_cur], kf, vf);
+        float* dk_acc = dkv[dkv_cur];
+        float* dv_acc = dkv[dkv_cur] + nk;
+        for (const Block& blk : blocks_[size_t(t)]) {
+          const int64_t qs = int64_t(blk.q_chunk) * cq_, ks = int64_t(blk.kv_chunk) * ck_;
+          blk.plan->backward(BackwardArgs{
+              qf + row_offset(q_, qs), kf + row_offset(k_, ks), vf + row_offset(v_, ks),
+              of + row_offset(o_, qs), lse_c + blk.q_chunk * bh_count * cq_,
+              dof + row_offset(o_, qs), dq_part + row_offset(q_, qs),
+              dk_part + row_offset(k_, ks), dv_part + row_offset(v_, ks), sub_ws, a.stream});
+          add_chunk(dq_acc, dq_part, q_, qs, cq_);
+          add_chunk(dk_acc, dk_part, k_, ks, ck_);
+          add_chunk(dv_acc, dv_part, v_, ks, ck_);
+        }
+        if (in_flight) {
+          in_flight = false;
+          tr_->finish(x, a.stream);
+          kv_cur = 1 - kv_cur;
+        }
+        // The accumulators follow their K/V; after the last step they go
+        // home (rank r then receives its own shard's).
+        if (n_ > 1) {
+          x = {dkv[dkv_cur], dkv[1 - dkv_cur], dkv_bytes_, tag(ATTN_PASS_BACKWARD, t, Traffic::dkv)};
+          tr_->start(x, a.stream);  // nothing to overlap: the next step needs it
+          tr_->finish(x, a.stream);
+          dkv_cur = 1 - dkv_cur;
+        }
+      }
+    } catch (...) {
+      fail_group(in_flight ? &x : nullptr, a.stream);
+      throw;
+    }
+
+    from_fp32(dq_acc, q_, g_.dtype, a.dq);
+    from_fp32(dkv[dkv_cur], k_, g_.dtype, a.dk);
+    from_fp32(dkv[dkv_cur] + nk, v_, g_.dtype, a.dv);
+  }
+
+ private:
+  struct Block {
+    int32_t q_chunk, kv_chunk;  // local chunk indices
+    const BackendPlan* plan;
+  };
+
+  struct ForwardSpace {
+    size_t qf, o_acc, o_part, lse_acc, lse_part, kv[2], kf, vf, sub, bytes = 0;
+  };
+  struct BackwardSpace {
+    size_t qf, of, dof, dq_acc, dq_part, lse_chunks, kv[2], kf, vf, dkv[2], dk_part, dv_part, sub,
+        bytes = 0;
+  };
+
+  // One dense plan for the fully visible blocks (no mask) and one per
+  // distinct diagonal shift of the others; blocks point at theirs.
+  void build_blocks() {
+    blocks_.resize(sched_.steps.size());
+    const BackendPlan* full = nullptr;
+    std::vector<std::pair<int64_t, const BackendPlan*>> by_shift;
+    for (size_t t = 0; t < sched_.steps.size(); ++t)
+      for (const RingBlock& rb : sched_.steps[t]) {
+        const BackendPlan* plan = nullptr;
+        if (rb.full) {
+          if (full == nullptr) {
+            sub_plans_.push_back(make_block_plan(true, 0));
+            full = sub_plans_.back()->impl.get();
+          }
+          plan = full;
+        } else {
+          for (const auto& e : by_shift)
+            if (e.first == rb.shift) plan = e.second;
+          if (plan == nullptr) {
+            sub_plans_.push_back(make_block_plan(false, rb.shift));
+            plan = sub_plans_.back()->impl.get();
+            by_shift.push_back({rb.shift, plan});
+          }
+        }
+        blocks_[t].push_back(Block{rb.q_chunk, rb.kv_chunk, plan});
+      }
+    fill_facts(facts, sched_, tr_->name());
+  }
+
+  // A dense fp32 plan over one block: Q-side tensors are views of the
+  // [batch, local seq, heads, dim] fp32 copies, so their strides are those
+  // of the whole local shard.
+  std::unique_ptr<Plan> make_block_plan(bool full, int64_t shift) const {
+    PlanDesc d;
+    d.batch = g_.batch;
+    d.heads_q = g_.heads_q;
+    d.heads_kv = g_.heads_kv;
+    d.seqlen_q = cq_;
+    d.seqlen_kv = ck_;
+    d.head_dim_qk = g_.head_dim_qk;
+    d.head_dim_v = g_.head_dim_v;
+    d.dtype = ATTN_DTYPE_FP32;
+    d.layout = ATTN_LAYOUT_BSHD;
+    d.scale = g_.scale;
+    d.softcap = g_.softcap;
+    d.mask = full ? ATTN_MASK_NONE : g_.mask;
+    d.window_left = !full && g_.mask == ATTN_MASK_WINDOW ? g_.window.left : -1;
+    d.window_right = !full && g_.mask == ATTN_MASK_WINDOW ? g_.window.right : -1;
+    d.allow_empty_rows = true;  // a block may hide rows that other blocks show
+    d.passes = g_.backward ? ATTN_PASSES_FORWARD_BACKWARD : ATTN_PASSES_FORWARD;
+    d.diagonal_shift = shift;
+    auto view = [&](const LocalShape& t, int64_t chunk) {
+      TensorDesc v;
+      v.dtype = ATTN_DTYPE_FP32;
+      v.ndim = 4;
+      v.dims = {};
+      v.dims[0] = t.batch, v.dims[1] = chunk, v.dims[2] = t.heads, v.dims[3] = t.dim;
+      v.strides = {};
+      v.strides[0] = t.seq * t.heads * t.dim, v.strides[1] = t.heads * t.dim;
+      v.strides[2] = t.dim, v.strides[3] = 1;
+      return v;
+    };
+    d.tensors[ATTN_TENSOR_Q] = d.tensors[ATTN_TENSOR_DQ] = view(q_, cq_);
+    d.tensors[ATTN_TENSOR_O] = d.tensors[ATTN_TENSOR_DO] = view(o_, cq_);
+    d.tensors[ATTN_TENSOR_K] = d.tensors[ATTN_TENSOR_DK] = view(k_, ck_);
+    d.tensors[ATTN_TENSOR_V] = d.tensors[ATTN_TENSOR_DV] = view(v_, ck_);
+    return create_plan(ctx_, d);
+  }
+
+  void build_workspace() {
+    const size_t f = sizeof(float);
+    const size_t es = dtype_size(g_.dtype);
+    const size_t nq = size_t(q_.elements()), no = size_t(o_.elements());
+    const size_t nk = size_t(k_.elements()), nv = size_t(v_.elements());
+    const size_t lse_local = size_t(g_.batch * g_.heads_q * sq_);
+    const size_t lse_chunk = size_t(g_.batch * g_.heads_q * cq_);
+    kv_bytes_ = (nk + nv) * es;
+    dkv_bytes_ = (nk + nv) * f;
+    size_t sub_fwd = 0, sub_bwd = 0;
+    for (const auto& p : sub_plans_) {
+      sub_fwd = std::max(sub_fwd, p->impl->workspace_bytes(ATTN_PASS_FORWARD));
+      if (g_.backward) sub_bwd = std::max(sub_bwd, p->impl->workspace_bytes(ATTN_PASS_BACKWARD));
+    }
+
+    WorkspaceLayout fl;
+    fwd_.qf = fl.add(nq * f);
+    fwd_.o_acc = fl.add(no * f);
+    fwd_.o_part = fl.add(no * f);
+    fwd_.lse_acc = fl.add(lse_local * f);
+    fwd_.lse_part = fl.add(lse_chunk * f);
+    fwd_.kv[0] = fl.add(kv_bytes_);
+    fwd_.kv[1] = fl.add(kv_bytes_);
+    fwd_.kf = fl.add(nk * f);
+    fwd_.vf = fl.add(nv * f);
+    fwd_.sub = fl.add(sub_fwd);
+    fwd_.bytes = fl.total_bytes();
+
+    if (g_.backward) {
+      WorkspaceLayout bl;
+      bwd_.qf = bl.add(nq * f);
+      bwd_.of = bl.add(no * f);
+      bwd_.dof = bl.add(no * f);
+      bwd_.dq_acc = bl.add(nq * f);
+      bwd_.dq_part = bl.add(nq * f);
+      bwd_.lse_chunks = bl.add(lse_local * f);
+      bwd_.kv[0] = bl.add(kv_bytes_);
+      bwd_.kv[1] = bl.add(kv_bytes_);
+      bwd_.kf = bl.add(nk * f);
+      bwd_.vf = bl.add(nv * f);
+      bwd_.dkv[0] = bl.add(dkv_bytes_);
+      bwd_.dkv[1] = bl.add(dkv_bytes_);
+      bwd_.dk_part = bl.add(nk * f);
+      bwd_.dv_part = bl.add(nv * f);
+      bwd_.sub = bl.add(sub_bwd);
+      bwd_.bytes = bl.total_bytes();
+    }
+    facts.bytes_per_step_forward = kv_bytes_;
+    facts.bytes_per_step_backward = kv_bytes_ + dkv_bytes_;
+  }
+
+  static int64_t row_offset(const LocalShape& t, int64_t s) { return s * t.heads * t.dim; }
+
+  uint64_t tag(attn_pass_t pass, int32_t step, Traffic what) const {
+    return sched_.tag(pass, step, what);
+  }
+
+  // Local K then V, in the input dtype, contiguous: the message of a step.
+  void pack_kv(const void* k, const void* v, char* dst) const {
+    const size_t es = dtype_size(g_.dtype);
+    gather_raw(k, es, k_, dst);
+    gather_raw(v, es, v_, dst + size_t(k_.elements()) * es);
+  }
+  void unpack_kv(const char* src, float* kf, float* vf) const {
+    const size_t es = dtype_size(g_.dtype);
+    contiguous_to_fp32(src, g_.dtype, k_.elements(), kf);
+    contiguous_to_fp32(src + size_t(k_.elements()) * es, g_.dtype, v_.elements(), vf);
+  }
+
+  // (O, LSE) of local query chunk c: acc := merge(acc, part).
+  void merge_block(float* o_acc, float* lse_acc, const float* o_part, const float* lse_part,
+                   int32_t c) const {
+    const int64_t B = g_.batch, H = g_.heads_q, D = g_.head_dim_v;
+    TensorDesc od, ld;
+    od.dtype = ld.dtype = ATTN_DTYPE_FP32;
+    od.ndim = 4;
+    od.dims[0] = B, od.dims[1] = cq_, od.dims[2] = H, od.dims[3] = D;
+    od.strides[0] = sq_ * H * D, od.strides[1] = H * D, od.strides[2] = D, od.strides[3] = 1;
+    ld.ndim = 3;  // the chunk's LSE is [batch, heads, chunk]
+    ld.dims[0] = B, ld.dims[1] = cq_, ld.dims[2] = H;
+    ld.strides[0] = H * cq_, ld.strides[1] = 1, ld.strides[2] = cq_;
+    float* o_rows = o_acc + row_offset(o_, int64_t(c) * cq_);
+    float* lse_rows = lse_acc + c * B * H * cq_;
+    const void* o_parts[2] = {o_rows, o_part + row_offset(o_, int64_t(c) * cq_)};
+    const float* lse_parts[2] = {lse_rows, lse_part};
+    cpu::merge_states(ctx_, 2, od, ld, o_parts, lse_parts, o_rows, lse_rows);
+  }
+
+  void fail_group(const Exchange* pending, void* stream) const noexcept {
+    fail_ring_group(*tr_, rank_, pending, stream);
+  }
+
+  ContextConfig ctx_;
+  Problem g_;
+  std::shared_ptr<Transport> tr_;
+  RingSchedule sched_;
+  int32_t rank_ = 0, n_ = 1, chunks_ = 1;
+  int64_t cq_ = 0, ck_ = 0, sq_ = 0, sk_ = 0;
+  LocalShape q_{}, o_{}, k_{}, v_{};
+  std::vector<std::vector<Block>> blocks_;
+  std::vector<std::unique_ptr<Plan>> sub_plans_;
+  size_t kv_bytes_ = 0, dkv_bytes_ = 0;
+  ForwardSpace fwd_;
+  BackwardSpace bwd_;
+};
+
+}  // namespace
+
+std::unique_ptr<RingBackendPlan> make_cpu_ring_plan(const ContextConfig& ctx, const Problem& global,
+                                                    std::shared_ptr<Transport> transport,
+                                                    const RingSchedule& schedule) {
+  return std::make_unique<CpuRingPlan>(ctx, global, std::move(transport), schedule);
+}
+
+}  // namespace attn::ring

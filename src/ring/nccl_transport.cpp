@@ -1,0 +1,172 @@
+// Exchanges run as ncclSend/ncclRecv pairs on a communication stream of the
+// transport's own. start() makes that stream wait for what the compute
+// stream has enqueued so far (the buffer to send is written, the buffer to
+// receive into is no longer read); finish() makes the compute stream wait
+// for the exchange. Nothing waits on the host, so a ring execution stays
+// stream-ordered. Errors: every NCCL call's result, and the communicator's
+// asynchronous error (ncclCommGetAsyncError, which does not block), become
+// COMMUNICATION_ERROR with NCCL's own description.
+#include "ring/nccl_transport.hpp"
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <atomic>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "core/error.hpp"
+#include "ring/cuda_device_scope.hpp"
+
+namespace attn::ring {
+namespace {
+
+void check_cuda(cudaError_t e, const char* what) {
+  if (e == cudaSuccess) return;
+  (void)cudaGetLastError();
+  fail(ATTN_STATUS_BACKEND_ERROR, "ring (NCCL transport): ", what, ": ", cudaGetErrorName(e), " (",
+       cudaGetErrorString(e), ")");
+}
+
+void check_nccl(ncclResult_t r, const char* what) {
+  if (r == ncclSuccess) return;
+  fail(ATTN_STATUS_COMMUNICATION_ERROR, "ring (NCCL transport): ", what, ": ",
+       ncclGetErrorString(r));
+}
+
+class NcclTransport final : public Transport {
+ public:
+  explicit NcclTransport(ncclComm_t comm) : comm_(comm) {
+    check_nccl(ncclCommUserRank(comm_, &rank_), "ncclCommUserRank");
+    check_nccl(ncclCommCount(comm_, &size_), "ncclCommCount");
+    check_nccl(ncclCommCuDevice(comm_, &device_), "ncclCommCuDevice");
+    CudaDeviceScope scope(device_);
+    check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+    if (cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming) != cudaSuccess ||
+        cudaEventCreateWithFlags(&done_, cudaEventDisableTiming) != cudaSuccess) {
+      release();
+      check_cuda(cudaGetLastError(), "cudaEventCreate");
+      fail(ATTN_STATUS_BACKEND_ERROR, "ring (NCCL transport): cudaEventCreate failed");
+    }
+  }
+  ~NcclTransport() override { release(); }
+  NcclTransport(const NcclTransport&) = delete;
+  NcclTransport& operator=(const NcclTransport&) = delete;
+
+  int32_t rank() const override { return rank_; }
+  int32_t size() const override { return size_; }
+  const char* name() const override { return "nccl"; }
+  attn_backend_t backend() const override { return ATTN_BACKEND_CUDA; }
+  int32_t device() const override { return device_; }
+
+  // Plan creation may block: all-gather the fingerprints and compare.
+  void agree(uint64_t fingerprint) override {
+    check_usable();
+    CudaDeviceScope scope(device_);
+    const size_t n = size_t(size_);
+    uint64_t* buf = nullptr;
+    check_cuda(cudaMalloc(&buf, sizeof(uint64_t) * (n + 1)), "cudaMalloc (fingerprints)");
+    std::vector<uint64_t> all(n);
+    try {
+      check_cuda(cudaMemcpyAsync(buf + n, &fingerprint, sizeof fingerprint, cudaMemcpyHostToDevice,
+                                 stream_),
+                 "cudaMemcpyAsync");
+      check_nccl(ncclAllGather(buf + n, buf, 1, ncclUint64, comm_, stream_), "ncclAllGather");
+      check_cuda(cudaMemcpyAsync(all.data(), buf, sizeof(uint64_t) * n, cudaMemcpyDeviceToHost,
+                                 stream_),
+                 "cudaMemcpyAsync");
+      check_cuda(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+    } catch (...) {
+      (void)cudaFree(buf);
+      throw;
+    }
+    (void)cudaFree(buf);
+    for (size_t r = 0; r < n; ++r)
+      if (all[r] != fingerprint)
+        fail(ATTN_STATUS_COMMUNICATION_ERROR, "ring (NCCL rank ", rank_, " of ", size_, "): rank ",
+             r, " created its ring plan from another descriptor, layout or rank count ",
+             "(plans differ between ranks)");
+  }
+
+  void check_usable() override {
+    if (aborted_.load()) {
+      std::lock_guard lock(mutex_);
+      fail(ATTN_STATUS_COMMUNICATION_ERROR, "ring (NCCL rank ", rank_, " of ", size_,
+           "): the communicator was aborted: ", reason_);
+    }
+    ncclResult_t async = ncclSuccess;
+    check_nccl(ncclCommGetAsyncError(comm_, &async), "ncclCommGetAsyncError");
+    if (async != ncclSuccess && async != ncclInProgress)
+      check_nccl(async, "the communicator reports an asynchronous error");
+  }
+
+  void start(const Exchange& x, void* stream) override {
+    check_usable();
+    CudaDeviceScope scope(device_);
+    auto compute = static_cast<cudaStream_t>(stream);
+    check_cuda(cudaEventRecord(ready_, compute), "cudaEventRecord");
+    check_cuda(cudaStreamWaitEvent(stream_, ready_, 0), "cudaStreamWaitEvent");
+    const int next = (rank_ + 1) % size_, prev = (rank_ + size_ - 1) % size_;
+    check_nccl(ncclGroupStart(), "ncclGroupStart");
+    ncclResult_t s = ncclSend(x.send, x.bytes, ncclUint8, next, comm_, stream_);
+    ncclResult_t r = ncclRecv(x.recv, x.bytes, ncclUint8, prev, comm_, stream_);
+    ncclResult_t e = ncclGroupEnd();  // always close the group, then report
+    check_nccl(s, "ncclSend");
+    check_nccl(r, "ncclRecv");
+    check_nccl(e, "ncclGroupEnd");
+  }
+
+  void finish(const Exchange&, void* stream) override {
+    CudaDeviceScope scope(device_);
+    check_cuda(cudaEventRecord(done_, stream_), "cudaEventRecord");
+    check_cuda(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), done_, 0),
+               "cudaStreamWaitEvent");
+    check_usable();
+  }
+
+  // Enqueued NCCL operations cannot be withdrawn; the buffers stay in use
+  // until they complete or the application aborts the NCCL communicator.
+  void cancel(const Exchange&, void*) noexcept override {}
+
+  // Peers learn of it only through NCCL (its timeouts, or ncclCommAbort by
+  // the application): this rank stops taking part.
+  void abort(const std::string& reason) noexcept override {
+    try {
+      std::lock_guard lock(mutex_);
+      if (!aborted_.load()) reason_ = reason;
+    } catch (...) {
+      // keep the flag even without the reason
+    }
+    aborted_.store(true);
+  }
+
+ private:
+  void release() noexcept {
+    int prev = 0;
+    const bool switched = cudaGetDevice(&prev) == cudaSuccess && prev != device_ &&
+                          cudaSetDevice(device_) == cudaSuccess;
+    if (done_) (void)cudaEventDestroy(done_);
+    if (ready_) (void)cudaEventDestroy(ready_);
+    if (stream_) (void)cudaStreamDestroy(stream_);
+    done_ = ready_ = nullptr;
+    stream_ = nullptr;
+    if (switched) (void)cudaSetDevice(prev);
+  }
+
+  ncclComm_t comm_;
+  int rank_ = 0, size_ = 1, device_ = 0;
+  cudaStream_t stream_ = nullptr;
+  cudaEvent_t ready_ = nullptr, done_ = nullptr;
+  std::atomic<bool> aborted_{false};
+  std::mutex mutex_;
+  std::string reason_;
+};
+
+}  // namespace
+
+std::shared_ptr<Transport> make_nccl_transport(void* nccl_comm) {
+  return std::make_shared<NcclTransport>(static_cast<ncclComm_t>(nccl_comm));
+}
+
+}  // namespace attn::ring

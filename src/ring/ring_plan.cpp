@@ -1,0 +1,101 @@
+#include "ring/ring_plan.hpp"
+
+#include <exception>
+#include <string>
+
+#include "attn_config.h"
+#include "core/error.hpp"
+
+namespace attn::ring {
+
+void fill_facts(RingFacts& f, const RingSchedule& s, const char* transport) {
+  f.layout = s.layout;
+  f.rank = s.rank;
+  f.size = s.size;
+  f.steps = s.size;
+  f.exchanges_forward = s.size - 1;
+  f.exchanges_backward = s.size > 1 ? 2 * s.size - 1 : 0;
+  f.local_seqlen_q = s.sq;
+  f.local_seqlen_kv = s.sk;
+  f.blocks_computed = s.blocks_computed;
+  f.blocks_skipped = s.blocks_skipped;
+  f.local_visible_pairs = s.visible_pairs;
+  f.transport = transport;
+}
+
+void fail_ring_group(Transport& transport, int32_t rank, const Exchange* pending,
+                     void* stream) noexcept {
+  try {
+    std::string why = "rank " + std::to_string(rank) + " failed: ";
+    bool from_group = false;
+    try {
+      throw;
+    } catch (const Error& e) {
+      from_group = e.status() == ATTN_STATUS_COMMUNICATION_ERROR;
+      why += e.what();
+    } catch (const std::exception& e) {
+      why += e.what();
+    } catch (...) {
+      why += "unknown error";
+    }
+    if (!from_group) transport.abort(why);
+  } catch (...) {
+    transport.abort("a rank failed (out of memory while saying why)");
+  }
+  if (pending != nullptr) transport.cancel(*pending, stream);
+}
+
+std::unique_ptr<Plan> create_ring_plan(const ContextConfig& ctx, const PlanDesc& desc,
+                                       std::shared_ptr<Transport> transport,
+                                       attn_ring_layout_t layout) {
+  if (ctx.backend != transport->backend())
+    invalid_argument("comm: a ", transport->name(), " communicator moves ",
+                     transport->backend() == ATTN_BACKEND_CUDA ? "CUDA device" : "host",
+                     " memory, which ctx's backend does not compute on");
+  if (ctx.device != transport->device())
+    invalid_argument("comm: its ", transport->name(), " communicator is on device ",
+                     transport->device(), " but ctx is on device ", ctx.device);
+  if (desc.varlen)
+    not_supported("desc: ring plans do not support varlen batches yet (attn_plan_desc_set_varlen)");
+  if (desc.block_mask)
+    not_supported("desc: ring plans do not take a block mask yet (attn_plan_desc_set_block_mask)");
+  if (desc.moba_block > 0)
+    not_supported("desc: ring plans do not run MoBA (attn_plan_desc_set_moba)");
+  for (int r = 0; r < 8; ++r)
+    if (desc.tensors[r])
+      not_supported("desc: ring plans take local shards with the layout's contiguous strides; ",
+                    "the strides set for tensor ", tensor_role_name(attn_tensor_role_t(r)),
+                    " (attn_plan_desc_set_tensor) are not supported");
+  RingSchedule::check_lengths(desc, transport->size(), layout);
+
+  // The global problem, validated as a dense plan would be (shapes, GQA,
+  // empty rows, what the backend supports); its backend binding is then
+  // replaced by the ring.
+  std::unique_ptr<Plan> plan = create_plan(ctx, desc);
+  const RingSchedule schedule =
+      RingSchedule::build(plan->problem, transport->rank(), transport->size(), layout);
+  // Every rank must build the same ring (a no-op where mismatches are
+  // caught at the first exchange instead).
+  transport->agree(schedule.fingerprint);
+  switch (ctx.backend) {
+    case ATTN_BACKEND_CPU:
+      plan->impl = make_cpu_ring_plan(ctx, plan->problem, std::move(transport), schedule);
+      break;
+    case ATTN_BACKEND_CUDA:
+#if ATTN_HAVE_CUDA && ATTN_HAVE_NCCL
+      plan->impl = make_cuda_ring_plan(ctx, plan->problem, std::move(transport), schedule);
+      break;
+#else
+      not_supported("ctx: this build of libattn has no CUDA ring attention (needs NCCL)");
+#endif
+    default: fail(ATTN_STATUS_INTERNAL_ERROR, "context with unresolved backend");
+  }
+  return plan;
+}
+
+const RingFacts* ring_facts(const Plan& plan) {
+  const auto* ring = dynamic_cast<const RingBackendPlan*>(plan.impl.get());
+  return ring != nullptr ? &ring->facts : nullptr;
+}
+
+}  // namespace attn::ring

@@ -1,0 +1,69 @@
+// Ring attention plans: one rank's part of an attention problem whose
+// sequence is split over the ranks of a communicator. The block schedule is
+// in ring_schedule.hpp; each backend runs it in its own ring plan.
+#pragma once
+
+#include <attn/attn.h>
+
+#include <memory>
+
+#include "attn_config.h"
+#include "core/context.hpp"
+#include "plan/plan.hpp"
+#include "ring/ring_schedule.hpp"
+#include "ring/transport.hpp"
+
+namespace attn::ring {
+
+// What attn_ring_plan_describe reports (see attn_ring_info_t).
+struct RingFacts {
+  attn_ring_layout_t layout = ATTN_RING_LAYOUT_CONTIGUOUS;
+  int32_t rank = 0, size = 1;
+  int32_t steps = 1;               // ring steps of attention (= size)
+  int32_t exchanges_forward = 0;   // sends per forward (size - 1)
+  int32_t exchanges_backward = 0;  // sends per backward
+  int64_t local_seqlen_q = 0, local_seqlen_kv = 0;
+  uint64_t bytes_per_step_forward = 0;   // sent by this rank per forward exchange
+  uint64_t bytes_per_step_backward = 0;  // sent per backward step (K, V, dK, dV)
+  uint64_t blocks_computed = 0;  // (query chunk, KV chunk) blocks this rank computes per pass
+  uint64_t blocks_skipped = 0;   // blocks wholly masked, never computed
+  uint64_t local_visible_pairs = 0;  // (query, key) pairs this rank computes, all heads
+  const char* transport = "";
+};
+
+// A backend's ring plan: a BackendPlan that also describes its ring.
+class RingBackendPlan : public BackendPlan {
+ public:
+  RingFacts facts;
+};
+
+// Fills the facts that follow from the schedule (all but the bytes).
+void fill_facts(RingFacts& facts, const RingSchedule& schedule, const char* transport);
+
+// Called from a catch block of a ring execution: a failure of this rank
+// mid-ring fails the whole group, so that peers stop waiting for it (a
+// COMMUNICATION_ERROR came from the group and is not echoed); a started
+// exchange is withdrawn.
+void fail_ring_group(Transport& transport, int32_t rank, const Exchange* pending,
+                     void* stream) noexcept;
+
+// Builds the plan of rank transport->rank() for the global problem `desc`
+// (global sequence lengths). Throws attn::Error.
+std::unique_ptr<Plan> create_ring_plan(const ContextConfig& ctx, const PlanDesc& desc,
+                                       std::shared_ptr<Transport> transport,
+                                       attn_ring_layout_t layout);
+
+// The ring facts of a plan, or nullptr when it is not a ring plan.
+const RingFacts* ring_facts(const Plan& plan);
+
+// The backends' ring plans (the global problem is validated).
+std::unique_ptr<RingBackendPlan> make_cpu_ring_plan(const ContextConfig& ctx, const Problem& global,
+                                                    std::shared_ptr<Transport> transport,
+                                                    const RingSchedule& schedule);
+#if ATTN_HAVE_CUDA && ATTN_HAVE_NCCL
+std::unique_ptr<RingBackendPlan> make_cuda_ring_plan(const ContextConfig& ctx, const Problem& global,
+                                                     std::shared_ptr<Transport> transport,
+                                                     const RingSchedule& schedule);
+#endif
+
+}  // namespace attn::ring

@@ -1,0 +1,101 @@
+#include "ring/ring_schedule.hpp"
+
+#include <cstring>
+
+#include "core/error.hpp"
+#include "schedule/dense_schedule.hpp"
+
+namespace attn::ring {
+namespace {
+
+uint64_t mix64(uint64_t x) {
+  x ^= x >> 30;
+  x *= 0xbf58476d1ce4e5b9ull;
+  x ^= x >> 27;
+  x *= 0x94d049bb133111ebull;
+  x ^= x >> 31;
+  return x;
+}
+
+uint64_t hash_combine(uint64_t h, uint64_t v) { return mix64(h ^ (v + 0x9e3779b97f4a7c15ull)); }
+
+uint64_t float_bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  return u;
+}
+
+}  // namespace
+
+const char* ring_layout_name(attn_ring_layout_t layout) {
+  return layout == ATTN_RING_LAYOUT_ZIGZAG ? "zigzag" : "contiguous";
+}
+
+void RingSchedule::check_lengths(const PlanDesc& desc, int32_t size, attn_ring_layout_t layout) {
+  if (desc.seqlen_q < 1 || desc.seqlen_kv < 1)
+    invalid_argument("desc: ring plans need seqlen_q and seqlen_kv >= 1 (got ", desc.seqlen_q, "/",
+                     desc.seqlen_kv, ")");
+  const int64_t parts = layout == ATTN_RING_LAYOUT_ZIGZAG ? 2 * int64_t(size) : size;
+  if (desc.seqlen_q % parts != 0 || desc.seqlen_kv % parts != 0)
+    invalid_argument("desc: seqlen_q and seqlen_kv (", desc.seqlen_q, "/", desc.seqlen_kv,
+                     ") must be multiples of ", parts, " for the ", ring_layout_name(layout),
+                     " layout over ", size, " ranks",
+                     layout == ATTN_RING_LAYOUT_ZIGZAG ? " (2 chunks per rank)" : "");
+}
+
+RingSchedule RingSchedule::build(const Problem& g, int32_t rank, int32_t size,
+                                 attn_ring_layout_t layout) {
+  RingSchedule s;
+  s.layout = layout;
+  s.rank = rank;
+  s.size = size;
+  s.chunks = layout == ATTN_RING_LAYOUT_ZIGZAG ? 2 : 1;
+  const int64_t parts = int64_t(s.chunks) * size;
+  s.cq = g.seqlen_q / parts;
+  s.ck = g.seqlen_kv / parts;
+  s.sq = s.cq * s.chunks;
+  s.sk = s.ck * s.chunks;
+
+  const int64_t global_off = g.seqlen_kv - g.seqlen_q;
+  s.steps.resize(size_t(size));
+  uint64_t pairs = 0;
+  for (int32_t t = 0; t < size; ++t) {
+    const int32_t owner = (rank - t + size) % size;
+    for (int32_t qc = 0; qc < s.chunks; ++qc)
+      for (int32_t kc = 0; kc < s.chunks; ++kc) {
+        const int64_t qs = s.chunk_index(rank, qc) * s.cq;
+        const int64_t ks = s.chunk_index(owner, kc) * s.ck;
+        // Query i of the block is global qs + i and sees key ks + j when the
+        // global predicate holds: the block's own diagonal offset is this.
+        const int64_t off = qs + global_off - ks;
+        const SequenceMask mask(s.cq, s.ck, g.window, off);
+        const int64_t visible = mask.visible_pairs();
+        if (visible == 0) {
+          ++s.blocks_skipped;
+          continue;
+        }
+        ++s.blocks_computed;
+        pairs += uint64_t(visible);
+        s.steps[size_t(t)].push_back(
+            RingBlock{qc, kc, off - (s.ck - s.cq), visible == s.cq * s.ck});
+      }
+  }
+  s.visible_pairs = pairs * uint64_t(g.batch) * uint64_t(g.heads_q);
+
+  uint64_t h = 0x52494e47ull;
+  for (uint64_t v : {uint64_t(size), uint64_t(layout), uint64_t(g.dtype), uint64_t(g.layout),
+                     uint64_t(g.batch), uint64_t(g.heads_q), uint64_t(g.heads_kv),
+                     uint64_t(g.seqlen_q), uint64_t(g.seqlen_kv), uint64_t(g.head_dim_qk),
+                     uint64_t(g.head_dim_v), uint64_t(g.mask), uint64_t(g.window.left),
+                     uint64_t(g.window.right), float_bits(g.scale), float_bits(g.softcap)})
+    h = hash_combine(h, v);
+  s.fingerprint = h;
+  return s;
+}
+
+uint64_t RingSchedule::tag(attn_pass_t pass, int32_t step, Traffic what) const {
+  return hash_combine(hash_combine(hash_combine(fingerprint, uint64_t(pass)), uint64_t(step)),
+                      uint64_t(what));
+}
+
+}  // namespace attn::ring

@@ -1,0 +1,55 @@
+// Which blocks each ring step computes, shared by the ring plans of every
+// backend.
+//
+// The global sequence (seqlen_q queries, seqlen_kv keys per batch entry) is
+// cut into equal chunks. Rank r holds one chunk (contiguous layout: chunk r
+// of N) or two (zigzag: chunks r and 2N-1-r of 2N), the same chunks of Q
+// and of K/V, back to back in its local tensors. At step t rank r holds the
+// K/V shard of rank r - t; every (local query chunk, held KV chunk) pair is
+// a *block*, a dense problem whose mask keeps the global alignment through
+// Problem::diagonal_shift. Blocks the mask hides entirely are not listed.
+#pragma once
+
+#include <attn/attn.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "plan/plan.hpp"
+#include "plan/problem.hpp"
+
+namespace attn::ring {
+
+struct RingBlock {
+  int32_t q_chunk, kv_chunk;  // local chunk indices (0, or 1 for zigzag's second)
+  int64_t shift;              // Problem::diagonal_shift of the block's dense problem
+  bool full;                  // every (query, key) pair of the block is visible
+};
+
+struct RingSchedule {
+  attn_ring_layout_t layout = ATTN_RING_LAYOUT_CONTIGUOUS;
+  int32_t rank = 0, size = 1;
+  int32_t chunks = 1;           // chunks per rank
+  int64_t cq = 0, ck = 0;       // chunk lengths
+  int64_t sq = 0, sk = 0;       // local sequence lengths (chunks * chunk length)
+  std::vector<std::vector<RingBlock>> steps;  // steps[t]: the blocks of step t
+  uint64_t blocks_computed = 0, blocks_skipped = 0;
+  uint64_t visible_pairs = 0;   // over this rank's blocks, all batch entries and heads
+  uint64_t fingerprint = 0;     // what every rank's plan must agree on
+
+  // Checks that the lengths can be cut as `layout` needs (INVALID_ARGUMENT).
+  static void check_lengths(const PlanDesc& desc, int32_t size, attn_ring_layout_t layout);
+  static RingSchedule build(const Problem& global, int32_t rank, int32_t size,
+                            attn_ring_layout_t layout);
+
+  // Global chunk index of local chunk c of rank s.
+  int64_t chunk_index(int32_t s, int32_t c) const { return c == 0 ? s : 2 * int64_t(size) - 1 - s; }
+
+  // Names one message: plan, pass, step and what travels.
+  enum class Traffic : uint64_t { kv = 1, dkv = 2 };
+  uint64_t tag(attn_pass_t pass, int32_t step, Traffic what) const;
+};
+
+const char* ring_layout_name(attn_ring_layout_t layout);
+
+}  // namespace attn::ring

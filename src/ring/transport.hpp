@@ -1,0 +1,66 @@
+// How ring steps move bytes between ranks. A transport connects one rank to
+// the others of its group; the ring only ever sends to rank + 1 and receives
+// from rank - 1, one exchange in flight at a time, so the interface is that
+// exchange split in two: start() posts it, the caller computes, finish()
+// completes it. Implementations: in-process threads (inprocess_transport)
+// and NCCL.
+#pragma once
+
+#include <attn/attn.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace attn::ring {
+
+// One exchange: `bytes` from `send` go to rank + 1 while rank - 1's message
+// of the same size lands in `recv`. `tag` names the plan, pass and step; a
+// receiver whose peer sent another tag or size reports a mismatch instead of
+// reading a message it does not understand. send must stay unchanged and
+// recv untouched by the caller until finish() returns.
+struct Exchange {
+  const void* send = nullptr;
+  void* recv = nullptr;
+  size_t bytes = 0;
+  uint64_t tag = 0;
+};
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  virtual int32_t rank() const = 0;
+  virtual int32_t size() const = 0;
+  virtual const char* name() const = 0;
+  // The backend whose memory the buffers of an exchange live in, and its
+  // device (0 for host memory).
+  virtual attn_backend_t backend() const = 0;
+  virtual int32_t device() const = 0;
+
+  // Called by every rank at ring plan creation with the plan's fingerprint:
+  // a transport that cannot check each message (NCCL) compares them here
+  // (a collective call) and throws COMMUNICATION_ERROR on a mismatch; the
+  // in-process one checks the tag of every message instead and does nothing.
+  virtual void agree(uint64_t fingerprint) = 0;
+
+  // Throws COMMUNICATION_ERROR when the group has failed already, so that a
+  // ring without exchanges (one rank) notices too.
+  virtual void check_usable() = 0;
+
+  // Both throw attn::Error(COMMUNICATION_ERROR) when the group failed or
+  // fails meanwhile (a peer left, a mismatch, a timeout); the group is then
+  // unusable for every rank.
+  virtual void start(const Exchange& x, void* stream) = 0;
+  virtual void finish(const Exchange& x, void* stream) = 0;
+
+  // Withdraws a started exchange that will not be finished (the caller
+  // failed in between), so that its send buffer may be freed. Waits only
+  // for a copy out of that buffer that is already running.
+  virtual void cancel(const Exchange& x, void* stream) noexcept = 0;
+
+  // Marks the whole group failed, so that every rank's current and future
+  // exchanges fail with `reason` instead of waiting for this rank.
+  virtual void abort(const std::string& reason) noexcept = 0;
+};
+
+}  // namespace attn::ring

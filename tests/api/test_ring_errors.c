@@ -1,0 +1,654 @@
+/* Error paths of the ring attention API: communicators, ring plans, and
+ * failures of the ring itself (mismatched plans or passes, a rank that
+ * leaves or fails). Each failing call is checked for its status, for a
+ * message naming the argument (or the cause), and for outputs left as they
+ * were (poisoned before the call, byte-identical after). Failures between
+ * ranks must end every rank's call, not hang it.
+ *
+ * C99 + POSIX (pthreads). */
+#define _POSIX_C_SOURCE 200809L
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include <attn/attn.h>
+
+#include <ctype.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#ifndef ATTN_TEST_NCCL_BUILT
+#define ATTN_TEST_NCCL_BUILT 0
+#endif
+
+#define POISON_BYTE 0xA5
+
+static int is_ident_char(char c) { return isalnum((unsigned char)c) || c == '_'; }
+
+/* Does `word` occur in msg with no identifier character glued to either end? */
+static int contains_word(const char *msg, const char *word) {
+  const size_t n = strlen(word);
+  const char *p = msg;
+  while ((p = strstr(p, word)) != NULL) {
+    const int left_ok = p == msg || !is_ident_char(p[-1]) || !is_ident_char(word[0]);
+    const int right_ok = p[n] == '\0' || !is_ident_char(p[n]) || !is_ident_char(word[n - 1]);
+    if (left_ok && right_ok) return 1;
+    ++p;
+  }
+  return 0;
+}
+
+static void check_status(attn_status_t got, attn_status_t want, const char *word,
+                         const char *message, const char *expr, const char *file, int line) {
+  int ok = got == want && message != NULL;
+  if (ok && want == ATTN_STATUS_SUCCESS) ok = message[0] == '\0';
+  if (ok && want != ATTN_STATUS_SUCCESS)
+    ok = message[0] != '\0' && (!word || contains_word(message, word));
+  if (!ok) {
+    print_error("%s:%d: %s\n  expected %s%s%s%s\n  got      %s, message \"%s\"\n", file, line, expr,
+                attn_status_string(want), word ? " naming \"" : "", word ? word : "",
+                word ? "\"" : "", attn_status_string(got), message ? message : "(NULL)");
+    _fail(file, line);
+  }
+}
+
+#define EXPECT_FAIL(status, word, call)                                                     \
+  do {                                                                                      \
+    attn_status_t st_ = (call);                                                             \
+    check_status(st_, (status), (word), attn_last_error_message(), #call, __FILE__, __LINE__); \
+  } while (0)
+#define EXPECT_OK(call) EXPECT_FAIL(ATTN_STATUS_SUCCESS, NULL, call)
+
+static void poison(void *p, size_t n) { memset(p, POISON_BYTE, n); }
+
+static int is_poisoned(const void *p, size_t n) {
+  const unsigned char *b = (const unsigned char *)p;
+  for (size_t i = 0; i < n; ++i)
+    if (b[i] != POISON_BYTE) return 0;
+  return 1;
+}
+
+/* ------------------------------------------------------------------------ */
+/* A small problem and the buffers of one rank                               */
+/* ------------------------------------------------------------------------ */
+
+enum { B = 1, HQ = 2, HKV = 1, D = 8 };
+
+static attn_plan_desc_t make_desc(int64_t seqlen, attn_mask_t mask, attn_passes_t passes) {
+  attn_plan_desc_t d;
+  EXPECT_OK(attn_plan_desc_create(&d));
+  EXPECT_OK(attn_plan_desc_set_shape(d, B, HQ, HKV, seqlen, seqlen, D, D));
+  EXPECT_OK(attn_plan_desc_set_mask(d, mask, -1, -1));
+  EXPECT_OK(attn_plan_desc_set_passes(d, passes));
+  return d;
+}
+
+typedef struct rank_io {
+  int64_t lq; /* local sequence length */
+  float *q, *k, *v, *o, *d_o, *dq, *dk, *dv, *lse;
+  void *ws;
+  size_t ws_bytes;
+} rank_io;
+
+static size_t io_elems(const rank_io *io, int q_side) {
+  return (size_t)(B * io->lq * (q_side ? HQ : HKV) * D);
+}
+
+static float *filled(size_t n, float x) {
+  float *p = malloc(sizeof(float) * n);
+  for (size_t i = 0; i < n; ++i) p[i] = x + 0.001f * (float)(i % 97);
+  return p;
+}
+
+static float *poisoned(size_t n) {
+  float *p = malloc(sizeof(float) * n);
+  poison(p, sizeof(float) * n);
+  return p;
+}
+
+static void io_init(rank_io *io, int64_t lq, size_t ws_bytes) {
+  io->lq = lq;
+  io->q = filled(io_elems(io, 1), 0.5f);
+  io->k = filled(io_elems(io, 0), -0.25f);
+  io->v = filled(io_elems(io, 0), 1.0f);
+  io->d_o = filled(io_elems(io, 1), 0.75f);
+  io->lse = filled((size_t)(B * HQ * lq), 1.0f); /* finite: a backward input */
+  io->o = poisoned(io_elems(io, 1));
+  io->dq = poisoned(io_elems(io, 1));
+  io->dk = poisoned(io_elems(io, 0));
+  io->dv = poisoned(io_elems(io, 0));
+  io->ws_bytes = ws_bytes;
+  io->ws = malloc(ws_bytes ? ws_bytes : 1);
+}
+
+static int io_outputs_untouched(const rank_io *io, int lse_is_output) {
+  return is_poisoned(io->o, sizeof(float) * io_elems(io, 1)) &&
+         is_poisoned(io->dq, sizeof(float) * io_elems(io, 1)) &&
+         is_poisoned(io->dk, sizeof(float) * io_elems(io, 0)) &&
+         is_poisoned(io->dv, sizeof(float) * io_elems(io, 0)) &&
+         (!lse_is_output || is_poisoned(io->lse, sizeof(float) * (size_t)(B * HQ * io->lq)));
+}
+
+/* Before a forward, whose LSE is an output (io_init fills it as an input). */
+static void io_poison_lse(rank_io *io) { poison(io->lse, sizeof(float) * (size_t)(B * HQ * io->lq)); }
+
+static void io_free(rank_io *io) {
+  free(io->q), free(io->k), free(io->v), free(io->d_o), free(io->lse);
+  free(io->o), free(io->dq), free(io->dk), free(io->dv), free(io->ws);
+}
+
+/* One rank's call on its own thread. */
+typedef struct rank_call {
+  attn_plan_t plan;
+  rank_io *io;
+  int backward;
+  attn_status_t status;
+  char message[512];
+} rank_call;
+
+static void *rank_call_main(void *arg) {
+  rank_call *c = (rank_call *)arg;
+  rank_io *io = c->io;
+  if (c->backward)
+    c->status = attn_backward(c->plan, io->q, io->k, io->v, io->o, io->lse, io->d_o, io->dq,
+                              io->dk, io->dv, io->ws, io->ws_bytes, NULL);
+  else
+    c->status = attn_forward(c->plan, io->q, io->k, io->v, io->o, io->lse, io->ws, io->ws_bytes,
+                             NULL);
+  snprintf(c->message, sizeof c->message, "%s", attn_last_error_message());
+  return NULL;
+}
+
+static void run_ranks(rank_call *calls, int n) {
+  pthread_t t[8];
+  for (int r = 0; r < n; ++r) assert_int_equal(pthread_create(&t[r], NULL, rank_call_main, &calls[r]), 0);
+  for (int r = 0; r < n; ++r) pthread_join(t[r], NULL);
+}
+
+static size_t workspace_of(attn_plan_t plan, attn_pass_t pass) {
+  size_t bytes = 0;
+  EXPECT_OK(attn_plan_workspace_size(plan, pass, &bytes));
+  return bytes;
+}
+
+static double seconds_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Communicators                                                             */
+/* ------------------------------------------------------------------------ */
+
+static void test_comm_create_errors(void **state) {
+  (void)state;
+  attn_comm_t comms[4];
+  poison(comms, sizeof comms);
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "num_ranks", attn_comm_create_inprocess(0, 0, comms));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "num_ranks", attn_comm_create_inprocess(-2, 0, comms));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "num_ranks", attn_comm_create_inprocess(1025, 0, comms));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "timeout_ms", attn_comm_create_inprocess(2, -1, comms));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "comms", attn_comm_create_inprocess(2, 0, NULL));
+  assert_true(is_poisoned(comms, sizeof comms));
+}
+
+static void test_comm_queries(void **state) {
+  (void)state;
+  attn_comm_t comms[3];
+  EXPECT_OK(attn_comm_create_inprocess(3, 1000, comms));
+  for (int32_t r = 0; r < 3; ++r) {
+    int32_t rank = -1, size = -1;
+    EXPECT_OK(attn_comm_get_rank(comms[r], &rank));
+    EXPECT_OK(attn_comm_get_size(comms[r], &size));
+    assert_int_equal(rank, r);
+    assert_int_equal(size, 3);
+  }
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "rank", attn_comm_get_rank(comms[0], NULL));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "size", attn_comm_get_size(comms[0], NULL));
+  int32_t out;
+  poison(&out, sizeof out);
+  EXPECT_FAIL(ATTN_STATUS_INVALID_HANDLE, "comm", attn_comm_get_rank(NULL, &out));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_HANDLE, "comm", attn_comm_get_size(NULL, &out));
+  /* A handle of another kind is not a communicator. */
+  attn_context_t ctx;
+  EXPECT_OK(attn_context_create(ATTN_BACKEND_CPU, 0, 1, &ctx));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_HANDLE, "comm", attn_comm_get_rank((attn_comm_t)(void *)ctx, &out));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_HANDLE, "comm", attn_comm_destroy((attn_comm_t)(void *)ctx));
+  EXPECT_OK(attn_context_destroy(ctx));
+  /* Used after destroy. */
+  EXPECT_OK(attn_comm_destroy(comms[1]));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_HANDLE, "comm", attn_comm_get_rank(comms[1], &out));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_HANDLE, "comm", attn_comm_get_size(comms[1], &out));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_HANDLE, "comm", attn_comm_destroy(comms[1]));
+  assert_true(is_poisoned(&out, sizeof out));
+  EXPECT_OK(attn_comm_destroy(NULL));
+  EXPECT_OK(attn_comm_destroy(comms[0]));
+  EXPECT_OK(attn_comm_destroy(comms[2]));
+}
+
+static void test_comm_create_nccl_errors(void **state) {
+  (void)state;
+  attn_comm_t comm;
+  poison(&comm, sizeof comm);
+  int not_a_comm = 0;
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "nccl_comm", attn_comm_create_nccl(NULL, &comm));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "comm", attn_comm_create_nccl(&not_a_comm, NULL));
+#if !ATTN_TEST_NCCL_BUILT
+  /* Without NCCL the pointer is never used: any non-NULL one shows it. */
+  EXPECT_FAIL(ATTN_STATUS_BACKEND_UNAVAILABLE, "nccl_comm", attn_comm_create_nccl(&not_a_comm, &comm));
+#endif
+  assert_true(is_poisoned(&comm, sizeof comm));
+}
+
+/* ------------------------------------------------------------------------ */
+/* Ring plans                                                                */
+/* ------------------------------------------------------------------------ */
+
+static void test_ring_plan_create_errors(void **state) {
+  (void)state;
+  attn_context_t ctx;
+  EXPECT_OK(attn_context_create(ATTN_BACKEND_CPU, 0, 1, &ctx));
+  attn_comm_t comms[3];
+  EXPECT_OK(attn_comm_create_inprocess(3, 1000, comms));
+  attn_plan_desc_t desc = make_desc(9, ATTN_MASK_CAUSAL, ATTN_PASSES_FORWARD);
+  attn_plan_t plan;
+  poison(&plan, sizeof plan);
+  const attn_ring_layout_t contig = ATTN_RING_LAYOUT_CONTIGUOUS, zigzag = ATTN_RING_LAYOUT_ZIGZAG;
+
+  EXPECT_FAIL(ATTN_STATUS_INVALID_HANDLE, "ctx", attn_ring_plan_create(NULL, desc, comms[0], contig, &plan));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_HANDLE, "desc", attn_ring_plan_create(ctx, NULL, comms[0], contig, &plan));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_HANDLE, "comm", attn_ring_plan_create(ctx, desc, NULL, contig, &plan));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "layout",
+              attn_ring_plan_create(ctx, desc, comms[0], (attn_ring_layout_t)7, &plan));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "plan", attn_ring_plan_create(ctx, desc, comms[0], contig, NULL));
+
+  /* 9 = 3 x 3 fits the contiguous layout over 3 ranks, not zigzag (6 chunks). */
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "seqlen_q",
+              attn_ring_plan_create(ctx, desc, comms[0], zigzag, &plan));
+  EXPECT_OK(attn_plan_desc_set_shape(desc, B, HQ, HKV, 10, 10, D, D));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "seqlen_q",
+              attn_ring_plan_create(ctx, desc, comms[1], contig, &plan));
+  EXPECT_OK(attn_plan_desc_set_shape(desc, B, HQ, HKV, 12, 11, D, D));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "seqlen_kv",
+              attn_ring_plan_create(ctx, desc, comms[1], contig, &plan));
+  /* What a dense plan rejects, a ring plan rejects too. */
+  EXPECT_OK(attn_plan_desc_set_shape(desc, B, 3, 2, 12, 12, D, D));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "heads_q",
+              attn_ring_plan_create(ctx, desc, comms[0], contig, &plan));
+  EXPECT_OK(attn_plan_desc_set_shape(desc, B, HQ, HKV, 12, 12, D, D));
+
+  /* Not supported yet: varlen batches and custom strides. */
+  const int32_t cu[2] = {0, 12};
+  EXPECT_OK(attn_plan_desc_set_varlen(desc, 1, cu, cu));
+  EXPECT_FAIL(ATTN_STATUS_NOT_SUPPORTED, "varlen",
+              attn_ring_plan_create(ctx, desc, comms[0], contig, &plan));
+  EXPECT_OK(attn_plan_desc_set_varlen(desc, 1, NULL, NULL));
+  attn_tensor_desc_t t;
+  EXPECT_OK(attn_tensor_desc_create(&t));
+  const int64_t dims[4] = {B, 12, HQ, D};
+  EXPECT_OK(attn_tensor_desc_set(t, ATTN_DTYPE_FP32, 4, dims, NULL));
+  EXPECT_OK(attn_plan_desc_set_tensor(desc, ATTN_TENSOR_Q, t));
+  EXPECT_FAIL(ATTN_STATUS_NOT_SUPPORTED, "attn_plan_desc_set_tensor",
+              attn_ring_plan_create(ctx, desc, comms[0], contig, &plan));
+  EXPECT_OK(attn_plan_desc_set_tensor(desc, ATTN_TENSOR_Q, NULL));
+  EXPECT_OK(attn_tensor_desc_destroy(t));
+  /* Nor block masks or MoBA. */
+  attn_block_mask_t mask;
+  EXPECT_OK(attn_block_mask_create(1, 1, 12, 12, 4, 4, &mask));
+  EXPECT_OK(attn_block_mask_add_window(mask, 5, 0));
+  EXPECT_OK(attn_plan_desc_set_block_mask(desc, mask));
+  EXPECT_FAIL(ATTN_STATUS_NOT_SUPPORTED, "block mask",
+              attn_ring_plan_create(ctx, desc, comms[0], contig, &plan));
+  EXPECT_OK(attn_plan_desc_set_block_mask(desc, NULL));
+  EXPECT_OK(attn_block_mask_destroy(mask));
+  EXPECT_OK(attn_plan_desc_set_mask(desc, ATTN_MASK_CAUSAL, -1, -1));
+  EXPECT_OK(attn_plan_desc_set_moba(desc, 4, 1, 0));
+  EXPECT_FAIL(ATTN_STATUS_NOT_SUPPORTED, "MoBA",
+              attn_ring_plan_create(ctx, desc, comms[0], contig, &plan));
+  EXPECT_OK(attn_plan_desc_set_moba(desc, 0, 0, 0));
+  assert_true(is_poisoned(&plan, sizeof plan));
+
+  /* A destroyed communicator. */
+  EXPECT_OK(attn_comm_destroy(comms[2]));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_HANDLE, "comm", attn_ring_plan_create(ctx, desc, comms[2], contig, &plan));
+  assert_true(is_poisoned(&plan, sizeof plan));
+
+  /* And the valid call works. */
+  EXPECT_OK(attn_ring_plan_create(ctx, desc, comms[0], contig, &plan));
+  EXPECT_OK(attn_plan_destroy(plan));
+  EXPECT_OK(attn_comm_destroy(comms[0]));
+  EXPECT_OK(attn_comm_destroy(comms[1]));
+  EXPECT_OK(attn_plan_desc_destroy(desc));
+  EXPECT_OK(attn_context_destroy(ctx));
+}
+
+static void test_ring_describe(void **state) {
+  (void)state;
+  attn_context_t ctx;
+  EXPECT_OK(attn_context_create(ATTN_BACKEND_CPU, 0, 1, &ctx));
+  attn_comm_t comms[2];
+  EXPECT_OK(attn_comm_create_inprocess(2, 1000, comms));
+  attn_plan_desc_t desc = make_desc(16, ATTN_MASK_CAUSAL, ATTN_PASSES_FORWARD_BACKWARD);
+  attn_plan_t plans[2];
+  for (int r = 0; r < 2; ++r)
+    EXPECT_OK(attn_ring_plan_create(ctx, desc, comms[r], ATTN_RING_LAYOUT_ZIGZAG, &plans[r]));
+
+  /* Zigzag over 2 ranks, 4 chunks of 4: rank 0 holds chunks 0 and 3, rank 1
+   * chunks 1 and 2. Causal: of the 8 (query chunk, key chunk) blocks of each
+   * rank, 3 are hidden: rank 0's chunk 0 sees only key chunk 0, its chunk 3
+   * all four; rank 1's chunk 1 sees 0-1, chunk 2 sees 0-2. Equal work. */
+  for (int r = 0; r < 2; ++r) {
+    attn_ring_info_t info;
+    poison(&info, sizeof info);
+    info.struct_size = sizeof info;
+    EXPECT_OK(attn_ring_plan_describe(plans[r], &info));
+    assert_int_equal(info.struct_size, sizeof info);
+    assert_int_equal(info.layout, ATTN_RING_LAYOUT_ZIGZAG);
+    assert_int_equal(info.rank, r);
+    assert_int_equal(info.size, 2);
+    assert_int_equal(info.steps, 2);
+    assert_int_equal(info.exchanges_forward, 1);
+    assert_int_equal(info.exchanges_backward, 3);
+    assert_int_equal(info.local_seqlen_q, 8);
+    assert_int_equal(info.local_seqlen_kv, 8);
+    /* K and V of 8 positions, 1 KV head, dim 8, fp32; plus fp32 dK, dV. */
+    assert_int_equal(info.bytes_per_step_forward, 2 * 8 * HKV * D * 4);
+    assert_int_equal(info.bytes_per_step_backward, 2 * 2 * 8 * HKV * D * 4);
+    assert_int_equal(info.blocks_computed, 5);
+    assert_int_equal(info.blocks_skipped, 3);
+    assert_string_equal(info.transport, "inprocess");
+  }
+  /* Visible pairs of rank 0: chunk 0 x chunk 0 (diagonal, 10 pairs), chunk
+   * 3 x chunks 0-2 (3 x 16) and its diagonal (10): 68, times 2 heads.
+   * Rank 1: chunk 1 x 0 (16) + diag (10), chunk 2 x 0-1 (32) + diag (10). */
+  attn_ring_info_t i0, i1;
+  i0.struct_size = i1.struct_size = sizeof i0;
+  EXPECT_OK(attn_ring_plan_describe(plans[0], &i0));
+  EXPECT_OK(attn_ring_plan_describe(plans[1], &i1));
+  assert_int_equal(i0.local_visible_pairs, 68 * HQ);
+  assert_int_equal(i1.local_visible_pairs, 68 * HQ);
+
+  /* The ordinary describe names the ring. */
+  attn_plan_info_t pi;
+  pi.struct_size = sizeof pi;
+  EXPECT_OK(attn_plan_describe(plans[0], &pi));
+  assert_string_equal(pi.algorithm, "ring-attention");
+  assert_int_equal(pi.visible_pairs, (16 * 17 / 2) * HQ);
+
+  /* Only the fields that fit are written. */
+  unsigned char raw[sizeof(attn_ring_info_t)];
+  poison(raw, sizeof raw);
+  attn_ring_info_t *small = (attn_ring_info_t *)(void *)raw;
+  const size_t fit = offsetof(attn_ring_info_t, size);
+  small->struct_size = fit;
+  EXPECT_OK(attn_ring_plan_describe(plans[1], small));
+  assert_int_equal(small->struct_size, fit);
+  assert_int_equal(small->rank, 1);
+  assert_true(is_poisoned(raw + fit, sizeof raw - fit));
+
+  /* Errors. */
+  attn_ring_info_t info;
+  poison(&info, sizeof info);
+  info.struct_size = 4;
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "struct_size", attn_ring_plan_describe(plans[0], &info));
+  assert_int_equal(info.struct_size, 4);
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "info", attn_ring_plan_describe(plans[0], NULL));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_HANDLE, "plan", attn_ring_plan_describe(NULL, &info));
+  attn_plan_t dense;
+  EXPECT_OK(attn_plan_create(ctx, desc, &dense));
+  info.struct_size = sizeof info;
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "plan", attn_ring_plan_describe(dense, &info));
+  EXPECT_OK(attn_plan_destroy(dense));
+  EXPECT_OK(attn_plan_destroy(plans[0]));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_HANDLE, "plan", attn_ring_plan_describe(plans[0], &info));
+
+  EXPECT_OK(attn_plan_destroy(plans[1]));
+  EXPECT_OK(attn_comm_destroy(comms[0]));
+  EXPECT_OK(attn_comm_destroy(comms[1]));
+  EXPECT_OK(attn_plan_desc_destroy(desc));
+  EXPECT_OK(attn_context_destroy(ctx));
+}
+
+/* ------------------------------------------------------------------------ */
+/* Failures of the ring                                                      */
+/* ------------------------------------------------------------------------ */
+
+/* Every rank's plan from its own descriptor; ws of the larger pass. */
+static void make_plans(attn_context_t ctx, attn_comm_t *comms, attn_plan_desc_t *descs, int n,
+                       attn_plan_t *plans, rank_io *io, int64_t *seqlens) {
+  for (int r = 0; r < n; ++r) {
+    EXPECT_OK(attn_ring_plan_create(ctx, descs[r], comms[r], ATTN_RING_LAYOUT_CONTIGUOUS, &plans[r]));
+    size_t f = workspace_of(plans[r], ATTN_PASS_FORWARD), b = workspace_of(plans[r], ATTN_PASS_BACKWARD);
+    io_init(&io[r], seqlens[r] / n, f > b ? f : b);
+  }
+}
+
+static void test_mismatched_plans(void **state) {
+  (void)state;
+  attn_context_t ctx;
+  EXPECT_OK(attn_context_create(ATTN_BACKEND_CPU, 0, 1, &ctx));
+  /* Same sizes, another mask: only the tags differ. Then other lengths. */
+  for (int variant = 0; variant < 2; ++variant) {
+    attn_comm_t comms[2];
+    EXPECT_OK(attn_comm_create_inprocess(2, 60000, comms));
+    int64_t seqlens[2] = {8, variant == 0 ? 8 : 16};
+    attn_plan_desc_t descs[2] = {
+        make_desc(seqlens[0], ATTN_MASK_CAUSAL, ATTN_PASSES_FORWARD_BACKWARD),
+        make_desc(seqlens[1], variant == 0 ? ATTN_MASK_NONE : ATTN_MASK_CAUSAL,
+                  ATTN_PASSES_FORWARD_BACKWARD)};
+    attn_plan_t plans[2];
+    rank_io io[2];
+    make_plans(ctx, comms, descs, 2, plans, io, seqlens);
+    rank_call calls[2] = {{plans[0], &io[0], 0, ATTN_STATUS_SUCCESS, ""},
+                          {plans[1], &io[1], 0, ATTN_STATUS_SUCCESS, ""}};
+    run_ranks(calls, 2);
+    for (int r = 0; r < 2; ++r) {
+      check_status(calls[r].status, ATTN_STATUS_COMMUNICATION_ERROR, "differ", calls[r].message,
+                   "forward with mismatched plans", __FILE__, __LINE__);
+      assert_true(io_outputs_untouched(&io[r], 0));
+      io_free(&io[r]);
+      EXPECT_OK(attn_plan_destroy(plans[r]));
+      EXPECT_OK(attn_comm_destroy(comms[r]));
+      EXPECT_OK(attn_plan_desc_destroy(descs[r]));
+    }
+  }
+  EXPECT_OK(attn_context_destroy(ctx));
+}
+
+static void test_mismatched_passes(void **state) {
+  (void)state;
+  attn_context_t ctx;
+  EXPECT_OK(attn_context_create(ATTN_BACKEND_CPU, 0, 1, &ctx));
+  attn_comm_t comms[2];
+  EXPECT_OK(attn_comm_create_inprocess(2, 60000, comms));
+  int64_t seqlens[2] = {8, 8};
+  attn_plan_desc_t desc = make_desc(8, ATTN_MASK_CAUSAL, ATTN_PASSES_FORWARD_BACKWARD);
+  attn_plan_desc_t descs[2] = {desc, desc};
+  attn_plan_t plans[2];
+  rank_io io[2];
+  make_plans(ctx, comms, descs, 2, plans, io, seqlens);
+  /* Rank 0 runs the forward, rank 1 the backward. */
+  io_poison_lse(&io[0]);
+  rank_call calls[2] = {{plans[0], &io[0], 0, ATTN_STATUS_SUCCESS, ""},
+                        {plans[1], &io[1], 1, ATTN_STATUS_SUCCESS, ""}};
+  run_ranks(calls, 2);
+  for (int r = 0; r < 2; ++r) {
+    check_status(calls[r].status, ATTN_STATUS_COMMUNICATION_ERROR, "differ", calls[r].message,
+                 "forward against backward", __FILE__, __LINE__);
+    assert_true(io_outputs_untouched(&io[r], r == 0));
+    io_free(&io[r]);
+    EXPECT_OK(attn_plan_destroy(plans[r]));
+    EXPECT_OK(attn_comm_destroy(comms[r]));
+  }
+  EXPECT_OK(attn_plan_desc_destroy(desc));
+  EXPECT_OK(attn_context_destroy(ctx));
+}
+
+/* A rank that leaves (destroys its communicator) fails the others at once,
+ * well before their long timeout. */
+static void test_rank_leaves(void **state) {
+  (void)state;
+  attn_context_t ctx;
+  EXPECT_OK(attn_context_create(ATTN_BACKEND_CPU, 0, 1, &ctx));
+  for (int backward = 0; backward < 2; ++backward) {
+    attn_comm_t comms[3];
+    EXPECT_OK(attn_comm_create_inprocess(3, 60000, comms));
+    int64_t seqlens[3] = {12, 12, 12};
+    attn_plan_desc_t desc = make_desc(12, ATTN_MASK_NONE, ATTN_PASSES_FORWARD_BACKWARD);
+    attn_plan_desc_t descs[3] = {desc, desc, desc};
+    attn_plan_t plans[3];
+    rank_io io[3];
+    make_plans(ctx, comms, descs, 3, plans, io, seqlens);
+    EXPECT_OK(attn_comm_destroy(comms[2]));
+    if (!backward)
+      for (int r = 0; r < 3; ++r) io_poison_lse(&io[r]);
+    rank_call calls[2] = {{plans[0], &io[0], backward, ATTN_STATUS_SUCCESS, ""},
+                          {plans[1], &io[1], backward, ATTN_STATUS_SUCCESS, ""}};
+    const double t0 = seconds_now();
+    run_ranks(calls, 2);
+    assert_true(seconds_now() - t0 < 30.0);
+    for (int r = 0; r < 2; ++r) {
+      check_status(calls[r].status, ATTN_STATUS_COMMUNICATION_ERROR, "destroyed", calls[r].message,
+                   "ring with a rank gone", __FILE__, __LINE__);
+      assert_true(io_outputs_untouched(&io[r], !backward));
+    }
+    /* The plan of the rank that left fails too, without waiting. */
+    rank_call own = {plans[2], &io[2], backward, ATTN_STATUS_SUCCESS, ""};
+    rank_call_main(&own);
+    check_status(own.status, ATTN_STATUS_COMMUNICATION_ERROR, "destroyed", own.message,
+                 "the plan of the rank that left", __FILE__, __LINE__);
+    assert_true(io_outputs_untouched(&io[2], !backward));
+    for (int r = 0; r < 3; ++r) {
+      io_free(&io[r]);
+      EXPECT_OK(attn_plan_destroy(plans[r]));
+      if (r < 2) EXPECT_OK(attn_comm_destroy(comms[r]));
+    }
+    EXPECT_OK(attn_plan_desc_destroy(desc));
+  }
+  EXPECT_OK(attn_context_destroy(ctx));
+}
+
+/* A single rank whose communicator was destroyed: no exchange at all, yet
+ * its plan must refuse to run. */
+static void test_single_rank_after_destroy(void **state) {
+  (void)state;
+  attn_context_t ctx;
+  EXPECT_OK(attn_context_create(ATTN_BACKEND_CPU, 0, 1, &ctx));
+  attn_comm_t comm;
+  EXPECT_OK(attn_comm_create_inprocess(1, 0, &comm));
+  int64_t seqlens[1] = {8};
+  attn_plan_desc_t desc = make_desc(8, ATTN_MASK_CAUSAL, ATTN_PASSES_FORWARD_BACKWARD);
+  attn_plan_t plan;
+  rank_io io;
+  make_plans(ctx, &comm, &desc, 1, &plan, &io, seqlens);
+  rank_call ok = {plan, &io, 0, ATTN_STATUS_INTERNAL_ERROR, ""};
+  rank_call_main(&ok);
+  check_status(ok.status, ATTN_STATUS_SUCCESS, NULL, ok.message, "single rank", __FILE__, __LINE__);
+  poison(io.o, sizeof(float) * io_elems(&io, 1));
+  io_poison_lse(&io);
+  EXPECT_OK(attn_comm_destroy(comm));
+  rank_call after = {plan, &io, 0, ATTN_STATUS_SUCCESS, ""};
+  rank_call_main(&after);
+  check_status(after.status, ATTN_STATUS_COMMUNICATION_ERROR, "destroyed", after.message,
+               "single rank after destroy", __FILE__, __LINE__);
+  assert_true(io_outputs_untouched(&io, 1));
+  io_free(&io);
+  EXPECT_OK(attn_plan_destroy(plan));
+  EXPECT_OK(attn_plan_desc_destroy(desc));
+  EXPECT_OK(attn_context_destroy(ctx));
+}
+
+/* A rank that fails before it joins (its workspace is too small) is seen
+ * by the others through their timeout: a short one here. */
+static void test_rank_fails_before_joining(void **state) {
+  (void)state;
+  attn_context_t ctx;
+  EXPECT_OK(attn_context_create(ATTN_BACKEND_CPU, 0, 1, &ctx));
+  attn_comm_t comms[2];
+  EXPECT_OK(attn_comm_create_inprocess(2, 200, comms));
+  int64_t seqlens[2] = {8, 8};
+  attn_plan_desc_t desc = make_desc(8, ATTN_MASK_CAUSAL, ATTN_PASSES_FORWARD_BACKWARD);
+  attn_plan_desc_t descs[2] = {desc, desc};
+  attn_plan_t plans[2];
+  rank_io io[2];
+  make_plans(ctx, comms, descs, 2, plans, io, seqlens);
+  io[1].ws_bytes = 1;
+  io_poison_lse(&io[0]);
+  io_poison_lse(&io[1]);
+  rank_call calls[2] = {{plans[0], &io[0], 0, ATTN_STATUS_SUCCESS, ""},
+                        {plans[1], &io[1], 0, ATTN_STATUS_SUCCESS, ""}};
+  const double t0 = seconds_now();
+  run_ranks(calls, 2);
+  assert_true(seconds_now() - t0 < 30.0);
+  check_status(calls[1].status, ATTN_STATUS_WORKSPACE_TOO_SMALL, "workspace_bytes",
+               calls[1].message, "rank 1 with a small workspace", __FILE__, __LINE__);
+  check_status(calls[0].status, ATTN_STATUS_COMMUNICATION_ERROR, "timed", calls[0].message,
+               "rank 0 waiting for rank 1", __FILE__, __LINE__);
+  for (int r = 0; r < 2; ++r) {
+    assert_true(io_outputs_untouched(&io[r], 1));
+    io_free(&io[r]);
+    EXPECT_OK(attn_plan_destroy(plans[r]));
+    EXPECT_OK(attn_comm_destroy(comms[r]));
+  }
+  EXPECT_OK(attn_plan_desc_destroy(desc));
+  EXPECT_OK(attn_context_destroy(ctx));
+}
+
+/* After a success the group is reusable: forward then backward twice. */
+static void test_ring_reusable(void **state) {
+  (void)state;
+  attn_context_t ctx;
+  EXPECT_OK(attn_context_create(ATTN_BACKEND_CPU, 0, 1, &ctx));
+  attn_comm_t comms[3];
+  EXPECT_OK(attn_comm_create_inprocess(3, 60000, comms));
+  int64_t seqlens[3] = {12, 12, 12};
+  attn_plan_desc_t desc = make_desc(12, ATTN_MASK_CAUSAL, ATTN_PASSES_FORWARD_BACKWARD);
+  attn_plan_desc_t descs[3] = {desc, desc, desc};
+  attn_plan_t plans[3];
+  rank_io io[3];
+  make_plans(ctx, comms, descs, 3, plans, io, seqlens);
+  for (int round = 0; round < 2; ++round)
+    for (int backward = 0; backward < 2; ++backward) {
+      rank_call calls[3];
+      for (int r = 0; r < 3; ++r) {
+        rank_call c = {plans[r], &io[r], backward, ATTN_STATUS_INTERNAL_ERROR, ""};
+        calls[r] = c;
+      }
+      run_ranks(calls, 3);
+      for (int r = 0; r < 3; ++r)
+        check_status(calls[r].status, ATTN_STATUS_SUCCESS, NULL, calls[r].message, "ring run",
+                     __FILE__, __LINE__);
+    }
+  for (int r = 0; r < 3; ++r) {
+    io_free(&io[r]);
+    EXPECT_OK(attn_plan_destroy(plans[r]));
+    EXPECT_OK(attn_comm_destroy(comms[r]));
+  }
+  EXPECT_OK(attn_plan_desc_destroy(desc));
+  EXPECT_OK(attn_context_destroy(ctx));
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_comm_create_errors),
+      cmocka_unit_test(test_comm_queries),
+      cmocka_unit_test(test_comm_create_nccl_errors),
+      cmocka_unit_test(test_ring_plan_create_errors),
+      cmocka_unit_test(test_ring_describe),
+      cmocka_unit_test(test_mismatched_plans),
+      cmocka_unit_test(test_mismatched_passes),
+      cmocka_unit_test(test_rank_leaves),
+      cmocka_unit_test(test_single_rank_after_destroy),
+      cmocka_unit_test(test_rank_fails_before_joining),
+      cmocka_unit_test(test_ring_reusable),
+  };
+  return cmocka_run_group_tests_name("ring_errors", tests, NULL, NULL);
+}
