@@ -67,16 +67,27 @@ struct Group {
          "): the group was aborted: ", reason);
   }
 
+  // What a wait is for, as "<before><peer><after>" (no peer when peer < 0).
+  // Kept as pieces so that the text is only built when a wait times out:
+  // exchanges run inside executions, which never allocate.
+  struct WaitingFor {
+    const char* before;
+    int32_t peer;
+    const char* after;
+  };
+
   // Waits under `lock` until ready() or the group aborts (then throws);
   // aborts the group itself when the timeout expires.
   template <class Ready>
-  void wait(std::unique_lock<std::mutex>& lock, int32_t rank, const char* what, Ready ready) {
+  void wait(std::unique_lock<std::mutex>& lock, int32_t rank, const WaitingFor& what,
+            Ready ready) {
     auto done = [&] { return aborted || ready(); };
     if (timeout_ms <= 0) {
       changed.wait(lock, done);
     } else if (!changed.wait_for(lock, std::chrono::milliseconds(timeout_ms), done)) {
       abort_locked("rank " + std::to_string(rank) + " timed out after " +
-                   std::to_string(timeout_ms) + " ms waiting for " + what);
+                   std::to_string(timeout_ms) + " ms waiting for " + what.before +
+                   (what.peer >= 0 ? std::to_string(what.peer) : std::string()) + what.after);
     }
     if (aborted) throw_aborted(rank);
   }
@@ -158,7 +169,7 @@ class InprocessTransport final : public Transport {
     Group::Slot& in = g.inbox[size_t(rank_)];
     Group::Slot& out = g.inbox[size_t(next())];
     // Free unless the previous exchange was abandoned half way.
-    g.wait(lock, rank_, "its previous message to be taken",
+    g.wait(lock, rank_, {"its previous message to be taken", -1, ""},
            [&] { return out.state == Group::SlotState::empty; });
     out.state = Group::SlotState::posted;
     out.data = x.send;
@@ -177,8 +188,7 @@ class InprocessTransport final : public Transport {
     Group::Slot& out = g.inbox[size_t(next())];
     try {
       const int32_t prev = (rank_ + g.size - 1) % g.size;
-      const std::string from = "rank " + std::to_string(prev);
-      g.wait(lock, rank_, from.c_str(), [&] {
+      g.wait(lock, rank_, {"rank ", prev, ""}, [&] {
         return in.state == Group::SlotState::posted || in.state == Group::SlotState::delivered;
       });
       if (in.state == Group::SlotState::posted) {  // the mover has not taken it: copy here
@@ -189,8 +199,8 @@ class InprocessTransport final : public Transport {
       in.data = nullptr;
       in.recv = nullptr;
       g.changed.notify_all();
-      const std::string to = "rank " + std::to_string(next()) + " to take this rank's message";
-      g.wait(lock, rank_, to.c_str(), [&] { return out.state == Group::SlotState::empty; });
+      g.wait(lock, rank_, {"rank ", next(), " to take this rank's message"},
+             [&] { return out.state == Group::SlotState::empty; });
     } catch (...) {
       withdraw(lock, x);
       throw;
