@@ -69,7 +69,7 @@ DecodeConfig validate_decode_config(const attn_decode_config_t* config, const Ca
 }
 
 DecodePlan::DecodePlan(const ContextConfig& ctx, const CacheConfig& cache, const DecodeConfig& cfg)
-    : ctx_(ctx), cache_(cache), cfg_(cfg) {
+    : ctx_(ctx), cache_(cache), cfg_(cfg), id_(next_generation()) {
   if (ctx.backend != ATTN_BACKEND_CPU)
     not_supported("decode plan: the CUDA backend has no decode kernel yet (only the CPU backend has)");
   threads_ = std::max<int32_t>(1, ctx.num_threads);
@@ -263,7 +263,7 @@ void DecodePlan::prepare(const KvCache& cache, int32_t num_seqs, const int64_t* 
   std::memcpy(ws.units, units.data(), units.size() * sizeof(WorkUnit));
   PreparedHeader h;
   h.magic = kPreparedMagic;
-  h.plan_id = uint64_t(reinterpret_cast<uintptr_t>(this));
+  h.plan_id = id_;
   h.cache_id = uint64_t(reinterpret_cast<uintptr_t>(&cache));
   h.generation = cache.generation();
   h.batch = num_seqs;
@@ -297,7 +297,7 @@ void DecodePlan::execute(const KvCache& cache, const void* q, void* o, float* ls
   DecodeWorkspace ws = carve(workspace);
   PreparedHeader h;
   std::memcpy(&h, ws.header, sizeof h);
-  if (h.magic != kPreparedMagic || h.plan_id != uint64_t(reinterpret_cast<uintptr_t>(this)))
+  if (h.magic != kPreparedMagic || h.plan_id != id_)
     invalid_argument("workspace: not prepared by attn_decode_prepare with this plan");
   if (h.cache_id != uint64_t(reinterpret_cast<uintptr_t>(&cache)))
     invalid_argument("cache: the workspace was prepared for another cache");

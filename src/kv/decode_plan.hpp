@@ -34,7 +34,7 @@ constexpr uint64_t kPreparedMagic = 0x6b76646563303031ull;  // "kvdec001"
 
 struct PreparedHeader {
   uint64_t magic;
-  uint64_t plan_id;     // address of the DecodePlan that prepared it
+  uint64_t plan_id;     // DecodePlan::id() of the plan that prepared it
   uint64_t cache_id;    // address of the KvCache it describes
   uint64_t generation;  // the cache's generation at prepare time
   int64_t batch;
@@ -90,6 +90,10 @@ class DecodePlan {
   const DecodeConfig& config() const { return cfg_; }
   int32_t num_threads() const { return threads_; }
   int64_t group() const { return cfg_.heads_q / cache_.heads_kv; }
+  // Unique in the process, unlike the plan's address: a plan made where a
+  // destroyed one lived must not accept that one's metadata, whose limits
+  // (batch, query tokens, split) may exceed its own workspace layout.
+  uint64_t id() const { return id_; }
 
   // Per-thread scratch regions (offsets in floats, each 16-float aligned).
   struct Scratch {
@@ -104,6 +108,7 @@ class DecodePlan {
   ContextConfig ctx_;
   CacheConfig cache_;
   DecodeConfig cfg_;
+  uint64_t id_;
   int32_t threads_ = 1;
   int64_t max_entries_per_seq_ = 0;
   int64_t max_units_ = 0, max_partials_ = 0;

@@ -46,7 +46,8 @@ struct CacheConfig {
   }
 };
 
-// The next state stamp (see KvCache::generation).
+// The next value of a process-wide counter: the state stamps of caches
+// (KvCache::generation) and the ids of decode plans (DecodePlan::id).
 uint64_t next_generation();
 
 // Checks every field of a public config and returns the internal one.

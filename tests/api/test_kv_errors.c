@@ -787,6 +787,22 @@ static void test_execute_errors(void **state) {
   /* lse may be NULL. */
   EXPECT_OK(attn_decode_execute(f.plan, f.cache, f.q, f.o, NULL, f.ws, f.bytes, NULL));
   {
+    /* The plan destroyed and a smaller one made, likely at the same address:
+     * the metadata (two query tokens for sequence 1) are not its, and
+     * running them would overrun its one-token scratch rows. */
+    attn_decode_config_t d = decode_config();
+    d.max_query_tokens = 1;
+    EXPECT_OK(attn_decode_plan_destroy(f.plan));
+    EXPECT_OK(attn_decode_plan_create(g_ctx, f.cache, &d, &f.plan));
+    {
+      size_t smaller = 0;
+      EXPECT_OK(attn_decode_plan_workspace_size(f.plan, &smaller));
+      assert_true(smaller <= f.bytes);
+    }
+    EXPECT_EXECUTE_FAILS(INVALID, "workspace", f.plan, f.cache, f.q, f.o, f.lse, f.ws, f.bytes,
+                         NULL);
+  }
+  {
     /* The cache destroyed and a new one made, likely at the same address
      * and in the same state history: the metadata still do not match it
      * (the message names the cache or the workspace, by address). */
