@@ -218,11 +218,10 @@ typedef struct attn_context *attn_context_t;         /* backend + device */
 typedef struct attn_tensor_desc *attn_tensor_desc_t; /* dtype, dims, strides */
 typedef struct attn_plan_desc *attn_plan_desc_t;     /* a mutable description */
 typedef struct attn_plan *attn_plan_t;               /* an immutable plan */
-/* The streaming KV state (see "Streaming KV cache and decode plans") and the
- * ring communicator (reserved; no function takes it yet). */
-/* attn_kv_cache_t is reserved for the streaming KV state (no function takes
- * it yet); attn_comm_t is one rank's end of a ring communicator (see "Ring
- * attention" below). */
+/* attn_kv_cache_t is a paged KV cache (see "Streaming KV cache and decode
+ * plans"); attn_comm_t is one rank's end of a ring communicator (see "Ring
+ * attention"). attn_block_mask_t and attn_decode_plan_t are declared in
+ * their sections. */
 typedef struct attn_kv_cache *attn_kv_cache_t;
 typedef struct attn_comm *attn_comm_t;
 
@@ -985,6 +984,8 @@ typedef struct attn_decode_plan_info {
  * or struct_size too small). */
 ATTN_API attn_status_t attn_decode_plan_describe(attn_decode_plan_t plan,
                                                  attn_decode_plan_info_t *info);
+
+/* ------------------------------------------------------------------------ */
 /* Ring attention: sequences split over ranks                                */
 /* ------------------------------------------------------------------------ */
 
