@@ -760,8 +760,8 @@ typedef struct attn_kv_cache_config {
   int64_t heads_kv;     /* >= 1 */
   int64_t head_dim_qk;  /* 1 .. 1024 */
   int64_t head_dim_v;   /* 1 .. 1024 */
-  int64_t window;       /* 0: no window; else w >= 1 as above */
-  int64_t sink_tokens;  /* >= 0; only with a window */
+  int64_t window;       /* 0: no window; else w in 1..2^60 as above */
+  int64_t sink_tokens;  /* 0..2^60; only with a window */
 } attn_kv_cache_config_t;
 
 /* Bytes of page memory a cache of *config needs, for callers that supply it

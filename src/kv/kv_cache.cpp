@@ -37,9 +37,13 @@ CacheConfig validate_config(const attn_kv_cache_config_t* config) {
     invalid_argument("config->head_dim_qk must be in 1..1024, got ", c.head_dim_qk);
   if (c.head_dim_v < 1 || c.head_dim_v > 1024)
     invalid_argument("config->head_dim_v must be in 1..1024, got ", c.head_dim_v);
-  if (c.window < 0) invalid_argument("config->window must be >= 0 (0: no window), got ", c.window);
-  if (c.sink_tokens < 0)
-    invalid_argument("config->sink_tokens must be >= 0, got ", c.sink_tokens);
+  // Positions are int64: window, sinks, query tokens and a page are added
+  // together (decode limits, sink pages), so each stays below 2^60.
+  constexpr int64_t kMaxPositions = int64_t(1) << 60;
+  if (c.window < 0 || c.window > kMaxPositions)
+    invalid_argument("config->window must be in 0..2^60 (0: no window), got ", c.window);
+  if (c.sink_tokens < 0 || c.sink_tokens > kMaxPositions)
+    invalid_argument("config->sink_tokens must be in 0..2^60, got ", c.sink_tokens);
   if (c.sink_tokens > 0 && c.window == 0)
     invalid_argument("config->sink_tokens is ", c.sink_tokens,
                      " but config->window is 0: sinks only make sense with a window");

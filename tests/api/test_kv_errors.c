@@ -266,6 +266,36 @@ static void test_config_fields(void **state) {
   BAD_FIELD(window, -1, "window");
   BAD_FIELD(sink_tokens, -1, "sink_tokens");
   BAD_FIELD(sink_tokens, 4, "sink_tokens"); /* sinks without a window */
+  /* Positions stay far from int64 overflow (window + sinks + query tokens). */
+  BAD_FIELD(window, INT64_MAX, "window");
+  BAD_FIELD(window, ((int64_t)1 << 60) + 1, "window");
+  {
+    attn_kv_cache_config_t windowed = small_config(8);
+    windowed.window = 16;
+    windowed.sink_tokens = INT64_MAX;
+    POISON_VAR(bytes);
+    EXPECT_FAIL(INVALID, "sink_tokens", attn_kv_cache_memory_size(&windowed, &bytes));
+    EXPECT_VAR_UNTOUCHED(bytes);
+    windowed.sink_tokens = ((int64_t)1 << 60) + 1;
+    POISON_VAR(cache);
+    EXPECT_FAIL(INVALID, "sink_tokens", attn_kv_cache_create(g_ctx, &windowed, NULL, 0, &cache));
+    EXPECT_VAR_UNTOUCHED(cache);
+    /* The largest allowed values work, decode plan included. */
+    windowed.window = (int64_t)1 << 60;
+    windowed.sink_tokens = (int64_t)1 << 60;
+    EXPECT_OK(attn_kv_cache_create(g_ctx, &windowed, NULL, 0, &cache));
+    {
+      attn_decode_config_t d = decode_config();
+      attn_decode_plan_t plan;
+      attn_decode_plan_info_t info;
+      EXPECT_OK(attn_decode_plan_create(g_ctx, cache, &d, &plan));
+      info.struct_size = sizeof info;
+      EXPECT_OK(attn_decode_plan_describe(plan, &info));
+      assert_int_equal(info.max_kv_tokens, 8 * 4); /* the pool's capacity */
+      EXPECT_OK(attn_decode_plan_destroy(plan));
+    }
+    EXPECT_OK(attn_kv_cache_destroy(cache));
+  }
 #undef BAD_FIELD
   POISON_VAR(bytes);
   EXPECT_FAIL(INVALID, "config", attn_kv_cache_memory_size(NULL, &bytes));
