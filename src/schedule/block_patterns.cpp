@@ -44,6 +44,11 @@ uint64_t splitmix64(uint64_t& state) {
 
 void add_window(BlockMask& m, int64_t left, int64_t right) {
   const int64_t off = m.seqlen_kv() - m.seqlen_q(), bq = m.block_q(), bk = m.block_kv();
+  // A reach of seqlen_q + seqlen_kv or more covers every key of every row:
+  // make it unbounded, so that i + off -/+ reach cannot overflow.
+  const int64_t reach_all = m.seqlen_q() + m.seqlen_kv();
+  if (left >= reach_all) left = -1;
+  if (right >= reach_all) right = -1;
   auto lo = [&](int64_t i) { return left < 0 ? 0 : i + off - left; };
   auto hi = [&](int64_t i) { return right < 0 ? m.seqlen_kv() - 1 : i + off + right; };
   add_pattern(

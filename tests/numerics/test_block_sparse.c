@@ -477,6 +477,17 @@ static void test_builders_match_dense(void **state) {
     compare_with_dense(g, m, sel, what);
     check(attn_block_mask_destroy(m), "destroy");
 
+    /* reaches beyond every sequence: the same as unbounded (no overflow of
+     * the diagonal's arithmetic) */
+    m = new_mask(g);
+    check(attn_block_mask_add_window(m, INT64_MAX, right), "attn_block_mask_add_window");
+    check(attn_block_mask_add_window(m, left, INT64_MAX), "attn_block_mask_add_window");
+    memset(sel, 0, matrix_size(g));
+    or_window(g, sel, -1, right);
+    or_window(g, sel, left, -1);
+    compare_with_dense(g, m, sel, what);
+    check(attn_block_mask_destroy(m), "destroy");
+
     m = new_mask(g);
     check(attn_block_mask_add_global_keys(m, keys, 5), "attn_block_mask_add_global_keys");
     memset(sel, 0, matrix_size(g));
