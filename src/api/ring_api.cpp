@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "api/guarded.hpp"
@@ -45,6 +46,7 @@ attn_status_t attn_comm_create_inprocess(int32_t num_ranks, int64_t timeout_ms,
       made.back()->transport = transports[size_t(r)];
     }
     std::vector<attn_comm*> registered;
+    registered.reserve(made.size());  // so that recording a registration cannot throw
     try {
       for (auto& h : made) {
         attn::register_handle(h.get(), attn::HandleKind::comm);
@@ -78,11 +80,17 @@ attn_status_t attn_comm_create_nccl(void* nccl_comm, attn_comm_t* comm) {
 attn_status_t attn_comm_destroy(attn_comm_t comm) {
   return guarded([&] {
     if (comm == nullptr) return;
+    if (!attn::handle_is_live(comm, attn::HandleKind::comm))
+      attn::fail(ATTN_STATUS_INVALID_HANDLE,
+                 "comm is not a live attn_comm_t (destroyed twice, or a handle of another kind)");
+    // Everything that can fail (the message allocates) comes before the
+    // handle is unregistered: a failed destroy leaves it live, not leaked.
+    const std::string why =
+        "rank " + std::to_string(comm->transport->rank()) + " destroyed its communicator";
     if (!attn::unregister_handle(comm, attn::HandleKind::comm))
       attn::fail(ATTN_STATUS_INVALID_HANDLE,
                  "comm is not a live attn_comm_t (destroyed twice, or a handle of another kind)");
-    const int32_t rank = comm->transport->rank();
-    comm->transport->abort("rank " + std::to_string(rank) + " destroyed its communicator");
+    comm->transport->abort(why);
     delete comm;
   });
 }

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <mutex>
 #include <string>
+#include <system_error>
 #include <thread>
 
 #include "core/error.hpp"
@@ -30,7 +31,15 @@ struct Group {
   };
 
   Group(int32_t n, int64_t timeout) : size(n), timeout_ms(timeout), inbox(size_t(n)) {
-    if (n > 1) mover = std::thread([this] { move_messages(); });
+    if (n <= 1) return;
+    try {
+      mover = std::thread([this] { move_messages(); });
+    } catch (const std::system_error& e) {
+      // The system lacks the memory or thread slots: a resource failure
+      // like an allocation, not a bug.
+      fail(ATTN_STATUS_OUT_OF_MEMORY, "num_ranks: could not start the group's message thread (",
+           e.what(), ")");
+    }
   }
   ~Group() {
     {

@@ -48,7 +48,7 @@ static atomic_long g_allocs;
 enum { kMaxFrames = 24 };
 static void *g_first_frames[kMaxFrames];
 static atomic_int g_first_depth;
-static _Thread_local int t_in_backtrace;
+static __thread int t_in_backtrace;
 
 static void count_one(void) {
   if (!atomic_load_explicit(&g_armed, memory_order_relaxed) || t_in_backtrace) return;
