@@ -580,8 +580,8 @@ ATTN_API attn_status_t attn_block_mask_destroy(attn_block_mask_t mask);
  * 0..num_kv_blocks-1; no index may repeat within a row, partial and full
  * together. max_partial / max_full >= 1 when their tables are given. The
  * arrays are copied. Returns SUCCESS, INVALID_HANDLE, INVALID_ARGUMENT (the
- * message names the table and the entry); on failure the mask is
- * unchanged. */
+ * message names the table and the entry), OUT_OF_MEMORY; on failure the
+ * mask is unchanged. */
 ATTN_API attn_status_t attn_block_mask_set_blocks(attn_block_mask_t mask,
                                                   const int32_t *kv_num_blocks,
                                                   const int32_t *kv_indices, int32_t max_partial,
@@ -612,7 +612,8 @@ ATTN_API attn_status_t attn_block_mask_get_blocks(attn_block_mask_t mask, int32_
  * (uint8, nonzero = selected), [batch][heads][seqlen_q][seqlen_kv] of the
  * mask, host memory, read only during the call. Blocks whose in-range
  * elements are all selected become full, others partial with bits.
- * Returns SUCCESS, INVALID_HANDLE, INVALID_ARGUMENT (visible NULL). */
+ * Returns SUCCESS, INVALID_HANDLE, INVALID_ARGUMENT (visible NULL),
+ * OUT_OF_MEMORY; on failure the mask is unchanged. */
 ATTN_API attn_status_t attn_block_mask_add_dense(attn_block_mask_t mask, const uint8_t *visible);
 
 /* Pattern builders. Each selects elements by a rule on (query i, key j) of
@@ -811,7 +812,8 @@ ATTN_API attn_status_t attn_kv_cache_add_sequence(attn_kv_cache_t cache, int64_t
  * changes nothing (lengths, pages in use and contents stay as they were).
  * Returns SUCCESS, INVALID_HANDLE, INVALID_ARGUMENT (NULL arrays, num_seqs <
  * 1, unknown or repeated id, negative count, k or v NULL with total > 0, a
- * sequence that would need more pages than the whole pool), CAPACITY. */
+ * sequence that would need more pages than the whole pool), CAPACITY,
+ * OUT_OF_MEMORY (for the call's own bookkeeping; nothing changed then). */
 ATTN_API attn_status_t attn_kv_cache_append(attn_kv_cache_t cache, int32_t num_seqs,
                                             const int64_t *seq_ids, const int32_t *num_tokens,
                                             const void *k, const void *v, void *stream);
@@ -910,7 +912,9 @@ typedef struct attn_decode_config {
  * INVALID_HANDLE (ctx, cache), INVALID_ARGUMENT (config NULL, a field out
  * of range or heads_q not a multiple of heads_kv; the message names it),
  * NOT_SUPPORTED (the CUDA backend has no decode kernel yet), OUT_OF_MEMORY.
- * On failure *plan is unchanged. A plan is immutable: several threads may
+ * On success *plan owns a new plan; free it with attn_decode_plan_destroy
+ * (it does not keep the cache alive). On failure *plan is unchanged. A
+ * plan is immutable: several threads may
  * use it at once with distinct workspaces. */
 ATTN_API attn_status_t attn_decode_plan_create(attn_context_t ctx, attn_kv_cache_t cache,
                                                const attn_decode_config_t *config,
@@ -948,7 +952,8 @@ typedef struct attn_decode_step_info {
  * (num_seqs outside 1 .. max_batch, NULL arrays, unknown id, query_lens out
  * of range, a cache configured differently from the plan's, more visible
  * keys than max_kv_tokens, keys the queries need were evicted),
- * WORKSPACE_TOO_SMALL. On failure neither the workspace nor *info is
+ * WORKSPACE_TOO_SMALL, OUT_OF_MEMORY (the host step builds the metadata in
+ * host memory first). On failure neither the workspace nor *info is
  * written. */
 ATTN_API attn_status_t attn_decode_prepare(attn_decode_plan_t plan, attn_kv_cache_t cache,
                                            int32_t num_seqs, const int64_t *seq_ids,
@@ -1052,7 +1057,8 @@ ATTN_API attn_status_t attn_comm_create_nccl(void *nccl_comm, attn_comm_t *comm)
  * COMMUNICATION_ERROR from then on. In-process, leaving fails the whole
  * group: the other ranks' ring executions fail too instead of waiting for
  * this rank. (NCCL peers cannot be told; see attn_comm_create_nccl.)
- * Returns SUCCESS or INVALID_HANDLE. */
+ * Returns SUCCESS, INVALID_HANDLE or OUT_OF_MEMORY (the handle then stays
+ * live and nothing happened). */
 ATTN_API attn_status_t attn_comm_destroy(attn_comm_t comm);
 
 /* This rank's index in 0..size-1, and the number of ranks. Returns SUCCESS,
@@ -1086,6 +1092,8 @@ ATTN_API attn_status_t attn_comm_get_size(attn_comm_t comm, int32_t *size);
  * (attn_plan_desc_set_tensor), other CUDA rings (windows, causal with
  * seqlen_q != seqlen_kv). A communicator of the other kind than ctx's
  * backend is INVALID_ARGUMENT.
+ * On success *plan owns a new plan; free it with attn_plan_destroy (it keeps
+ * what it needs of comm alive).
  * Returns SUCCESS, INVALID_HANDLE (ctx, desc, comm), INVALID_ARGUMENT
  * (layout, lengths not divisible as the layout needs, and whatever
  * attn_plan_create rejects), NOT_SUPPORTED, OUT_OF_MEMORY. On failure *plan
