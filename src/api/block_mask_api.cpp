@@ -95,6 +95,11 @@ attn_status_t attn_block_mask_create(int64_t batch, int64_t heads, int64_t seqle
       invalid_argument("seqlen_q / block_q: more than ", kMaxBlocks, " query blocks");
     if ((seqlen_kv + block_kv - 1) / block_kv > kMaxBlocks)
       invalid_argument("seqlen_kv / block_kv: more than ", kMaxBlocks, " key blocks");
+    // Rows are indexed (batch * heads + head) * query blocks + block in int64.
+    const int64_t q_blocks = (seqlen_q + block_q - 1) / block_q;
+    if (double(batch) * double(heads) * double(std::max<int64_t>(q_blocks, 1)) > double(kMaxBlocks))
+      invalid_argument("batch x heads x query blocks (", batch, " x ", heads, " x ", q_blocks,
+                       ") is more than ", kMaxBlocks, " rows");
     BlockMask m(batch, heads, seqlen_q, seqlen_kv, block_q, block_kv);
     attn_block_mask_t h = nullptr;
     attn::create_handle(&h);

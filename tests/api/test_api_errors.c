@@ -1755,6 +1755,12 @@ static void test_block_mask_create_errors(void **state) {
               attn_block_mask_create(1, 1, 8, 8, (int64_t)1 << 17, 4, &m));
   EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "seqlen_kv",
               attn_block_mask_create(1, 1, 8, (int64_t)1 << 40, 4, 1, &m));
+  /* batch x heads x query blocks would overflow int64 (and index past the
+   * rows the mask holds) */
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "batch",
+              attn_block_mask_create((int64_t)1 << 62, 4, 8, 8, 4, 4, &m));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "batch",
+              attn_block_mask_create((int64_t)1 << 20, (int64_t)1 << 10, 1 << 12, 8, 1, 4, &m));
   EXPECT_MASK_UNTOUCHED(m);
 
   /* destroy: NULL is a no-op; twice, or another kind, is INVALID_HANDLE */
