@@ -911,7 +911,8 @@ typedef struct attn_decode_config {
  * page size, heads, head dims, window, sinks, pool size; the plan copies
  * them and may then run on any cache so configured). Returns SUCCESS,
  * INVALID_HANDLE (ctx, cache), INVALID_ARGUMENT (config NULL, a field out
- * of range or heads_q not a multiple of heads_kv; the message names it),
+ * of range, heads_q not a multiple of heads_kv, or limits whose workspace
+ * would exceed 2^62 bytes; the message names it),
  * NOT_SUPPORTED (the CUDA backend has no decode kernel yet), OUT_OF_MEMORY.
  * On success *plan owns a new plan; free it with attn_decode_plan_destroy
  * (it does not keep the cache alive). On failure *plan is unchanged. A

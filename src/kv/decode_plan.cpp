@@ -93,6 +93,26 @@ DecodePlan::DecodePlan(const ContextConfig& ctx, const CacheConfig& cache, const
     max_partials_ = 0;
   }
 
+  // The workspace in double first: limits whose sizes do not fit are
+  // refused here instead of wrapping in the size_t arithmetic below.
+  {
+    const double rows = double(cfg_.max_query_tokens) * double(group());
+    const double q_rows = double(cfg_.max_query_tokens) * double(cfg_.heads_q);
+    const double dqk = double(cache_.head_dim_qk), dv = double(cache_.head_dim_v);
+    const double scratch_floats =
+        rows * (dqk + double(ps) + dv + 2.0) + double(ps) * (dqk + dv) + dqk + 8.0 * 16.0;
+    const double bytes =
+        double(threads_) * scratch_floats * 4.0 +
+        double(max_partials_) * q_rows * (dv + 1.0) * 4.0 +
+        double(cfg_.max_batch) * (double(sizeof(SeqMeta)) +
+                                  double(max_entries_per_seq_) * double(sizeof(PageEntry))) +
+        double(max_units_) * double(sizeof(WorkUnit)) + 16.0 * double(kWorkspaceAlign);
+    if (!(bytes <= double(int64_t(1) << 62)))
+      invalid_argument("config: a workspace of ", bytes, " bytes for max_batch ", cfg_.max_batch,
+                       ", max_query_tokens ", cfg_.max_query_tokens, ", heads_q ", cfg_.heads_q,
+                       " and max_kv_tokens ", cfg_.max_kv_tokens, " is too large");
+  }
+
   const size_t a = kWorkspaceAlign / sizeof(float);
   auto carve = [&](size_t& cursor, size_t floats) {
     const size_t off = cursor;

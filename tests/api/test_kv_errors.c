@@ -592,6 +592,19 @@ static void test_decode_plan_create_errors(void **state) {
   BAD_DECODE(softmax_scale, NAN, "softmax_scale");
   BAD_DECODE(softcap, -1.0f, "softcap");
   BAD_DECODE(softcap, INFINITY, "softcap");
+  /* Limits whose workspace does not fit in size_t: refused, not wrapped. */
+  d = decode_config();
+  d.heads_q = (int64_t)1 << 40;
+  d.max_batch = (int64_t)1 << 24;
+  d.max_query_tokens = (int64_t)1 << 24;
+  d.kv_chunk_tokens = 4;
+  POISON_VAR(plan);
+  EXPECT_FAIL(INVALID, "config", attn_decode_plan_create(g_ctx, cache, &d, &plan));
+  EXPECT_VAR_UNTOUCHED(plan);
+  d = decode_config();
+  d.heads_q = (int64_t)1 << 62;
+  EXPECT_FAIL(INVALID, "config", attn_decode_plan_create(g_ctx, cache, &d, &plan));
+  EXPECT_VAR_UNTOUCHED(plan);
 #undef BAD_DECODE
   d = decode_config();
   POISON_VAR(plan);
