@@ -1030,8 +1030,8 @@ typedef enum attn_ring_layout ATTN_ENUM_BASE {
 /* Creates an in-process group of num_ranks communicators, for ranks that are
  * threads of this process (one context per rank; CPU backend). comms must
  * have room for num_ranks handles; comms[i] gets rank i. Every wait of an
- * exchange gives up after timeout_ms milliseconds (0: waits without bound)
- * and then fails the group. Each handle is owned by the caller (destroy each
+ * exchange gives up after timeout_ms milliseconds (0, or 2^40 and more:
+ * waits without bound) and then fails the group. Each handle is owned by the caller (destroy each
  * with attn_comm_destroy) and used by one thread at a time.
  * num_ranks in 1..1024, timeout_ms >= 0. On failure no handle is created
  * and comms is unchanged. Returns SUCCESS, INVALID_ARGUMENT, OUT_OF_MEMORY. */

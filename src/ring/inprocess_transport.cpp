@@ -91,7 +91,10 @@ struct Group {
   void wait(std::unique_lock<std::mutex>& lock, int32_t rank, const WaitingFor& what,
             Ready ready) {
     auto done = [&] { return aborted || ready(); };
-    if (timeout_ms <= 0) {
+    // Beyond 2^40 ms (35 years) the deadline now + timeout overflows the
+    // clock's nanoseconds and would lie in the past: wait without bound.
+    constexpr int64_t kUnboundedMs = int64_t(1) << 40;
+    if (timeout_ms <= 0 || timeout_ms >= kUnboundedMs) {
       changed.wait(lock, done);
     } else if (!changed.wait_for(lock, std::chrono::milliseconds(timeout_ms), done)) {
       abort_locked("rank " + std::to_string(rank) + " timed out after " +

@@ -603,6 +603,56 @@ static void test_rank_fails_before_joining(void **state) {
 }
 
 /* After a success the group is reusable: forward then backward twice. */
+/* A rank's call made delay_ms late. */
+typedef struct late_call {
+  rank_call call;
+  int delay_ms;
+} late_call;
+
+static void *late_call_main(void *arg) {
+  late_call *l = (late_call *)arg;
+  struct timespec ts = {l->delay_ms / 1000, (long)(l->delay_ms % 1000) * 1000000L};
+  nanosleep(&ts, NULL);
+  return rank_call_main(&l->call);
+}
+
+/* A timeout too long to ever expire (INT64_MAX ms) means waiting, not
+ * giving up at once: rank 1 joins 200 ms late and both ranks succeed. */
+static void test_long_timeout(void **state) {
+  (void)state;
+  attn_context_t ctx;
+  EXPECT_OK(attn_context_create(ATTN_BACKEND_CPU, 0, 1, &ctx));
+  attn_comm_t comms[2];
+  EXPECT_OK(attn_comm_create_inprocess(2, INT64_MAX, comms));
+  int64_t seqlens[2] = {8, 8};
+  attn_plan_desc_t desc = make_desc(8, ATTN_MASK_CAUSAL, ATTN_PASSES_FORWARD_BACKWARD);
+  attn_plan_desc_t descs[2] = {desc, desc};
+  attn_plan_t plans[2];
+  rank_io io[2];
+  make_plans(ctx, comms, descs, 2, plans, io, seqlens);
+  for (int backward = 0; backward < 2; ++backward) {
+    late_call calls[2];
+    pthread_t t[2];
+    for (int r = 0; r < 2; ++r) {
+      rank_call c = {plans[r], &io[r], backward, ATTN_STATUS_INTERNAL_ERROR, ""};
+      calls[r].call = c;
+      calls[r].delay_ms = r == 1 ? 200 : 0;
+      assert_int_equal(pthread_create(&t[r], NULL, late_call_main, &calls[r]), 0);
+    }
+    for (int r = 0; r < 2; ++r) pthread_join(t[r], NULL);
+    for (int r = 0; r < 2; ++r)
+      check_status(calls[r].call.status, ATTN_STATUS_SUCCESS, NULL, calls[r].call.message,
+                   "ring run", __FILE__, __LINE__);
+  }
+  for (int r = 0; r < 2; ++r) {
+    io_free(&io[r]);
+    EXPECT_OK(attn_plan_destroy(plans[r]));
+    EXPECT_OK(attn_comm_destroy(comms[r]));
+  }
+  EXPECT_OK(attn_plan_desc_destroy(desc));
+  EXPECT_OK(attn_context_destroy(ctx));
+}
+
 static void test_ring_reusable(void **state) {
   (void)state;
   attn_context_t ctx;
@@ -649,6 +699,7 @@ int main(void) {
       cmocka_unit_test(test_single_rank_after_destroy),
       cmocka_unit_test(test_rank_fails_before_joining),
       cmocka_unit_test(test_ring_reusable),
+      cmocka_unit_test(test_long_timeout),
   };
   return cmocka_run_group_tests_name("ring_errors", tests, NULL, NULL);
 }
