@@ -71,7 +71,7 @@ DecodeConfig validate_decode_config(const attn_decode_config_t* config, const Ca
 DecodePlan::DecodePlan(const ContextConfig& ctx, const CacheConfig& cache, const DecodeConfig& cfg)
     : ctx_(ctx), cache_(cache), cfg_(cfg), id_(next_generation()) {
   if (ctx.backend != ATTN_BACKEND_CPU)
-    not_supported("decode plan: the CUDA backend has no decode kernel yet (only the CPU backend has)");
+    not_supported("ctx: the CUDA backend has no decode kernel yet (only the CPU backend has)");
   threads_ = std::max<int32_t>(1, ctx.num_threads);
   const int64_t ps = cache_.page_size;
   // A page straddling each end of the window, plus the sink pages' tail.

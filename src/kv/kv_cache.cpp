@@ -82,7 +82,7 @@ KvCache::KvCache(const ContextConfig& ctx, const CacheConfig& config, void* memo
     : config_(config), backend_(ctx.backend), layout_(pool_layout(config)),
       generation_(next_generation()) {
   if (ctx.backend != ATTN_BACKEND_CPU)
-    not_supported("KV cache: the CUDA backend has no KV cache yet (only the CPU backend has)");
+    not_supported("ctx: the CUDA backend has no KV cache yet (only the CPU backend has)");
   if (memory == nullptr && memory_bytes != 0)
     invalid_argument("memory is NULL but memory_bytes is ", memory_bytes);
   char* raw = nullptr;

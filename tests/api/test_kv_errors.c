@@ -371,6 +371,7 @@ static void test_cuda_context_refused(void **state) {
   }
   POISON_VAR(cache);
   EXPECT_FAIL(ATTN_STATUS_NOT_SUPPORTED, "CUDA", attn_kv_cache_create(cuda, &c, NULL, 0, &cache));
+  assert_non_null(strstr(attn_last_error_message(), "ctx")); /* names the argument */
   EXPECT_VAR_UNTOUCHED(cache);
   {
     /* A decode plan on CUDA over a CPU cache: refused, not run elsewhere. */
@@ -379,6 +380,7 @@ static void test_cuda_context_refused(void **state) {
     cache = make_cache(&c);
     POISON_VAR(plan);
     EXPECT_FAIL(ATTN_STATUS_NOT_SUPPORTED, "CUDA", attn_decode_plan_create(cuda, cache, &d, &plan));
+    assert_non_null(strstr(attn_last_error_message(), "ctx"));
     EXPECT_VAR_UNTOUCHED(plan);
     EXPECT_OK(attn_kv_cache_destroy(cache));
   }
