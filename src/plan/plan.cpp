@@ -203,6 +203,15 @@ std::unique_ptr<Plan> create_plan(const ContextConfig& ctx, const PlanDesc& d) {
     case ATTN_MASK_CAUSAL: p.window = {-1, 0}; break;
     case ATTN_MASK_WINDOW: p.window = {d.window_left, d.window_right}; break;
   }
+  {
+    // A reach of seqlen_q + seqlen_kv + |shift| or more covers every key of
+    // every row: make it unbounded, so that the diagonal's i + off -/+
+    // reach cannot overflow (INT64_MAX is a natural "everything").
+    const double reach_all = double(d.seqlen_q) + double(d.seqlen_kv) +
+                             std::fabs(double(d.diagonal_shift));
+    if (double(p.window.left) >= reach_all) p.window.left = -1;
+    if (double(p.window.right) >= reach_all) p.window.right = -1;
+  }
   p.allow_empty_rows = d.allow_empty_rows;
   p.backward = d.passes == ATTN_PASSES_FORWARD_BACKWARD;
   p.deterministic = d.deterministic;

@@ -1739,6 +1739,37 @@ static void test_last_error_thread_local(void **state) {
 #define POISON_MASK(m) ((m) = (attn_block_mask_t)(void *)(uintptr_t)0xA5A5A5A0u)
 #define EXPECT_MASK_UNTOUCHED(m) assert_ptr_equal((void *)(m), (void *)(uintptr_t)0xA5A5A5A0u)
 
+/* A window reaching past every key (INT64_MAX) is the unbounded one, also
+ * for rows before the aligned diagonal (Lq > Lk): the arithmetic on the
+ * diagonal must not overflow. */
+static uint64_t visible_pairs_of(const prob_t *p) {
+  attn_plan_t plan = plan_for(p);
+  attn_plan_info_t info;
+  memset(&info, 0, sizeof info);
+  info.struct_size = sizeof info;
+  EXPECT_OK(attn_plan_describe(plan, &info));
+  EXPECT_OK(attn_plan_destroy(plan));
+  return info.visible_pairs;
+}
+
+static void test_window_reaching_past_every_key(void **state) {
+  const int64_t shapes[2][2] = {{7, 5}, {5, 7}};
+  int k;
+  (void)state;
+  for (k = 0; k < 2; ++k) {
+    prob_t wide = std_prob(), ref = std_prob();
+    wide.lq = ref.lq = shapes[k][0];
+    wide.lk = ref.lk = shapes[k][1];
+    wide.allow_empty = ref.allow_empty = 1;
+    wide.mask = ATTN_MASK_WINDOW, wide.wl = INT64_MAX, wide.wr = 0;
+    ref.mask = ATTN_MASK_CAUSAL;
+    assert_int_equal(visible_pairs_of(&wide), visible_pairs_of(&ref));
+    wide.wl = 1, wide.wr = INT64_MAX;
+    ref.mask = ATTN_MASK_WINDOW, ref.wl = 1, ref.wr = -1;
+    assert_int_equal(visible_pairs_of(&wide), visible_pairs_of(&ref));
+  }
+}
+
 static void test_block_mask_create_errors(void **state) {
   attn_block_mask_t m;
   (void)state;
@@ -2167,6 +2198,7 @@ int main(void) {
       cmocka_unit_test(test_destroyed_handles_everywhere),
       cmocka_unit_test(test_last_error_reset),
       cmocka_unit_test(test_last_error_thread_local),
+      cmocka_unit_test(test_window_reaching_past_every_key),
       cmocka_unit_test(test_block_mask_create_errors),
       cmocka_unit_test(test_block_mask_set_blocks_errors),
       cmocka_unit_test(test_block_mask_get_and_add_errors),
