@@ -43,8 +43,10 @@ BlockTileSchedule::BlockTileSchedule(std::shared_ptr<const BlockMask> mask, Wind
           const std::vector<BlockMask::Entry>& list = m.row(mb, mh, qb);
           auto it = std::lower_bound(list.begin(), list.end(), int32_t(c0 / bk),
                                      [](const BlockMask::Entry& e, int32_t k) { return e.kv_block < k; });
-          for (int64_t kb = c0 / bk; full && kb * bk < c1; ++kb, ++it)
+          for (int64_t kb = c0 / bk; full && kb * bk < c1; ++kb) {
             full = it != list.end() && it->kv_block == kb && it->tile == BlockMask::kWhole;
+            if (full) ++it;  // never past end(): that is undefined, even unused
+          }
         }
         fwd_.push_back({int32_t(kt), full ? 1 : 0});
         ++per_kv[size_t(s * nkt_ + kt) + 1];
