@@ -370,12 +370,31 @@ __global__ void __launch_bounds__(BwdTraits<D, V>::kThreads, 1)
   const int sk = REG ? warp : warp % Tr::kSWK, sq = REG ? 0 : warp / Tr::kSWK;  // S^T
   const int vk = REG ? warp : warp % Tr::kVWK, vd = REG ? 0 : warp / Tr::kVWK;  // dK, dV
   const int wm = warp / kDqWn, wn = warp % kDqWn;                                // dQ
-  // blockIdx.y = hk * group_splits + part: KV head hk, query heads
-  // [h_first, h_first + heads_per) of its group.
-  const int b = blockIdx.z, hk = int(blockIdx.y) / p.group_splits;
+  // by = hk * group_splits + part: KV head hk, query heads [h_first,
+  // h_first + heads_per) of its group; bx: the KV tile. Sparse: bx is a
+  // work item of the slot (a KV tile and a range of its list, longest
+  // first), and blocks start in the order of their linear index, so that
+  // index counts KV heads (and parts) fastest: a few long lists (global
+  // keys, sinks) then start first instead of after every head before theirs.
+  int bx = int(blockIdx.x), by = int(blockIdx.y);
+  if constexpr (Sparse) {
+    const int lin = bx + by * int(gridDim.x);
+    bx = lin / int(gridDim.y);
+    by = lin - bx * int(gridDim.y);
+  }
+  const int b = blockIdx.z, hk = by / p.group_splits;
   const int heads_per = p.group / p.group_splits;
-  const int h_first = hk * p.group + (int(blockIdx.y) - hk * p.group_splits) * heads_per;
-  const int c0 = int(blockIdx.x) * BN;  // first key of the tile
+  const int h_first = hk * p.group + (by - hk * p.group_splits) * heads_per;
+  int kv_tile = bx, item_begin = 0, item_end = 0;
+  if constexpr (Sparse) {
+    const TileLists& sp = p.sparse_kv;
+    const int slot = (sp.mask_batch > 1 ? b : 0) * sp.mask_heads + (sp.mask_heads > 1 ? hk : 0);
+    const int i0 = sp.item_offsets[slot];
+    if (bx >= sp.item_offsets[slot + 1] - i0) return;  // this slot has fewer items
+    const int32_t* item = sp.items + 3 * (i0 + bx);
+    kv_tile = item[0], item_begin = item[1], item_end = item[2];
+  }
+  const int c0 = kv_tile * BN;  // first key of the tile
 
   int lq = p.seqlen_q, lk = p.seqlen_kv;
   int64_t q_tok = int64_t(b) * p.seqlen_q, kv_tok = 0;
@@ -405,13 +424,9 @@ __global__ void __launch_bounds__(BwdTraits<D, V>::kThreads, 1)
   const int32_t* visits = nullptr;
   int m_begin, n_mt;
   if constexpr (Sparse) {
-    const TileLists& sp = p.sparse_kv;
-    const int list = ((sp.mask_batch > 1 ? b : 0) * sp.mask_heads + (sp.mask_heads > 1 ? hk : 0)) *
-                         sp.tiles + int(blockIdx.x);
-    const int v0 = sp.offsets[list];
     m_begin = 0;
-    n_mt = sp.offsets[list + 1] - v0;
-    visits = sp.visits + 2 * int64_t(v0);
+    n_mt = item_end - item_begin;
+    visits = p.sparse_kv.visits + 2 * int64_t(item_begin);
   } else {
     m_begin = row_lo <= row_hi ? row_lo / BM : 0;
     n_mt = row_lo <= row_hi ? row_hi / BM - m_begin + 1 : 0;

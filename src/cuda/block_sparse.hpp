@@ -25,12 +25,49 @@ struct HostTileLists {
   std::vector<int32_t> offsets;  // [slots * tiles + 1]
   std::vector<int32_t> visits;   // (other tile, kind) per visit
   std::vector<uint64_t> bits;    // bit tiles, rows * words_per_row words each
+  // KV-major only: work items (tile, first visit, end visit) per slot,
+  // longest first, and their offsets (flash::TileLists::items).
+  std::vector<int32_t> items, item_offsets;
   int32_t tiles = 0, words_per_row = 0, rows = 0;
+  int32_t max_items = 0;  // the most items of a slot
 };
+
+// The dK/dV kernel's work items of KV-major lists: per slot, every tile's
+// list cut evenly into items of at most max_item visits, longest first.
+inline void cut_work_items(HostTileLists& l, int64_t slots, int64_t max_item) {
+  const int64_t tiles = l.tiles;
+  l.items.clear();
+  l.item_offsets.assign(1, 0);
+  l.max_items = 0;
+  std::vector<int32_t> items;  // (tile, begin, end, length) before sorting
+  std::vector<size_t> rank;
+  for (int64_t s = 0; s < slots; ++s) {
+    const int32_t* off = l.offsets.data() + s * tiles;
+    items.clear();
+    for (int64_t t = 0; t < tiles; ++t) {
+      const int64_t n = off[t + 1] - off[t];
+      const int64_t parts = std::max<int64_t>(1, (n + max_item - 1) / max_item);
+      for (int64_t k = 0; k < parts; ++k) {
+        const int64_t a = off[t] + n * k / parts, e = off[t] + n * (k + 1) / parts;
+        items.insert(items.end(), {int32_t(t), int32_t(a), int32_t(e), int32_t(e - a)});
+      }
+    }
+    const size_t count = items.size() / 4;
+    rank.resize(count);
+    for (size_t i = 0; i < count; ++i) rank[i] = i;
+    std::stable_sort(rank.begin(), rank.end(),
+                     [&](size_t x, size_t y) { return items[4 * x + 3] > items[4 * y + 3]; });
+    for (size_t i : rank)
+      l.items.insert(l.items.end(), {items[4 * i], items[4 * i + 1], items[4 * i + 2]});
+    l.item_offsets.push_back(int32_t(l.items.size() / 3));
+    l.max_items = std::max(l.max_items, int32_t(count));
+  }
+}
 
 // The lists of a tile_q x tile_kv kernel: per query tile its KV tiles
 // (kv_major false: bit tiles of tile_q rows by tile_kv keys) or per KV tile
-// its query tiles (kv_major true: bit tiles of tile_kv keys by tile_q rows).
+// its query tiles (kv_major true: bit tiles of tile_kv keys by tile_q rows,
+// and one work item per tile).
 inline HostTileLists build_tile_lists(const std::shared_ptr<const BlockMask>& mask,
                                       WindowBounds window, int64_t tile_q, int64_t tile_kv,
                                       bool kv_major) {
@@ -104,6 +141,7 @@ inline HostTileLists build_tile_lists(const std::shared_ptr<const BlockMask>& ma
       out.offsets.push_back(int32_t(out.visits.size() / 2));
     }
   }
+  if (kv_major) cut_work_items(out, slots, INT32_MAX);
   return out;
 }
 

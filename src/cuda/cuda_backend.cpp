@@ -5,8 +5,9 @@
 //
 // Backward workspace: D = rowsum(dO * O) and LSE in base 2 (fp32, LSE's
 // layout), then, unless the plan is deterministic, the fp32 dQ accumulator
-// [token][heads_q][D], and, when the group is split (group_splits_ > 1),
-// the fp32 dK and dV accumulators [token][heads_kv][D] each.
+// [token][heads_q][D], and, when the group is split (group_splits_ > 1) or
+// a block-sparse plan's dK/dV lists are cut (kv_lists_split_), the fp32 dK
+// and dV accumulators [token][heads_kv][D] each.
 //
 // Block-sparse plans run the same kernels' Sparse instantiations, which walk
 // tile lists (cuda/block_sparse.hpp) instead of the dense intervals: one set
@@ -155,6 +156,7 @@ class CudaPlan final : public BackendPlan {
             "cudaDeviceGetAttribute");
       group_splits_ = pick_group_splits(sm_count);
       bwd_params_.group_splits = group_splits_;
+      sm_count_ = sm_count;
     }
     m_blocks_ = int((p.seqlen_q + cfg_.block_m - 1) / cfg_.block_m);
 
@@ -300,7 +302,9 @@ class CudaPlan final : public BackendPlan {
     if (total_kv > 0) {
       if (kv_accum > 0)
         check(cudaMemsetAsync(prm.dk_accum, 0, 2 * kv_accum, stream), "cudaMemsetAsync");
-      const int n_blocks = int((p.seqlen_kv + bwd_cfg_.block_n - 1) / bwd_cfg_.block_n);
+      // Block-sparse: one block per work item (tile_lists.cuh).
+      const int n_blocks = p.block_mask ? kv_items_
+                                        : int((p.seqlen_kv + bwd_cfg_.block_n - 1) / bwd_cfg_.block_n);
       check(bwd_.dkdv(prm, n_blocks, int(p.heads_kv) * group_splits_, int(p.batch), stream),
             "backward dK/dV kernel launch");
       if (kv_accum > 0)
@@ -378,24 +382,35 @@ class CudaPlan final : public BackendPlan {
       const flash::DqConfig dq = flash::dq_config(int(p.head_dim_qk));
       sets[2] = build_tile_lists(mask, p.window, dq.block_m, dq.block_n, false);
     }
-    // Layout: per set its bit tiles (8-byte words first), offsets, visits.
-    size_t bytes = 0, at[3][3];
+    if (n > 1) {
+      split_kv_lists(sets[1]);
+      kv_items_ = sets[1].max_items;
+    }
+    // Layout: per set its bit tiles (8-byte words first), offsets, visits,
+    // work items and their offsets.
+    size_t bytes = 0, at[3][5];
     for (int k = 0; k < n; ++k) {
-      at[k][0] = bytes;
-      bytes += sets[k].bits.size() * sizeof(uint64_t);
-      at[k][1] = bytes;
-      bytes += sets[k].offsets.size() * sizeof(int32_t);
-      at[k][2] = bytes;
-      bytes += sets[k].visits.size() * sizeof(int32_t);
+      const size_t sizes[5] = {sets[k].bits.size() * sizeof(uint64_t),
+                               sets[k].offsets.size() * sizeof(int32_t),
+                               sets[k].visits.size() * sizeof(int32_t),
+                               sets[k].items.size() * sizeof(int32_t),
+                               sets[k].item_offsets.size() * sizeof(int32_t)};
+      for (int a = 0; a < 5; ++a) {
+        at[k][a] = bytes;
+        bytes += sizes[a];
+      }
       bytes = (bytes + 7) / 8 * 8;
     }
     std::vector<unsigned char> host(bytes);
+    auto put = [&](size_t off, const void* src, size_t size) {
+      if (size > 0) std::memcpy(host.data() + off, src, size);
+    };
     for (int k = 0; k < n; ++k) {
-      if (!sets[k].bits.empty())
-        std::memcpy(host.data() + at[k][0], sets[k].bits.data(), sets[k].bits.size() * 8);
-      std::memcpy(host.data() + at[k][1], sets[k].offsets.data(), sets[k].offsets.size() * 4);
-      if (!sets[k].visits.empty())
-        std::memcpy(host.data() + at[k][2], sets[k].visits.data(), sets[k].visits.size() * 4);
+      put(at[k][0], sets[k].bits.data(), sets[k].bits.size() * 8);
+      put(at[k][1], sets[k].offsets.data(), sets[k].offsets.size() * 4);
+      put(at[k][2], sets[k].visits.data(), sets[k].visits.size() * 4);
+      put(at[k][3], sets[k].items.data(), sets[k].items.size() * 4);
+      put(at[k][4], sets[k].item_offsets.data(), sets[k].item_offsets.size() * 4);
     }
     void* dev = nullptr;
     const cudaError_t ae = cudaMalloc(&dev, bytes);
@@ -419,12 +434,41 @@ class CudaPlan final : public BackendPlan {
       l.bits = reinterpret_cast<const uint64_t*>(base + at[k][0]);
       l.offsets = reinterpret_cast<const int32_t*>(base + at[k][1]);
       l.visits = reinterpret_cast<const int32_t*>(base + at[k][2]);
+      l.items = reinterpret_cast<const int32_t*>(base + at[k][3]);
+      l.item_offsets = reinterpret_cast<const int32_t*>(base + at[k][4]);
       l.tiles = sets[k].tiles;
       l.mask_batch = int32_t(m.batch());
       l.mask_heads = int32_t(m.heads());
       l.words_per_row = sets[k].words_per_row;
       l.rows = sets[k].rows;
     }
+  }
+
+  // Cuts the dK/dV kernel's long lists into several work items when the
+  // longest block would otherwise outlast the average work per SM by half
+  // again (global keys, sinks: one KV tile seen by every query tile), so
+  // that it no longer sets the time. The items' dK and dV then meet in the
+  // fp32 accumulators of split groups. Not for deterministic plans (the
+  // additions' order would vary).
+  void split_kv_lists(HostTileLists& l) {
+    const Problem& p = problem_;
+    if (p.deterministic || sm_count_ < 1) return;
+    const BlockMask& m = *p.block_mask;
+    const int64_t heads_per = p.group() / group_splits_;
+    int64_t work = 0, longest = 0;
+    for (int64_t b = 0; b < p.batch; ++b)
+      for (int64_t hk = 0; hk < p.heads_kv; ++hk) {
+        const int64_t slot = (m.batch() > 1 ? b : 0) * m.heads() + (m.heads() > 1 ? hk : 0);
+        for (int64_t t = 0; t < l.tiles; ++t) {
+          const int64_t n = l.offsets[size_t(slot * l.tiles + t) + 1] - l.offsets[size_t(slot * l.tiles + t)];
+          work += n * p.group();
+          longest = std::max(longest, n * heads_per);
+        }
+      }
+    const int64_t per_sm = work / sm_count_;
+    if (2 * longest <= 3 * per_sm) return;
+    cut_work_items(l, m.batch() * m.heads(), std::max<int64_t>(8, per_sm / (2 * heads_per)));
+    kv_lists_split_ = int32_t(l.items.size() / 3) > int32_t(l.offsets.size() - 1);
   }
 
   void fill_params() {
@@ -524,13 +568,16 @@ class CudaPlan final : public BackendPlan {
 
   size_t kv_accum_bytes() const {
     const Problem& p = problem_;
-    if (group_splits_ <= 1) return 0;
+    if (group_splits_ <= 1 && !kv_lists_split_) return 0;
     return size_t(p.total_kv()) * size_t(p.heads_kv) * size_t(p.head_dim_qk) * sizeof(float);
   }
 
   Problem problem_;
   int device_;
   int group_splits_ = 1;
+  int sm_count_ = 0;
+  int kv_items_ = 0;             // block-sparse: the dK/dV kernel's blocks per slot
+  bool kv_lists_split_ = false;  // block-sparse: some dK/dV list is cut into several items
   flash::FwdConfig cfg_{};
   FwdKernel kernel_{};
   flash::FwdParams params_{};
