@@ -47,7 +47,7 @@ if [ ! -f "$build/build.ninja" ]; then
 fi
 start=$(date +%s)
 # Only what this check runs: other targets need not build for it to work.
-targets="tests/gpu/test_flash_fwd tests/gpu/test_flash_bwd tests/gpu/time_flash_fwd tests/gpu/time_flash_bwd"
+targets="tests/gpu/test_flash_fwd tests/gpu/test_flash_bwd tests/gpu/test_block_sparse_gpu tests/gpu/time_flash_fwd tests/gpu/time_flash_bwd"
 if ! ninja -C "$build" $targets >"$logs/build.log" 2>&1; then
   grep -E "error|FAILED" -A4 "$logs/build.log" | head -80
   exit 1

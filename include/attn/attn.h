@@ -548,10 +548,11 @@ ATTN_API attn_status_t attn_merge_states(attn_context_t ctx, int32_t num_parts,
  *   full_kv_indices     [batch][heads][num_q_blocks][max_full]
  * with num_q_blocks = ceil(seqlen_q / block_q), num_kv_blocks likewise.
  *
- * The CPU backend runs block-sparse plans, forward and backward, visiting
- * only the tiles that hold selected elements. The CUDA backend does not
- * yet (plan creation: NOT_SUPPORTED), nor do varlen batches with a block
- * mask (NOT_SUPPORTED; document masking covers packed sequences).
+ * Both backends run block-sparse plans, forward and backward, visiting
+ * only the tiles that hold selected elements; the CUDA backend builds its
+ * tile lists (and bit tiles in its own tile geometry) at plan creation and
+ * keeps them in device memory owned by the plan. Varlen batches with a
+ * block mask are NOT_SUPPORTED (document masking covers packed sequences).
  *
  * A block mask is not thread-safe while being modified; a plan descriptor
  * copies it, so it may be changed or destroyed afterwards. */
@@ -673,8 +674,8 @@ ATTN_API attn_status_t attn_block_mask_and_documents(attn_block_mask_t mask, con
 
 /* Attaches a copy of `mask` to the plan descriptor (NULL detaches it).
  * Checked at plan creation: the mask's batch (1 or the plan's), heads (1
- * or heads_kv), seqlen_q and seqlen_kv (the plan's), the backend (CPU
- * only), no varlen batch; and rows left without any visible key are
+ * or heads_kv), seqlen_q and seqlen_kv (the plan's), no varlen batch;
+ * and rows left without any visible key are
  * rejected unless attn_plan_desc_set_allow_empty_rows was called. Returns
  * SUCCESS, INVALID_HANDLE (desc, or a mask that is not NULL and not live),
  * OUT_OF_MEMORY. */

@@ -9,6 +9,8 @@
 //   dQ += dS K                dS repacked from C to A fragments in registers
 //
 // K and V stream through `stages` shared buffers (two for D <= 128).
+// Block-sparse plans (Sparse) walk the query tile's list of KV tiles
+// (p.sparse_dq, in this kernel's tile sizes) instead of the dense interval.
 #pragma once
 
 #include "flash/bwd_kernel.cuh"
@@ -16,7 +18,7 @@
 
 namespace attn::flash {
 
-template <class T, int D>
+template <class T, int D, bool Sparse = false>
 __global__ void __launch_bounds__(DqTraits<D>::kThreads, 2)
     flash_bwd_dq_kernel(const __grid_constant__ BwdParams p) {
   using Tr = DqTraits<D>;
@@ -62,7 +64,23 @@ __global__ void __launch_bounds__(DqTraits<D>::kThreads, 2)
   const int lo_first = qt.lo_first, hi_last = qt.hi_last;
   const int lo_last = qt.lo_last, hi_first = qt.hi_first;
 
-  if (hi_last < lo_first) {  // no row of the tile sees a key: dQ = 0
+  // Sparse: the tile's visits (KV tile, kind), in increasing KV tile order.
+  const int32_t* visits = nullptr;
+  int n_tiles, n_begin = 0;
+  if constexpr (Sparse) {
+    const TileLists& sp = p.sparse_dq;
+    const int list = ((sp.mask_batch > 1 ? b : 0) * sp.mask_heads + (sp.mask_heads > 1 ? hk : 0)) *
+                         sp.tiles + m_block;
+    const int v0 = sp.offsets[list];
+    n_tiles = sp.offsets[list + 1] - v0;
+    visits = sp.visits + 2 * int64_t(v0);
+  } else {
+    n_tiles = hi_last < lo_first ? 0 : hi_last / BN + 1 - lo_first / BN;
+    n_begin = lo_first / BN;
+  }
+  auto tile_of = [&](int it) { return Sparse ? visits[2 * it] : n_begin + it; };
+
+  if (n_tiles == 0) {  // no row of the tile sees a key: dQ = 0
     for (int c = tid; c < BM * DT; c += NTH) {
       const int r = c / DT, ch = c % DT;
       if (r < rows)
@@ -70,12 +88,10 @@ __global__ void __launch_bounds__(DqTraits<D>::kThreads, 2)
     }
     return;
   }
-  const int n_begin = lo_first / BN;
-  const int n_tiles = hi_last / BN + 1 - n_begin;
 
   auto load_kv = [&](int it) {
     if (it < n_tiles) {
-      const int n = n_begin + it;
+      const int n = tile_of(it);
       const uint32_t so = ST == 1 ? 0u : uint32_t(it % ST) * kTile;
       const int64_t ks = opaque(p.k_seq), vs = opaque(p.v_seq);
       load_tile<BN, D, NTH>(sK + so, gK + n * BN * ks, ks, lk - n * BN, tid);
@@ -116,7 +132,7 @@ __global__ void __launch_bounds__(DqTraits<D>::kThreads, 2)
 
 #pragma unroll 1
   for (int it = 0; it < n_tiles; ++it) {
-    const int n = n_begin + it;
+    const int n = tile_of(it);
     const int c0 = n * BN;
     const uint32_t so = ST == 1 ? 0u : uint32_t(it % ST) * kTile;
     cp_async_wait<0>();
@@ -148,16 +164,32 @@ __global__ void __launch_bounds__(DqTraits<D>::kThreads, 2)
       }
     }
 
-    const bool full = c0 + BN <= lk && c0 >= lo_last && c0 + BN - 1 <= hi_first;
+    bool full;
+    int kind = kVisitDense;
+    if constexpr (Sparse) {
+      kind = visits[2 * it + 1];
+      full = kind == kVisitFull;
+    } else {
+      full = c0 + BN <= lk && c0 >= lo_last && c0 + BN - 1 <= hi_first;
+    }
     auto lse2_of = [&](int, int e) { return lse2[e >> 1]; };
     if (capped)
       probs_and_dscores<true>(s, dp, p, lse2_of);
     else
       probs_and_dscores<false>(s, dp, p, lse2_of);
-    if (!full)
+    if (Sparse && kind >= 0) {
+      // Rows g and g + 8 of the warp in the bit tile (one word: BN <= 64).
+      static_assert(BN <= 64, "one bit-tile word per row");
+      const uint64_t* tb = p.sparse_dq.bits + int64_t(kind) * BM;
+      const uint64_t w[2] = {tb[warp * 16 + g], tb[warp * 16 + 8 + g]};
+      apply_mask(s, dp, [&](int nt, int e) {
+        return !((w[e >> 1] >> (nt * 8 + 2 * t4 + (e & 1))) & 1u);
+      });
+    } else if (!full) {
       apply_mask(s, dp, [&](int nt, int e) {
         return vis[e >> 1].outside(c0 + nt * 8 + 2 * t4 + (e & 1));
       });
+    }
     uint32_t da[NT / 2][4];
     pack_a<T>(da, dp);
 

@@ -37,7 +37,9 @@
 // by selection, so rows that saw nothing (LSE = -inf) contribute exactly 0.
 // The mask arithmetic is that of src/schedule/dense_schedule.hpp (row_lo,
 // row_hi, q_tiles_of, is_full), redone here because device code does not
-// include host headers.
+// include host headers. Block-sparse plans (Sparse) take each KV tile's
+// query tiles from a list instead (p.sparse_kv), each marked full,
+// dense-masked, or masked by a precomputed bit tile.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -334,7 +336,7 @@ __device__ __forceinline__ void scores_t2(float (&c)[M][N][4], uint32_t a, uint3
   }
 }
 
-template <class T, int D, int V>
+template <class T, int D, int V, bool Sparse = false>
 __global__ void __launch_bounds__(BwdTraits<D, V>::kThreads, 1)
     flash_bwd_dkdv_kernel(const __grid_constant__ BwdParams p) {
   using Tr = BwdTraits<D, V>;
@@ -368,12 +370,31 @@ __global__ void __launch_bounds__(BwdTraits<D, V>::kThreads, 1)
   const int sk = REG ? warp : warp % Tr::kSWK, sq = REG ? 0 : warp / Tr::kSWK;  // S^T
   const int vk = REG ? warp : warp % Tr::kVWK, vd = REG ? 0 : warp / Tr::kVWK;  // dK, dV
   const int wm = warp / kDqWn, wn = warp % kDqWn;                                // dQ
-  // blockIdx.y = hk * group_splits + part: KV head hk, query heads
-  // [h_first, h_first + heads_per) of its group.
-  const int b = blockIdx.z, hk = int(blockIdx.y) / p.group_splits;
+  // by = hk * group_splits + part: KV head hk, query heads [h_first,
+  // h_first + heads_per) of its group; bx: the KV tile. Sparse: bx is a
+  // work item of the slot (a KV tile and a range of its list, longest
+  // first), and blocks start in the order of their linear index, so that
+  // index counts KV heads (and parts) fastest: a few long lists (global
+  // keys, sinks) then start first instead of after every head before theirs.
+  int bx = int(blockIdx.x), by = int(blockIdx.y);
+  if constexpr (Sparse) {
+    const int lin = bx + by * int(gridDim.x);
+    bx = lin / int(gridDim.y);
+    by = lin - bx * int(gridDim.y);
+  }
+  const int b = blockIdx.z, hk = by / p.group_splits;
   const int heads_per = p.group / p.group_splits;
-  const int h_first = hk * p.group + (int(blockIdx.y) - hk * p.group_splits) * heads_per;
-  const int c0 = int(blockIdx.x) * BN;  // first key of the tile
+  const int h_first = hk * p.group + (by - hk * p.group_splits) * heads_per;
+  int kv_tile = bx, item_begin = 0, item_end = 0;
+  if constexpr (Sparse) {
+    const TileLists& sp = p.sparse_kv;
+    const int slot = (sp.mask_batch > 1 ? b : 0) * sp.mask_heads + (sp.mask_heads > 1 ? hk : 0);
+    const int i0 = sp.item_offsets[slot];
+    if (bx >= sp.item_offsets[slot + 1] - i0) return;  // this slot has fewer items
+    const int32_t* item = sp.items + 3 * (i0 + bx);
+    kv_tile = item[0], item_begin = item[1], item_end = item[2];
+  }
+  const int c0 = kv_tile * BN;  // first key of the tile
 
   int lq = p.seqlen_q, lk = p.seqlen_kv;
   int64_t q_tok = int64_t(b) * p.seqlen_q, kv_tok = 0;
@@ -398,8 +419,20 @@ __global__ void __launch_bounds__(BwdTraits<D, V>::kThreads, 1)
   const int dmax = p.window_right < 0 ? int(kFar) : clamp_far((long long)off + p.window_right);
   const int row_lo = max(0, c0 - dmax);
   const int row_hi = int(min((long long)lq - 1, (long long)c0 + kv_valid - 1 - dmin));
-  const int m_begin = row_lo <= row_hi ? row_lo / BM : 0;
-  const int n_mt = row_lo <= row_hi ? row_hi / BM - m_begin + 1 : 0;
+  // Sparse: m counts the visits of the tile's list (query tile, kind) instead
+  // of query tiles.
+  const int32_t* visits = nullptr;
+  int m_begin, n_mt;
+  if constexpr (Sparse) {
+    m_begin = 0;
+    n_mt = item_end - item_begin;
+    visits = p.sparse_kv.visits + 2 * int64_t(item_begin);
+  } else {
+    m_begin = row_lo <= row_hi ? row_lo / BM : 0;
+    n_mt = row_lo <= row_hi ? row_hi / BM - m_begin + 1 : 0;
+  }
+  // The query tile of step m.
+  auto q_tile = [&](int mm) { return Sparse ? visits[2 * mm] : mm; };
   const int n_iter = n_mt * heads_per;
 
   // Iteration it: query head h_first + it / n_mt, query tile m_begin + it % n_mt,
@@ -409,7 +442,7 @@ __global__ void __launch_bounds__(BwdTraits<D, V>::kThreads, 1)
   int ld_h = h_first, ld_m = m_begin;  // the next tile to load
   auto load_q = [&](int it) {
     const int h = ld_h;
-    const int r0 = ld_m * BM;
+    const int r0 = q_tile(ld_m) * BM;
     if (++ld_m == m_end) ld_m = m_begin, ++ld_h;
     const int rows = min(BM, lq - r0);
     const uint32_t st = uint32_t(it & 1);
@@ -517,7 +550,7 @@ __global__ void __launch_bounds__(BwdTraits<D, V>::kThreads, 1)
   auto dq_prev = [&](int it) {
     const bool first = m == m_begin;
     const int pm = first ? m_end - 1 : m - 1, ph = first ? h - 1 : h;
-    const int pr0 = pm * BM;
+    const int pr0 = q_tile(pm) * BM;
     dq_tile(sDs + uint32_t((it - 1) & 1) * Tr::kTileS, pr0, min(BM, lq - pr0), ph);
   };
 
@@ -529,7 +562,7 @@ __global__ void __launch_bounds__(BwdTraits<D, V>::kThreads, 1)
     cp_async_commit();
     if (PIPE && accum && it > 0) dq_prev(it);
 
-    const int r0 = m * BM;
+    const int r0 = q_tile(m) * BM;
     const int rows = min(BM, lq - r0);
     const uint32_t st = uint32_t(it & 1);
     const uint32_t q_st = sQ + st * Tr::kTileQ, do_st = sDo + st * Tr::kTileQ;
@@ -539,7 +572,14 @@ __global__ void __launch_bounds__(BwdTraits<D, V>::kThreads, 1)
     // Mask: key jl (local) sees query il (local) when
     // jl - hi_rel <= il <= jl - lo_rel and jl < kv_valid.
     const int r1 = r0 + rows - 1;
-    const bool full = c0 + BN <= lk && c0 - r1 >= dmin && c0 + BN - 1 - r0 <= dmax;
+    bool full;
+    int kind = kVisitDense;
+    if constexpr (Sparse) {
+      kind = visits[2 * m + 1];
+      full = kind == kVisitFull;
+    } else {
+      full = c0 + BN <= lk && c0 - r1 >= dmin && c0 + BN - 1 - r0 <= dmax;
+    }
     auto clampi = [](long long x) {
       return int(x < -(BM + 1) ? -(BM + 1) : (x > BN + 1 ? BN + 1 : x));
     };
@@ -591,7 +631,20 @@ __global__ void __launch_bounds__(BwdTraits<D, V>::kThreads, 1)
           probs_and_dscores<true>(s[mt], dp[mt], p, lse2_of);
         else
           probs_and_dscores<false>(s[mt], dp[mt], p, lse2_of);
-        if (!full) {
+        if (Sparse && kind >= 0) {
+          // Key row jl of the bit tile; the pass's QP queries lie in one word.
+          static_assert(!Sparse || (QP <= 64 && 64 % QP == 0), "a pass within one word");
+          constexpr int WPR = (BM + 63) / 64;
+          const uint64_t* tb = p.sparse_kv.bits + int64_t(kind) * (BN * WPR);
+          uint64_t w[2];
+#pragma unroll
+          for (int hh = 0; hh < 2; ++hh) {
+            const int jl = sk * KS + mt * 16 + g + hh * 8;
+            w[hh] = tb[jl * WPR + (q0 >> 6)] >> (q0 & 63);
+          }
+          apply_mask(s[mt], dp[mt],
+                     [&](int nt, int e) { return !((w[e >> 1] >> (nt * 8 + 2 * t4 + (e & 1))) & 1u); });
+        } else if (!full) {
           // Key row jl sees the pass's query columns il in [jl - hi_rel - q0,
           // jl - lo_rel - q0], none when jl >= kv_valid.
           Interval vis[2];

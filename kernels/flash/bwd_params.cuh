@@ -6,6 +6,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "sparse/tile_lists.cuh"
+
 namespace attn::flash {
 
 // Element (b, s, h, c) of tensor X lives at X + base(b) + s * x_seq + h * x_head + c,
@@ -60,6 +62,12 @@ struct BwdParams {
   float scale_log2;  // logit -> base-2 exponent: scale * log2(e), or log2(e) with softcap
   float softcap;     // cap, 0 = off: z = cap * tanh(scale * q.k / cap)
   float softcap_in;  // 2 * log2(e) * scale / cap, so that tanh needs one exp2
+  // Block-sparse plans only (the kernels' Sparse instantiations): per KV
+  // tile, its query tiles (KV-major, block_n x block_m bit tiles, for the
+  // dK/dV kernel); per query tile, its KV tiles (query-major, in the
+  // deterministic dQ kernel's tile sizes).
+  TileLists sparse_kv;
+  TileLists sparse_dq;
 };
 
 // The dK/dV kernel (which also adds dQ into dq_accum): one block owns

@@ -11,7 +11,10 @@
 // (bottom-right aligned window, causal = (unbounded, 0)); a tile whose pairs
 // are all visible skips the element predicate. This is the arithmetic of
 // src/schedule/dense_schedule.hpp (kv_tiles_of, is_full), redone here
-// because device code does not include host headers. Tiles are visited from the
+// because device code does not include host headers. Block-sparse plans
+// (Sparse) take the KV tiles from a list instead (p.sparse, built by
+// src/cuda/block_sparse.cpp), each marked full, dense-masked, or masked by
+// a precomputed bit tile; the loop is the same. Tiles are visited from the
 // last to the first, so the partially masked tiles of a causal diagonal come
 // first. Softmax statistics are fp32: m (running max of the raw or softcapped
 // logit) and l (sum of exp2, kept per thread and reduced over the 4 threads
@@ -45,7 +48,7 @@ struct FwdTraits {
   static_assert(D % 16 == 0 && kBlockN % 16 == 0 && kRows % 16 == 0, "whole mma tiles");
 };
 
-template <class T, int D>
+template <class T, int D, bool Sparse = false>
 __global__ void __launch_bounds__(FwdTraits<D>::kThreads, FwdTraits<D>::kMinBlocks)
     flash_fwd_kernel(const __grid_constant__ FwdParams p) {
   using Tr = FwdTraits<D>;
@@ -90,7 +93,24 @@ __global__ void __launch_bounds__(FwdTraits<D>::kThreads, FwdTraits<D>::kMinBloc
   const int lo_first = qt.lo_first, hi_last = qt.hi_last;
   const int lo_last = qt.lo_last, hi_first = qt.hi_first;
 
-  if (hi_last < lo_first) {  // no row of the tile sees a key
+  // Sparse: the tile's visits (KV tile, kind), in increasing KV tile order.
+  const int32_t* visits = nullptr;
+  int n_tiles, n_end = 0;
+  if constexpr (Sparse) {
+    const TileLists& sp = p.sparse;
+    const int list = ((sp.mask_batch > 1 ? b : 0) * sp.mask_heads + (sp.mask_heads > 1 ? hk : 0)) *
+                         sp.tiles + m_block;
+    const int v0 = sp.offsets[list];
+    n_tiles = sp.offsets[list + 1] - v0;
+    visits = sp.visits + 2 * int64_t(v0);
+  } else {
+    n_tiles = hi_last < lo_first ? 0 : hi_last / BN + 1 - lo_first / BN;
+    n_end = hi_last / BN + 1;
+  }
+  // KV tile of iteration it (last first).
+  auto tile_of = [&](int it) { return Sparse ? visits[2 * (n_tiles - 1 - it)] : n_end - 1 - it; };
+
+  if (n_tiles == 0) {  // no row of the tile sees a key
     for (int c = tid; c < BM * DT; c += NTH) {
       const int r = c / DT, ch = c % DT;
       if (r < rows) *reinterpret_cast<uint4*>(gO + r * p.o_seq + ch * 8) = make_uint4(0, 0, 0, 0);
@@ -99,8 +119,6 @@ __global__ void __launch_bounds__(FwdTraits<D>::kThreads, FwdTraits<D>::kMinBloc
       for (int r = tid; r < rows; r += NTH) gL[r] = -INFINITY;
     return;
   }
-  const int n_end = hi_last / BN + 1;
-  const int n_tiles = n_end - lo_first / BN;
 
   // Pipeline: commit groups alternate K_0, V_0, K_1, V_1, ... (Q joins K_0).
   // At the top of iteration i, K_i is needed and V_{i+ST-1} is issued into
@@ -109,7 +127,7 @@ __global__ void __launch_bounds__(FwdTraits<D>::kThreads, FwdTraits<D>::kMinBloc
   // wait leaves 2 * ST - 2 younger groups in flight.
   auto load_k = [&](int it) {
     if (it < n_tiles) {
-      const int n = n_end - 1 - it;
+      const int n = tile_of(it);
       const int64_t stride = opaque(p.k_seq);
       load_tile<BN, D, NTH>(sKa + uint32_t(it % ST) * kKvStageBytes, gK + n * BN * stride, stride,
                             lk - n * BN, tid);
@@ -118,7 +136,7 @@ __global__ void __launch_bounds__(FwdTraits<D>::kThreads, FwdTraits<D>::kMinBloc
   };
   auto load_v = [&](int it) {
     if (it < n_tiles) {
-      const int n = n_end - 1 - it;
+      const int n = tile_of(it);
       const int64_t stride = opaque(p.v_seq);
       load_tile<BN, D, NTH>(sVa + uint32_t(it % ST) * kKvStageBytes, gV + n * BN * stride, stride,
                             lk - n * BN, tid);
@@ -156,7 +174,7 @@ __global__ void __launch_bounds__(FwdTraits<D>::kThreads, FwdTraits<D>::kMinBloc
 
 #pragma unroll 1
   for (int it = 0; it < n_tiles; ++it) {
-    const int n = n_end - 1 - it;
+    const int n = tile_of(it);
     const uint32_t stage_off = uint32_t(it % ST) * kKvStageBytes;
     cp_async_wait<2 * ST - 2>();
     __syncthreads();
@@ -204,8 +222,35 @@ __global__ void __launch_bounds__(FwdTraits<D>::kThreads, FwdTraits<D>::kMinBloc
     }
 
     const int c0 = n * BN;
-    const bool full = c0 + BN <= lk && c0 >= lo_last && c0 + BN - 1 <= hi_first;
-    if (!full) {
+    bool full;
+    int kind = kVisitDense;
+    if constexpr (Sparse) {
+      kind = visits[2 * (n_tiles - 1 - it) + 1];
+      full = kind == kVisitFull;
+    } else {
+      full = c0 + BN <= lk && c0 >= lo_last && c0 + BN - 1 <= hi_first;
+    }
+    if (Sparse && kind >= 0) {
+      // The bit tile: row r of the tile, key c at word c / 64, bit c % 64.
+      constexpr int WPR = (BN + 63) / 64;
+      const uint64_t* tb = p.sparse.bits + int64_t(kind) * (BM * WPR);
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const int row = warp * R + mt * 16 + hh * 8 + g;
+          uint64_t w[WPR];
+#pragma unroll
+          for (int x = 0; x < WPR; ++x) w[x] = tb[row * WPR + x];
+#pragma unroll
+          for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const int col = nt * 8 + t4 * 2 + e;
+              if (!((w[col >> 6] >> (col & 63)) & 1u)) s[mt][nt][hh * 2 + e] = -INFINITY;
+            }
+        }
+    } else if (!full) {
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt)
 #pragma unroll

@@ -6,6 +6,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "sparse/tile_lists.cuh"
+
 namespace attn::flash {
 
 // Element (b, s, h, c) of tensor X lives at X + base(b) + s * x_seq + h * x_head + c,
@@ -32,6 +34,9 @@ struct FwdParams {
   float scale_log2;  // logit -> base-2 exponent: scale * log2(e), or log2(e) with softcap
   float softcap;     // cap, 0 = off: z = cap * tanh(scale * q.k / cap)
   float softcap_in;  // 2 * log2(e) * scale / cap, so that tanh needs one exp2
+  // Block-sparse plans only (the kernel's Sparse instantiation): per query
+  // tile, its KV tiles (query-major, block_m x block_n bit tiles).
+  TileLists sparse;
 };
 
 // Tile shape per head dimension D. Rows per warp = block_m / warps: 32 when

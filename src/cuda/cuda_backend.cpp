@@ -5,8 +5,15 @@
 //
 // Backward workspace: D = rowsum(dO * O) and LSE in base 2 (fp32, LSE's
 // layout), then, unless the plan is deterministic, the fp32 dQ accumulator
-// [token][heads_q][D], and, when the group is split (group_splits_ > 1),
-// the fp32 dK and dV accumulators [token][heads_kv][D] each.
+// [token][heads_q][D], and, when the group is split (group_splits_ > 1) or
+// a block-sparse plan's dK/dV lists are cut (kv_lists_split_), the fp32 dK
+// and dV accumulators [token][heads_kv][D] each.
+//
+// Block-sparse plans run the same kernels' Sparse instantiations, which walk
+// tile lists (cuda/block_sparse.hpp) instead of the dense intervals: one set
+// per kernel tile shape (forward; dK/dV, KV-major; the deterministic dQ),
+// uploaded into one device allocation at plan creation and freed with the
+// plan.
 #include "cuda/cuda_backend.hpp"
 
 #include <cuda_runtime_api.h>
@@ -22,6 +29,7 @@
 
 #include "core/dtype.hpp"
 #include "core/error.hpp"
+#include "cuda/block_sparse.hpp"
 #include "cuda/flash_bwd.hpp"
 #include "cuda/flash_fwd.hpp"
 #include "plan/plan.hpp"
@@ -58,21 +66,21 @@ class DeviceScope {
   bool restore_ = false;
 };
 
-FwdKernel pick_kernel(int64_t d, bool bf16) {
+FwdKernel pick_kernel(int64_t d, bool bf16, bool sparse) {
   switch (d) {
-    case 64: return fwd_kernel_d64(bf16);
-    case 96: return fwd_kernel_d96(bf16);
-    case 128: return fwd_kernel_d128(bf16);
-    default: return fwd_kernel_d256(bf16);
+    case 64: return fwd_kernel_d64(bf16, sparse);
+    case 96: return fwd_kernel_d96(bf16, sparse);
+    case 128: return fwd_kernel_d128(bf16, sparse);
+    default: return fwd_kernel_d256(bf16, sparse);
   }
 }
 
-BwdKernels pick_bwd_kernels(int64_t d, bool bf16, int variant) {
+BwdKernels pick_bwd_kernels(int64_t d, bool bf16, int variant, bool sparse) {
   switch (d) {
-    case 64: return bwd_kernels_d64(bf16, variant);
-    case 96: return bwd_kernels_d96(bf16, variant);
-    case 128: return bwd_kernels_d128(bf16, variant);
-    default: return bwd_kernels_d256(bf16, variant);
+    case 64: return bwd_kernels_d64(bf16, variant, sparse);
+    case 96: return bwd_kernels_d96(bf16, variant, sparse);
+    case 128: return bwd_kernels_d128(bf16, variant, sparse);
+    default: return bwd_kernels_d256(bf16, variant, sparse);
   }
 }
 
@@ -87,8 +95,9 @@ class CudaPlan final : public BackendPlan {
     validate(p);
     const int64_t d = p.head_dim_qk;
     const bool bf16 = p.dtype == ATTN_DTYPE_BF16;
+    const bool sparse = p.block_mask != nullptr;
     cfg_ = flash::fwd_config(int(d));
-    kernel_ = pick_kernel(d, bf16);
+    kernel_ = pick_kernel(d, bf16, sparse);
 
     DeviceScope scope(device_);
     int major = 0, minor = 0, smem_optin = 0, sm_count = 0;
@@ -132,7 +141,7 @@ class CudaPlan final : public BackendPlan {
       while (variant + 1 < flash::bwd_variants(int(d)) &&
              size_t(smem_optin) < flash::bwd_config(int(d), variant).smem_bytes(int(d)))
         ++variant;
-      bwd_ = pick_bwd_kernels(d, bf16, variant);
+      bwd_ = pick_bwd_kernels(d, bf16, variant, sparse);
       bwd_cfg_ = flash::bwd_config(int(d), variant);
       require_image(bwd_.dkdv_func);
       require_smem(bwd_cfg_.smem_bytes(int(d)), "backward");
@@ -147,6 +156,7 @@ class CudaPlan final : public BackendPlan {
             "cudaDeviceGetAttribute");
       group_splits_ = pick_group_splits(sm_count);
       bwd_params_.group_splits = group_splits_;
+      sm_count_ = sm_count;
     }
     m_blocks_ = int((p.seqlen_q + cfg_.block_m - 1) / cfg_.block_m);
 
@@ -180,30 +190,41 @@ class CudaPlan final : public BackendPlan {
       bwd_params_.cu_kv = cu_dev_ + n;
     }
 
+    if (sparse) upload_tile_lists();
+
     // The forward's kernel, then the backward's variant: "-atomic" adds dQ
     // with fp32 atomics, "-det" computes it in a separate pass without them.
-    int len = std::snprintf(kernel_name_, sizeof kernel_name_, "cuda-fa2-sm80-%s-d%d-%dx%d-w%d-s%d",
-                            dtype_name(p.dtype), int(d), cfg_.block_m, cfg_.block_n, cfg_.warps,
-                            cfg_.stages);
-    if (p.backward && len > 0 && size_t(len) < sizeof kernel_name_)
-      std::snprintf(kernel_name_ + len, sizeof kernel_name_ - size_t(len), "+bwd-%dx%d-w%d%s-%s",
-                    bwd_cfg_.block_m, bwd_cfg_.block_n, bwd_cfg_.warps,
-                    bwd_cfg_.register_path() ? "r" : "s", p.deterministic ? "det" : "atomic");
+    // Block-sparse plans say "-bsparse" and leave out warps and stages, so
+    // that the name fits attn_plan_info_t's 64 characters.
+    int len = sparse ? std::snprintf(kernel_name_, sizeof kernel_name_,
+                                     "cuda-fa2-sm80-%s-d%d-bsparse-%dx%d", dtype_name(p.dtype),
+                                     int(d), cfg_.block_m, cfg_.block_n)
+                     : std::snprintf(kernel_name_, sizeof kernel_name_,
+                                     "cuda-fa2-sm80-%s-d%d-%dx%d-w%d-s%d", dtype_name(p.dtype),
+                                     int(d), cfg_.block_m, cfg_.block_n, cfg_.warps, cfg_.stages);
+    if (p.backward && len > 0 && size_t(len) < sizeof kernel_name_) {
+      if (sparse)
+        std::snprintf(kernel_name_ + len, sizeof kernel_name_ - size_t(len), "+bwd-%dx%d-%s-%s",
+                      bwd_cfg_.block_m, bwd_cfg_.block_n, bwd_cfg_.register_path() ? "r" : "s",
+                      p.deterministic ? "det" : "atomic");
+      else
+        std::snprintf(kernel_name_ + len, sizeof kernel_name_ - size_t(len), "+bwd-%dx%d-w%d%s-%s",
+                      bwd_cfg_.block_m, bwd_cfg_.block_n, bwd_cfg_.warps,
+                      bwd_cfg_.register_path() ? "r" : "s", p.deterministic ? "det" : "atomic");
+    }
     len = int(std::strlen(kernel_name_));
     if (group_splits_ > 1 && size_t(len) < sizeof kernel_name_)
       std::snprintf(kernel_name_ + len, sizeof kernel_name_ - size_t(len), "-gs%d", group_splits_);
   }
 
   ~CudaPlan() override {
-    if (cu_dev_ == nullptr) return;
+    if (cu_dev_ == nullptr && lists_dev_ == nullptr) return;
     int prev = 0;
-    if (cudaGetDevice(&prev) == cudaSuccess && prev != device_ &&
-        cudaSetDevice(device_) == cudaSuccess) {
-      (void)cudaFree(cu_dev_);
-      (void)cudaSetDevice(prev);
-    } else {
-      (void)cudaFree(cu_dev_);
-    }
+    const bool switched = cudaGetDevice(&prev) == cudaSuccess && prev != device_ &&
+                          cudaSetDevice(device_) == cudaSuccess;
+    if (cu_dev_ != nullptr) (void)cudaFree(cu_dev_);
+    if (lists_dev_ != nullptr) (void)cudaFree(lists_dev_);
+    if (switched) (void)cudaSetDevice(prev);
     (void)cudaGetLastError();
   }
 
@@ -281,7 +302,9 @@ class CudaPlan final : public BackendPlan {
     if (total_kv > 0) {
       if (kv_accum > 0)
         check(cudaMemsetAsync(prm.dk_accum, 0, 2 * kv_accum, stream), "cudaMemsetAsync");
-      const int n_blocks = int((p.seqlen_kv + bwd_cfg_.block_n - 1) / bwd_cfg_.block_n);
+      // Block-sparse: one block per work item (tile_lists.cuh).
+      const int n_blocks = p.block_mask ? kv_items_
+                                        : int((p.seqlen_kv + bwd_cfg_.block_n - 1) / bwd_cfg_.block_n);
       check(bwd_.dkdv(prm, n_blocks, int(p.heads_kv) * group_splits_, int(p.batch), stream),
             "backward dK/dV kernel launch");
       if (kv_accum > 0)
@@ -343,6 +366,109 @@ class CudaPlan final : public BackendPlan {
   static void require_aligned(const void* ptr, const char* name) {
     if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0)
       invalid_argument(name, ": the CUDA kernels need a 16-byte aligned device pointer, got ", ptr);
+  }
+
+  // Builds the tile lists of every kernel the plan runs and uploads them
+  // into one device allocation (lists_dev_, owned by the plan).
+  void upload_tile_lists() {
+    const Problem& p = problem_;
+    const std::shared_ptr<const BlockMask>& mask = p.block_mask;
+    HostTileLists sets[3];
+    flash::TileLists* dst[3] = {&params_.sparse, &bwd_params_.sparse_kv, &bwd_params_.sparse_dq};
+    const int n = !p.backward ? 1 : p.deterministic ? 3 : 2;
+    sets[0] = build_tile_lists(mask, p.window, cfg_.block_m, cfg_.block_n, false);
+    if (n > 1) sets[1] = build_tile_lists(mask, p.window, bwd_cfg_.block_m, bwd_cfg_.block_n, true);
+    if (n > 2) {
+      const flash::DqConfig dq = flash::dq_config(int(p.head_dim_qk));
+      sets[2] = build_tile_lists(mask, p.window, dq.block_m, dq.block_n, false);
+    }
+    if (n > 1) {
+      split_kv_lists(sets[1]);
+      kv_items_ = sets[1].max_items;
+    }
+    // Layout: per set its bit tiles (8-byte words first), offsets, visits,
+    // work items and their offsets.
+    size_t bytes = 0, at[3][5];
+    for (int k = 0; k < n; ++k) {
+      const size_t sizes[5] = {sets[k].bits.size() * sizeof(uint64_t),
+                               sets[k].offsets.size() * sizeof(int32_t),
+                               sets[k].visits.size() * sizeof(int32_t),
+                               sets[k].items.size() * sizeof(int32_t),
+                               sets[k].item_offsets.size() * sizeof(int32_t)};
+      for (int a = 0; a < 5; ++a) {
+        at[k][a] = bytes;
+        bytes += sizes[a];
+      }
+      bytes = (bytes + 7) / 8 * 8;
+    }
+    std::vector<unsigned char> host(bytes);
+    auto put = [&](size_t off, const void* src, size_t size) {
+      if (size > 0) std::memcpy(host.data() + off, src, size);
+    };
+    for (int k = 0; k < n; ++k) {
+      put(at[k][0], sets[k].bits.data(), sets[k].bits.size() * 8);
+      put(at[k][1], sets[k].offsets.data(), sets[k].offsets.size() * 4);
+      put(at[k][2], sets[k].visits.data(), sets[k].visits.size() * 4);
+      put(at[k][3], sets[k].items.data(), sets[k].items.size() * 4);
+      put(at[k][4], sets[k].item_offsets.data(), sets[k].item_offsets.size() * 4);
+    }
+    void* dev = nullptr;
+    const cudaError_t ae = cudaMalloc(&dev, bytes);
+    if (ae == cudaErrorMemoryAllocation) {
+      (void)cudaGetLastError();
+      fail(ATTN_STATUS_OUT_OF_MEMORY, "backend CUDA: no device memory for ", bytes,
+           " bytes of block-sparse tile lists");
+    }
+    check(ae, "cudaMalloc");
+    try {
+      check(cudaMemcpy(dev, host.data(), bytes, cudaMemcpyHostToDevice), "cudaMemcpy");
+    } catch (...) {
+      (void)cudaFree(dev);  // the constructor fails: no destructor runs
+      throw;
+    }
+    lists_dev_ = dev;
+    const BlockMask& m = *mask;
+    for (int k = 0; k < n; ++k) {
+      unsigned char* base = static_cast<unsigned char*>(dev);
+      flash::TileLists& l = *dst[k];
+      l.bits = reinterpret_cast<const uint64_t*>(base + at[k][0]);
+      l.offsets = reinterpret_cast<const int32_t*>(base + at[k][1]);
+      l.visits = reinterpret_cast<const int32_t*>(base + at[k][2]);
+      l.items = reinterpret_cast<const int32_t*>(base + at[k][3]);
+      l.item_offsets = reinterpret_cast<const int32_t*>(base + at[k][4]);
+      l.tiles = sets[k].tiles;
+      l.mask_batch = int32_t(m.batch());
+      l.mask_heads = int32_t(m.heads());
+      l.words_per_row = sets[k].words_per_row;
+      l.rows = sets[k].rows;
+    }
+  }
+
+  // Cuts the dK/dV kernel's long lists into several work items when the
+  // longest block would otherwise outlast the average work per SM by half
+  // again (global keys, sinks: one KV tile seen by every query tile), so
+  // that it no longer sets the time. The items' dK and dV then meet in the
+  // fp32 accumulators of split groups. Not for deterministic plans (the
+  // additions' order would vary).
+  void split_kv_lists(HostTileLists& l) {
+    const Problem& p = problem_;
+    if (p.deterministic || sm_count_ < 1) return;
+    const BlockMask& m = *p.block_mask;
+    const int64_t heads_per = p.group() / group_splits_;
+    int64_t work = 0, longest = 0;
+    for (int64_t b = 0; b < p.batch; ++b)
+      for (int64_t hk = 0; hk < p.heads_kv; ++hk) {
+        const int64_t slot = (m.batch() > 1 ? b : 0) * m.heads() + (m.heads() > 1 ? hk : 0);
+        for (int64_t t = 0; t < l.tiles; ++t) {
+          const int64_t n = l.offsets[size_t(slot * l.tiles + t) + 1] - l.offsets[size_t(slot * l.tiles + t)];
+          work += n * p.group();
+          longest = std::max(longest, n * heads_per);
+        }
+      }
+    const int64_t per_sm = work / sm_count_;
+    if (2 * longest <= 3 * per_sm) return;
+    cut_work_items(l, m.batch() * m.heads(), std::max<int64_t>(8, per_sm / (2 * heads_per)));
+    kv_lists_split_ = int32_t(l.items.size() / 3) > int32_t(l.offsets.size() - 1);
   }
 
   void fill_params() {
@@ -442,13 +568,16 @@ class CudaPlan final : public BackendPlan {
 
   size_t kv_accum_bytes() const {
     const Problem& p = problem_;
-    if (group_splits_ <= 1) return 0;
+    if (group_splits_ <= 1 && !kv_lists_split_) return 0;
     return size_t(p.total_kv()) * size_t(p.heads_kv) * size_t(p.head_dim_qk) * sizeof(float);
   }
 
   Problem problem_;
   int device_;
   int group_splits_ = 1;
+  int sm_count_ = 0;
+  int kv_items_ = 0;             // block-sparse: the dK/dV kernel's blocks per slot
+  bool kv_lists_split_ = false;  // block-sparse: some dK/dV list is cut into several items
   flash::FwdConfig cfg_{};
   FwdKernel kernel_{};
   flash::FwdParams params_{};
@@ -457,6 +586,7 @@ class CudaPlan final : public BackendPlan {
   flash::BwdParams bwd_params_{};
   int m_blocks_ = 0;
   int32_t* cu_dev_ = nullptr;
+  void* lists_dev_ = nullptr;  // block-sparse tile lists (upload_tile_lists)
   char kernel_name_[64] = {};
 };
 

@@ -14,7 +14,8 @@ namespace attn::cuda {
 // head dims other than 64/96/128/256 or unequal qk/v
 // head dims, strides that are not multiples of 8 elements, a device older
 // than sm_80 or one this build has no code for. May allocate small device
-// metadata (varlen offsets), freed with the plan.
+// metadata (varlen offsets, a block-sparse plan's tile lists), freed with
+// the plan.
 std::unique_ptr<BackendPlan> make_plan(const Problem& problem, const ContextConfig& ctx);
 
 }  // namespace attn::cuda

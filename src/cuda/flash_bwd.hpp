@@ -34,10 +34,11 @@ struct BwdKernels {
   const void* dq_func;
 };
 
-// variant: see flash::bwd_config (0 unless flash::bwd_variants(d) > 1).
-BwdKernels bwd_kernels_d64(bool bf16, int variant);
-BwdKernels bwd_kernels_d96(bool bf16, int variant);
-BwdKernels bwd_kernels_d128(bool bf16, int variant);
-BwdKernels bwd_kernels_d256(bool bf16, int variant);
+// variant: see flash::bwd_config (0 unless flash::bwd_variants(d) > 1);
+// sparse: the block-sparse instantiations of the dK/dV and dQ kernels.
+BwdKernels bwd_kernels_d64(bool bf16, int variant, bool sparse);
+BwdKernels bwd_kernels_d96(bool bf16, int variant, bool sparse);
+BwdKernels bwd_kernels_d128(bool bf16, int variant, bool sparse);
+BwdKernels bwd_kernels_d256(bool bf16, int variant, bool sparse);
 
 }  // namespace attn::cuda

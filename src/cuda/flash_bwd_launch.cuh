@@ -10,13 +10,13 @@
 
 namespace attn::cuda {
 
-template <class T, int D, int V>
+template <class T, int D, int V, bool S>
 cudaError_t bwd_prepare() {
-  cudaError_t e = cudaFuncSetAttribute(flash::flash_bwd_dkdv_kernel<T, D, V>,
+  cudaError_t e = cudaFuncSetAttribute(flash::flash_bwd_dkdv_kernel<T, D, V, S>,
                                        cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        int(flash::bwd_config(D, V).smem_bytes(D)));
   if (e != cudaSuccess) return e;
-  return cudaFuncSetAttribute(flash::flash_bwd_dq_kernel<T, D>,
+  return cudaFuncSetAttribute(flash::flash_bwd_dq_kernel<T, D, S>,
                               cudaFuncAttributeMaxDynamicSharedMemorySize,
                               int(flash::dq_config(D).smem_bytes(D)));
 }
@@ -48,44 +48,52 @@ cudaError_t bwd_convert_dkdv(const flash::BwdParams& p, int64_t n_rows, cudaStre
   return cudaGetLastError();
 }
 
-template <class T, int D, int V>
+template <class T, int D, int V, bool S>
 cudaError_t bwd_dkdv(const flash::BwdParams& p, int n_blocks, int heads_kv, int batch,
                      cudaStream_t stream) {
   constexpr flash::BwdConfig cfg = flash::bwd_config(D, V);
   const dim3 grid{unsigned(n_blocks), unsigned(heads_kv), unsigned(batch)};
-  flash::flash_bwd_dkdv_kernel<T, D, V><<<grid, cfg.threads(), cfg.smem_bytes(D), stream>>>(p);
+  flash::flash_bwd_dkdv_kernel<T, D, V, S><<<grid, cfg.threads(), cfg.smem_bytes(D), stream>>>(p);
   return cudaGetLastError();
 }
 
-template <class T, int D>
+template <class T, int D, bool S>
 cudaError_t bwd_dq(const flash::BwdParams& p, int m_blocks, int heads_q, int batch,
                    cudaStream_t stream) {
   constexpr flash::DqConfig cfg = flash::dq_config(D);
   const dim3 grid{unsigned(m_blocks), unsigned(heads_q), unsigned(batch)};
-  flash::flash_bwd_dq_kernel<T, D><<<grid, cfg.threads(), cfg.smem_bytes(D), stream>>>(p);
+  flash::flash_bwd_dq_kernel<T, D, S><<<grid, cfg.threads(), cfg.smem_bytes(D), stream>>>(p);
   return cudaGetLastError();
 }
 
-template <class T, int D, int V>
+template <class T, int D, int V, bool S>
 BwdKernels make_bwd_kernels_t() {
-  return {&bwd_prepare<T, D, V>,
+  return {&bwd_prepare<T, D, V, S>,
           &bwd_preprocess<T, D>,
-          &bwd_dkdv<T, D, V>,
-          &bwd_dq<T, D>,
+          &bwd_dkdv<T, D, V, S>,
+          &bwd_dq<T, D, S>,
           &bwd_convert<T, D>,
           &bwd_convert_dkdv<T, D>,
-          reinterpret_cast<const void*>(&flash::flash_bwd_dkdv_kernel<T, D, V>),
-          reinterpret_cast<const void*>(&flash::flash_bwd_dq_kernel<T, D>)};
+          reinterpret_cast<const void*>(&flash::flash_bwd_dkdv_kernel<T, D, V, S>),
+          reinterpret_cast<const void*>(&flash::flash_bwd_dq_kernel<T, D, S>)};
+}
+
+template <int D, int V>
+BwdKernels make_bwd_kernels_v(bool bf16, bool sparse) {
+  if (sparse)
+    return bf16 ? make_bwd_kernels_t<__nv_bfloat16, D, V, true>()
+                : make_bwd_kernels_t<__half, D, V, true>();
+  return bf16 ? make_bwd_kernels_t<__nv_bfloat16, D, V, false>()
+              : make_bwd_kernels_t<__half, D, V, false>();
 }
 
 // Variant 1 exists only where bwd_variants(D) > 1.
 template <int D>
-BwdKernels make_bwd_kernels(bool bf16, int variant) {
+BwdKernels make_bwd_kernels(bool bf16, int variant, bool sparse) {
   if constexpr (flash::bwd_variants(D) > 1) {
-    if (variant == 1)
-      return bf16 ? make_bwd_kernels_t<__nv_bfloat16, D, 1>() : make_bwd_kernels_t<__half, D, 1>();
+    if (variant == 1) return make_bwd_kernels_v<D, 1>(bf16, sparse);
   }
-  return bf16 ? make_bwd_kernels_t<__nv_bfloat16, D, 0>() : make_bwd_kernels_t<__half, D, 0>();
+  return make_bwd_kernels_v<D, 0>(bf16, sparse);
 }
 
 }  // namespace attn::cuda

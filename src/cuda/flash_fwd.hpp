@@ -1,4 +1,5 @@
-// Host-side handles to the dense forward kernels, one per (dtype, head dim).
+// Host-side handles to the forward kernels, one per (dtype, head dim, dense
+// or block-sparse).
 // Plain C++: the kernels themselves are compiled by nvcc in
 // flash_fwd_d*.cu, one file per head dimension so that builds parallelise.
 #pragma once
@@ -18,9 +19,9 @@ struct FwdKernel {
   const void* func;  // for cudaFuncGetAttributes
 };
 
-FwdKernel fwd_kernel_d64(bool bf16);
-FwdKernel fwd_kernel_d96(bool bf16);
-FwdKernel fwd_kernel_d128(bool bf16);
-FwdKernel fwd_kernel_d256(bool bf16);
+FwdKernel fwd_kernel_d64(bool bf16, bool sparse);
+FwdKernel fwd_kernel_d96(bool bf16, bool sparse);
+FwdKernel fwd_kernel_d128(bool bf16, bool sparse);
+FwdKernel fwd_kernel_d256(bool bf16, bool sparse);
 
 }  // namespace attn::cuda

@@ -1,6 +1,6 @@
-// Dense forward kernels for head dimension 256 (fp16 and bf16).
+// Forward kernels (dense and block-sparse) for head dimension 256 (fp16 and bf16).
 #include "cuda/flash_fwd_launch.cuh"
 
 namespace attn::cuda {
-FwdKernel fwd_kernel_d256(bool bf16) { return make_fwd_kernel<256>(bf16); }
+FwdKernel fwd_kernel_d256(bool bf16, bool sparse) { return make_fwd_kernel<256>(bf16, sparse); }
 }  // namespace attn::cuda

@@ -1,5 +1,5 @@
-// Instantiates and launches flash_fwd_kernel<T, D>; included once per head
-// dimension by flash_fwd_d*.cu.
+// Instantiates and launches flash_fwd_kernel<T, D, Sparse>; included once
+// per head dimension by flash_fwd_d*.cu.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -9,29 +9,33 @@
 
 namespace attn::cuda {
 
-template <class T, int D>
+template <class T, int D, bool S>
 cudaError_t fwd_prepare() {
-  return cudaFuncSetAttribute(flash::flash_fwd_kernel<T, D>,
+  return cudaFuncSetAttribute(flash::flash_fwd_kernel<T, D, S>,
                               cudaFuncAttributeMaxDynamicSharedMemorySize,
                               int(flash::fwd_config(D).smem_bytes(D)));
 }
 
-template <class T, int D>
+template <class T, int D, bool S>
 cudaError_t fwd_launch(const flash::FwdParams& params, int m_blocks, int heads_q, int batch,
                        cudaStream_t stream) {
   constexpr flash::FwdConfig cfg = flash::fwd_config(D);
   const dim3 grid{unsigned(m_blocks), unsigned(heads_q), unsigned(batch)};
-  flash::flash_fwd_kernel<T, D><<<grid, cfg.threads(), cfg.smem_bytes(D), stream>>>(params);
+  flash::flash_fwd_kernel<T, D, S><<<grid, cfg.threads(), cfg.smem_bytes(D), stream>>>(params);
   return cudaGetLastError();
 }
 
+template <class T, int D, bool S>
+FwdKernel make_fwd_kernel_t() {
+  return {&fwd_prepare<T, D, S>, &fwd_launch<T, D, S>,
+          reinterpret_cast<const void*>(&flash::flash_fwd_kernel<T, D, S>)};
+}
+
 template <int D>
-FwdKernel make_fwd_kernel(bool bf16) {
-  if (bf16)
-    return {&fwd_prepare<__nv_bfloat16, D>, &fwd_launch<__nv_bfloat16, D>,
-            reinterpret_cast<const void*>(&flash::flash_fwd_kernel<__nv_bfloat16, D>)};
-  return {&fwd_prepare<__half, D>, &fwd_launch<__half, D>,
-          reinterpret_cast<const void*>(&flash::flash_fwd_kernel<__half, D>)};
+FwdKernel make_fwd_kernel(bool bf16, bool sparse) {
+  if (sparse)
+    return bf16 ? make_fwd_kernel_t<__nv_bfloat16, D, true>() : make_fwd_kernel_t<__half, D, true>();
+  return bf16 ? make_fwd_kernel_t<__nv_bfloat16, D, false>() : make_fwd_kernel_t<__half, D, false>();
 }
 
 }  // namespace attn::cuda

@@ -258,9 +258,6 @@ std::unique_ptr<Plan> create_plan(const ContextConfig& ctx, const PlanDesc& d) {
 
   if (d.block_mask) {
     const BlockMask& m = *d.block_mask;
-    if (ctx.backend == ATTN_BACKEND_CUDA)
-      not_supported("block mask: the CUDA backend does not run block-sparse plans yet (the CPU",
-                    " backend does)");
     if (p.varlen)
       not_supported("block mask with a varlen batch: not supported; use a fixed-length batch",
                     " (a document mask covers packed sequences)");

@@ -1,0 +1,148 @@
+// Block-sparse plans on the CUDA backend, host side: the block mask's tile
+// schedule (src/schedule/block_schedule.hpp) laid out as the flat arrays the
+// kernels walk (flash::TileLists), in one kernel's tile sizes, with the bit
+// tiles its partial visits need. Plain C++; the CUDA plan uploads the arrays
+// at plan creation.
+//
+// A visit that is not full gets a bit tile only when the block selection
+// hides some pair the dense mask (window, lengths) shows in that tile;
+// otherwise the kernel's dense predicate is exact there and no bits are
+// stored. The bit tile then holds the visible pairs themselves (dense mask
+// AND selection), so the kernel tests one bit per pair.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "core/error.hpp"
+#include "schedule/block_schedule.hpp"
+#include "sparse/tile_lists.cuh"
+
+namespace attn::cuda {
+
+struct HostTileLists {
+  std::vector<int32_t> offsets;  // [slots * tiles + 1]
+  std::vector<int32_t> visits;   // (other tile, kind) per visit
+  std::vector<uint64_t> bits;    // bit tiles, rows * words_per_row words each
+  // KV-major only: work items (tile, first visit, end visit) per slot,
+  // longest first, and their offsets (flash::TileLists::items).
+  std::vector<int32_t> items, item_offsets;
+  int32_t tiles = 0, words_per_row = 0, rows = 0;
+  int32_t max_items = 0;  // the most items of a slot
+};
+
+// The dK/dV kernel's work items of KV-major lists: per slot, every tile's
+// list cut evenly into items of at most max_item visits, longest first.
+inline void cut_work_items(HostTileLists& l, int64_t slots, int64_t max_item) {
+  const int64_t tiles = l.tiles;
+  l.items.clear();
+  l.item_offsets.assign(1, 0);
+  l.max_items = 0;
+  std::vector<int32_t> items;  // (tile, begin, end, length) before sorting
+  std::vector<size_t> rank;
+  for (int64_t s = 0; s < slots; ++s) {
+    const int32_t* off = l.offsets.data() + s * tiles;
+    items.clear();
+    for (int64_t t = 0; t < tiles; ++t) {
+      const int64_t n = off[t + 1] - off[t];
+      const int64_t parts = std::max<int64_t>(1, (n + max_item - 1) / max_item);
+      for (int64_t k = 0; k < parts; ++k) {
+        const int64_t a = off[t] + n * k / parts, e = off[t] + n * (k + 1) / parts;
+        items.insert(items.end(), {int32_t(t), int32_t(a), int32_t(e), int32_t(e - a)});
+      }
+    }
+    const size_t count = items.size() / 4;
+    rank.resize(count);
+    for (size_t i = 0; i < count; ++i) rank[i] = i;
+    std::stable_sort(rank.begin(), rank.end(),
+                     [&](size_t x, size_t y) { return items[4 * x + 3] > items[4 * y + 3]; });
+    for (size_t i : rank)
+      l.items.insert(l.items.end(), {items[4 * i], items[4 * i + 1], items[4 * i + 2]});
+    l.item_offsets.push_back(int32_t(l.items.size() / 3));
+    l.max_items = std::max(l.max_items, int32_t(count));
+  }
+}
+
+// The lists of a tile_q x tile_kv kernel: per query tile its KV tiles
+// (kv_major false: bit tiles of tile_q rows by tile_kv keys) or per KV tile
+// its query tiles (kv_major true: bit tiles of tile_kv keys by tile_q rows,
+// and one work item per tile).
+inline HostTileLists build_tile_lists(const std::shared_ptr<const BlockMask>& mask,
+                                      WindowBounds window, int64_t tile_q, int64_t tile_kv,
+                                      bool kv_major) {
+  const BlockMask& m = *mask;
+  const BlockTileSchedule sched(mask, window, tile_q, tile_kv);
+  const SequenceMask dense(m.seqlen_q(), m.seqlen_kv(), window);
+  const int64_t lq = m.seqlen_q(), lk = m.seqlen_kv();
+  const int64_t slots = m.batch() * m.heads();
+  const int64_t tiles = kv_major ? sched.num_kv_tiles() : sched.num_q_tiles();
+  const int64_t wpr_q = (tile_kv + 63) / 64;  // query-major words per row
+  HostTileLists out;
+  out.tiles = int32_t(tiles);
+  out.rows = int32_t(kv_major ? tile_kv : tile_q);
+  out.words_per_row = int32_t(kv_major ? (tile_q + 63) / 64 : wpr_q);
+  const size_t tile_words = size_t(out.rows) * size_t(out.words_per_row);
+  out.offsets.reserve(size_t(slots * tiles) + 1);
+  out.offsets.push_back(0);
+
+  std::vector<uint64_t> qm(size_t(tile_q * wpr_q));  // query-major pattern of one visit
+  for (int64_t s = 0; s < slots; ++s) {
+    const int64_t mb = s / m.heads(), mh = s % m.heads();
+    for (int64_t t = 0; t < tiles; ++t) {
+      const auto list = kv_major ? sched.q_tiles_of(s, t) : sched.kv_tiles_of(s, t);
+      for (const TileVisit& v : list) {
+        const int64_t qt = kv_major ? v.tile : t, kt = kv_major ? t : v.tile;
+        int32_t kind = flash::kVisitFull;
+        // The schedule calls a KV tile clipped by the sequence's end full when
+        // every key it has is visible; the kernels skip the predicate only on
+        // whole tiles (their keys past the end are zeros, not absent).
+        if (!v.full || (kt + 1) * tile_kv > lk) {
+          // Visible pairs of the two tiles under the dense mask, minus what the
+          // selection hides.
+          std::fill(qm.begin(), qm.end(), 0);
+          bool hidden = false;
+          const int64_t c0 = kt * tile_kv, c1 = std::min(lk, c0 + tile_kv);
+          for (int64_t r = 0; r < tile_q && qt * tile_q + r < lq; ++r) {
+            const int64_t i = qt * tile_q + r;
+            const int64_t a = std::max(dense.key_lo(i), c0), b = std::min(dense.key_hi(i) + 1, c1);
+            if (a >= b) continue;
+            uint64_t* row = qm.data() + r * wpr_q;
+            for (int64_t j = a; j < b; ++j) row[(j - c0) >> 6] |= uint64_t(1) << ((j - c0) & 63);
+            m.for_each_hidden(mb, mh, i, a, b, [&](int64_t j0, int64_t j1) {
+              hidden = true;
+              for (int64_t j = j0; j < j1; ++j) row[(j - c0) >> 6] &= ~(uint64_t(1) << ((j - c0) & 63));
+            });
+          }
+          kind = flash::kVisitDense;
+          if (hidden) {
+            const size_t index = out.bits.size() / tile_words;
+            if (index > size_t(INT32_MAX))
+              not_supported("block mask: more than 2^31 bit tiles for the CUDA kernels");
+            kind = int32_t(index);
+            if (!kv_major) {
+              out.bits.insert(out.bits.end(), qm.begin(), qm.end());
+            } else {
+              const size_t at = out.bits.size();
+              out.bits.resize(at + tile_words, 0);
+              const int64_t wpr = out.words_per_row;
+              for (int64_t r = 0; r < tile_q; ++r)
+                for (int64_t c = 0; c < tile_kv; ++c)
+                  if ((qm[size_t(r * wpr_q + (c >> 6))] >> (c & 63)) & 1u)
+                    out.bits[at + size_t(c * wpr + (r >> 6))] |= uint64_t(1) << (r & 63);
+            }
+          }
+        }
+        out.visits.push_back(int32_t(kv_major ? qt : kt));
+        out.visits.push_back(kind);
+      }
+      if (out.visits.size() / 2 > size_t(INT32_MAX))
+        not_supported("block mask: more than 2^31 tile visits for the CUDA kernels");
+      out.offsets.push_back(int32_t(out.visits.size() / 2));
+    }
+  }
+  if (kv_major) cut_work_items(out, slots, INT32_MAX);
+  return out;
+}
+
+}  // namespace attn::cuda
