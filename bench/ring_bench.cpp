@@ -369,7 +369,7 @@ void run_rank(Shared& sh, int r) {
     attn_plan_t plan;
     ATTN_CHECK(attn_ring_plan_create(ctx, desc, comm, cfg.layout, &plan));
     ATTN_CHECK(attn_plan_desc_destroy(desc));
-    attn_ring_info_t info;
+    attn_ring_plan_info_t info;
     info.struct_size = sizeof info;
     ATTN_CHECK(attn_ring_plan_describe(plan, &info));
     attn_plan_info_t pinfo;

@@ -1106,7 +1106,7 @@ ATTN_API attn_status_t attn_ring_plan_create(attn_context_t ctx, attn_plan_desc_
                                              attn_plan_t *plan);
 
 /* What a ring plan does on this rank. Size-tagged like attn_plan_info_t. */
-typedef struct attn_ring_info {
+typedef struct attn_ring_plan_info {
   uint64_t struct_size;
   int32_t layout;             /* attn_ring_layout_t */
   int32_t rank;
@@ -1122,12 +1122,12 @@ typedef struct attn_ring_info {
   uint64_t blocks_skipped;    /* blocks the mask hides wholly, never run */
   uint64_t local_visible_pairs; /* (query, key) pairs computed on this rank, all heads */
   char transport[32];         /* "inprocess" or "nccl" */
-} attn_ring_info_t;
+} attn_ring_plan_info_t;
 
 /* Fills *info (only the fields that fit info->struct_size). Returns
  * SUCCESS, INVALID_HANDLE, INVALID_ARGUMENT (info NULL, struct_size too
  * small, plan not a ring plan). Thread-safe. */
-ATTN_API attn_status_t attn_ring_plan_describe(attn_plan_t plan, attn_ring_info_t *info);
+ATTN_API attn_status_t attn_ring_plan_describe(attn_plan_t plan, attn_ring_plan_info_t *info);
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -128,18 +128,18 @@ attn_status_t attn_ring_plan_create(attn_context_t ctx, attn_plan_desc_t desc, a
   });
 }
 
-attn_status_t attn_ring_plan_describe(attn_plan_t plan, attn_ring_info_t* info) {
+attn_status_t attn_ring_plan_describe(attn_plan_t plan, attn_ring_plan_info_t* info) {
   return guarded([&] {
     const attn::Plan& p = *checked(plan, "plan").plan;
     require_out(info, "info");
-    const size_t min_size = offsetof(attn_ring_info_t, layout);
+    const size_t min_size = offsetof(attn_ring_plan_info_t, layout);
     if (info->struct_size < min_size)
       invalid_argument("info->struct_size (", info->struct_size,
-                       ") is too small: set it to sizeof(attn_ring_info_t)");
+                       ") is too small: set it to sizeof(attn_ring_plan_info_t)");
     const attn::ring::RingFacts* f = attn::ring::ring_facts(p);
     if (f == nullptr)
       invalid_argument("plan is not a ring plan (made by attn_plan_create, not attn_ring_plan_create)");
-    attn_ring_info_t full;
+    attn_ring_plan_info_t full;
     std::memset(&full, 0, sizeof full);
     full.layout = f->layout;
     full.rank = f->rank;

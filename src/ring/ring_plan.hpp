@@ -15,7 +15,7 @@
 
 namespace attn::ring {
 
-// What attn_ring_plan_describe reports (see attn_ring_info_t).
+// What attn_ring_plan_describe reports (see attn_ring_plan_info_t).
 struct RingFacts {
   attn_ring_layout_t layout = ATTN_RING_LAYOUT_CONTIGUOUS;
   int32_t rank = 0, size = 1;

@@ -346,7 +346,7 @@ static void test_ring_describe(void **state) {
    * rank, 3 are hidden: rank 0's chunk 0 sees only key chunk 0, its chunk 3
    * all four; rank 1's chunk 1 sees 0-1, chunk 2 sees 0-2. Equal work. */
   for (int r = 0; r < 2; ++r) {
-    attn_ring_info_t info;
+    attn_ring_plan_info_t info;
     poison(&info, sizeof info);
     info.struct_size = sizeof info;
     EXPECT_OK(attn_ring_plan_describe(plans[r], &info));
@@ -369,7 +369,7 @@ static void test_ring_describe(void **state) {
   /* Visible pairs of rank 0: chunk 0 x chunk 0 (diagonal, 10 pairs), chunk
    * 3 x chunks 0-2 (3 x 16) and its diagonal (10): 68, times 2 heads.
    * Rank 1: chunk 1 x 0 (16) + diag (10), chunk 2 x 0-1 (32) + diag (10). */
-  attn_ring_info_t i0, i1;
+  attn_ring_plan_info_t i0, i1;
   i0.struct_size = i1.struct_size = sizeof i0;
   EXPECT_OK(attn_ring_plan_describe(plans[0], &i0));
   EXPECT_OK(attn_ring_plan_describe(plans[1], &i1));
@@ -384,10 +384,10 @@ static void test_ring_describe(void **state) {
   assert_int_equal(pi.visible_pairs, (16 * 17 / 2) * HQ);
 
   /* Only the fields that fit are written. */
-  unsigned char raw[sizeof(attn_ring_info_t)];
+  unsigned char raw[sizeof(attn_ring_plan_info_t)];
   poison(raw, sizeof raw);
-  attn_ring_info_t *small = (attn_ring_info_t *)(void *)raw;
-  const size_t fit = offsetof(attn_ring_info_t, size);
+  attn_ring_plan_info_t *small = (attn_ring_plan_info_t *)(void *)raw;
+  const size_t fit = offsetof(attn_ring_plan_info_t, size);
   small->struct_size = fit;
   EXPECT_OK(attn_ring_plan_describe(plans[1], small));
   assert_int_equal(small->struct_size, fit);
@@ -395,7 +395,7 @@ static void test_ring_describe(void **state) {
   assert_true(is_poisoned(raw + fit, sizeof raw - fit));
 
   /* Errors. */
-  attn_ring_info_t info;
+  attn_ring_plan_info_t info;
   poison(&info, sizeof info);
   info.struct_size = 4;
   EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "struct_size", attn_ring_plan_describe(plans[0], &info));

@@ -184,7 +184,7 @@ void run_rank(const Case& c, int n, int r, ncclComm_t nccl, int64_t seqlen, cons
   res->message = attn_last_error_message();
   ATTN_CHECK(attn_plan_desc_destroy(desc));
   if (res->create == ATTN_STATUS_SUCCESS && run) {
-    attn_ring_info_t info;
+    attn_ring_plan_info_t info;
     info.struct_size = sizeof info;
     ATTN_CHECK(attn_ring_plan_describe(plan, &info));
     res->transport = info.transport;
