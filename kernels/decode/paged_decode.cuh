@@ -8,7 +8,9 @@
 // pipeline; each of the 4 warps takes 16 slots of a tile (S = Q K^T and
 // O += P V on mma.sync m16n8k16) and keeps its own online-softmax state, and
 // the warps' states are merged at the end. A key slot of a page is loaded
-// once per block, so once per group (and per 16 rows).
+// once per block, so once per group (and per 16 rows). The page entries of
+// a tile are copied into shared memory one iteration ahead of its K/V, so
+// that the K/V copies never wait on a dependent global load.
 //
 // Units of a split sequence write fp32 partial (O, LSE) states, merged by
 // decode_combine_kernel in the order of attn_merge_states.
@@ -35,12 +37,16 @@ struct Smem {
   static constexpr int kTileElems = kTileKeys * kLd;
   // K and V of each stage, the slots' positions, Q.
   static constexpr int kKvBytes = kStages * 2 * kTileElems * 2;
-  static constexpr int kPosBytes = kStages * kTileKeys * 8;
+  static constexpr int kPosBytes = kStages * kTileKeys * 4;
+  // Page entries one tile can touch (page size 1: one per slot, plus one
+  // when a tile starts inside a page), two buffers.
+  static constexpr int kEntriesPerTile = kTileKeys + 1;
+  static constexpr int kEntryBytes = 2 * kEntriesPerTile * 16;
   static constexpr int kQBytes = 16 * kLd * 2;
   // The warps' final states reuse the K/V area.
   static constexpr int kMergeBytes = kWarps * 16 * (D + 2) * 4;
   static_assert(kMergeBytes <= kKvBytes, "merge area fits");
-  static constexpr int kBytes = kKvBytes + kPosBytes + kQBytes;
+  static constexpr int kBytes = kKvBytes + kPosBytes + kEntryBytes + kQBytes;
 };
 
 // Grid (max units, heads_kv, row tiles); blocks past the prepared units or
@@ -66,8 +72,9 @@ __global__ void __launch_bounds__(kThreads) paged_decode_kernel(const DecodePara
 
   extern __shared__ __align__(16) unsigned char smem[];
   T* sKV = reinterpret_cast<T*>(smem);  // [stage][K|V][kTileKeys][kLd]
-  long long* sPos = reinterpret_cast<long long*>(smem + SM::kKvBytes);  // [stage][kTileKeys]
-  T* sQ = reinterpret_cast<T*>(smem + SM::kKvBytes + SM::kPosBytes);   // [16][kLd]
+  int* sPos = reinterpret_cast<int*>(smem + SM::kKvBytes);  // [stage][kTileKeys]
+  PageEntry* sEnt = reinterpret_cast<PageEntry*>(smem + SM::kKvBytes + SM::kPosBytes);  // [2][kEntriesPerTile]
+  T* sQ = reinterpret_cast<T*>(smem + SM::kKvBytes + SM::kPosBytes + SM::kEntryBytes);  // [16][kLd]
 
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int64_t n = sm.length;
@@ -88,37 +95,66 @@ __global__ void __launch_bounds__(kThreads) paged_decode_kernel(const DecodePara
     *reinterpret_cast<uint4*>(sQ + r * kLd + c * 8) = val;
   }
 
-  const int64_t slots = (u.entry_end - u.entry_begin) * ps;
+  // Positions are below 2^31 (int32 in shared memory), and so are a unit's
+  // key slots.
+  const uint32_t ups = uint32_t(ps);
+  const int64_t num_entries = u.entry_end - u.entry_begin;
+  const int64_t slots = num_entries * ps;
   const int tiles = int((slots + kTileKeys - 1) / kTileKeys);
   const int64_t head_off = int64_t(g) * p.head_stride;
 
-  // Loads the key slots of tile `tile` into stage `st`: a slot past the unit
-  // or at a position >= n (the unfilled end of the last page) becomes zeros
-  // and position -1.
-  auto load_tile = [&](int tile, int st) {
+  // The page entries that tile `tile` reads go to entry buffer tile % 2 one
+  // iteration before its K/V, so that the K/V copies never wait on them.
+  auto fetch_entries = [&](int tile) {
+    const int64_t first = int64_t(uint32_t(tile * kTileKeys) / ups);
+    const int64_t last = min(int64_t(uint32_t(tile * kTileKeys + kTileKeys - 1) / ups), num_entries - 1);
+    if (tid <= last - first)
+      cp_async_16(smem_u32(sEnt + (tile % 2) * SM::kEntriesPerTile + tid),
+                  p.entries + u.entry_begin + first + tid, true);
+  };
+  // Issues the K/V copies of tile `tile` into stage tile % kStages from its
+  // entries (in shared memory by now). A slot past the unit, or at a
+  // position >= n (the unfilled end of the last page), becomes zeros and
+  // position -1. Each thread copies chunk c of rows r0, r0 + kRowStep, ...
+  constexpr int kRowStep = kThreads / kChunks;
+  static_assert(kThreads % kChunks == 0 && kTileKeys % kRowStep == 0, "rows divide among threads");
+  const int chunk = tid % kChunks, r0 = tid / kChunks;
+  auto issue_kv = [&](int tile) {
+    const int st = tile % kStages;
     T* sK = sKV + st * 2 * SM::kTileElems;
     T* sV = sK + SM::kTileElems;
-    for (int idx = tid; idx < kTileKeys * kChunks; idx += kThreads) {
-      const int r = idx / kChunks, c = idx % kChunks;
-      const int64_t slot = int64_t(tile) * kTileKeys + r;
+    const PageEntry* ent = sEnt + (tile % 2) * SM::kEntriesPerTile;
+    const uint32_t slot0 = uint32_t(tile * kTileKeys);
+    const uint32_t first = slot0 / ups;
+#pragma unroll
+    for (int k = 0; k < kTileKeys / kRowStep; ++k) {
+      const int r = r0 + k * kRowStep;
+      const uint32_t slot = slot0 + uint32_t(r);
+      const uint32_t e = slot / ups, in_page = slot - e * ups;
       bool valid = false;
-      int64_t pos = -1, off = 0;
-      if (slot < slots) {
-        const PageEntry pe = p.entries[u.entry_begin + slot / ps];
-        const int64_t in_page = slot % ps;
-        pos = pe.logical * ps + in_page;
+      int pos = -1;
+      int64_t off = 0;
+      if (int64_t(slot) < slots) {
+        const PageEntry pe = ent[e - first];
+        pos = int(pe.logical * ps + in_page);
         valid = pos < n;
-        off = pe.page * p.page_elems + head_off + in_page * p.slot_stride + c * 8;
+        off = pe.page * p.page_elems + head_off + int64_t(in_page) * p.slot_stride + chunk * 8;
       }
-      cp_async_16(smem_u32(sK + r * kLd + c * 8), valid ? k_pool + off : k_pool, valid);
-      cp_async_16(smem_u32(sV + r * kLd + c * 8), valid ? v_pool + off : v_pool, valid);
-      if (c == 0) sPos[st * kTileKeys + r] = valid ? pos : -1;
+      cp_async_16(smem_u32(sK + r * kLd + chunk * 8), valid ? k_pool + off : k_pool, valid);
+      cp_async_16(smem_u32(sV + r * kLd + chunk * 8), valid ? v_pool + off : v_pool, valid);
+      if (chunk == 0) sPos[st * kTileKeys + r] = valid ? pos : -1;
     }
   };
 
-  if (tiles > 0) load_tile(0, 0);
+  // Prologue: entries of tile 0 (waited for), then K/V of tile 0 with the
+  // entries of tile 1.
+  if (tiles > 0) fetch_entries(0);
   flash::cp_async_commit();
-  __syncthreads();  // sQ written
+  flash::cp_async_wait<0>();
+  __syncthreads();  // sQ and the entries of tile 0
+  if (tiles > 0) issue_kv(0);
+  if (tiles > 1) fetch_entries(1);
+  flash::cp_async_commit();
 
   // Q fragments: A of m16n8k16 for each 16-wide slice of D.
   uint32_t qf[D / 16][4];
@@ -146,14 +182,16 @@ __global__ void __launch_bounds__(kThreads) paged_decode_kernel(const DecodePara
 
   for (int tile = 0; tile < tiles; ++tile) {
     const int st = tile % kStages;
-    if (tile + 1 < tiles) load_tile(tile + 1, (tile + 1) % kStages);
-    flash::cp_async_commit();
-    flash::cp_async_wait<1>();
+    // K/V of this tile and the entries of the next are in.
+    flash::cp_async_wait<0>();
     __syncthreads();
+    if (tile + 1 < tiles) issue_kv(tile + 1);
+    if (tile + 2 < tiles) fetch_entries(tile + 2);
+    flash::cp_async_commit();
 
     const T* sK = sKV + st * 2 * SM::kTileElems;
     const T* sV = sK + SM::kTileElems;
-    const long long* pos = sPos + st * kTileKeys;
+    const int* pos = sPos + st * kTileKeys;
     const int key0 = warp * 16;
 
     float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
@@ -173,7 +211,7 @@ __global__ void __launch_bounds__(kThreads) paged_decode_kernel(const DecodePara
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int h = e / 2;
-        const long long kp = pos[key0 + nt * 8 + 2 * (lane % 4) + (e & 1)];
+        const long long kp = pos[key0 + nt * 8 + 2 * (lane % 4) + (e & 1)];  // -1: no key
         const long long qp = qpos[h];
         const bool visible = kp >= 0 && kp <= qp &&
                              (p.window == 0 || kp >= qp - p.window + 1 || kp < p.sinks);

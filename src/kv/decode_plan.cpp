@@ -94,9 +94,9 @@ DecodePlan::DecodePlan(const ContextConfig& ctx, const CacheConfig& cache, const
     max_units_ = cfg_.max_batch * units_per_seq_forced;
     max_partials_ = units_per_seq_forced > 1 ? max_units_ : 0;
   } else if (cfg_.kv_chunk_tokens == 0 && on_device_) {
-    // Auto splits when batch * heads_kv < T (the target) into at most
-    // ceil(T / (batch * heads_kv)) chunks per sequence: sum over sequences
-    // of ceil(entries / chunk) <= T / heads_kv + 2 batch units.
+    // Auto splits when batch * heads_kv <= T / 2 (T: the target) into at
+    // most floor(T / (batch * heads_kv)) chunks per sequence: sum over
+    // sequences of ceil(entries / chunk) <= T / heads_kv + batch units.
     max_units_ = device_target_units_ + 2 * cfg_.max_batch;
     max_partials_ = max_units_;
   } else if (cfg_.kv_chunk_tokens == 0 && threads_ > 1) {
@@ -255,10 +255,10 @@ void DecodePlan::prepare(const KvCache& cache, int32_t num_seqs, const int64_t* 
     chunk_pages = ceil_div(cfg_.kv_chunk_tokens, ps);
   } else if (cfg_.kv_chunk_tokens == 0 && on_device_) {
     const int64_t items = int64_t(num_seqs) * cache_.heads_kv;
-    if (items < device_target_units_) {
-      const int64_t target = ceil_div(device_target_units_, items);
+    // Whole waves: floor(T / items) chunks per sequence.
+    const int64_t target = device_target_units_ / items;
+    if (target >= 2)
       chunk_pages = std::max(ceil_div(max_entries, target), ceil_div(kMinAutoChunkTokens, ps));
-    }
   } else if (cfg_.kv_chunk_tokens == 0 && threads_ > 1) {
     const int64_t items = int64_t(num_seqs) * cache_.heads_kv;
     if (items < threads_) {
