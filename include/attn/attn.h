@@ -777,14 +777,17 @@ ATTN_API attn_status_t attn_kv_cache_memory_size(const attn_kv_cache_config_t *c
 
 /* Creates a cache on ctx's backend.
  *   memory, memory_bytes  NULL and 0: the library allocates the page memory
- *                 and frees it in attn_kv_cache_destroy. Otherwise the
- *                 caller's memory (host memory on the CPU backend) of at
- *                 least attn_kv_cache_memory_size() bytes; it stays owned by
- *                 the caller, must outlive the cache and is not touched by
+ *                 and frees it in attn_kv_cache_destroy (on the CUDA
+ *                 backend with cudaMalloc on ctx's device). Otherwise the
+ *                 caller's memory (host memory on the CPU backend, device
+ *                 memory of ctx's device on the CUDA backend) of at least
+ *                 attn_kv_cache_memory_size() bytes; it stays owned by the
+ *                 caller, must outlive the cache and is not touched by
  *                 anyone else meanwhile.
  * The bookkeeping (page tables, reference counts) is small host memory that
- * the library always allocates. The CUDA backend has no KV cache yet
- * (NOT_SUPPORTED). On success *cache owns a new, empty cache. Returns
+ * the library always allocates, on every backend: fork, release, eviction
+ * and the CAPACITY check are host steps. On success *cache owns a new,
+ * empty cache. Returns
  * SUCCESS, INVALID_HANDLE (ctx), INVALID_ARGUMENT (config, memory_bytes too
  * small, memory NULL with memory_bytes != 0), NOT_SUPPORTED, OUT_OF_MEMORY.
  * On failure *cache is unchanged. */
@@ -805,13 +808,20 @@ ATTN_API attn_status_t attn_kv_cache_add_sequence(attn_kv_cache_t cache, int64_t
  * prefill chunk or one decode token each. k is [total, heads_kv,
  * head_dim_qk] and v [total, heads_kv, head_dim_v], contiguous, in the
  * cache's dtype, holding the sequences' tokens back to back in the order of
- * seq_ids (total = sum of num_tokens). Host memory on the CPU backend;
- * stream is for the CUDA backend and ignored here. The ids must be live and
- * distinct; num_tokens[i] >= 0.
+ * seq_ids (total = sum of num_tokens). Host memory on the CPU backend
+ * (stream ignored, the copy is done on return). On the CUDA backend k and
+ * v are device memory and the copies into the pages (and the copy-on-write
+ * page copies) are enqueued on `stream` (a cudaStream_t, NULL: the legacy
+ * default stream) without synchronising the host: k and v must stay valid
+ * until the stream has run them, and decode steps that read the pages must
+ * be ordered after them (the same stream, or an event). The ids must be
+ * live and distinct; num_tokens[i] >= 0.
  * All or nothing: the pages the whole batch needs (new pages, and a copy of
  * a shared, partly filled last page, see attn_kv_cache_fork) are counted
  * first; if the pool has too few free pages the call returns CAPACITY and
- * changes nothing (lengths, pages in use and contents stay as they were).
+ * changes nothing (lengths, pages in use and contents stay as they were;
+ * on the CUDA backend every check is made on the host before anything is
+ * enqueued).
  * Returns SUCCESS, INVALID_HANDLE, INVALID_ARGUMENT (NULL arrays, num_seqs <
  * 1, unknown or repeated id, negative count, k or v NULL with total > 0, a
  * sequence that would need more pages than the whole pool), CAPACITY,
@@ -910,15 +920,19 @@ typedef struct attn_decode_config {
 
 /* Creates a decode plan for caches configured like `cache` (dtype, layout,
  * page size, heads, head dims, window, sinks, pool size; the plan copies
- * them and may then run on any cache so configured). Returns SUCCESS,
- * INVALID_HANDLE (ctx, cache), INVALID_ARGUMENT (config NULL, a field out
- * of range, heads_q not a multiple of heads_kv, or limits whose workspace
- * would exceed 2^62 bytes; the message names it),
- * NOT_SUPPORTED (the CUDA backend has no decode kernel yet), OUT_OF_MEMORY.
- * On success *plan owns a new plan; free it with attn_decode_plan_destroy
- * (it does not keep the cache alive). On failure *plan is unchanged. A
- * plan is immutable: several threads may
- * use it at once with distinct workspaces. */
+ * them and may then run on any cache so configured, on ctx's backend).
+ * The CUDA backend runs fp16 and bf16 caches with head_dim_qk ==
+ * head_dim_v of 64 or 128 and max_query_tokens * (heads_q / heads_kv) <=
+ * 1024, on sm_80 or newer, both page layouts; it allocates a pinned host
+ * staging area for attn_decode_prepare (the size of the workspace's
+ * metadata). Returns SUCCESS, INVALID_HANDLE (ctx, cache), INVALID_ARGUMENT
+ * (config NULL, a field out of range, heads_q not a multiple of heads_kv,
+ * limits whose workspace would exceed 2^62 bytes, a cache on another
+ * backend than ctx; the message names it),
+ * NOT_SUPPORTED (what the CUDA kernel lacks, named), OUT_OF_MEMORY. On
+ * success *plan owns a new plan; free it with attn_decode_plan_destroy (it
+ * does not keep the cache alive). On failure *plan is unchanged. A plan is
+ * immutable: several threads may use it at once with distinct workspaces. */
 ATTN_API attn_status_t attn_decode_plan_create(attn_context_t ctx, attn_kv_cache_t cache,
                                                const attn_decode_config_t *config,
                                                attn_decode_plan_t *plan);
@@ -951,7 +965,17 @@ typedef struct attn_decode_step_info {
  * the cache makes them stale, and attn_decode_execute then refuses them.
  * info may be NULL. stream is for device backends, where the metadata go
  * to the device workspace in the stream's order (so a captured execute can
- * be replayed after each prepare); the CPU backend ignores it. Returns SUCCESS, INVALID_HANDLE, INVALID_ARGUMENT
+ * be replayed after each prepare); the CPU backend ignores it.
+ * CUDA: the workspace is device memory. The metadata are written into the
+ * plan's pinned staging area and copied to the workspace with
+ * cudaMemcpyAsync on `stream`. Prepares of one plan are serialised, and
+ * each first waits (on the host) until the previous prepare's copies have
+ * run, so that the staging area can be reused: a prepare may block until
+ * the work queued before the last prepare's copies on its stream is done.
+ * A CUDA graph that captured attn_decode_execute may be replayed after
+ * each prepare into the same workspace (same plan, cache, Q/O/LSE
+ * pointers, a batch within the plan's limits): the kernels' launch shape
+ * depends only on the plan. Returns SUCCESS, INVALID_HANDLE, INVALID_ARGUMENT
  * (num_seqs outside 1 .. max_batch, NULL arrays, unknown id, query_lens out
  * of range, a cache configured differently from the plan's, more visible
  * keys than max_kv_tokens, keys the queries need were evicted),
@@ -966,9 +990,16 @@ ATTN_API attn_status_t attn_decode_prepare(attn_decode_plan_t plan, attn_kv_cach
 
 /* Runs the prepared step: O (and LSE unless NULL) for every query token,
  * from Q and the cache's pages. Never allocates. stream as for
- * attn_forward. Returns SUCCESS, INVALID_HANDLE, INVALID_ARGUMENT (q or o
- * NULL, a workspace not prepared by this plan for this cache's current
- * state), WORKSPACE_TOO_SMALL. On failure no output is written. */
+ * attn_forward. On the CUDA backend Q, O, LSE and the workspace are device
+ * memory, and execute only enqueues kernels that read the workspace (a
+ * decode kernel over (work unit, KV head) blocks, then a combine kernel for
+ * split sequences): it never synchronises and can be captured in a CUDA
+ * graph. Whether the workspace was prepared by this plan for this cache's
+ * current state is checked on the host against the plan's record of its
+ * last prepare into that workspace (a graph replay checks nothing).
+ * Returns SUCCESS, INVALID_HANDLE, INVALID_ARGUMENT (q or o NULL, a
+ * workspace not prepared by this plan for this cache's current state),
+ * WORKSPACE_TOO_SMALL. On failure no output is written. */
 ATTN_API attn_status_t attn_decode_execute(attn_decode_plan_t plan, attn_kv_cache_t cache,
                                            const void *q, void *o, float *lse, void *workspace,
                                            size_t workspace_bytes, void *stream);
@@ -985,7 +1016,7 @@ typedef struct attn_decode_plan_info {
   int32_t reserved;           /* 0 */
   uint64_t workspace_bytes;
   char algorithm[64];         /* "paged-decode-gqa-packed-split-kv" */
-  char kernel[64];            /* "cpu-scalar" */
+  char kernel[64];            /* "cpu-scalar", "cuda-sm80-mma-paged" */
 } attn_decode_plan_info_t;
 
 /* Fills *info. Returns SUCCESS, INVALID_HANDLE, INVALID_ARGUMENT (info NULL

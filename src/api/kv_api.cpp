@@ -91,8 +91,7 @@ attn_status_t attn_kv_cache_append(attn_kv_cache_t cache, int32_t num_seqs, cons
                                    const int32_t* num_tokens, const void* k, const void* v,
                                    void* stream) {
   return guarded([&] {
-    (void)stream;  // the CPU cache copies synchronously
-    cache_of(cache).append(num_seqs, seq_ids, num_tokens, k, v);
+    cache_of(cache).append(num_seqs, seq_ids, num_tokens, k, v, stream);
   });
 }
 
@@ -139,6 +138,8 @@ attn_status_t attn_decode_plan_create(attn_context_t ctx, attn_kv_cache_t cache,
     const attn::kv::KvCache& kc = cache_of(cache);
     const attn::kv::DecodeConfig cfg = attn::kv::validate_decode_config(config, kc.config());
     require_out(plan, "plan");
+    if (kc.backend() != c.config.backend)
+      invalid_argument("cache: lives on another backend than ctx (a plan runs where its cache is)");
     auto h = std::make_unique<attn_decode_plan>();
     h->plan = std::make_unique<attn::kv::DecodePlan>(c.config, kc.config(), cfg);
     publish(std::move(h), plan);
@@ -163,10 +164,9 @@ attn_status_t attn_decode_prepare(attn_decode_plan_t plan, attn_kv_cache_t cache
                                   size_t workspace_bytes, attn_decode_step_info_t* info,
                                   void* stream) {
   return guarded([&] {
-    (void)stream;  // the CPU backend writes the host workspace directly
     const attn::kv::DecodePlan& p = *checked(plan, "plan").plan;
     const attn::kv::KvCache& c = cache_of(cache);
-    p.prepare(c, num_seqs, seq_ids, query_lens, workspace, workspace_bytes, info);
+    p.prepare(c, num_seqs, seq_ids, query_lens, workspace, workspace_bytes, info, stream);
   });
 }
 
@@ -174,10 +174,9 @@ attn_status_t attn_decode_execute(attn_decode_plan_t plan, attn_kv_cache_t cache
                                   void* o, float* lse, void* workspace, size_t workspace_bytes,
                                   void* stream) {
   return guarded([&] {
-    (void)stream;  // the CPU backend returns when the result is written
     const attn::kv::DecodePlan& p = *checked(plan, "plan").plan;
     const attn::kv::KvCache& c = cache_of(cache);
-    p.execute(c, q, o, lse, workspace, workspace_bytes);
+    p.execute(c, q, o, lse, workspace, workspace_bytes, stream);
   });
 }
 

@@ -7,9 +7,13 @@
 #include <cstring>
 #include <vector>
 
+#include "attn_config.h"
 #include "core/dtype.hpp"
 #include "core/error.hpp"
 #include "core/workspace.hpp"
+#if ATTN_HAVE_CUDA
+#include "cuda/decode_cuda.hpp"
+#endif
 
 namespace attn::kv {
 namespace {
@@ -70,9 +74,16 @@ DecodeConfig validate_decode_config(const attn_decode_config_t* config, const Ca
 
 DecodePlan::DecodePlan(const ContextConfig& ctx, const CacheConfig& cache, const DecodeConfig& cfg)
     : ctx_(ctx), cache_(cache), cfg_(cfg), id_(next_generation()) {
-  if (ctx.backend != ATTN_BACKEND_CPU)
-    not_supported("ctx: the CUDA backend has no decode kernel yet (only the CPU backend has)");
-  threads_ = std::max<int32_t>(1, ctx.num_threads);
+  on_device_ = ctx.backend != ATTN_BACKEND_CPU;
+#if ATTN_HAVE_CUDA
+  if (on_device_) {
+    cuda::decode_check_supported(ctx.device, cache_, cfg_.heads_q, cfg_.max_query_tokens);
+    device_target_units_ = cuda::decode_target_units(ctx.device);
+  }
+#else
+  if (on_device_) not_supported("ctx: this build of libattn has no CUDA backend");
+#endif
+  threads_ = on_device_ ? 1 : std::max<int32_t>(1, ctx.num_threads);
   const int64_t ps = cache_.page_size;
   // A page straddling each end of the window, plus the sink pages' tail.
   max_entries_per_seq_ = ceil_div(cfg_.max_kv_tokens, ps) + 2;
@@ -82,6 +93,12 @@ DecodePlan::DecodePlan(const ContextConfig& ctx, const CacheConfig& cache, const
   if (cfg_.kv_chunk_tokens > 0) {
     max_units_ = cfg_.max_batch * units_per_seq_forced;
     max_partials_ = units_per_seq_forced > 1 ? max_units_ : 0;
+  } else if (cfg_.kv_chunk_tokens == 0 && on_device_) {
+    // Auto splits when batch * heads_kv <= T / 2 (T: the target) into at
+    // most floor(T / (batch * heads_kv)) chunks per sequence: sum over
+    // sequences of ceil(entries / chunk) <= T / heads_kv + batch units.
+    max_units_ = device_target_units_ + 2 * cfg_.max_batch;
+    max_partials_ = max_units_;
   } else if (cfg_.kv_chunk_tokens == 0 && threads_ > 1) {
     // Auto splits only when batch * heads_kv < threads, into at most
     // ceil(2 threads / (batch * heads_kv)) chunks per sequence: fewer than
@@ -140,8 +157,16 @@ DecodePlan::DecodePlan(const ContextConfig& ctx, const CacheConfig& cache, const
   off_units_ = w.add(size_t(max_units_) * sizeof(WorkUnit));
   off_partial_o_ = w.add(size_t(max_partials_) * q_rows * dv * sizeof(float));
   off_partial_lse_ = w.add(size_t(max_partials_) * q_rows * sizeof(float));
-  off_scratch_ = w.add(size_t(threads_) * scratch_.floats * sizeof(float));
+  off_scratch_ = w.add(on_device_ ? 0 : size_t(threads_) * scratch_.floats * sizeof(float));
   total_bytes_ = w.total_bytes();
+#if ATTN_HAVE_CUDA
+  if (on_device_) {
+    // The metadata part of the workspace, staged on the host. The pinned
+    // block is page-aligned, so the workspace's offsets apply to it as is.
+    auto* st = new cuda::DecodeStaging(ctx.device, off_partial_o_);
+    staging_ = std::shared_ptr<void>(st, [](void* q) { delete static_cast<cuda::DecodeStaging*>(q); });
+  }
+#endif
 }
 
 DecodeWorkspace DecodePlan::carve(void* workspace) const {
@@ -175,7 +200,7 @@ static void check_workspace(size_t needed, const void* workspace, size_t bytes) 
 
 void DecodePlan::prepare(const KvCache& cache, int32_t num_seqs, const int64_t* ids,
                          const int32_t* query_lens, void* workspace, size_t workspace_bytes,
-                         attn_decode_step_info_t* info) const {
+                         attn_decode_step_info_t* info, void* stream) const {
   check_cache(cache);
   if (num_seqs < 1 || num_seqs > cfg_.max_batch)
     invalid_argument("num_seqs must be in 1..", cfg_.max_batch, " (the plan's max_batch), got ",
@@ -248,6 +273,12 @@ void DecodePlan::prepare(const KvCache& cache, int32_t num_seqs, const int64_t* 
     max_entries = std::max(max_entries, entry_begin[size_t(i) + 1] - entry_begin[size_t(i)]);
   if (cfg_.kv_chunk_tokens > 0) {
     chunk_pages = ceil_div(cfg_.kv_chunk_tokens, ps);
+  } else if (cfg_.kv_chunk_tokens == 0 && on_device_) {
+    const int64_t items = int64_t(num_seqs) * cache_.heads_kv;
+    // Whole waves: floor(T / items) chunks per sequence.
+    const int64_t target = device_target_units_ / items;
+    if (target >= 2)
+      chunk_pages = std::max(ceil_div(max_entries, target), ceil_div(kMinAutoChunkTokens, ps));
   } else if (cfg_.kv_chunk_tokens == 0 && threads_ > 1) {
     const int64_t items = int64_t(num_seqs) * cache_.heads_kv;
     if (items < threads_) {
@@ -276,8 +307,20 @@ void DecodePlan::prepare(const KvCache& cache, int32_t num_seqs, const int64_t* 
          " partial states or ", entries.size(), " page entries exceed the workspace's room (",
          max_units_, ", ", max_partials_, ", ", cfg_.max_batch * max_entries_per_seq_, ")");
 
-  // Commit.
-  DecodeWorkspace ws = carve(workspace);
+  // Commit: into the workspace, or on a device into the staging area and
+  // from there to the workspace on the stream.
+  std::unique_lock<std::mutex> staging_lock(prepared_mutex_, std::defer_lock);
+  char* target = static_cast<char*>(workspace);
+#if ATTN_HAVE_CUDA
+  auto* staging = static_cast<cuda::DecodeStaging*>(staging_.get());
+  if (on_device_) {
+    staging_lock.lock();
+    target = staging->acquire();
+  }
+#else
+  (void)stream;
+#endif
+  DecodeWorkspace ws = carve(target);
   std::memcpy(ws.seqs, seqs.data(), seqs.size() * sizeof(SeqMeta));
   if (!entries.empty()) std::memcpy(ws.entries, entries.data(), entries.size() * sizeof(PageEntry));
   std::memcpy(ws.units, units.data(), units.size() * sizeof(WorkUnit));
@@ -291,6 +334,19 @@ void DecodePlan::prepare(const KvCache& cache, int32_t num_seqs, const int64_t* 
   h.num_units = int64_t(units.size());
   h.chunk_pages = split_seqs > 0 ? chunk_pages : 0;
   std::memcpy(ws.header, &h, sizeof h);
+#if ATTN_HAVE_CUDA
+  if (on_device_) {
+    const std::vector<std::pair<size_t, size_t>> pieces = {
+        {off_header_, sizeof h},
+        {off_seqs_, seqs.size() * sizeof(SeqMeta)},
+        {off_entries_, entries.size() * sizeof(PageEntry)},
+        {off_units_, units.size() * sizeof(WorkUnit)}};
+    char* base = workspace_base(workspace);
+    prepared_.erase(uintptr_t(base));  // stale until the upload is enqueued
+    staging->upload(base, pieces, stream);
+    prepared_[uintptr_t(base)] = Prepared{uintptr_t(&cache), cache.generation()};
+  }
+#endif
 
   if (info != nullptr) {
     attn_decode_step_info_t full;
@@ -309,11 +365,16 @@ void DecodePlan::prepare(const KvCache& cache, int32_t num_seqs, const int64_t* 
 }
 
 void DecodePlan::execute(const KvCache& cache, const void* q, void* o, float* lse,
-                         void* workspace, size_t workspace_bytes) const {
+                         void* workspace, size_t workspace_bytes, void* stream) const {
   check_cache(cache);
   if (q == nullptr) invalid_argument("q is NULL");
   if (o == nullptr) invalid_argument("o is NULL");
   check_workspace(total_bytes_, workspace, workspace_bytes);
+  if (on_device_) {
+    execute_device(cache, q, o, lse, workspace, stream);
+    return;
+  }
+  (void)stream;
   DecodeWorkspace ws = carve(workspace);
   PreparedHeader h;
   std::memcpy(&h, ws.header, sizeof h);
@@ -325,6 +386,30 @@ void DecodePlan::execute(const KvCache& cache, const void* q, void* o, float* ls
     invalid_argument("workspace: prepared before the cache last changed (append, add, fork or ",
                      "release); call attn_decode_prepare again");
   cpu::decode_execute(*this, cache, ws, q, o, lse);
+}
+
+void DecodePlan::execute_device(const KvCache& cache, const void* q, void* o, float* lse,
+                                void* workspace, void* stream) const {
+  char* base = workspace_base(workspace);
+  Prepared rec{};
+  {
+    std::lock_guard<std::mutex> lock(prepared_mutex_);
+    auto it = prepared_.find(uintptr_t(base));
+    if (it == prepared_.end())
+      invalid_argument("workspace: not prepared by attn_decode_prepare with this plan");
+    rec = it->second;
+  }
+  if (rec.cache_id != uintptr_t(&cache))
+    invalid_argument("cache: the workspace was prepared for another cache");
+  if (rec.generation != cache.generation())
+    invalid_argument("workspace: prepared before the cache last changed (append, add, fork or ",
+                     "release); call attn_decode_prepare again");
+#if ATTN_HAVE_CUDA
+  cuda::decode_launch(*this, cache, carve(workspace), max_units_, q, o, lse, max_partials_ > 0,
+                      stream);
+#else
+  (void)q, (void)o, (void)lse, (void)stream;
+#endif
 }
 
 void DecodePlan::describe(attn_decode_plan_info_t& info) const {
@@ -342,7 +427,8 @@ void DecodePlan::describe(attn_decode_plan_info_t& info) const {
   info.workspace_bytes = total_bytes_;
   std::snprintf(info.algorithm, sizeof info.algorithm, "%s",
                 max_partials_ > 0 ? "paged-decode-gqa-packed-split-kv" : "paged-decode-gqa-packed");
-  std::snprintf(info.kernel, sizeof info.kernel, "%s", "cpu-scalar");
+  std::snprintf(info.kernel, sizeof info.kernel, "%s",
+                on_device_ ? "cuda-sm80-mma-paged" : "cpu-scalar");
 }
 
 }  // namespace attn::kv

@@ -12,6 +12,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
 
 #include "core/context.hpp"
 #include "kv/kv_cache.hpp"
@@ -79,11 +82,15 @@ class DecodePlan {
   DecodePlan(const ContextConfig& ctx, const CacheConfig& cache, const DecodeConfig& cfg);
 
   size_t workspace_bytes() const { return total_bytes_; }
+  // On the CUDA backend prepare uploads the metadata on `stream` from the
+  // plan's pinned staging area (prepares of one plan are serialised, and
+  // each waits until the previous upload has left the staging area), and
+  // execute only launches kernels on `stream`.
   void prepare(const KvCache& cache, int32_t num_seqs, const int64_t* ids,
                const int32_t* query_lens, void* workspace, size_t workspace_bytes,
-               attn_decode_step_info_t* info) const;
+               attn_decode_step_info_t* info, void* stream) const;
   void execute(const KvCache& cache, const void* q, void* o, float* lse, void* workspace,
-               size_t workspace_bytes) const;
+               size_t workspace_bytes, void* stream) const;
   void describe(attn_decode_plan_info_t& info) const;
 
   const CacheConfig& cache_config() const { return cache_; }
@@ -94,6 +101,7 @@ class DecodePlan {
   // destroyed one lived must not accept that one's metadata, whose limits
   // (batch, query tokens, split) may exceed its own workspace layout.
   uint64_t id() const { return id_; }
+  int32_t device() const { return ctx_.device; }
 
   // Per-thread scratch regions (offsets in floats, each 16-float aligned).
   struct Scratch {
@@ -104,6 +112,8 @@ class DecodePlan {
  private:
   void check_cache(const KvCache& cache) const;
   DecodeWorkspace carve(void* workspace) const;
+  void execute_device(const KvCache& cache, const void* q, void* o, float* lse, void* workspace,
+                      void* stream) const;
 
   ContextConfig ctx_;
   CacheConfig cache_;
@@ -116,6 +126,20 @@ class DecodePlan {
   size_t off_header_ = 0, off_seqs_ = 0, off_entries_ = 0, off_units_ = 0;
   size_t off_partial_o_ = 0, off_partial_lse_ = 0, off_scratch_ = 0;
   size_t total_bytes_ = 0;
+
+  // CUDA: the work units that fill the device (automatic split target), the
+  // pinned staging area of prepare (a cuda::DecodeStaging) and, per
+  // prepared workspace, the cache and its state that the metadata describe
+  // (the host cannot read the device header before launching).
+  bool on_device_ = false;
+  int64_t device_target_units_ = 0;
+  std::shared_ptr<void> staging_;
+  struct Prepared {
+    uintptr_t cache_id;
+    uint64_t generation;
+  };
+  mutable std::mutex prepared_mutex_;
+  mutable std::unordered_map<uintptr_t, Prepared> prepared_;
 };
 
 // Validates a public config against the cache's and resolves defaults.

@@ -5,9 +5,13 @@
 #include <cstring>
 #include <limits>
 
+#include "attn_config.h"
 #include "core/dtype.hpp"
 #include "core/error.hpp"
 #include "core/workspace.hpp"
+#if ATTN_HAVE_CUDA
+#include "cuda/decode_cuda.hpp"
+#endif
 
 namespace attn::kv {
 
@@ -80,15 +84,25 @@ PoolLayout pool_layout(const CacheConfig& c) {
 KvCache::KvCache(const ContextConfig& ctx, const CacheConfig& config, void* memory,
                  size_t memory_bytes)
     : config_(config), backend_(ctx.backend), layout_(pool_layout(config)),
-      generation_(next_generation()) {
+      device_(ctx.device), generation_(next_generation()) {
+#if !ATTN_HAVE_CUDA
   if (ctx.backend != ATTN_BACKEND_CPU)
-    not_supported("ctx: the CUDA backend has no KV cache yet (only the CPU backend has)");
+    not_supported("ctx: this build of libattn has no CUDA backend");
+#endif
   if (memory == nullptr && memory_bytes != 0)
     invalid_argument("memory is NULL but memory_bytes is ", memory_bytes);
   char* raw = nullptr;
   if (memory == nullptr) {
-    owned_.reset(new char[layout_.total]);
-    raw = owned_.get();
+#if ATTN_HAVE_CUDA
+    if (ctx.backend == ATTN_BACKEND_CUDA) {
+      device_owned_ = cuda::kv_pool_alloc(ctx.device, layout_.total);
+      raw = static_cast<char*>(device_owned_);
+    } else
+#endif
+    {
+      owned_.reset(new char[layout_.total]);
+      raw = owned_.get();
+    }
   } else {
     if (memory_bytes < layout_.total)
       invalid_argument("memory_bytes: ", memory_bytes, " bytes given, the cache needs ",
@@ -101,14 +115,26 @@ KvCache::KvCache(const ContextConfig& ctx, const CacheConfig& config, void* memo
   const size_t es = dtype_size(config_.dtype);
   k_page_bytes_ = size_t(config_.k_page_elems()) * es;
   v_page_bytes_ = size_t(config_.v_page_elems()) * es;
-  refcount_.assign(size_t(config_.num_pages), 0);
-  free_.resize(size_t(config_.num_pages));
+  try {
+    refcount_.assign(size_t(config_.num_pages), 0);
+    free_.resize(size_t(config_.num_pages));
+  } catch (...) {
+    release_device_memory();
+    throw;
+  }
   // A stack: page 0 is handed out first.
   for (int64_t i = 0; i < config_.num_pages; ++i)
     free_[size_t(i)] = int32_t(config_.num_pages - 1 - i);
 }
 
-KvCache::~KvCache() = default;
+KvCache::~KvCache() { release_device_memory(); }
+
+void KvCache::release_device_memory() noexcept {
+#if ATTN_HAVE_CUDA
+  cuda::kv_pool_free(device_, device_owned_);
+#endif
+  device_owned_ = nullptr;
+}
 
 const Sequence& KvCache::sequence(int64_t id, const char* arg) const {
   auto it = sequences_.find(id);
@@ -152,7 +178,7 @@ void KvCache::copy_page(int32_t from, int32_t to) {
 }
 
 void KvCache::append(int32_t num_seqs, const int64_t* ids, const int32_t* num_tokens,
-                     const void* k, const void* v) {
+                     const void* k, const void* v, void* stream) {
   const int64_t ps = config_.page_size;
   const int64_t sp = config_.sink_pages();
   if (num_seqs < 1) invalid_argument("num_seqs must be >= 1, got ", num_seqs);
@@ -227,7 +253,19 @@ void KvCache::append(int32_t num_seqs, const int64_t* ids, const int32_t* num_to
     fail(ATTN_STATUS_CAPACITY, "KV cache full: the batch needs ", needed, " new pages, ",
          free_pages, " are free (of ", config_.num_pages, "); nothing was appended");
 
-  // 3. Apply. Reserve the page lists first: nothing after that can fail.
+  // 3. Apply. Reserve the page lists (and on a device the copy lists)
+  //    first: nothing after that can fail but an enqueue error.
+  const bool on_device = backend_ == ATTN_BACKEND_CUDA;
+  struct DeviceRun {
+    int64_t src_token;
+    int32_t page, slot, count;
+  };
+  std::vector<std::pair<int32_t, int32_t>> page_copies;
+  std::vector<DeviceRun> runs;
+  if (on_device) {
+    page_copies.reserve(size_t(num_seqs));
+    runs.reserve(size_t(needed) + size_t(num_seqs));
+  }
   for (int32_t i = 0; i < num_seqs; ++i) {
     Sequence& s = *seqs[size_t(i)];
     const int64_t pages = (s.length + num_tokens[i] + ps - 1) / ps;
@@ -241,6 +279,7 @@ void KvCache::append(int32_t num_seqs, const int64_t* ids, const int32_t* num_to
   const int64_t hkv = config_.heads_kv, dqk = config_.head_dim_qk, dv = config_.head_dim_v;
   const char* k_src = static_cast<const char*>(k);
   const char* v_src = static_cast<const char*>(v);
+  int64_t src_token = 0;
   for (int32_t i = 0; i < num_seqs; ++i) {
     Sequence& s = *seqs[size_t(i)];
     const int64_t n = num_tokens[i];
@@ -252,7 +291,8 @@ void KvCache::append(int32_t num_seqs, const int64_t* ids, const int32_t* num_to
                           : s.recent[size_t(logical - s.recent_first)];
       if (refcount_[size_t(slot)] > 1) {
         const int32_t fresh = take_free_page();
-        copy_page(slot, fresh);
+        if (on_device) page_copies.emplace_back(slot, fresh);
+        else copy_page(slot, fresh);
         unref(slot);
         slot = fresh;
       }
@@ -270,6 +310,14 @@ void KvCache::append(int32_t num_seqs, const int64_t* ids, const int32_t* num_to
         }
       }
       const int32_t page = s.page(logical);
+      if (on_device) {
+        // Tokens of one page are consecutive slots: extend the last run.
+        if (off > 0 && t > 0 && !runs.empty() && runs.back().page == page)
+          ++runs.back().count;
+        else
+          runs.push_back(DeviceRun{src_token + t, page, int32_t(off), 1});
+        continue;
+      }
       char* kp = k_base_ + size_t(page) * k_page_bytes_;
       char* vp = v_base_ + size_t(page) * v_page_bytes_;
       for (int64_t h = 0; h < hkv; ++h) {
@@ -281,9 +329,21 @@ void KvCache::append(int32_t num_seqs, const int64_t* ids, const int32_t* num_to
     }
     k_src += size_t(n * hkv * dqk) * es;
     v_src += size_t(n * hkv * dv) * es;
+    src_token += n;
     s.length += n;
   }
   generation_ = next_generation();
+#if ATTN_HAVE_CUDA
+  if (on_device) {
+    std::vector<cuda::KvCopyRun> device_runs;
+    device_runs.reserve(runs.size());
+    for (const DeviceRun& r : runs) device_runs.push_back({r.src_token, r.page, r.slot, r.count});
+    cuda::kv_append_enqueue(device_, config_, k_base_, v_base_, page_copies, device_runs, k, v,
+                            stream);
+  }
+#else
+  (void)stream;
+#endif
 }
 
 void KvCache::fork(int64_t parent_id, int64_t child_id, int64_t num_tokens) {

@@ -96,8 +96,11 @@ class KvCache {
   uint64_t generation() const { return generation_; }
 
   void add_sequence(int64_t id);
+  // On the CUDA backend k and v are device pointers and the copies into
+  // the pages (and copy-on-write page copies) are enqueued on `stream`;
+  // every check happens on the host before anything is enqueued.
   void append(int32_t num_seqs, const int64_t* ids, const int32_t* num_tokens, const void* k,
-              const void* v);
+              const void* v, void* stream);
   void fork(int64_t parent, int64_t child, int64_t num_tokens);
   void release(int64_t id);
 
@@ -105,7 +108,7 @@ class KvCache {
   const Sequence& sequence(int64_t id, const char* arg) const;
   int64_t num_sequences() const { return int64_t(sequences_.size()); }
   int64_t pages_in_use() const { return config_.num_pages - int64_t(free_.size()); }
-  bool owns_memory() const { return owned_ != nullptr; }
+  bool owns_memory() const { return owned_ != nullptr || device_owned_ != nullptr; }
   size_t memory_bytes() const { return layout_.used; }
 
   // Base of physical page p in the K and V pools.
@@ -124,12 +127,15 @@ class KvCache {
   void evict(Sequence& s, int64_t below, Drop&& drop) const;
   void unref(int32_t page);
   int32_t take_free_page();
-  void copy_page(int32_t from, int32_t to);
+  void copy_page(int32_t from, int32_t to);  // host pools only
+  void release_device_memory() noexcept;
 
   CacheConfig config_;
   attn_backend_t backend_;
   PoolLayout layout_;
   std::unique_ptr<char[]> owned_;
+  void* device_owned_ = nullptr;  // CUDA: the library's cudaMalloc
+  int32_t device_ = 0;
   char* k_base_ = nullptr;
   char* v_base_ = nullptr;
   size_t k_page_bytes_ = 0, v_page_bytes_ = 0;

@@ -1,0 +1,266 @@
+#!/usr/bin/env python3
+"""libattn's CUDA paged decode next to PyTorch SDPA, in one process.
+
+bf16, d = 128, 32 query heads on 8 KV heads, one query token per sequence
+at the end of its context. libattn (through ctypes, on PyTorch's current
+stream) reads a paged KV cache (page size 16, HND unless stated) filled by
+attn_kv_cache_append from the very K/V that SDPA gets as contiguous
+[B, H_kv, L, d] tensors (GQA through enable_gqa, or K/V expanded to the
+query heads when a backend refuses it: then the table says so). The figure
+is KV bytes read per second: the bytes of the keys and values of every
+sequence (libattn's attn_decode_step_info_t.kv_bytes_read; the same count
+for SDPA, the unique K/V bytes, whatever the backend re-reads), timed with
+CUDA events, median of many runs after warm-up, inputs larger than L2.
+The device's copy bandwidth (a clone of a 1 GiB tensor, read + write) is
+the ceiling. Outputs are compared with SDPA's (relative L2).
+
+Usage: bench_decode.py [--lib build/src/libattn.so] [--out results.md] [--quick]
+"""
+import argparse
+import ctypes
+import datetime
+import os
+import subprocess
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+ATTN_BACKEND_CUDA = 2
+ATTN_DTYPE_BF16 = 2
+ATTN_KV_LAYOUT_NHD, ATTN_KV_LAYOUT_HND = 0, 1
+
+
+class KvCacheConfig(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_uint64), ("dtype", ctypes.c_int32), ("layout", ctypes.c_int32),
+                ("page_size", ctypes.c_int64), ("num_pages", ctypes.c_int64), ("heads_kv", ctypes.c_int64),
+                ("head_dim_qk", ctypes.c_int64), ("head_dim_v", ctypes.c_int64), ("window", ctypes.c_int64),
+                ("sink_tokens", ctypes.c_int64)]
+
+
+class DecodeConfig(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_uint64), ("heads_q", ctypes.c_int64), ("max_batch", ctypes.c_int64),
+                ("max_query_tokens", ctypes.c_int64), ("max_kv_tokens", ctypes.c_int64),
+                ("kv_chunk_tokens", ctypes.c_int64), ("softmax_scale", ctypes.c_float),
+                ("softcap", ctypes.c_float)]
+
+
+class StepInfo(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_uint64), ("total_q", ctypes.c_int64),
+                ("num_work_units", ctypes.c_int64), ("split_sequences", ctypes.c_int64),
+                ("max_chunks", ctypes.c_int64), ("kv_chunk_tokens", ctypes.c_int64),
+                ("visible_pairs", ctypes.c_uint64), ("kv_bytes_read", ctypes.c_double)]
+
+
+class PlanInfo(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_uint64), ("backend", ctypes.c_int32), ("dtype", ctypes.c_int32),
+                ("heads_q", ctypes.c_int64), ("heads_kv", ctypes.c_int64), ("max_batch", ctypes.c_int64),
+                ("max_query_tokens", ctypes.c_int64), ("max_kv_tokens", ctypes.c_int64),
+                ("kv_chunk_tokens", ctypes.c_int64), ("num_threads", ctypes.c_int32),
+                ("reserved", ctypes.c_int32), ("workspace_bytes", ctypes.c_uint64),
+                ("algorithm", ctypes.c_char * 64), ("kernel", ctypes.c_char * 64)]
+
+
+class Lib:
+    def __init__(self, path):
+        self.dll = d = ctypes.CDLL(path)
+        vp, i32, i64, sz = ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64, ctypes.c_size_t
+        P = ctypes.POINTER
+        sig = {
+            "attn_status_string": ([i32], ctypes.c_char_p),
+            "attn_last_error_message": ([], ctypes.c_char_p),
+            "attn_context_create": ([i32, i32, i32, P(vp)], i32),
+            "attn_context_destroy": ([vp], i32),
+            "attn_kv_cache_create": ([vp, P(KvCacheConfig), vp, sz, P(vp)], i32),
+            "attn_kv_cache_destroy": ([vp], i32),
+            "attn_kv_cache_add_sequence": ([vp, i64], i32),
+            "attn_kv_cache_append": ([vp, i32, P(i64), P(i32), vp, vp, vp], i32),
+            "attn_decode_plan_create": ([vp, vp, P(DecodeConfig), P(vp)], i32),
+            "attn_decode_plan_destroy": ([vp], i32),
+            "attn_decode_plan_workspace_size": ([vp, P(sz)], i32),
+            "attn_decode_plan_describe": ([vp, P(PlanInfo)], i32),
+            "attn_decode_prepare": ([vp, vp, i32, P(i64), P(i32), vp, sz, P(StepInfo), vp], i32),
+            "attn_decode_execute": ([vp, vp, vp, vp, vp, vp, sz, vp], i32),
+        }
+        for name, (args, res) in sig.items():
+            f = getattr(d, name)
+            f.argtypes, f.restype = args, res
+
+    def check(self, status, what):
+        if status != 0:
+            msg = self.dll.attn_last_error_message().decode()
+            raise RuntimeError(f"{what}: {self.dll.attn_status_string(status).decode()}: {msg}")
+
+
+def time_ms(fn, warmup, reps):
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(reps):
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        fn()
+        e1.record()
+        e1.synchronize()
+        times.append(e0.elapsed_time(e1))
+    times.sort()
+    return times[len(times) // 2]
+
+
+def rel_err(a, b):
+    a, b = a.float(), b.float()
+    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+
+
+class PagedDecode:
+    """A CUDA cache holding k, v ([B, L, H_kv, d]) and a decode plan for one query per sequence."""
+
+    def __init__(self, lib, ctx, k, v, hq, page_size, layout, chunk):
+        self.lib, dl = lib, lib.dll
+        B, L, hkv, d = k.shape
+        self.B = B
+        stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+        cfg = KvCacheConfig(ctypes.sizeof(KvCacheConfig), ATTN_DTYPE_BF16, layout, page_size,
+                            B * ((L + page_size - 1) // page_size), hkv, d, d, 0, 0)
+        self.cache = ctypes.c_void_p()
+        lib.check(dl.attn_kv_cache_create(ctx, ctypes.byref(cfg), None, 0, ctypes.byref(self.cache)), "cache")
+        self.ids = (ctypes.c_int64 * B)(*range(B))
+        for i in range(B):
+            lib.check(dl.attn_kv_cache_add_sequence(self.cache, i), "add")
+        counts = (ctypes.c_int32 * B)(*([L] * B))
+        lib.check(dl.attn_kv_cache_append(self.cache, B, self.ids, counts, ctypes.c_void_p(k.data_ptr()),
+                                          ctypes.c_void_p(v.data_ptr()), stream), "append")
+        dc = DecodeConfig(ctypes.sizeof(DecodeConfig), hq, B, 1, L, chunk, 0.0, 0.0)
+        self.plan = ctypes.c_void_p()
+        lib.check(dl.attn_decode_plan_create(ctx, self.cache, ctypes.byref(dc), ctypes.byref(self.plan)), "plan")
+        ws = ctypes.c_size_t()
+        lib.check(dl.attn_decode_plan_workspace_size(self.plan, ctypes.byref(ws)), "workspace size")
+        self.ws_bytes = ws.value
+        self.ws = torch.empty(max(ws.value, 1), dtype=torch.uint8, device="cuda")
+        self.qlens = (ctypes.c_int32 * B)(*([1] * B))
+        self.info = StepInfo()
+        self.info.struct_size = ctypes.sizeof(StepInfo)
+        lib.check(dl.attn_decode_prepare(self.plan, self.cache, B, self.ids, self.qlens,
+                                         ctypes.c_void_p(self.ws.data_ptr()), self.ws_bytes,
+                                         ctypes.byref(self.info), stream), "prepare")
+        pi = PlanInfo()
+        pi.struct_size = ctypes.sizeof(PlanInfo)
+        lib.check(dl.attn_decode_plan_describe(self.plan, ctypes.byref(pi)), "describe")
+        self.kernel = pi.kernel.decode()
+
+    def execute(self, q, o):
+        stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+        self.lib.check(self.lib.dll.attn_decode_execute(
+            self.plan, self.cache, ctypes.c_void_p(q.data_ptr()), ctypes.c_void_p(o.data_ptr()), None,
+            ctypes.c_void_p(self.ws.data_ptr()), self.ws_bytes, stream), "execute")
+
+    def close(self):
+        self.lib.dll.attn_decode_plan_destroy(self.plan)
+        self.lib.dll.attn_kv_cache_destroy(self.cache)
+
+
+def sdpa_runner(backend, q4, kc, vc, hq):
+    """fn() running SDPA with `backend`, and how GQA is given to it."""
+    def gqa():
+        with sdpa_kernel(backend):
+            return F.scaled_dot_product_attention(q4, kc, vc, enable_gqa=True)
+    try:
+        gqa()
+        torch.cuda.synchronize()
+        return gqa, "enable_gqa"
+    except RuntimeError:
+        pass
+    g = hq // kc.shape[1]
+    ke, ve = kc.repeat_interleave(g, dim=1), vc.repeat_interleave(g, dim=1)
+
+    def expanded():
+        with sdpa_kernel(backend):
+            return F.scaled_dot_product_attention(q4, ke, ve)
+    try:
+        expanded()
+        torch.cuda.synchronize()
+        return expanded, "expanded K/V"
+    except RuntimeError as e:
+        return None, f"refused ({str(e).splitlines()[0][:60]})"
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--lib", default=os.environ.get("LIBATTN", "build/src/libattn.so"))
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--quick", action="store_true")
+    args = ap.parse_args()
+    lib = Lib(args.lib)
+    ctx = ctypes.c_void_p()
+    lib.check(lib.dll.attn_context_create(ATTN_BACKEND_CUDA, 0, 1, ctypes.byref(ctx)), "context")
+    hq, hkv, d, ps = 32, 8, 128, 16
+    cases = [(32, 8192, ATTN_KV_LAYOUT_HND), (32, 8192, ATTN_KV_LAYOUT_NHD),
+             (4, 65536, ATTN_KV_LAYOUT_HND), (1, 131072, ATTN_KV_LAYOUT_HND)]
+    warmup, reps = (3, 10) if args.quick else (10, 50)
+    commit = os.environ.get("ATTN_COMMIT")
+    if not commit:
+        try:
+            commit = subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True).strip()
+        except (OSError, subprocess.CalledProcessError):
+            commit = "unknown"
+    # Copy bandwidth: read + write of 1 GiB.
+    big = torch.empty(1 << 29, dtype=torch.bfloat16, device="cuda").normal_()
+    dst = torch.empty_like(big)
+    copy_ms = time_ms(lambda: dst.copy_(big), warmup, reps)
+    copy_tbs = 2 * big.numel() * 2 / (copy_ms * 1e-3) / 1e12
+    del big, dst
+    lines = [f"# Paged decode: libattn CUDA vs PyTorch SDPA, {datetime.date.today()}", "",
+             f"commit `{commit}`, {torch.cuda.get_device_name()}, torch {torch.__version__}; bf16, d = {d}, "
+             f"heads q/kv {hq}/{hkv}, one query token per sequence, libattn page size {ps}; median of {reps} "
+             f"after {warmup} warm-up; TB/s of K/V bytes read (unique bytes for every column). "
+             f"Device copy (read + write, 1 GiB): {copy_tbs:.2f} TB/s.", "",
+             "| batch x context | libattn layout | libattn TB/s | split (units) | torch FA2 TB/s | torch cuDNN TB/s "
+             "| ours/FA2 | ours/cuDNN | rel. L2 vs SDPA | kernel |",
+             "|---|---|---:|---|---:|---:|---:|---:|---|---|"]
+    print("\n".join(lines), flush=True)
+    torch.manual_seed(0)
+    for B, L, layout in cases:
+        k = torch.randn(B, L, hkv, d, dtype=torch.bfloat16, device="cuda")
+        v = torch.randn(B, L, hkv, d, dtype=torch.bfloat16, device="cuda")
+        q = torch.randn(B, hq, d, dtype=torch.bfloat16, device="cuda")
+        o = torch.empty_like(q)
+        pd = PagedDecode(lib, ctx, k, v, hq, ps, layout, 0)
+        kv_bytes = 2 * B * L * hkv * d * 2
+        assert abs(pd.info.kv_bytes_read - kv_bytes) < 1, (pd.info.kv_bytes_read, kv_bytes)
+        pd.execute(q, o)
+        torch.cuda.synchronize()
+        ours_ms = time_ms(lambda: pd.execute(q, o), warmup, reps)
+        ours = kv_bytes / (ours_ms * 1e-3) / 1e12
+        # SDPA on contiguous [B, H_kv, L, d] K/V.
+        kc, vc = k.permute(0, 2, 1, 3).contiguous(), v.permute(0, 2, 1, 3).contiguous()
+        del k, v
+        q4 = q.view(B, hq, 1, d)
+        res, errs = {}, []
+        for name, be in (("fa2", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
+            fn, how = sdpa_runner(be, q4, kc, vc, hq)
+            if fn is None:
+                res[name] = (float("nan"), how)
+                continue
+            ref = fn().view(B, hq, d)
+            errs.append(f"{name} {rel_err(o, ref):.1e}")
+            ms = time_ms(fn, warmup, reps)
+            res[name] = (kv_bytes / (ms * 1e-3) / 1e12, how)
+        fa2, cud = res["fa2"][0], res["cudnn"][0]
+        ratio = lambda a, b: f"{a / b:.2f}" if b == b and b > 0 else "n/a"
+        note = lambda r: "" if r[1] == "enable_gqa" else f" ({r[1]})"
+        lines.append(f"| {B} x {L // 1024}K | {'HND' if layout == ATTN_KV_LAYOUT_HND else 'NHD'} | {ours:.2f} | "
+                     f"{pd.info.split_sequences and pd.info.max_chunks} chunks ({pd.info.num_work_units}) | "
+                     f"{fa2:.2f}{note(res['fa2'])} | {cud:.2f}{note(res['cudnn'])} | {ratio(ours, fa2)} | "
+                     f"{ratio(ours, cud)} | {', '.join(errs)} | {pd.kernel} |")
+        print(lines[-1], flush=True)
+        pd.close()
+        del kc, vc, q, o
+        torch.cuda.empty_cache()
+    lib.dll.attn_context_destroy(ctx)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()

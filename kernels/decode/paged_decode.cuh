@@ -1,0 +1,383 @@
+// Paged decode on sm_80+: attention of a batch's newest query tokens over
+// the pages of a KV cache, the GQA group packed as the rows of one m16 tile.
+//
+// Block (unit, KV head g, row tile z), 128 threads. Rows of the tile are
+// r = z * 16 + i (i < 16) of the sequence's q_len * G packed rows, row r
+// being query token r / G, query head g * G + r % G. The block streams the
+// unit's pages in tiles of kTileKeys key slots through a two-stage cp.async
+// pipeline; each of the 4 warps takes 16 slots of a tile (S = Q K^T and
+// O += P V on mma.sync m16n8k16) and keeps its own online-softmax state, and
+// the warps' states are merged at the end. A key slot of a page is loaded
+// once per block, so once per group (and per 16 rows). The page entries of
+// a tile are copied into shared memory one iteration ahead of its K/V, so
+// that the K/V copies never wait on a dependent global load.
+//
+// Units of a split sequence write fp32 partial (O, LSE) states, merged by
+// decode_combine_kernel in the order of attn_merge_states.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "decode/decode_params.cuh"
+#include "flash/sm80.cuh"
+
+namespace attn::decode {
+
+constexpr int kThreads = 128;
+constexpr int kWarps = kThreads / 32;
+constexpr int kTileKeys = 16 * kWarps;  // key slots per pipeline stage
+constexpr int kStages = 2;
+
+template <int D>
+struct Smem {
+  static constexpr int kLd = D + 8;  // row pitch (elements): ldmatrix without bank conflicts
+  static constexpr int kTileElems = kTileKeys * kLd;
+  // K and V of each stage, the slots' positions, Q.
+  static constexpr int kKvBytes = kStages * 2 * kTileElems * 2;
+  static constexpr int kPosBytes = kStages * kTileKeys * 4;
+  // Page entries one tile can touch (page size 1: one per slot, plus one
+  // when a tile starts inside a page), two buffers.
+  static constexpr int kEntriesPerTile = kTileKeys + 1;
+  static constexpr int kEntryBytes = 2 * kEntriesPerTile * 16;
+  static constexpr int kQBytes = 16 * kLd * 2;
+  // The warps' final states reuse the K/V area.
+  static constexpr int kMergeBytes = kWarps * 16 * (D + 2) * 4;
+  static_assert(kMergeBytes <= kKvBytes, "merge area fits");
+  static constexpr int kBytes = kKvBytes + kPosBytes + kEntryBytes + kQBytes;
+};
+
+// Grid (max units, heads_kv, row tiles); blocks past the prepared units or
+// rows return at once, so that one launch shape serves every prepared batch
+// (and a captured graph can be replayed after each prepare).
+template <class T, int D>
+__global__ void __launch_bounds__(kThreads) paged_decode_kernel(const DecodeParams p) {
+  using flash::cp_async_16;
+  using flash::smem_u32;
+  using SM = Smem<D>;
+  constexpr int kLd = SM::kLd;
+  constexpr int kChunks = D / 8;  // 16-byte chunks of a row
+
+  const int64_t unit_index = blockIdx.x;
+  if (unit_index >= p.header->num_units) return;
+  const WorkUnit u = p.units[unit_index];
+  const SeqMeta sm = p.seqs[u.seq];
+  const int g = blockIdx.y;
+  const int G = p.group;
+  const int rows = int(sm.q_len) * G;
+  const int row0 = blockIdx.z * 16;
+  if (row0 >= rows) return;
+
+  extern __shared__ __align__(16) unsigned char smem[];
+  T* sKV = reinterpret_cast<T*>(smem);  // [stage][K|V][kTileKeys][kLd]
+  int* sPos = reinterpret_cast<int*>(smem + SM::kKvBytes);  // [stage][kTileKeys]
+  PageEntry* sEnt = reinterpret_cast<PageEntry*>(smem + SM::kKvBytes + SM::kPosBytes);  // [2][kEntriesPerTile]
+  T* sQ = reinterpret_cast<T*>(smem + SM::kKvBytes + SM::kPosBytes + SM::kEntryBytes);  // [16][kLd]
+
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int64_t n = sm.length;
+  const int64_t ps = p.page_size;
+  const T* q = static_cast<const T*>(p.q);
+  const T* k_pool = static_cast<const T*>(p.k_pool);
+  const T* v_pool = static_cast<const T*>(p.v_pool);
+
+  // Q rows (zeros past the sequence's rows).
+  for (int idx = tid; idx < 16 * kChunks; idx += kThreads) {
+    const int r = idx / kChunks, c = idx % kChunks;
+    const int rr = row0 + r;
+    uint4 val = make_uint4(0, 0, 0, 0);
+    if (rr < rows) {
+      const int64_t t = rr / G, h = int64_t(g) * G + rr % G;
+      val = *reinterpret_cast<const uint4*>(q + ((sm.q_begin + t) * p.heads_q + h) * D + c * 8);
+    }
+    *reinterpret_cast<uint4*>(sQ + r * kLd + c * 8) = val;
+  }
+
+  // Positions are below 2^31 (int32 in shared memory), and so are a unit's
+  // key slots.
+  const uint32_t ups = uint32_t(ps);
+  const int64_t num_entries = u.entry_end - u.entry_begin;
+  const int64_t slots = num_entries * ps;
+  const int tiles = int((slots + kTileKeys - 1) / kTileKeys);
+  const int64_t head_off = int64_t(g) * p.head_stride;
+
+  // The page entries that tile `tile` reads go to entry buffer tile % 2 one
+  // iteration before its K/V, so that the K/V copies never wait on them.
+  auto fetch_entries = [&](int tile) {
+    const int64_t first = int64_t(uint32_t(tile * kTileKeys) / ups);
+    const int64_t last = min(int64_t(uint32_t(tile * kTileKeys + kTileKeys - 1) / ups), num_entries - 1);
+    if (tid <= last - first)
+      cp_async_16(smem_u32(sEnt + (tile % 2) * SM::kEntriesPerTile + tid),
+                  p.entries + u.entry_begin + first + tid, true);
+  };
+  // Issues the K/V copies of tile `tile` into stage tile % kStages from its
+  // entries (in shared memory by now). A slot past the unit, or at a
+  // position >= n (the unfilled end of the last page), becomes zeros and
+  // position -1. Each thread copies chunk c of rows r0, r0 + kRowStep, ...
+  constexpr int kRowStep = kThreads / kChunks;
+  static_assert(kThreads % kChunks == 0 && kTileKeys % kRowStep == 0, "rows divide among threads");
+  const int chunk = tid % kChunks, r0 = tid / kChunks;
+  auto issue_kv = [&](int tile) {
+    const int st = tile % kStages;
+    T* sK = sKV + st * 2 * SM::kTileElems;
+    T* sV = sK + SM::kTileElems;
+    const PageEntry* ent = sEnt + (tile % 2) * SM::kEntriesPerTile;
+    const uint32_t slot0 = uint32_t(tile * kTileKeys);
+    const uint32_t first = slot0 / ups;
+#pragma unroll
+    for (int k = 0; k < kTileKeys / kRowStep; ++k) {
+      const int r = r0 + k * kRowStep;
+      const uint32_t slot = slot0 + uint32_t(r);
+      const uint32_t e = slot / ups, in_page = slot - e * ups;
+      bool valid = false;
+      int pos = -1;
+      int64_t off = 0;
+      if (int64_t(slot) < slots) {
+        const PageEntry pe = ent[e - first];
+        pos = int(pe.logical * ps + in_page);
+        valid = pos < n;
+        off = pe.page * p.page_elems + head_off + int64_t(in_page) * p.slot_stride + chunk * 8;
+      }
+      cp_async_16(smem_u32(sK + r * kLd + chunk * 8), valid ? k_pool + off : k_pool, valid);
+      cp_async_16(smem_u32(sV + r * kLd + chunk * 8), valid ? v_pool + off : v_pool, valid);
+      if (chunk == 0) sPos[st * kTileKeys + r] = valid ? pos : -1;
+    }
+  };
+
+  // Prologue: entries of tile 0 (waited for), then K/V of tile 0 with the
+  // entries of tile 1.
+  if (tiles > 0) fetch_entries(0);
+  flash::cp_async_commit();
+  flash::cp_async_wait<0>();
+  __syncthreads();  // sQ and the entries of tile 0
+  if (tiles > 0) issue_kv(0);
+  if (tiles > 1) fetch_entries(1);
+  flash::cp_async_commit();
+
+  // Q fragments: A of m16n8k16 for each 16-wide slice of D.
+  uint32_t qf[D / 16][4];
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk)
+    flash::ldsm_x4(qf[kk], smem_u32(sQ + (lane % 16) * kLd + kk * 16 + (lane / 16) * 8));
+
+  // This thread's rows of the tile: i0 = lane / 4 and i0 + 8.
+  const int i0 = lane / 4;
+  long long qpos[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int rr = row0 + i0 + 8 * h;
+    qpos[h] = rr < rows ? n - sm.q_len + rr / G : -1;  // -1: a padding row sees nothing
+  }
+  constexpr float kLog2e = 1.4426950408889634f;
+  const float scale2 = p.scale * kLog2e;
+  const bool capped = p.softcap > 0.0f;
+
+  float m[2] = {-INFINITY, -INFINITY};  // running max, log2 units
+  float l[2] = {0.0f, 0.0f};            // this thread's part of the row sums
+  float acc[D / 8][4];
+#pragma unroll
+  for (int j = 0; j < D / 8; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+
+  for (int tile = 0; tile < tiles; ++tile) {
+    const int st = tile % kStages;
+    // K/V of this tile and the entries of the next are in.
+    flash::cp_async_wait<0>();
+    __syncthreads();
+    if (tile + 1 < tiles) issue_kv(tile + 1);
+    if (tile + 2 < tiles) fetch_entries(tile + 2);
+    flash::cp_async_commit();
+
+    const T* sK = sKV + st * 2 * SM::kTileElems;
+    const T* sV = sK + SM::kTileElems;
+    const int* pos = sPos + st * kTileKeys;
+    const int key0 = warp * 16;
+
+    float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      uint32_t b[4];
+      flash::ldsm_x4(b, smem_u32(sK + (key0 + lane % 8 + (lane / 16) * 8) * kLd + kk * 16 +
+                                 ((lane / 8) % 2) * 8));
+      flash::mma_16816<T>(s[0], qf[kk], b[0], b[1]);
+      flash::mma_16816<T>(s[1], qf[kk], b[2], b[3]);
+    }
+
+    // Scale, cap, mask; scores in log2 units.
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int h = e / 2;
+        const long long kp = pos[key0 + nt * 8 + 2 * (lane % 4) + (e & 1)];  // -1: no key
+        const long long qp = qpos[h];
+        const bool visible = kp >= 0 && kp <= qp &&
+                             (p.window == 0 || kp >= qp - p.window + 1 || kp < p.sinks);
+        float x = s[nt][e];
+        if (capped) x = p.softcap * tanhf(x * p.scale / p.softcap) * kLog2e;
+        else x *= scale2;
+        x = visible ? x : -INFINITY;
+        s[nt][e] = x;
+        mx[h] = fmaxf(mx[h], x);
+      }
+    float corr[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+      mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+      const float m_new = fmaxf(m[h], mx[h]);
+      const float m_use = m_new == -INFINITY ? 0.0f : m_new;  // no key yet: keep zeros
+      corr[h] = flash::fast_exp2(m[h] - m_use);
+      m[h] = m_new;
+      l[h] *= corr[h];
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int e = 2 * h; e < 2 * h + 2; ++e) {
+          s[nt][e] = flash::fast_exp2(s[nt][e] - m_use);
+          l[h] += s[nt][e];
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j) {
+      acc[j][0] *= corr[0];
+      acc[j][1] *= corr[0];
+      acc[j][2] *= corr[1];
+      acc[j][3] *= corr[1];
+    }
+    uint32_t a[4];
+    a[0] = flash::pack2<T>(s[0][0], s[0][1]);
+    a[1] = flash::pack2<T>(s[0][2], s[0][3]);
+    a[2] = flash::pack2<T>(s[1][0], s[1][1]);
+    a[3] = flash::pack2<T>(s[1][2], s[1][3]);
+#pragma unroll
+    for (int dn = 0; dn < D / 16; ++dn) {
+      uint32_t b[4];
+      flash::ldsm_x4_trans(b, smem_u32(sV + (key0 + lane % 8 + ((lane / 8) % 2) * 8) * kLd +
+                                       dn * 16 + (lane / 16) * 8));
+      flash::mma_16816<T>(acc[2 * dn], a, b[0], b[1]);
+      flash::mma_16816<T>(acc[2 * dn + 1], a, b[2], b[3]);
+    }
+    __syncthreads();  // the stage is refilled by the next iteration's load
+  }
+  flash::cp_async_wait<0>();
+  __syncthreads();
+
+  // Merge the warps' states: [warp][16 rows] of m, l and O (fp32).
+  float* sM = reinterpret_cast<float*>(smem);
+  float* sL = sM + kWarps * 16;
+  float* sO = sL + kWarps * 16;  // [warp][16][D]
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
+    if (lane % 4 == 0) {
+      sM[warp * 16 + i0 + 8 * h] = m[h];
+      sL[warp * 16 + i0 + 8 * h] = l[h];
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < D / 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      sO[(warp * 16 + i0 + 8 * (e / 2)) * D + j * 8 + 2 * (lane % 4) + (e & 1)] = acc[j][e];
+  __syncthreads();
+
+  T* o = static_cast<T*>(p.o);
+  for (int idx = tid; idx < 16 * D; idx += kThreads) {
+    const int i = idx / D, c = idx % D;
+    const int rr = row0 + i;
+    if (rr >= rows) break;  // rows grow with idx
+    float M = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) M = fmaxf(M, sM[w * 16 + i]);
+    float L = 0.0f, val = 0.0f;
+    if (M != -INFINITY) {
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) {
+        const float f = exp2f(sM[w * 16 + i] - M);
+        L += f * sL[w * 16 + i];
+        val += f * sO[(w * 16 + i) * D + c];
+      }
+    }
+    const bool empty = L == 0.0f;
+    const float out = empty ? 0.0f : val / L;
+    const float row_lse = empty ? -INFINITY : (M + log2f(L)) * 0.6931471805599453f;
+    const int64_t t = rr / G, h = int64_t(g) * G + rr % G;
+    if (u.partial < 0) {
+      o[((sm.q_begin + t) * p.heads_q + h) * D + c] = T(out);
+      if (c == 0 && p.lse != nullptr) p.lse[h * p.header->total_q + sm.q_begin + t] = row_lse;
+    } else {
+      const int64_t row = (u.partial * p.max_q + t) * p.heads_q + h;
+      p.partial_o[row * D + c] = out;
+      if (c == 0) p.partial_lse[row] = row_lse;
+    }
+  }
+}
+
+// Grid (max batch, heads_q), D threads: merges the chunks of each split
+// sequence, LSE = log sum_u exp(LSE_u), O = sum_u exp(LSE_u - LSE) O_u.
+template <class T, int D>
+__global__ void __launch_bounds__(D) decode_combine_kernel(const DecodeParams p) {
+  const int64_t b = blockIdx.x;
+  if (b >= p.header->batch) return;
+  const SeqMeta sm = p.seqs[b];
+  if (sm.num_units < 2) return;
+  const int64_t h = blockIdx.y;
+  const int c = threadIdx.x;
+  const WorkUnit* units = p.units + sm.first_unit;
+  T* o = static_cast<T*>(p.o);
+  for (int64_t t = 0; t < sm.q_len; ++t) {
+    float M = -INFINITY;
+    for (int64_t k = 0; k < sm.num_units; ++k)
+      M = fmaxf(M, p.partial_lse[(units[k].partial * p.max_q + t) * p.heads_q + h]);
+    const int64_t out_row = (sm.q_begin + t) * p.heads_q + h;
+    if (M == -INFINITY) {  // no chunk saw a key: the identity
+      o[out_row * D + c] = T(0.0f);
+      if (c == 0 && p.lse != nullptr) p.lse[h * p.header->total_q + sm.q_begin + t] = -INFINITY;
+      continue;
+    }
+    float total = 0.0f, sum = 0.0f;
+    for (int64_t k = 0; k < sm.num_units; ++k) {
+      const int64_t row = (units[k].partial * p.max_q + t) * p.heads_q + h;
+      const float w = expf(p.partial_lse[row] - M);
+      total += w;
+      if (w != 0.0f) sum += w * p.partial_o[row * D + c];
+    }
+    o[out_row * D + c] = T(sum / total);
+    if (c == 0 && p.lse != nullptr) p.lse[h * p.header->total_q + sm.q_begin + t] = M + logf(total);
+  }
+}
+
+// ---- KV cache appends --------------------------------------------------------
+
+// Grid (runs), 128 threads: copies each run's tokens, all heads, in units
+// of Unit (uint4 when every row is a multiple of 16 bytes and aligned,
+// else 2 bytes).
+template <class Unit>
+__global__ void __launch_bounds__(128) kv_append_kernel(const AppendParams p) {
+  const AppendRun run = p.runs[blockIdx.x];
+  for (int side = 0; side < 2; ++side) {
+    const unsigned char* src = side == 0 ? p.k_src : p.v_src;
+    unsigned char* pool = side == 0 ? p.k_pool : p.v_pool;
+    const int64_t row_bytes = side == 0 ? p.k_row_bytes : p.v_row_bytes;
+    const int64_t page_bytes = side == 0 ? p.k_page_bytes : p.v_page_bytes;
+    const int64_t hs = side == 0 ? p.k_head_stride : p.v_head_stride;
+    const int64_t ss = side == 0 ? p.k_slot_stride : p.v_slot_stride;
+    const int64_t units_per_row = row_bytes / int64_t(sizeof(Unit));
+    const int64_t total = int64_t(run.count) * p.heads_kv * units_per_row;
+    for (int64_t i = threadIdx.x; i < total; i += blockDim.x) {
+      const int64_t x = i % units_per_row, rest = i / units_per_row;
+      const int64_t h = rest % p.heads_kv, t = rest / p.heads_kv;
+      const Unit* s = reinterpret_cast<const Unit*>(
+          src + ((run.src_token + t) * p.heads_kv + h) * row_bytes);
+      Unit* d = reinterpret_cast<Unit*>(pool + int64_t(run.page) * page_bytes + h * hs +
+                                        (run.slot + t) * ss);
+      d[x] = s[x];
+    }
+  }
+}
+
+}  // namespace attn::decode

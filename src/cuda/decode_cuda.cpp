@@ -1,0 +1,265 @@
+// Host side of the CUDA KV cache and decode plans: page memory, appends
+// (a kernel over runs of tokens, passed by value so that nothing is
+// uploaded first), the prepare staging area and the decode launches.
+// The kernels are in kernels/decode, launched through decode_kernels.cu.
+#include "cuda/decode_cuda.hpp"
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstring>
+
+#include "core/dtype.hpp"
+#include "core/error.hpp"
+#include "cuda/decode_kernels.hpp"
+#include "kv/decode_plan.hpp"
+
+namespace attn::cuda {
+namespace {
+
+void check(cudaError_t e, const char* what) {
+  if (e == cudaSuccess) return;
+  (void)cudaGetLastError();
+  fail(ATTN_STATUS_BACKEND_ERROR, "backend CUDA: ", what, ": ", cudaGetErrorName(e), " (",
+       cudaGetErrorString(e), ")");
+}
+
+class DeviceScope {
+ public:
+  explicit DeviceScope(int device) {
+    check(cudaGetDevice(&prev_), "cudaGetDevice");
+    if (prev_ != device) {
+      check(cudaSetDevice(device), "cudaSetDevice");
+      restore_ = true;
+    }
+  }
+  ~DeviceScope() {
+    if (restore_) (void)cudaSetDevice(prev_);
+  }
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+
+ private:
+  int prev_ = 0;
+  bool restore_ = false;
+};
+
+// The kernels read the host's metadata structs through mirrors.
+static_assert(sizeof(decode::Header) == sizeof(kv::PreparedHeader));
+static_assert(offsetof(decode::Header, num_units) == offsetof(kv::PreparedHeader, num_units));
+static_assert(offsetof(decode::Header, total_q) == offsetof(kv::PreparedHeader, total_q));
+static_assert(offsetof(decode::Header, batch) == offsetof(kv::PreparedHeader, batch));
+static_assert(sizeof(decode::SeqMeta) == sizeof(kv::SeqMeta));
+static_assert(offsetof(decode::SeqMeta, num_units) == offsetof(kv::SeqMeta, num_units));
+static_assert(offsetof(decode::SeqMeta, length) == offsetof(kv::SeqMeta, length));
+static_assert(sizeof(decode::PageEntry) == sizeof(kv::PageEntry));
+static_assert(offsetof(decode::PageEntry, page) == offsetof(kv::PageEntry, page));
+static_assert(sizeof(decode::WorkUnit) == sizeof(kv::WorkUnit));
+static_assert(offsetof(decode::WorkUnit, partial) == offsetof(kv::WorkUnit, partial));
+
+}  // namespace
+
+void* kv_pool_alloc(int32_t device, size_t bytes) {
+  DeviceScope scope(device);
+  void* p = nullptr;
+  const cudaError_t e = cudaMalloc(&p, bytes);
+  if (e == cudaErrorMemoryAllocation) {
+    (void)cudaGetLastError();
+    fail(ATTN_STATUS_OUT_OF_MEMORY, "KV cache: cudaMalloc of ", bytes, " bytes on device ",
+         device, " failed");
+  }
+  check(e, "cudaMalloc (KV cache pages)");
+  return p;
+}
+
+void kv_pool_free(int32_t device, void* p) noexcept {
+  if (p == nullptr) return;
+  int prev = 0;
+  if (cudaGetDevice(&prev) != cudaSuccess) return;
+  if (prev != device) (void)cudaSetDevice(device);
+  (void)cudaFree(p);
+  if (prev != device) (void)cudaSetDevice(prev);
+}
+
+void kv_append_enqueue(int32_t device, const kv::CacheConfig& cfg, void* k_base, void* v_base,
+                       const std::vector<std::pair<int32_t, int32_t>>& page_copies,
+                       const std::vector<KvCopyRun>& runs, const void* k, const void* v,
+                       void* stream) {
+  DeviceScope scope(device);
+  const cudaStream_t s = static_cast<cudaStream_t>(stream);
+  const size_t es = dtype_size(cfg.dtype);
+  const size_t kpb = size_t(cfg.k_page_elems()) * es, vpb = size_t(cfg.v_page_elems()) * es;
+  char* kb = static_cast<char*>(k_base);
+  char* vb = static_cast<char*>(v_base);
+  for (const auto& [from, to] : page_copies) {
+    check(cudaMemcpyAsync(kb + size_t(to) * kpb, kb + size_t(from) * kpb, kpb,
+                          cudaMemcpyDeviceToDevice, s),
+          "cudaMemcpyAsync (copy-on-write K page)");
+    check(cudaMemcpyAsync(vb + size_t(to) * vpb, vb + size_t(from) * vpb, vpb,
+                          cudaMemcpyDeviceToDevice, s),
+          "cudaMemcpyAsync (copy-on-write V page)");
+  }
+  if (runs.empty()) return;
+  decode::AppendParams p;
+  std::memset(&p, 0, sizeof p);
+  p.k_src = static_cast<const unsigned char*>(k);
+  p.v_src = static_cast<const unsigned char*>(v);
+  p.k_pool = reinterpret_cast<unsigned char*>(kb);
+  p.v_pool = reinterpret_cast<unsigned char*>(vb);
+  p.k_page_bytes = int64_t(kpb);
+  p.v_page_bytes = int64_t(vpb);
+  p.k_row_bytes = cfg.head_dim_qk * int64_t(es);
+  p.v_row_bytes = cfg.head_dim_v * int64_t(es);
+  p.k_head_stride = cfg.slot_offset(0, 1, cfg.head_dim_qk) * int64_t(es);
+  p.k_slot_stride = cfg.slot_offset(1, 0, cfg.head_dim_qk) * int64_t(es);
+  p.v_head_stride = cfg.slot_offset(0, 1, cfg.head_dim_v) * int64_t(es);
+  p.v_slot_stride = cfg.slot_offset(1, 0, cfg.head_dim_v) * int64_t(es);
+  p.heads_kv = int32_t(cfg.heads_kv);
+  // 16-byte units when every row and base allows it.
+  const bool wide = p.k_row_bytes % 16 == 0 && p.v_row_bytes % 16 == 0 &&
+                    reinterpret_cast<uintptr_t>(k) % 16 == 0 &&
+                    reinterpret_cast<uintptr_t>(v) % 16 == 0 &&
+                    reinterpret_cast<uintptr_t>(kb) % 16 == 0 &&
+                    reinterpret_cast<uintptr_t>(vb) % 16 == 0;
+  for (size_t first = 0; first < runs.size(); first += decode::kAppendRunsPerLaunch) {
+    const size_t count = std::min<size_t>(decode::kAppendRunsPerLaunch, runs.size() - first);
+    p.num_runs = int32_t(count);
+    for (size_t i = 0; i < count; ++i) {
+      const KvCopyRun& r = runs[first + i];
+      p.runs[i] = decode::AppendRun{r.src_token, r.page, r.slot, r.count, 0};
+    }
+    check(kv_append_launch(p, wide, s), "KV append kernel launch");
+  }
+}
+
+void decode_check_supported(int32_t device, const kv::CacheConfig& cache, int64_t heads_q,
+                            int64_t max_query_tokens) {
+  if (cache.dtype != ATTN_DTYPE_FP16 && cache.dtype != ATTN_DTYPE_BF16)
+    not_supported("decode plan: the CUDA decode kernel runs fp16 and bf16 caches only, not ",
+                  dtype_name(cache.dtype));
+  if (cache.head_dim_qk != cache.head_dim_v)
+    not_supported("decode plan: the CUDA decode kernel needs head_dim_qk == head_dim_v, got ",
+                  cache.head_dim_qk, " and ", cache.head_dim_v);
+  if (cache.head_dim_qk != 64 && cache.head_dim_qk != 128)
+    not_supported("decode plan: the CUDA decode kernel has head_dim 64 and 128, not ",
+                  cache.head_dim_qk);
+  const int64_t rows = max_query_tokens * (heads_q / cache.heads_kv);
+  if (rows > 16 * 64)
+    not_supported("decode plan: max_query_tokens * (heads_q / heads_kv) = ", rows,
+                  " rows per KV head; the CUDA decode kernel takes at most 1024");
+  DeviceScope scope(device);
+  int major = 0;
+  check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device),
+        "cudaDeviceGetAttribute");
+  if (major < 8)
+    not_supported("decode plan: device ", device, " is older than sm_80 (mma.sync, cp.async)");
+  const cudaError_t e = decode_kernels_available();
+  if (e == cudaErrorInvalidDeviceFunction || e == cudaErrorNoKernelImageForDevice) {
+    (void)cudaGetLastError();
+    not_supported("decode plan: this build has no decode kernel for device ", device,
+                  "; rebuild with -Dgpu_archs including its architecture");
+  }
+  check(e, "cudaFuncGetAttributes (decode)");
+  // At plan creation rather than in execute, which may be under capture.
+  check(decode_kernels_allow_smem(), "cudaFuncSetAttribute (decode)");
+}
+
+int64_t decode_target_units(int32_t device) {
+  DeviceScope scope(device);
+  int sms = 0;
+  check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device),
+        "cudaDeviceGetAttribute");
+  // About three blocks fit on an SM; two waves of them.
+  return int64_t(std::max(sms, 1)) * 6;
+}
+
+DecodeStaging::DecodeStaging(int32_t device, size_t bytes) : device_(device), bytes_(bytes) {
+  DeviceScope scope(device);
+  void* h = nullptr;
+  const cudaError_t e = cudaMallocHost(&h, std::max<size_t>(bytes, 1));
+  if (e == cudaErrorMemoryAllocation) {
+    (void)cudaGetLastError();
+    fail(ATTN_STATUS_OUT_OF_MEMORY, "decode plan: cudaMallocHost of ", bytes,
+         " bytes (the prepare staging area) failed");
+  }
+  check(e, "cudaMallocHost (decode staging)");
+  host_ = static_cast<char*>(h);
+  cudaEvent_t ev = nullptr;
+  const cudaError_t e2 = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
+  if (e2 != cudaSuccess) {
+    (void)cudaFreeHost(host_);
+    check(e2, "cudaEventCreate (decode staging)");
+  }
+  event_ = ev;
+}
+
+DecodeStaging::~DecodeStaging() {
+  if (event_ != nullptr) {
+    (void)cudaEventSynchronize(static_cast<cudaEvent_t>(event_));
+    (void)cudaEventDestroy(static_cast<cudaEvent_t>(event_));
+  }
+  if (host_ != nullptr) (void)cudaFreeHost(host_);
+}
+
+char* DecodeStaging::acquire() {
+  if (pending_) {
+    check(cudaEventSynchronize(static_cast<cudaEvent_t>(event_)),
+          "cudaEventSynchronize (the previous prepare's upload)");
+    pending_ = false;
+  }
+  return host_;
+}
+
+void DecodeStaging::upload(void* device_base, const std::vector<std::pair<size_t, size_t>>& pieces,
+                           void* stream) {
+  DeviceScope scope(device_);
+  const cudaStream_t s = static_cast<cudaStream_t>(stream);
+  char* dst = static_cast<char*>(device_base);
+  for (const auto& [off, n] : pieces) {
+    if (n == 0) continue;
+    check(cudaMemcpyAsync(dst + off, host_ + off, n, cudaMemcpyHostToDevice, s),
+          "cudaMemcpyAsync (decode metadata)");
+  }
+  check(cudaEventRecord(static_cast<cudaEvent_t>(event_), s), "cudaEventRecord (decode staging)");
+  pending_ = true;
+}
+
+void decode_launch(const kv::DecodePlan& plan, const kv::KvCache& cache,
+                   const kv::DecodeWorkspace& ws, int64_t max_units, const void* q, void* o,
+                   float* lse, bool may_split, void* stream) {
+  const kv::CacheConfig& cc = plan.cache_config();
+  const kv::DecodeConfig& cfg = plan.config();
+  DeviceScope scope(plan.device());
+  decode::DecodeParams p;
+  std::memset(&p, 0, sizeof p);
+  p.q = q;
+  p.o = o;
+  p.lse = lse;
+  p.k_pool = cache.k_page(0);
+  p.v_pool = cache.v_page(0);
+  p.page_elems = cc.k_page_elems();
+  p.head_stride = cc.slot_offset(0, 1, cc.head_dim_qk);
+  p.slot_stride = cc.slot_offset(1, 0, cc.head_dim_qk);
+  p.header = reinterpret_cast<const decode::Header*>(ws.header);
+  p.seqs = reinterpret_cast<const decode::SeqMeta*>(ws.seqs);
+  p.entries = reinterpret_cast<const decode::PageEntry*>(ws.entries);
+  p.units = reinterpret_cast<const decode::WorkUnit*>(ws.units);
+  p.partial_o = ws.partial_o;
+  p.partial_lse = ws.partial_lse;
+  p.page_size = int32_t(cc.page_size);
+  p.heads_q = int32_t(cfg.heads_q);
+  p.group = int32_t(plan.group());
+  p.max_q = int32_t(cfg.max_query_tokens);
+  p.window = cc.window;
+  p.sinks = cc.sink_tokens;
+  p.scale = cfg.scale;
+  p.softcap = cfg.softcap;
+  const int row_tiles = int((cfg.max_query_tokens * plan.group() + 15) / 16);
+  const cudaStream_t s = static_cast<cudaStream_t>(stream);
+  check(decode_kernels_launch(p, cc.dtype == ATTN_DTYPE_BF16, int(cc.head_dim_qk), max_units,
+                              int(cc.heads_kv), row_tiles, may_split, cfg.max_batch, s),
+        "decode kernel launch");
+}
+
+}  // namespace attn::cuda

@@ -1,0 +1,82 @@
+// The CUDA side of the paged KV cache and the decode plans (host code; the
+// kernels are in kernels/decode). Plain C++ with opaque pointers so that
+// src/kv, which builds without CUDA, can call it; built only with CUDA.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "kv/kv_cache.hpp"
+
+namespace attn::kv {
+struct DecodeWorkspace;
+class DecodePlan;
+}  // namespace attn::kv
+
+namespace attn::cuda {
+
+// Device memory for a cache's pages on `device` (cudaMalloc), and its release.
+void* kv_pool_alloc(int32_t device, size_t bytes);
+void kv_pool_free(int32_t device, void* p) noexcept;
+
+// One run of an append: `count` tokens from token `src_token` of the
+// append's K/V into slots slot.. of physical page `page`.
+struct KvCopyRun {
+  int64_t src_token;
+  int32_t page, slot, count;
+};
+
+// Enqueues on `stream`, in this order: the page copies (copy-on-write, from
+// -> to, K and V) and the token copies of an append. k_base / v_base are
+// the pools' device bases, k / v the caller's device K and V.
+void kv_append_enqueue(int32_t device, const kv::CacheConfig& cfg, void* k_base, void* v_base,
+                       const std::vector<std::pair<int32_t, int32_t>>& page_copies,
+                       const std::vector<KvCopyRun>& runs, const void* k, const void* v,
+                       void* stream);
+
+// Throws NOT_SUPPORTED (naming the feature) when the decode kernels cannot
+// serve a cache so configured with `heads_q` query heads and up to
+// `max_query_tokens` tokens per sequence on `device`.
+void decode_check_supported(int32_t device, const kv::CacheConfig& cache, int64_t heads_q,
+                            int64_t max_query_tokens);
+
+// Work units (x heads_kv x row tiles blocks) that fill `device`: the split
+// target of automatic split-KV.
+int64_t decode_target_units(int32_t device);
+
+// The host staging area of one plan's prepare: pinned memory of the size of
+// the workspace's metadata part, and an event that marks when the last
+// upload from it finished (the next prepare waits for it before writing).
+class DecodeStaging {
+ public:
+  DecodeStaging(int32_t device, size_t bytes);
+  ~DecodeStaging();
+  DecodeStaging(const DecodeStaging&) = delete;
+  DecodeStaging& operator=(const DecodeStaging&) = delete;
+
+  // Waits until the previous upload has read the staging memory, then
+  // returns it for writing.
+  char* acquire();
+  // Enqueues copies of [offset, offset + bytes) pieces of the staging
+  // memory to the same offsets of `device_base` on `stream`, then records
+  // the event.
+  void upload(void* device_base, const std::vector<std::pair<size_t, size_t>>& pieces,
+              void* stream);
+
+ private:
+  int32_t device_;
+  size_t bytes_;
+  char* host_ = nullptr;
+  void* event_ = nullptr;  // cudaEvent_t
+  bool pending_ = false;
+};
+
+// Launches the decode kernel (and, when the plan can split, the combine
+// kernel) of `plan` on stream; everything they read is in the workspace.
+void decode_launch(const kv::DecodePlan& plan, const kv::KvCache& cache,
+                   const kv::DecodeWorkspace& ws, int64_t max_units, const void* q, void* o,
+                   float* lse, bool may_split, void* stream);
+
+}  // namespace attn::cuda

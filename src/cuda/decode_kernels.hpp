@@ -1,0 +1,26 @@
+// Host-side entry points to the paged decode and KV append kernels
+// (compiled by nvcc in decode_kernels.cu). Plain C++.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "decode/decode_params.cuh"
+
+namespace attn::cuda {
+
+// cudaSuccess when this build has decode code for the current device.
+cudaError_t decode_kernels_available();
+// Raises the decode kernels' dynamic shared-memory limit on the current
+// device (at plan creation: execute may run under graph capture).
+cudaError_t decode_kernels_allow_smem();
+// Enqueues the decode kernel, grid (max_units, heads_kv, row_tiles), and
+// when `combine` the combine kernel, grid (max_batch, heads_q).
+cudaError_t decode_kernels_launch(const decode::DecodeParams& p, bool bf16, int head_dim,
+                                  int64_t max_units, int heads_kv, int row_tiles, bool combine,
+                                  int64_t max_batch, cudaStream_t stream);
+// Enqueues the append kernel over p.num_runs runs; `wide`: 16-byte copies.
+cudaError_t kv_append_launch(const decode::AppendParams& p, bool wide, cudaStream_t stream);
+
+}  // namespace attn::cuda
