@@ -28,10 +28,14 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 DecodeConfig validate_decode_config(const attn_decode_config_t* config, const CacheConfig& cache) {
   if (config == nullptr) invalid_argument("config is NULL");
-  if (config->struct_size < sizeof(attn_decode_config_t))
+  // The first layout ends with softcap; later fields default to zero for
+  // callers built against an older header (see validate_config).
+  constexpr size_t first_size = offsetof(attn_decode_config_t, softcap) + sizeof(float);
+  if (config->struct_size < first_size)
     invalid_argument("config->struct_size (", config->struct_size,
                      ") is too small: set it to sizeof(attn_decode_config_t)");
-  const attn_decode_config_t& c = *config;
+  attn_decode_config_t c{};
+  std::memcpy(&c, config, std::min<size_t>(size_t(config->struct_size), sizeof c));
   if (c.heads_q < 1) invalid_argument("config->heads_q must be >= 1, got ", c.heads_q);
   if (c.heads_q % cache.heads_kv != 0)
     invalid_argument("config->heads_q (", c.heads_q, ") must be a multiple of the cache's heads_kv (",
@@ -207,7 +211,7 @@ void DecodePlan::prepare(const KvCache& cache, int32_t num_seqs, const int64_t* 
                      num_seqs);
   if (ids == nullptr) invalid_argument("seq_ids is NULL");
   if (query_lens == nullptr) invalid_argument("query_lens is NULL");
-  const size_t min_info = offsetof(attn_decode_step_info_t, total_q);
+  const size_t min_info = offsetof(attn_decode_step_info_t, num_work_units);  // and total_q
   if (info != nullptr && info->struct_size < min_info)
     invalid_argument("info->struct_size (", info->struct_size,
                      ") is too small: set it to sizeof(attn_decode_step_info_t)");

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstddef>
 #include <cstring>
 #include <limits>
 
@@ -26,10 +27,15 @@ size_t CacheConfig::bytes_per_token() const {
 
 CacheConfig validate_config(const attn_kv_cache_config_t* config) {
   if (config == nullptr) invalid_argument("config is NULL");
-  if (config->struct_size < sizeof(attn_kv_cache_config_t))
+  // The first layout ends with sink_tokens. Fields appended later must
+  // default to zero for callers built against an older header, which pass
+  // their smaller struct_size; so read at most struct_size bytes.
+  constexpr size_t first_size = offsetof(attn_kv_cache_config_t, sink_tokens) + sizeof(int64_t);
+  if (config->struct_size < first_size)
     invalid_argument("config->struct_size (", config->struct_size,
                      ") is too small: set it to sizeof(attn_kv_cache_config_t)");
-  const attn_kv_cache_config_t& c = *config;
+  attn_kv_cache_config_t c{};
+  std::memcpy(&c, config, std::min<size_t>(size_t(config->struct_size), sizeof c));
   if (!dtype_is_valid(c.dtype)) invalid_argument("config->dtype: unknown value ", c.dtype);
   if (c.layout != ATTN_KV_LAYOUT_NHD && c.layout != ATTN_KV_LAYOUT_HND)
     invalid_argument("config->layout: unknown value ", c.layout);
