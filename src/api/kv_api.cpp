@@ -43,11 +43,12 @@ void publish(std::unique_ptr<T> h, T** out) {
 attn::kv::KvCache& cache_of(attn_kv_cache_t cache) { return *checked(cache, "cache").cache; }
 
 // Copies the first struct_size bytes of `full` into *out, keeping the
-// caller's struct_size.
+// caller's struct_size, which must cover at least the first field after it
+// (first_end: where that field ends), as for every size-tagged output.
 template <class Info>
-void copy_sized(const Info& full, Info* out, const char* arg) {
+void copy_sized(const Info& full, Info* out, size_t first_end, const char* arg) {
   require_out(out, arg);
-  if (out->struct_size < sizeof(uint64_t) + sizeof(int32_t))
+  if (out->struct_size < first_end)
     invalid_argument(arg, "->struct_size (", out->struct_size,
                      ") is too small: set it to the sizeof of the struct");
   const uint64_t caller = out->struct_size;
@@ -126,7 +127,7 @@ attn_status_t attn_kv_cache_get_info(attn_kv_cache_t cache, attn_kv_cache_info_t
     full.bytes_per_token = c.config().bytes_per_token();
     full.memory_bytes = c.memory_bytes();
     full.owns_memory = c.owns_memory() ? 1 : 0;
-    copy_sized(full, info, "info");
+    copy_sized(full, info, offsetof(attn_kv_cache_info_t, pages_in_use), "info");
   });
 }
 
@@ -185,7 +186,7 @@ attn_status_t attn_decode_plan_describe(attn_decode_plan_t plan, attn_decode_pla
     const attn::kv::DecodePlan& p = *checked(plan, "plan").plan;
     attn_decode_plan_info_t full;
     p.describe(full);
-    copy_sized(full, info, "info");
+    copy_sized(full, info, offsetof(attn_decode_plan_info_t, dtype), "info");
   });
 }
 

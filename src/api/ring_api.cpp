@@ -132,7 +132,7 @@ attn_status_t attn_ring_plan_describe(attn_plan_t plan, attn_ring_plan_info_t* i
   return guarded([&] {
     const attn::Plan& p = *checked(plan, "plan").plan;
     require_out(info, "info");
-    const size_t min_size = offsetof(attn_ring_plan_info_t, layout);
+    const size_t min_size = offsetof(attn_ring_plan_info_t, rank);  // struct_size and layout
     if (info->struct_size < min_size)
       invalid_argument("info->struct_size (", info->struct_size,
                        ") is too small: set it to sizeof(attn_ring_plan_info_t)");
