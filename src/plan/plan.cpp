@@ -259,27 +259,27 @@ std::unique_ptr<Plan> create_plan(const ContextConfig& ctx, const PlanDesc& d) {
   if (d.block_mask) {
     const BlockMask& m = *d.block_mask;
     if (p.varlen)
-      not_supported("block mask with a varlen batch: not supported; use a fixed-length batch",
+      not_supported("desc: a block mask with a varlen batch: not supported; use a fixed-length batch",
                     " (a document mask covers packed sequences)");
     if (m.batch() != 1 && m.batch() != p.batch)
-      invalid_argument("block mask: its batch ", m.batch(), " must be 1 or the plan's batch ",
+      invalid_argument("desc: the block mask's batch ", m.batch(), " must be 1 or the plan's batch ",
                        p.batch);
     if (m.heads() != 1 && m.heads() != p.heads_kv)
-      invalid_argument("block mask: its heads ", m.heads(), " must be 1 or the plan's heads_kv ",
+      invalid_argument("desc: the block mask's heads ", m.heads(), " must be 1 or the plan's heads_kv ",
                        p.heads_kv);
     if (m.seqlen_q() != p.seqlen_q || m.seqlen_kv() != p.seqlen_kv)
-      invalid_argument("block mask: its seqlen_q/seqlen_kv ", m.seqlen_q(), "/", m.seqlen_kv(),
+      invalid_argument("desc: the block mask's seqlen_q/seqlen_kv ", m.seqlen_q(), "/", m.seqlen_kv(),
                        " differ from the plan's ", p.seqlen_q, "/", p.seqlen_kv);
     p.block_mask = d.block_mask;
   }
 
   if (d.moba_block > 0) {
     if (ctx.backend == ATTN_BACKEND_CUDA)
-      not_supported("MoBA: the CUDA backend does not run it yet (the CPU backend does)");
-    if (p.block_mask) not_supported("MoBA together with a block mask: not supported");
-    if (p.varlen) not_supported("MoBA with a varlen batch: not supported");
+      not_supported("ctx: MoBA does not run on the CUDA backend yet (the CPU backend runs it)");
+    if (p.block_mask) not_supported("desc: MoBA together with a block mask: not supported");
+    if (p.varlen) not_supported("desc: MoBA with a varlen batch: not supported");
     if (p.mask != ATTN_MASK_CAUSAL)
-      invalid_argument("MoBA: the mask must be ATTN_MASK_CAUSAL (future blocks are never seen)");
+      invalid_argument("desc: MoBA needs the mask ATTN_MASK_CAUSAL (future blocks are never seen)");
     p.moba_block = d.moba_block;
     p.moba_top_k = d.moba_top_k;
     p.moba_shared = d.moba_shared;
