@@ -14,14 +14,7 @@
  * C99 + POSIX (pthreads). */
 #define _GNU_SOURCE
 
-#include <setjmp.h>
-#include <stdarg.h>
-#include <stddef.h>
-#include <stdint.h>
-
-#include <cmocka.h>
-
-#include <attn/attn.h>
+#include "api_check.h"
 
 #include <errno.h>
 #include <stdatomic.h>
@@ -34,12 +27,6 @@
 /* Failing allocator (per thread)                                            */
 /* ------------------------------------------------------------------------ */
 
-extern void *__libc_malloc(size_t n);
-extern void *__libc_calloc(size_t n, size_t size);
-extern void *__libc_realloc(void *p, size_t n);
-extern void *__libc_memalign(size_t align, size_t n);
-extern void __libc_free(void *p);
-
 /* Allocations are counted and failed on the calling thread only; frees
  * are counted on every thread, since a thread the call starts and joins
  * (the in-process ring's message thread) frees what was allocated for it. */
@@ -49,57 +36,26 @@ static __thread long t_fail_at; /* the one that fails (1-based) */
 static atomic_int g_tracking;
 static atomic_long g_live; /* allocated minus freed while tracking */
 
-static int next_fails(void) {
+static int alloc_hook_fails(void) {
   if (!t_armed || ++t_count != t_fail_at) return 0;
   errno = ENOMEM; /* as glibc's own failures; pthread_create checks it */
   return 1;
 }
-static void *counted(void *p) {
+static void *alloc_hook_new(void *p) {
   if (p != NULL && t_armed) atomic_fetch_add(&g_live, 1);
   return p;
 }
-
-void *malloc(size_t n) { return next_fails() ? NULL : counted(__libc_malloc(n)); }
-void *calloc(size_t n, size_t size) { return next_fails() ? NULL : counted(__libc_calloc(n, size)); }
-void *realloc(void *p, size_t n) {
-  if (next_fails()) return NULL;
-  void *q = __libc_realloc(p, n);
-  return p == NULL ? counted(q) : q;
-}
-void free(void *p) {
+static void alloc_hook_free(void *p) {
   if (p != NULL && atomic_load_explicit(&g_tracking, memory_order_relaxed))
     atomic_fetch_sub(&g_live, 1);
-  __libc_free(p);
 }
-void *memalign(size_t align, size_t n) {
-  return next_fails() ? NULL : counted(__libc_memalign(align, n));
-}
-void *aligned_alloc(size_t align, size_t n) {
-  return next_fails() ? NULL : counted(__libc_memalign(align, n));
-}
-int posix_memalign(void **out, size_t align, size_t n) {
-  if (next_fails()) return ENOMEM;
-  void *p = counted(__libc_memalign(align, n));
-  if (p == NULL) return ENOMEM;
-  *out = p;
-  return 0;
-}
+#include "replace_malloc.h"
 
 /* ------------------------------------------------------------------------ */
 /* Scenarios                                                                 */
 /* ------------------------------------------------------------------------ */
 
-#define CHECK_OK(call)                                                                      \
-  do {                                                                                      \
-    attn_status_t st_ = (call);                                                             \
-    if (st_ != ATTN_STATUS_SUCCESS) {                                                       \
-      print_error("%s:%d: %s failed: %s: %s\n", __FILE__, __LINE__, #call,                  \
-                  attn_status_string(st_), attn_last_error_message());                     \
-      _fail(__FILE__, __LINE__);                                                            \
-    }                                                                                       \
-  } while (0)
-
-enum { L = 64, HQ = 4, HKV = 2, D = 16, PS = 4, POISON = 0xA5 };
+enum { L = 64, HQ = 4, HKV = 2, D = 16, PS = 4 };
 
 /* Everything a scenario works on. Handles a call creates start poisoned. */
 typedef struct world {
@@ -119,14 +75,6 @@ typedef struct world {
 } world;
 
 static world w;
-
-static void poison(void *p, size_t n) { memset(p, POISON, n); }
-static int is_poisoned(const void *p, size_t n) {
-  const unsigned char *b = (const unsigned char *)p;
-  for (size_t i = 0; i < n; ++i)
-    if (b[i] != POISON) return 0;
-  return 1;
-}
 
 static void fill(float *x, size_t n, float base) {
   for (size_t i = 0; i < n; ++i) x[i] = base + 0.01f * (float)(i % 13) + 0.003f;

@@ -11,16 +11,8 @@
  * C99 + POSIX (setenv, pthreads). */
 #define _POSIX_C_SOURCE 200809L
 
-#include <setjmp.h>
-#include <stdarg.h>
-#include <stddef.h>
-#include <stdint.h>
+#include "api_check.h"
 
-#include <cmocka.h>
-
-#include <attn/attn.h>
-
-#include <ctype.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -33,80 +25,6 @@
 #ifndef ATTN_TEST_HAVE_OPENMP
 #define ATTN_TEST_HAVE_OPENMP 1
 #endif
-
-/* ------------------------------------------------------------------------ */
-/* Checking helpers                                                          */
-/* ------------------------------------------------------------------------ */
-
-#define POISON_BYTE 0xA5
-
-static int is_ident_char(char c) { return isalnum((unsigned char)c) || c == '_'; }
-
-/* Does `word` occur in msg with no identifier character glued to either end? */
-static int contains_word(const char *msg, const char *word) {
-  const size_t n = strlen(word);
-  const char *p = msg;
-  while ((p = strstr(p, word)) != NULL) {
-    const int left_ok = p == msg || !is_ident_char(p[-1]) || !is_ident_char(word[0]);
-    const int right_ok = p[n] == '\0' || !is_ident_char(p[n]) || !is_ident_char(word[n - 1]);
-    if (left_ok && right_ok) return 1;
-    ++p;
-  }
-  return 0;
-}
-
-static void check_status(attn_status_t got, attn_status_t want, const char *word, const char *expr,
-                         const char *file, int line) {
-  const char *msg = attn_last_error_message();
-  int ok = got == want && msg != NULL;
-  if (ok && want == ATTN_STATUS_SUCCESS) ok = msg[0] == '\0';
-  if (ok && want != ATTN_STATUS_SUCCESS) ok = msg[0] != '\0' && (!word || contains_word(msg, word));
-  if (!ok) {
-    print_error("%s:%d: %s\n  expected %s%s%s%s\n  got      %s, message \"%s\"\n", file, line, expr,
-                attn_status_string(want), word ? " naming \"" : "", word ? word : "",
-                word ? "\"" : "", attn_status_string(got), msg ? msg : "(NULL)");
-    _fail(file, line);
-  }
-}
-
-/* EXPECT_FAIL(status, "argname", call): the call fails with that status and
- * the message names argname. EXPECT_OK(call): success, message "". */
-#define EXPECT_FAIL(status, word, call) check_status((call), (status), (word), #call, __FILE__, __LINE__)
-#define EXPECT_OK(call) check_status((call), ATTN_STATUS_SUCCESS, NULL, #call, __FILE__, __LINE__)
-
-static void poison(void *p, size_t n) { memset(p, POISON_BYTE, n); }
-
-static void check_poisoned(const void *p, size_t n, const char *what, const char *file, int line) {
-  const unsigned char *b = (const unsigned char *)p;
-  size_t i;
-  for (i = 0; i < n; ++i) {
-    if (b[i] != POISON_BYTE) {
-      print_error("%s:%d: output %s was written by a failed call (byte %zu of %zu is 0x%02x)\n", file,
-                  line, what, i, n, b[i]);
-      _fail(file, line);
-    }
-  }
-}
-#define EXPECT_UNTOUCHED(p, n) check_poisoned((p), (n), #p, __FILE__, __LINE__)
-/* For an out-parameter variable. */
-#define EXPECT_VAR_UNTOUCHED(var) check_poisoned(&(var), sizeof(var), #var, __FILE__, __LINE__)
-#define POISON_VAR(var) poison(&(var), sizeof(var))
-
-static void *xmalloc(size_t n) {
-  void *p = malloc(n ? n : 1);
-  assert_non_null(p);
-  return p;
-}
-
-/* Deterministic pseudo-random floats in [-1, 1). */
-static void fill_random(float *x, size_t n, unsigned seed) {
-  uint32_t s = seed * 2654435761u + 12345u;
-  size_t i;
-  for (i = 0; i < n; ++i) {
-    s = s * 1664525u + 1013904223u;
-    x[i] = (float)(s >> 8) / 8388608.0f - 1.0f;
-  }
-}
 
 /* ------------------------------------------------------------------------ */
 /* Problems, plans and buffers                                               */

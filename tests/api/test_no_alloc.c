@@ -13,14 +13,7 @@
  * C99 + POSIX (pthreads). */
 #define _GNU_SOURCE
 
-#include <setjmp.h>
-#include <stdarg.h>
-#include <stddef.h>
-#include <stdint.h>
-
-#include <cmocka.h>
-
-#include <attn/attn.h>
+#include "api_check.h"
 
 #include <execinfo.h>
 #include <math.h>
@@ -34,12 +27,6 @@
 /* ------------------------------------------------------------------------ */
 /* Counting allocator                                                        */
 /* ------------------------------------------------------------------------ */
-
-extern void *__libc_malloc(size_t n);
-extern void *__libc_calloc(size_t n, size_t size);
-extern void *__libc_realloc(void *p, size_t n);
-extern void *__libc_memalign(size_t align, size_t n);
-extern void __libc_free(void *p);
 
 static atomic_int g_armed;
 static atomic_long g_allocs;
@@ -59,34 +46,14 @@ static void count_one(void) {
   }
 }
 
-void *malloc(size_t n) {
+/* Counts; never fails. */
+static int alloc_hook_fails(void) {
   count_one();
-  return __libc_malloc(n);
-}
-void *calloc(size_t n, size_t size) {
-  count_one();
-  return __libc_calloc(n, size);
-}
-void *realloc(void *p, size_t n) {
-  count_one();
-  return __libc_realloc(p, n);
-}
-void free(void *p) { __libc_free(p); }
-void *memalign(size_t align, size_t n) {
-  count_one();
-  return __libc_memalign(align, n);
-}
-void *aligned_alloc(size_t align, size_t n) {
-  count_one();
-  return __libc_memalign(align, n);
-}
-int posix_memalign(void **out, size_t align, size_t n) {
-  count_one();
-  void *p = __libc_memalign(align, n);
-  if (p == NULL) return 12; /* ENOMEM */
-  *out = p;
   return 0;
 }
+static void *alloc_hook_new(void *p) { return p; }
+static void alloc_hook_free(void *p) { (void)p; }
+#include "replace_malloc.h"
 
 static void arm(void) {
   atomic_store(&g_first_depth, 0);
@@ -101,16 +68,6 @@ static long disarm(void) {
 /* ------------------------------------------------------------------------ */
 /* Helpers                                                                   */
 /* ------------------------------------------------------------------------ */
-
-#define CHECK_OK(call)                                                                      \
-  do {                                                                                      \
-    attn_status_t st_ = (call);                                                             \
-    if (st_ != ATTN_STATUS_SUCCESS) {                                                       \
-      print_error("%s:%d: %s failed: %s: %s\n", __FILE__, __LINE__, #call,                  \
-                  attn_status_string(st_), attn_last_error_message());                     \
-      _fail(__FILE__, __LINE__);                                                            \
-    }                                                                                       \
-  } while (0)
 
 static uint64_t g_seed;
 
@@ -133,7 +90,7 @@ static float *poisoned(size_t n) {
   return p;
 }
 
-static void poison(float *p, size_t n) {
+static void poison_nan(float *p, size_t n) {
   for (size_t i = 0; i < n; ++i) p[i] = NAN;
 }
 
@@ -211,7 +168,8 @@ static void run_plan_without_alloc(plan_kind kind, const char *what) {
   void *ws = malloc(fwd_bytes > bwd_bytes ? fwd_bytes : bwd_bytes);
 
   for (int round = 0; round < 2; ++round) { /* round 0 lets the thread pool settle */
-    poison(o, nq), poison(lse, nl), poison(dq, nq), poison(dk, nk), poison(dv, nk);
+    poison_nan(o, nq), poison_nan(lse, nl);
+    poison_nan(dq, nq), poison_nan(dk, nk), poison_nan(dv, nk);
     if (round == 1) arm();
     const attn_status_t f = attn_forward(plan, q, k, v, o, lse, ws, fwd_bytes, NULL);
     const attn_status_t b =
@@ -303,7 +261,7 @@ static void test_decode_execute(void **state) {
   const size_t nq = (size_t)NSEQ * QL * HQ * D, nl = (size_t)HQ * NSEQ * QL;
   float *q = random_floats(nq, &st), *o = poisoned(nq), *lse = poisoned(nl);
   for (int round = 0; round < 2; ++round) {
-    poison(o, nq), poison(lse, nl);
+    poison_nan(o, nq), poison_nan(lse, nl);
     if (round == 1) arm();
     const attn_status_t s = attn_decode_execute(plan, cache, q, o, lse, ws, ws_bytes, NULL);
     const long n = disarm();
@@ -368,7 +326,8 @@ static void *ring_rank_main(void *arg) {
   void *ws = malloc(fwd_bytes > bwd_bytes ? fwd_bytes : bwd_bytes);
 
   for (int round = 0; round < 2; ++round) {
-    poison(o, nq), poison(lse, nl), poison(dq, nq), poison(dk, nk), poison(dv, nk);
+    poison_nan(o, nq), poison_nan(lse, nl);
+    poison_nan(dq, nq), poison_nan(dk, nk), poison_nan(dv, nk);
     if (round == 1) {
       pthread_barrier_wait(r->ready); /* the main thread arms the counter */
       pthread_barrier_wait(r->go);

@@ -8,16 +8,8 @@
  * C99 + POSIX (pthreads). */
 #define _POSIX_C_SOURCE 200809L
 
-#include <setjmp.h>
-#include <stdarg.h>
-#include <stddef.h>
-#include <stdint.h>
+#include "api_check.h"
 
-#include <cmocka.h>
-
-#include <attn/attn.h>
-
-#include <ctype.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,53 +19,6 @@
 #ifndef ATTN_TEST_NCCL_BUILT
 #define ATTN_TEST_NCCL_BUILT 0
 #endif
-
-#define POISON_BYTE 0xA5
-
-static int is_ident_char(char c) { return isalnum((unsigned char)c) || c == '_'; }
-
-/* Does `word` occur in msg with no identifier character glued to either end? */
-static int contains_word(const char *msg, const char *word) {
-  const size_t n = strlen(word);
-  const char *p = msg;
-  while ((p = strstr(p, word)) != NULL) {
-    const int left_ok = p == msg || !is_ident_char(p[-1]) || !is_ident_char(word[0]);
-    const int right_ok = p[n] == '\0' || !is_ident_char(p[n]) || !is_ident_char(word[n - 1]);
-    if (left_ok && right_ok) return 1;
-    ++p;
-  }
-  return 0;
-}
-
-static void check_status(attn_status_t got, attn_status_t want, const char *word,
-                         const char *message, const char *expr, const char *file, int line) {
-  int ok = got == want && message != NULL;
-  if (ok && want == ATTN_STATUS_SUCCESS) ok = message[0] == '\0';
-  if (ok && want != ATTN_STATUS_SUCCESS)
-    ok = message[0] != '\0' && (!word || contains_word(message, word));
-  if (!ok) {
-    print_error("%s:%d: %s\n  expected %s%s%s%s\n  got      %s, message \"%s\"\n", file, line, expr,
-                attn_status_string(want), word ? " naming \"" : "", word ? word : "",
-                word ? "\"" : "", attn_status_string(got), message ? message : "(NULL)");
-    _fail(file, line);
-  }
-}
-
-#define EXPECT_FAIL(status, word, call)                                                     \
-  do {                                                                                      \
-    attn_status_t st_ = (call);                                                             \
-    check_status(st_, (status), (word), attn_last_error_message(), #call, __FILE__, __LINE__); \
-  } while (0)
-#define EXPECT_OK(call) EXPECT_FAIL(ATTN_STATUS_SUCCESS, NULL, call)
-
-static void poison(void *p, size_t n) { memset(p, POISON_BYTE, n); }
-
-static int is_poisoned(const void *p, size_t n) {
-  const unsigned char *b = (const unsigned char *)p;
-  for (size_t i = 0; i < n; ++i)
-    if (b[i] != POISON_BYTE) return 0;
-  return 1;
-}
 
 /* ------------------------------------------------------------------------ */
 /* A small problem and the buffers of one rank                               */
@@ -451,7 +396,7 @@ static void test_mismatched_plans(void **state) {
                           {plans[1], &io[1], 0, ATTN_STATUS_SUCCESS, ""}};
     run_ranks(calls, 2);
     for (int r = 0; r < 2; ++r) {
-      check_status(calls[r].status, ATTN_STATUS_COMMUNICATION_ERROR, "differ", calls[r].message,
+      check_status_message(calls[r].status, ATTN_STATUS_COMMUNICATION_ERROR, "differ", calls[r].message,
                    "forward with mismatched plans", __FILE__, __LINE__);
       assert_true(io_outputs_untouched(&io[r], 0));
       io_free(&io[r]);
@@ -481,7 +426,7 @@ static void test_mismatched_passes(void **state) {
                         {plans[1], &io[1], 1, ATTN_STATUS_SUCCESS, ""}};
   run_ranks(calls, 2);
   for (int r = 0; r < 2; ++r) {
-    check_status(calls[r].status, ATTN_STATUS_COMMUNICATION_ERROR, "differ", calls[r].message,
+    check_status_message(calls[r].status, ATTN_STATUS_COMMUNICATION_ERROR, "differ", calls[r].message,
                  "forward against backward", __FILE__, __LINE__);
     assert_true(io_outputs_untouched(&io[r], r == 0));
     io_free(&io[r]);
@@ -516,14 +461,14 @@ static void test_rank_leaves(void **state) {
     run_ranks(calls, 2);
     assert_true(seconds_now() - t0 < 30.0);
     for (int r = 0; r < 2; ++r) {
-      check_status(calls[r].status, ATTN_STATUS_COMMUNICATION_ERROR, "destroyed", calls[r].message,
+      check_status_message(calls[r].status, ATTN_STATUS_COMMUNICATION_ERROR, "destroyed", calls[r].message,
                    "ring with a rank gone", __FILE__, __LINE__);
       assert_true(io_outputs_untouched(&io[r], !backward));
     }
     /* The plan of the rank that left fails too, without waiting. */
     rank_call own = {plans[2], &io[2], backward, ATTN_STATUS_SUCCESS, ""};
     rank_call_main(&own);
-    check_status(own.status, ATTN_STATUS_COMMUNICATION_ERROR, "destroyed", own.message,
+    check_status_message(own.status, ATTN_STATUS_COMMUNICATION_ERROR, "destroyed", own.message,
                  "the plan of the rank that left", __FILE__, __LINE__);
     assert_true(io_outputs_untouched(&io[2], !backward));
     for (int r = 0; r < 3; ++r) {
@@ -551,13 +496,13 @@ static void test_single_rank_after_destroy(void **state) {
   make_plans(ctx, &comm, &desc, 1, &plan, &io, seqlens);
   rank_call ok = {plan, &io, 0, ATTN_STATUS_INTERNAL_ERROR, ""};
   rank_call_main(&ok);
-  check_status(ok.status, ATTN_STATUS_SUCCESS, NULL, ok.message, "single rank", __FILE__, __LINE__);
+  check_status_message(ok.status, ATTN_STATUS_SUCCESS, NULL, ok.message, "single rank", __FILE__, __LINE__);
   poison(io.o, sizeof(float) * io_elems(&io, 1));
   io_poison_lse(&io);
   EXPECT_OK(attn_comm_destroy(comm));
   rank_call after = {plan, &io, 0, ATTN_STATUS_SUCCESS, ""};
   rank_call_main(&after);
-  check_status(after.status, ATTN_STATUS_COMMUNICATION_ERROR, "destroyed", after.message,
+  check_status_message(after.status, ATTN_STATUS_COMMUNICATION_ERROR, "destroyed", after.message,
                "single rank after destroy", __FILE__, __LINE__);
   assert_true(io_outputs_untouched(&io, 1));
   io_free(&io);
@@ -588,9 +533,9 @@ static void test_rank_fails_before_joining(void **state) {
   const double t0 = seconds_now();
   run_ranks(calls, 2);
   assert_true(seconds_now() - t0 < 30.0);
-  check_status(calls[1].status, ATTN_STATUS_WORKSPACE_TOO_SMALL, "workspace_bytes",
+  check_status_message(calls[1].status, ATTN_STATUS_WORKSPACE_TOO_SMALL, "workspace_bytes",
                calls[1].message, "rank 1 with a small workspace", __FILE__, __LINE__);
-  check_status(calls[0].status, ATTN_STATUS_COMMUNICATION_ERROR, "timed", calls[0].message,
+  check_status_message(calls[0].status, ATTN_STATUS_COMMUNICATION_ERROR, "timed", calls[0].message,
                "rank 0 waiting for rank 1", __FILE__, __LINE__);
   for (int r = 0; r < 2; ++r) {
     assert_true(io_outputs_untouched(&io[r], 1));
@@ -641,7 +586,7 @@ static void test_long_timeout(void **state) {
     }
     for (int r = 0; r < 2; ++r) pthread_join(t[r], NULL);
     for (int r = 0; r < 2; ++r)
-      check_status(calls[r].call.status, ATTN_STATUS_SUCCESS, NULL, calls[r].call.message,
+      check_status_message(calls[r].call.status, ATTN_STATUS_SUCCESS, NULL, calls[r].call.message,
                    "ring run", __FILE__, __LINE__);
   }
   for (int r = 0; r < 2; ++r) {
@@ -674,7 +619,7 @@ static void test_ring_reusable(void **state) {
       }
       run_ranks(calls, 3);
       for (int r = 0; r < 3; ++r)
-        check_status(calls[r].status, ATTN_STATUS_SUCCESS, NULL, calls[r].message, "ring run",
+        check_status_message(calls[r].status, ATTN_STATUS_SUCCESS, NULL, calls[r].message, "ring run",
                      __FILE__, __LINE__);
     }
   for (int r = 0; r < 3; ++r) {
