@@ -366,188 +366,179 @@ static void test_ring_describe(void **state) {
 /* Failures of the ring                                                      */
 /* ------------------------------------------------------------------------ */
 
-/* Every rank's plan from its own descriptor; ws of the larger pass. */
-static void make_plans(attn_context_t ctx, attn_comm_t *comms, attn_plan_desc_t *descs, int n,
-                       attn_plan_t *plans, rank_io *io, int64_t *seqlens) {
+enum { kMaxRanks = 3 };
+
+/* n ranks of one in-process communicator group, each with its plan made
+ * from its own descriptor, and its buffers (workspace of the larger pass). */
+typedef struct ring_group {
+  int n;
+  attn_context_t ctx;
+  attn_comm_t comms[kMaxRanks]; /* NULL once a test destroyed it */
+  attn_plan_desc_t descs[kMaxRanks];
+  attn_plan_t plans[kMaxRanks];
+  rank_io io[kMaxRanks];
+} ring_group;
+
+/* Rank r's problem: seqlens[r] positions (split over the n ranks) under
+ * masks[r]; forward and backward. */
+static void group_open_each(ring_group *g, int n, int64_t timeout_ms, const int64_t *seqlens,
+                            const attn_mask_t *masks) {
+  g->n = n;
+  EXPECT_OK(attn_context_create(ATTN_BACKEND_CPU, 0, 1, &g->ctx));
+  EXPECT_OK(attn_comm_create_inprocess(n, timeout_ms, g->comms));
   for (int r = 0; r < n; ++r) {
-    EXPECT_OK(attn_ring_plan_create(ctx, descs[r], comms[r], ATTN_RING_LAYOUT_CONTIGUOUS, &plans[r]));
-    size_t f = workspace_of(plans[r], ATTN_PASS_FORWARD), b = workspace_of(plans[r], ATTN_PASS_BACKWARD);
-    io_init(&io[r], seqlens[r] / n, f > b ? f : b);
+    g->descs[r] = make_desc(seqlens[r], masks[r], ATTN_PASSES_FORWARD_BACKWARD);
+    EXPECT_OK(attn_ring_plan_create(g->ctx, g->descs[r], g->comms[r], ATTN_RING_LAYOUT_CONTIGUOUS,
+                                    &g->plans[r]));
+    size_t f = workspace_of(g->plans[r], ATTN_PASS_FORWARD);
+    size_t b = workspace_of(g->plans[r], ATTN_PASS_BACKWARD);
+    io_init(&g->io[r], seqlens[r] / n, f > b ? f : b);
   }
 }
 
+/* Every rank the same problem. */
+static void group_open(ring_group *g, int n, int64_t timeout_ms, int64_t seqlen, attn_mask_t mask) {
+  int64_t seqlens[kMaxRanks];
+  attn_mask_t masks[kMaxRanks];
+  for (int r = 0; r < n; ++r) seqlens[r] = seqlen, masks[r] = mask;
+  group_open_each(g, n, timeout_ms, seqlens, masks);
+}
+
+static void group_close(ring_group *g) {
+  for (int r = 0; r < g->n; ++r) {
+    io_free(&g->io[r]);
+    EXPECT_OK(attn_plan_destroy(g->plans[r]));
+    EXPECT_OK(attn_comm_destroy(g->comms[r]));
+    EXPECT_OK(attn_plan_desc_destroy(g->descs[r]));
+  }
+  EXPECT_OK(attn_context_destroy(g->ctx));
+}
+
+/* The calls of ranks 0 .. n-1, each starting with status `before` (which
+ * the call must overwrite). */
+static void group_calls(ring_group *g, rank_call *calls, int n, int backward,
+                        attn_status_t before) {
+  for (int r = 0; r < n; ++r) {
+    rank_call c = {g->plans[r], &g->io[r], backward, before, ""};
+    calls[r] = c;
+  }
+}
+
+/* The status and message of a call made on another thread. */
+#define EXPECT_RANK(call, want, word, what) \
+  check_status_message((call).status, (want), (word), (call).message, (what), __FILE__, __LINE__)
+
 static void test_mismatched_plans(void **state) {
   (void)state;
-  attn_context_t ctx;
-  EXPECT_OK(attn_context_create(ATTN_BACKEND_CPU, 0, 1, &ctx));
   /* Same sizes, another mask: only the tags differ. Then other lengths. */
   for (int variant = 0; variant < 2; ++variant) {
-    attn_comm_t comms[2];
-    EXPECT_OK(attn_comm_create_inprocess(2, 60000, comms));
-    int64_t seqlens[2] = {8, variant == 0 ? 8 : 16};
-    attn_plan_desc_t descs[2] = {
-        make_desc(seqlens[0], ATTN_MASK_CAUSAL, ATTN_PASSES_FORWARD_BACKWARD),
-        make_desc(seqlens[1], variant == 0 ? ATTN_MASK_NONE : ATTN_MASK_CAUSAL,
-                  ATTN_PASSES_FORWARD_BACKWARD)};
-    attn_plan_t plans[2];
-    rank_io io[2];
-    make_plans(ctx, comms, descs, 2, plans, io, seqlens);
-    rank_call calls[2] = {{plans[0], &io[0], 0, ATTN_STATUS_SUCCESS, ""},
-                          {plans[1], &io[1], 0, ATTN_STATUS_SUCCESS, ""}};
+    const int64_t seqlens[2] = {8, variant == 0 ? 8 : 16};
+    const attn_mask_t masks[2] = {ATTN_MASK_CAUSAL,
+                                  variant == 0 ? ATTN_MASK_NONE : ATTN_MASK_CAUSAL};
+    ring_group g;
+    group_open_each(&g, 2, 60000, seqlens, masks);
+    rank_call calls[2];
+    group_calls(&g, calls, 2, 0, ATTN_STATUS_SUCCESS);
     run_ranks(calls, 2);
     for (int r = 0; r < 2; ++r) {
-      check_status_message(calls[r].status, ATTN_STATUS_COMMUNICATION_ERROR, "differ", calls[r].message,
-                   "forward with mismatched plans", __FILE__, __LINE__);
-      assert_true(io_outputs_untouched(&io[r], 0));
-      io_free(&io[r]);
-      EXPECT_OK(attn_plan_destroy(plans[r]));
-      EXPECT_OK(attn_comm_destroy(comms[r]));
-      EXPECT_OK(attn_plan_desc_destroy(descs[r]));
+      EXPECT_RANK(calls[r], ATTN_STATUS_COMMUNICATION_ERROR, "differ",
+                  "forward with mismatched plans");
+      assert_true(io_outputs_untouched(&g.io[r], 0));
     }
+    group_close(&g);
   }
-  EXPECT_OK(attn_context_destroy(ctx));
 }
 
 static void test_mismatched_passes(void **state) {
   (void)state;
-  attn_context_t ctx;
-  EXPECT_OK(attn_context_create(ATTN_BACKEND_CPU, 0, 1, &ctx));
-  attn_comm_t comms[2];
-  EXPECT_OK(attn_comm_create_inprocess(2, 60000, comms));
-  int64_t seqlens[2] = {8, 8};
-  attn_plan_desc_t desc = make_desc(8, ATTN_MASK_CAUSAL, ATTN_PASSES_FORWARD_BACKWARD);
-  attn_plan_desc_t descs[2] = {desc, desc};
-  attn_plan_t plans[2];
-  rank_io io[2];
-  make_plans(ctx, comms, descs, 2, plans, io, seqlens);
+  ring_group g;
+  group_open(&g, 2, 60000, 8, ATTN_MASK_CAUSAL);
   /* Rank 0 runs the forward, rank 1 the backward. */
-  io_poison_lse(&io[0]);
-  rank_call calls[2] = {{plans[0], &io[0], 0, ATTN_STATUS_SUCCESS, ""},
-                        {plans[1], &io[1], 1, ATTN_STATUS_SUCCESS, ""}};
+  io_poison_lse(&g.io[0]);
+  rank_call calls[2];
+  group_calls(&g, calls, 2, 0, ATTN_STATUS_SUCCESS);
+  calls[1].backward = 1;
   run_ranks(calls, 2);
   for (int r = 0; r < 2; ++r) {
-    check_status_message(calls[r].status, ATTN_STATUS_COMMUNICATION_ERROR, "differ", calls[r].message,
-                 "forward against backward", __FILE__, __LINE__);
-    assert_true(io_outputs_untouched(&io[r], r == 0));
-    io_free(&io[r]);
-    EXPECT_OK(attn_plan_destroy(plans[r]));
-    EXPECT_OK(attn_comm_destroy(comms[r]));
+    EXPECT_RANK(calls[r], ATTN_STATUS_COMMUNICATION_ERROR, "differ", "forward against backward");
+    assert_true(io_outputs_untouched(&g.io[r], r == 0));
   }
-  EXPECT_OK(attn_plan_desc_destroy(desc));
-  EXPECT_OK(attn_context_destroy(ctx));
+  group_close(&g);
 }
 
 /* A rank that leaves (destroys its communicator) fails the others at once,
  * well before their long timeout. */
 static void test_rank_leaves(void **state) {
   (void)state;
-  attn_context_t ctx;
-  EXPECT_OK(attn_context_create(ATTN_BACKEND_CPU, 0, 1, &ctx));
   for (int backward = 0; backward < 2; ++backward) {
-    attn_comm_t comms[3];
-    EXPECT_OK(attn_comm_create_inprocess(3, 60000, comms));
-    int64_t seqlens[3] = {12, 12, 12};
-    attn_plan_desc_t desc = make_desc(12, ATTN_MASK_NONE, ATTN_PASSES_FORWARD_BACKWARD);
-    attn_plan_desc_t descs[3] = {desc, desc, desc};
-    attn_plan_t plans[3];
-    rank_io io[3];
-    make_plans(ctx, comms, descs, 3, plans, io, seqlens);
-    EXPECT_OK(attn_comm_destroy(comms[2]));
+    ring_group g;
+    group_open(&g, 3, 60000, 12, ATTN_MASK_NONE);
+    EXPECT_OK(attn_comm_destroy(g.comms[2]));
+    g.comms[2] = NULL;
     if (!backward)
-      for (int r = 0; r < 3; ++r) io_poison_lse(&io[r]);
-    rank_call calls[2] = {{plans[0], &io[0], backward, ATTN_STATUS_SUCCESS, ""},
-                          {plans[1], &io[1], backward, ATTN_STATUS_SUCCESS, ""}};
+      for (int r = 0; r < 3; ++r) io_poison_lse(&g.io[r]);
+    rank_call calls[3];
+    group_calls(&g, calls, 3, backward, ATTN_STATUS_SUCCESS);
     const double t0 = seconds_now();
     run_ranks(calls, 2);
     assert_true(seconds_now() - t0 < 30.0);
     for (int r = 0; r < 2; ++r) {
-      check_status_message(calls[r].status, ATTN_STATUS_COMMUNICATION_ERROR, "destroyed", calls[r].message,
-                   "ring with a rank gone", __FILE__, __LINE__);
-      assert_true(io_outputs_untouched(&io[r], !backward));
+      EXPECT_RANK(calls[r], ATTN_STATUS_COMMUNICATION_ERROR, "destroyed",
+                  "ring with a rank gone");
+      assert_true(io_outputs_untouched(&g.io[r], !backward));
     }
     /* The plan of the rank that left fails too, without waiting. */
-    rank_call own = {plans[2], &io[2], backward, ATTN_STATUS_SUCCESS, ""};
-    rank_call_main(&own);
-    check_status_message(own.status, ATTN_STATUS_COMMUNICATION_ERROR, "destroyed", own.message,
-                 "the plan of the rank that left", __FILE__, __LINE__);
-    assert_true(io_outputs_untouched(&io[2], !backward));
-    for (int r = 0; r < 3; ++r) {
-      io_free(&io[r]);
-      EXPECT_OK(attn_plan_destroy(plans[r]));
-      if (r < 2) EXPECT_OK(attn_comm_destroy(comms[r]));
-    }
-    EXPECT_OK(attn_plan_desc_destroy(desc));
+    rank_call_main(&calls[2]);
+    EXPECT_RANK(calls[2], ATTN_STATUS_COMMUNICATION_ERROR, "destroyed",
+                "the plan of the rank that left");
+    assert_true(io_outputs_untouched(&g.io[2], !backward));
+    group_close(&g);
   }
-  EXPECT_OK(attn_context_destroy(ctx));
 }
 
 /* A single rank whose communicator was destroyed: no exchange at all, yet
  * its plan must refuse to run. */
 static void test_single_rank_after_destroy(void **state) {
   (void)state;
-  attn_context_t ctx;
-  EXPECT_OK(attn_context_create(ATTN_BACKEND_CPU, 0, 1, &ctx));
-  attn_comm_t comm;
-  EXPECT_OK(attn_comm_create_inprocess(1, 0, &comm));
-  int64_t seqlens[1] = {8};
-  attn_plan_desc_t desc = make_desc(8, ATTN_MASK_CAUSAL, ATTN_PASSES_FORWARD_BACKWARD);
-  attn_plan_t plan;
-  rank_io io;
-  make_plans(ctx, &comm, &desc, 1, &plan, &io, seqlens);
-  rank_call ok = {plan, &io, 0, ATTN_STATUS_INTERNAL_ERROR, ""};
+  ring_group g;
+  group_open(&g, 1, 0, 8, ATTN_MASK_CAUSAL);
+  rank_call ok;
+  group_calls(&g, &ok, 1, 0, ATTN_STATUS_INTERNAL_ERROR);
   rank_call_main(&ok);
-  check_status_message(ok.status, ATTN_STATUS_SUCCESS, NULL, ok.message, "single rank", __FILE__, __LINE__);
-  poison(io.o, sizeof(float) * io_elems(&io, 1));
-  io_poison_lse(&io);
-  EXPECT_OK(attn_comm_destroy(comm));
-  rank_call after = {plan, &io, 0, ATTN_STATUS_SUCCESS, ""};
+  EXPECT_RANK(ok, ATTN_STATUS_SUCCESS, NULL, "single rank");
+  poison(g.io[0].o, sizeof(float) * io_elems(&g.io[0], 1));
+  io_poison_lse(&g.io[0]);
+  EXPECT_OK(attn_comm_destroy(g.comms[0]));
+  g.comms[0] = NULL;
+  rank_call after;
+  group_calls(&g, &after, 1, 0, ATTN_STATUS_SUCCESS);
   rank_call_main(&after);
-  check_status_message(after.status, ATTN_STATUS_COMMUNICATION_ERROR, "destroyed", after.message,
-               "single rank after destroy", __FILE__, __LINE__);
-  assert_true(io_outputs_untouched(&io, 1));
-  io_free(&io);
-  EXPECT_OK(attn_plan_destroy(plan));
-  EXPECT_OK(attn_plan_desc_destroy(desc));
-  EXPECT_OK(attn_context_destroy(ctx));
+  EXPECT_RANK(after, ATTN_STATUS_COMMUNICATION_ERROR, "destroyed", "single rank after destroy");
+  assert_true(io_outputs_untouched(&g.io[0], 1));
+  group_close(&g);
 }
 
 /* A rank that fails before it joins (its workspace is too small) is seen
  * by the others through their timeout: a short one here. */
 static void test_rank_fails_before_joining(void **state) {
   (void)state;
-  attn_context_t ctx;
-  EXPECT_OK(attn_context_create(ATTN_BACKEND_CPU, 0, 1, &ctx));
-  attn_comm_t comms[2];
-  EXPECT_OK(attn_comm_create_inprocess(2, 200, comms));
-  int64_t seqlens[2] = {8, 8};
-  attn_plan_desc_t desc = make_desc(8, ATTN_MASK_CAUSAL, ATTN_PASSES_FORWARD_BACKWARD);
-  attn_plan_desc_t descs[2] = {desc, desc};
-  attn_plan_t plans[2];
-  rank_io io[2];
-  make_plans(ctx, comms, descs, 2, plans, io, seqlens);
-  io[1].ws_bytes = 1;
-  io_poison_lse(&io[0]);
-  io_poison_lse(&io[1]);
-  rank_call calls[2] = {{plans[0], &io[0], 0, ATTN_STATUS_SUCCESS, ""},
-                        {plans[1], &io[1], 0, ATTN_STATUS_SUCCESS, ""}};
+  ring_group g;
+  group_open(&g, 2, 200, 8, ATTN_MASK_CAUSAL);
+  g.io[1].ws_bytes = 1;
+  io_poison_lse(&g.io[0]);
+  io_poison_lse(&g.io[1]);
+  rank_call calls[2];
+  group_calls(&g, calls, 2, 0, ATTN_STATUS_SUCCESS);
   const double t0 = seconds_now();
   run_ranks(calls, 2);
   assert_true(seconds_now() - t0 < 30.0);
-  check_status_message(calls[1].status, ATTN_STATUS_WORKSPACE_TOO_SMALL, "workspace_bytes",
-               calls[1].message, "rank 1 with a small workspace", __FILE__, __LINE__);
-  check_status_message(calls[0].status, ATTN_STATUS_COMMUNICATION_ERROR, "timed", calls[0].message,
-               "rank 0 waiting for rank 1", __FILE__, __LINE__);
-  for (int r = 0; r < 2; ++r) {
-    assert_true(io_outputs_untouched(&io[r], 1));
-    io_free(&io[r]);
-    EXPECT_OK(attn_plan_destroy(plans[r]));
-    EXPECT_OK(attn_comm_destroy(comms[r]));
-  }
-  EXPECT_OK(attn_plan_desc_destroy(desc));
-  EXPECT_OK(attn_context_destroy(ctx));
+  EXPECT_RANK(calls[1], ATTN_STATUS_WORKSPACE_TOO_SMALL, "workspace_bytes",
+              "rank 1 with a small workspace");
+  EXPECT_RANK(calls[0], ATTN_STATUS_COMMUNICATION_ERROR, "timed", "rank 0 waiting for rank 1");
+  for (int r = 0; r < 2; ++r) assert_true(io_outputs_untouched(&g.io[r], 1));
+  group_close(&g);
 }
 
-/* After a success the group is reusable: forward then backward twice. */
 /* A rank's call made delay_ms late. */
 typedef struct late_call {
   rank_call call;
@@ -565,70 +556,37 @@ static void *late_call_main(void *arg) {
  * giving up at once: rank 1 joins 200 ms late and both ranks succeed. */
 static void test_long_timeout(void **state) {
   (void)state;
-  attn_context_t ctx;
-  EXPECT_OK(attn_context_create(ATTN_BACKEND_CPU, 0, 1, &ctx));
-  attn_comm_t comms[2];
-  EXPECT_OK(attn_comm_create_inprocess(2, INT64_MAX, comms));
-  int64_t seqlens[2] = {8, 8};
-  attn_plan_desc_t desc = make_desc(8, ATTN_MASK_CAUSAL, ATTN_PASSES_FORWARD_BACKWARD);
-  attn_plan_desc_t descs[2] = {desc, desc};
-  attn_plan_t plans[2];
-  rank_io io[2];
-  make_plans(ctx, comms, descs, 2, plans, io, seqlens);
+  ring_group g;
+  group_open(&g, 2, INT64_MAX, 8, ATTN_MASK_CAUSAL);
   for (int backward = 0; backward < 2; ++backward) {
+    rank_call first[2];
     late_call calls[2];
     pthread_t t[2];
+    group_calls(&g, first, 2, backward, ATTN_STATUS_INTERNAL_ERROR);
     for (int r = 0; r < 2; ++r) {
-      rank_call c = {plans[r], &io[r], backward, ATTN_STATUS_INTERNAL_ERROR, ""};
-      calls[r].call = c;
+      calls[r].call = first[r];
       calls[r].delay_ms = r == 1 ? 200 : 0;
       assert_int_equal(pthread_create(&t[r], NULL, late_call_main, &calls[r]), 0);
     }
     for (int r = 0; r < 2; ++r) pthread_join(t[r], NULL);
-    for (int r = 0; r < 2; ++r)
-      check_status_message(calls[r].call.status, ATTN_STATUS_SUCCESS, NULL, calls[r].call.message,
-                   "ring run", __FILE__, __LINE__);
+    for (int r = 0; r < 2; ++r) EXPECT_RANK(calls[r].call, ATTN_STATUS_SUCCESS, NULL, "ring run");
   }
-  for (int r = 0; r < 2; ++r) {
-    io_free(&io[r]);
-    EXPECT_OK(attn_plan_destroy(plans[r]));
-    EXPECT_OK(attn_comm_destroy(comms[r]));
-  }
-  EXPECT_OK(attn_plan_desc_destroy(desc));
-  EXPECT_OK(attn_context_destroy(ctx));
+  group_close(&g);
 }
 
+/* After a success the group is reusable: forward then backward twice. */
 static void test_ring_reusable(void **state) {
   (void)state;
-  attn_context_t ctx;
-  EXPECT_OK(attn_context_create(ATTN_BACKEND_CPU, 0, 1, &ctx));
-  attn_comm_t comms[3];
-  EXPECT_OK(attn_comm_create_inprocess(3, 60000, comms));
-  int64_t seqlens[3] = {12, 12, 12};
-  attn_plan_desc_t desc = make_desc(12, ATTN_MASK_CAUSAL, ATTN_PASSES_FORWARD_BACKWARD);
-  attn_plan_desc_t descs[3] = {desc, desc, desc};
-  attn_plan_t plans[3];
-  rank_io io[3];
-  make_plans(ctx, comms, descs, 3, plans, io, seqlens);
+  ring_group g;
+  group_open(&g, 3, 60000, 12, ATTN_MASK_CAUSAL);
   for (int round = 0; round < 2; ++round)
     for (int backward = 0; backward < 2; ++backward) {
       rank_call calls[3];
-      for (int r = 0; r < 3; ++r) {
-        rank_call c = {plans[r], &io[r], backward, ATTN_STATUS_INTERNAL_ERROR, ""};
-        calls[r] = c;
-      }
+      group_calls(&g, calls, 3, backward, ATTN_STATUS_INTERNAL_ERROR);
       run_ranks(calls, 3);
-      for (int r = 0; r < 3; ++r)
-        check_status_message(calls[r].status, ATTN_STATUS_SUCCESS, NULL, calls[r].message, "ring run",
-                     __FILE__, __LINE__);
+      for (int r = 0; r < 3; ++r) EXPECT_RANK(calls[r], ATTN_STATUS_SUCCESS, NULL, "ring run");
     }
-  for (int r = 0; r < 3; ++r) {
-    io_free(&io[r]);
-    EXPECT_OK(attn_plan_destroy(plans[r]));
-    EXPECT_OK(attn_comm_destroy(comms[r]));
-  }
-  EXPECT_OK(attn_plan_desc_destroy(desc));
-  EXPECT_OK(attn_context_destroy(ctx));
+  group_close(&g);
 }
 
 int main(void) {
