@@ -365,6 +365,73 @@ void pack_kv_tile(const KernelPlan& kp, const void* k, const void* v, const Unit
 // schedule, or the window's range filtered by the MoBA selection.
 enum class Mode { dense, block, moba };
 
+// The three helpers below stand for blocks the kernels would otherwise
+// repeat; they are always inlined, so that each kernel compiles as if the
+// block were written in place.
+
+// S = the scores of t's query rows against the packed Kt of its KV tile,
+// -inf where the block mask (of a partial tile) or the MoBA selection hides
+// a key.
+template <Mode M>
+[[gnu::always_inline]] inline void masked_scores(const KernelPlan& kp, const uint64_t* moba,
+                                                 int64_t b, int64_t hk, const TileView& t,
+                                                 const float* qp, int64_t ldq, const float* kt,
+                                                 float* s) {
+  compute_scores(t, qp, ldq, kt, s);
+  if constexpr (M == Mode::block)
+    if (!t.full) hide_unselected(kp, b, hk, t, s);
+  if constexpr (M == Mode::moba) hide_unselected_moba(kp, moba, t, s);
+}
+
+// Calls visit(kti, full) for each KV tile that query tile qt (t's rows)
+// sees: the block-sparse list, or the window's range, of which MoBA keeps
+// the tiles its selection meets (t's columns are set for moba_meets).
+template <Mode M, class Visit>
+[[gnu::always_inline]] inline void for_each_kv_tile(const KernelPlan& kp,
+                                                    const DenseTileSchedule& sched,
+                                                    const uint64_t* moba, int64_t b, int64_t hk,
+                                                    int64_t qt, TileView& t, Visit&& visit) {
+  if constexpr (M == Mode::block) {
+    for (const TileVisit& v : kp.sparse->kv_tiles_of(kp.sparse->slot(b, hk), qt))
+      visit(v.tile, v.full != 0);
+  } else {
+    const TileRange kr = sched.kv_tiles_of(qt);
+    for (int64_t kti = kr.begin; kti < kr.end; ++kti) {
+      if constexpr (M == Mode::moba) {
+        const RowSpan cr = kv_rows(sched, kti);
+        t.c0 = cr.r0, t.n = cr.m;
+        if (moba_meets(kp, moba, t)) visit(kti, false);
+      } else {
+        visit(kti, sched.is_full(qt, kti));
+      }
+    }
+  }
+}
+
+// The transpose: visit(qt, full) for each query tile that sees KV tile kti
+// (t's columns; t's rows are set for moba_meets).
+template <Mode M, class Visit>
+[[gnu::always_inline]] inline void for_each_q_tile(const KernelPlan& kp,
+                                                   const DenseTileSchedule& sched,
+                                                   const uint64_t* moba, int64_t b, int64_t hk,
+                                                   int64_t kti, TileView& t, Visit&& visit) {
+  if constexpr (M == Mode::block) {
+    for (const TileVisit& v : kp.sparse->q_tiles_of(kp.sparse->slot(b, hk), kti))
+      visit(v.tile, v.full != 0);
+  } else {
+    const TileRange qr = sched.q_tiles_of(kti);
+    for (int64_t qt = qr.begin; qt < qr.end; ++qt) {
+      if constexpr (M == Mode::moba) {
+        const RowSpan rows = q_rows(sched, qt);
+        t.r0 = rows.r0, t.m = rows.m;
+        if (moba_meets(kp, moba, t)) visit(qt, false);
+      } else {
+        visit(qt, sched.is_full(qt, kti));
+      }
+    }
+  }
+}
+
 template <Mode M>
 void forward_item(const KernelPlan& kp, const ForwardArgs& a, char* ws, const Unit& u,
                   int64_t h, char* scratch) {
@@ -397,10 +464,7 @@ void forward_item(const KernelPlan& kp, const ForwardArgs& a, char* ws, const Un
     t.c0 = cr.r0, t.n = cr.m, t.n_pad = cr.m_pad;
     t.full = full;
     const int64_t g = kp.kv_tile_base[size_t(b)] + kti;
-    compute_scores(t, qp, ldq, packed_tile(ws, kp.fwd_kt, g, hk), s);
-    if constexpr (M == Mode::block)
-      if (!full) hide_unselected(kp, b, hk, t, s);
-    if constexpr (M == Mode::moba) hide_unselected_moba(kp, moba, t, s);
+    masked_scores<M>(kp, moba, b, hk, t, qp, ldq, packed_tile(ws, kp.fwd_kt, g, hk), s);
 
     // Online softmax, one row at a time: S becomes P = 2^(s - m_new).
     for (int64_t i = 0; i < t.m; ++i) {
@@ -431,21 +495,7 @@ void forward_item(const KernelPlan& kp, const ForwardArgs& a, char* ws, const Un
     // output rows are never stored.
     gemm<true>(t.m_pad, ldv, t.n_pad, s, kTile, 1, packed_tile(ws, kp.fwd_v, g, hk), ldv, acc, ldv);
   };
-  if constexpr (M == Mode::block) {
-    for (const TileVisit& v : kp.sparse->kv_tiles_of(kp.sparse->slot(b, hk), qt))
-      visit(v.tile, v.full != 0);
-  } else {
-    const TileRange kr = sched.kv_tiles_of(qt);
-    for (int64_t kti = kr.begin; kti < kr.end; ++kti) {
-      if constexpr (M == Mode::moba) {
-        const RowSpan cr = kv_rows(sched, kti);
-        t.c0 = cr.r0, t.n = cr.m;
-        if (moba_meets(kp, moba, t)) visit(kti, false);
-      } else {
-        visit(kti, sched.is_full(qt, kti));
-      }
-    }
-  }
+  for_each_kv_tile<M>(kp, sched, moba, b, hk, qt, t, visit);
 
   // O = Oacc / l, LSE = m ln2 + ln l; a row that saw nothing gives 0 and -inf.
   const auto& os = p.strides[ATTN_TENSOR_O];
@@ -613,10 +663,7 @@ void backward_dkdv_item(const KernelPlan& kp, const BackwardArgs& a, char* ws, c
       const float* qp = packed_tile(ws, kp.bwd_q, gq, h);
       const float* dop = packed_tile(ws, kp.bwd_do, gq, h);
       load_row_stats(p, a, delta, b, h, t.r0, t.m, lse2, dd);
-      compute_scores(t, qp, ldq, kt, s);
-      if constexpr (M == Mode::block)
-        if (!full) hide_unselected(kp, b, hk, t, s);
-      if constexpr (M == Mode::moba) hide_unselected_moba(kp, moba, t, s);
+      masked_scores<M>(kp, moba, b, hk, t, qp, ldq, kt, s);
       if (capped) std::copy(s, s + t.m_pad * kTile, z);
       probabilities_and_dscores(t, lse2, dd, dop, ldv, vt, s, dp);
       if (capped) apply_softcap_grad(t, z, dp);
@@ -624,21 +671,7 @@ void backward_dkdv_item(const KernelPlan& kp, const BackwardArgs& a, char* ws, c
       gemm<true>(t.n_pad, ldv, t.m_pad, s, 1, kTile, dop, ldv, acc_dv, ldv);
       gemm<true>(t.n_pad, ldq, t.m_pad, dp, 1, kTile, qp, ldq, acc_dk, ldq);
     };
-    if constexpr (M == Mode::block) {
-      for (const TileVisit& v : kp.sparse->q_tiles_of(kp.sparse->slot(b, hk), kti))
-        visit(v.tile, v.full != 0);
-    } else {
-      const TileRange qrange = sched.q_tiles_of(kti);
-      for (int64_t qt = qrange.begin; qt < qrange.end; ++qt) {
-        if constexpr (M == Mode::moba) {
-          const RowSpan qr = q_rows(sched, qt);
-          t.r0 = qr.r0, t.m = qr.m;
-          if (moba_meets(kp, moba, t)) visit(qt, false);
-        } else {
-          visit(qt, sched.is_full(qt, kti));
-        }
-      }
-    }
+    for_each_q_tile<M>(kp, sched, moba, b, hk, kti, t, visit);
   }
   // dS is in natural units (P is a true probability). S2 = Qp K^T with
   // Qp = q_scale * Q and z = scale * Q K^T, so dK = (scale / q_scale) dS^T Qp.
@@ -682,10 +715,7 @@ void backward_dq_item(const KernelPlan& kp, const BackwardArgs& a, char* ws, con
     t.c0 = cr.r0, t.n = cr.m, t.n_pad = cr.m_pad;
     t.full = full;
     const int64_t gk = kp.kv_tile_base[size_t(b)] + kti;
-    compute_scores(t, qp, ldq, packed_tile(ws, kp.bwd_kt, gk, hk), s);
-    if constexpr (M == Mode::block)
-      if (!full) hide_unselected(kp, b, hk, t, s);
-    if constexpr (M == Mode::moba) hide_unselected_moba(kp, moba, t, s);
+    masked_scores<M>(kp, moba, b, hk, t, qp, ldq, packed_tile(ws, kp.bwd_kt, gk, hk), s);
     if (capped) std::copy(s, s + t.m_pad * kTile, z);
     probabilities_and_dscores(t, lse2, dd, dop, ldv, packed_tile(ws, kp.bwd_vt, gk, hk), s, dp);
     if (capped) apply_softcap_grad(t, z, dp);
@@ -693,21 +723,7 @@ void backward_dq_item(const KernelPlan& kp, const BackwardArgs& a, char* ws, con
     gemm<true>(t.m_pad, ldq, t.n_pad, dp, kTile, 1, packed_tile(ws, kp.bwd_k, gk, hk), ldq, acc_dq,
                ldq);
   };
-  if constexpr (M == Mode::block) {
-    for (const TileVisit& v : kp.sparse->kv_tiles_of(kp.sparse->slot(b, hk), qt))
-      visit(v.tile, v.full != 0);
-  } else {
-    const TileRange krange = sched.kv_tiles_of(qt);
-    for (int64_t kti = krange.begin; kti < krange.end; ++kti) {
-      if constexpr (M == Mode::moba) {
-        const RowSpan cr = kv_rows(sched, kti);
-        t.c0 = cr.r0, t.n = cr.m;
-        if (moba_meets(kp, moba, t)) visit(kti, false);
-      } else {
-        visit(kti, sched.is_full(qt, kti));
-      }
-    }
-  }
+  for_each_kv_tile<M>(kp, sched, moba, b, hk, qt, t, visit);
   store_rows(acc_dq, ldq, t.m, p.head_dim_qk, p.scale, a.dq, p.dtype,
              p.offset(ATTN_TENSOR_DQ, b, t.r0, h), p.strides[ATTN_TENSOR_DQ].seq);
 }
