@@ -46,36 +46,36 @@ struct LocalShape {
   int64_t elements() const { return batch * seq * heads * dim; }
 };
 
-void to_fp32(const void* src, attn_dtype_t dtype, const LocalShape& t, float* dst) {
+// Calls row(user, packed) for each (batch, seq, head) row of t with the
+// element offsets of its first element in the caller's memory and in the
+// contiguous copy.
+template <class Row>
+void for_each_row(const LocalShape& t, Row&& row) {
   for (int64_t b = 0; b < t.batch; ++b)
     for (int64_t s = 0; s < t.seq; ++s)
-      for (int64_t h = 0; h < t.heads; ++h) {
-        const int64_t from = b * t.user.batch + s * t.user.seq + h * t.user.head;
-        float* row = dst + ((b * t.seq + s) * t.heads + h) * t.dim;
-        for (int64_t c = 0; c < t.dim; ++c) row[c] = load_as_float(src, from + c, dtype);
-      }
+      for (int64_t h = 0; h < t.heads; ++h)
+        row(b * t.user.batch + s * t.user.seq + h * t.user.head,
+            ((b * t.seq + s) * t.heads + h) * t.dim);
+}
+
+void to_fp32(const void* src, attn_dtype_t dtype, const LocalShape& t, float* dst) {
+  for_each_row(t, [&](int64_t from, int64_t to) {
+    for (int64_t c = 0; c < t.dim; ++c) dst[to + c] = load_as_float(src, from + c, dtype);
+  });
 }
 
 void from_fp32(const float* src, const LocalShape& t, attn_dtype_t dtype, void* dst) {
-  for (int64_t b = 0; b < t.batch; ++b)
-    for (int64_t s = 0; s < t.seq; ++s)
-      for (int64_t h = 0; h < t.heads; ++h) {
-        const int64_t to = b * t.user.batch + s * t.user.seq + h * t.user.head;
-        const float* row = src + ((b * t.seq + s) * t.heads + h) * t.dim;
-        for (int64_t c = 0; c < t.dim; ++c) store_from_float(dst, to + c, dtype, row[c]);
-      }
+  for_each_row(t, [&](int64_t to, int64_t from) {
+    for (int64_t c = 0; c < t.dim; ++c) store_from_float(dst, to + c, dtype, src[from + c]);
+  });
 }
 
 // The caller's tensor, in its dtype, into the contiguous order that travels.
 void gather_raw(const void* src, size_t elem, const LocalShape& t, char* dst) {
   const size_t row = size_t(t.dim) * elem;
-  for (int64_t b = 0; b < t.batch; ++b)
-    for (int64_t s = 0; s < t.seq; ++s)
-      for (int64_t h = 0; h < t.heads; ++h) {
-        const int64_t from = b * t.user.batch + s * t.user.seq + h * t.user.head;
-        std::memcpy(dst + size_t((b * t.seq + s) * t.heads + h) * row,
-                    static_cast<const char*>(src) + size_t(from) * elem, row);
-      }
+  for_each_row(t, [&](int64_t from, int64_t to) {
+    std::memcpy(dst + size_t(to) * elem, static_cast<const char*>(src) + size_t(from) * elem, row);
+  });
 }
 
 void contiguous_to_fp32(const void* src, attn_dtype_t dtype, int64_t n, float* dst) {
@@ -108,11 +108,13 @@ class CpuRingPlan final : public RingBackendPlan {
     sq_ = sched_.sq;
     sk_ = sched_.sk;
 
-    const int64_t B = g_.batch;
-    q_ = {B, sq_, g_.heads_q, g_.head_dim_qk, local_strides(g_.layout, sq_, g_.heads_q, g_.head_dim_qk)};
-    o_ = {B, sq_, g_.heads_q, g_.head_dim_v, local_strides(g_.layout, sq_, g_.heads_q, g_.head_dim_v)};
-    k_ = {B, sk_, g_.heads_kv, g_.head_dim_qk, local_strides(g_.layout, sk_, g_.heads_kv, g_.head_dim_qk)};
-    v_ = {B, sk_, g_.heads_kv, g_.head_dim_v, local_strides(g_.layout, sk_, g_.heads_kv, g_.head_dim_v)};
+    auto local = [&](int64_t seq, int64_t heads, int64_t dim) {
+      return LocalShape{g_.batch, seq, heads, dim, local_strides(g_.layout, seq, heads, dim)};
+    };
+    q_ = local(sq_, g_.heads_q, g_.head_dim_qk);
+    o_ = local(sq_, g_.heads_q, g_.head_dim_v);
+    k_ = local(sk_, g_.heads_kv, g_.head_dim_qk);
+    v_ = local(sk_, g_.heads_kv, g_.head_dim_v);
 
     build_blocks();
     build_workspace();
