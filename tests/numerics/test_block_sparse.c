@@ -428,14 +428,22 @@ static attn_block_mask_t new_mask(const geom *g) {
   return m;
 }
 
-/* Builds `built` with the library's builders, `sel` on the test side, then
- * compares built with add_dense(sel). */
-static void compare_with_dense(const geom *g, attn_block_mask_t built, const unsigned char *sel,
-                               const char *what) {
+/* A case builds a mask with the library's builders and the same pattern as
+ * the matrix `sel` on the test side: start_case gives a new mask and a
+ * cleared sel; finish_case compares the mask with add_dense(sel) and
+ * destroys it. */
+static attn_block_mask_t start_case(const geom *g, unsigned char *sel) {
+  memset(sel, 0, matrix_size(g));
+  return new_mask(g);
+}
+
+static void finish_case(const geom *g, attn_block_mask_t built, const unsigned char *sel,
+                        const char *what) {
   attn_block_mask_t dense = new_mask(g);
   check(attn_block_mask_add_dense(dense, sel), "attn_block_mask_add_dense");
   expect_same_tables(g, built, dense, what);
   check(attn_block_mask_destroy(dense), "attn_block_mask_destroy");
+  check(attn_block_mask_destroy(built), "destroy");
 }
 
 static void test_builders_match_dense(void **state) {
@@ -470,68 +478,54 @@ static void test_builders_match_dense(void **state) {
              (long long)g->bq, (long long)g->bk);
 
     /* each builder alone */
-    m = new_mask(g);
+    m = start_case(g, sel);
     check(attn_block_mask_add_window(m, left, right), "attn_block_mask_add_window");
-    memset(sel, 0, matrix_size(g));
     or_window(g, sel, left, right);
-    compare_with_dense(g, m, sel, what);
-    check(attn_block_mask_destroy(m), "destroy");
+    finish_case(g, m, sel, what);
 
     /* reaches beyond every sequence: the same as unbounded (no overflow of
      * the diagonal's arithmetic) */
-    m = new_mask(g);
+    m = start_case(g, sel);
     check(attn_block_mask_add_window(m, INT64_MAX, right), "attn_block_mask_add_window");
     check(attn_block_mask_add_window(m, left, INT64_MAX), "attn_block_mask_add_window");
-    memset(sel, 0, matrix_size(g));
     or_window(g, sel, -1, right);
     or_window(g, sel, left, -1);
-    compare_with_dense(g, m, sel, what);
-    check(attn_block_mask_destroy(m), "destroy");
+    finish_case(g, m, sel, what);
 
-    m = new_mask(g);
+    m = start_case(g, sel);
     check(attn_block_mask_add_global_keys(m, keys, 5), "attn_block_mask_add_global_keys");
-    memset(sel, 0, matrix_size(g));
     or_keys(g, sel, keys, 5, 0);
-    compare_with_dense(g, m, sel, what);
-    check(attn_block_mask_destroy(m), "destroy");
+    finish_case(g, m, sel, what);
 
-    m = new_mask(g);
+    m = start_case(g, sel);
     check(attn_block_mask_add_global_queries(m, queries, 3), "attn_block_mask_add_global_queries");
-    memset(sel, 0, matrix_size(g));
     or_keys(g, sel, queries, 3, 1);
-    compare_with_dense(g, m, sel, what);
-    check(attn_block_mask_destroy(m), "destroy");
+    finish_case(g, m, sel, what);
 
-    m = new_mask(g);
+    m = start_case(g, sel);
     check(attn_block_mask_add_strided(m, stride), "attn_block_mask_add_strided");
-    memset(sel, 0, matrix_size(g));
     or_strided(g, sel, stride);
-    compare_with_dense(g, m, sel, what);
-    check(attn_block_mask_destroy(m), "destroy");
+    finish_case(g, m, sel, what);
 
-    m = new_mask(g);
+    m = start_case(g, sel);
     check(attn_block_mask_add_random_blocks(m, (int32_t)per_row, seed),
           "attn_block_mask_add_random_blocks");
-    memset(sel, 0, matrix_size(g));
     or_random_blocks(g, sel, per_row, seed);
-    compare_with_dense(g, m, sel, what);
-    check(attn_block_mask_destroy(m), "destroy");
+    finish_case(g, m, sel, what);
 
     /* composed: (window AND documents) OR sinks OR global rows OR strided */
-    m = new_mask(g);
+    m = start_case(g, sel);
     check(attn_block_mask_add_window(m, left, right), "attn_block_mask_add_window");
     check(attn_block_mask_and_documents(m, dq, dk), "attn_block_mask_and_documents");
     check(attn_block_mask_add_global_keys(m, keys, 2), "attn_block_mask_add_global_keys");
     check(attn_block_mask_add_global_queries(m, queries, 1), "attn_block_mask_add_global_queries");
     check(attn_block_mask_add_strided(m, stride), "attn_block_mask_add_strided");
-    memset(sel, 0, matrix_size(g));
     or_window(g, sel, left, right);
     and_docs(g, sel, dq, dk);
     or_keys(g, sel, keys, 2, 0);
     or_keys(g, sel, queries, 1, 1);
     or_strided(g, sel, stride);
-    compare_with_dense(g, m, sel, what);
-    check(attn_block_mask_destroy(m), "destroy");
+    finish_case(g, m, sel, what);
     free(sel);
     free(dq);
     free(dk);
