@@ -93,29 +93,9 @@ static void mask_blocks(attn_block_mask_t m, int32_t *partial, int32_t *full) {
   CHECK_OK(attn_block_mask_get_max_blocks(m, partial, full));
 }
 
-static attn_kv_cache_config_t cache_config(void) {
-  attn_kv_cache_config_t c;
-  memset(&c, 0, sizeof c);
-  c.struct_size = sizeof c;
-  c.dtype = ATTN_DTYPE_FP32;
-  c.layout = ATTN_KV_LAYOUT_NHD;
-  c.page_size = PS;
-  c.num_pages = 16;
-  c.heads_kv = HKV;
-  c.head_dim_qk = D;
-  c.head_dim_v = D;
-  return c;
-}
+static attn_kv_cache_config_t cache_config(void) { return fp32_cache_config(PS, 16, HKV, D); }
 
-static attn_decode_config_t decode_config(void) {
-  attn_decode_config_t d;
-  memset(&d, 0, sizeof d);
-  d.struct_size = sizeof d;
-  d.heads_q = HQ;
-  d.max_batch = 2;
-  d.max_query_tokens = 2;
-  return d;
-}
+static attn_decode_config_t decode_config(void) { return decode_config_for(HQ, 2, 2); }
 
 /* A cache with sequence 1 (6 tokens, the last page shared with sequence 2,
  * a fork of 5 tokens) and sequence 3 (3 tokens). */

@@ -28,17 +28,7 @@
 static attn_context_t g_ctx;
 
 static attn_kv_cache_config_t small_config(int64_t num_pages) {
-  attn_kv_cache_config_t c;
-  memset(&c, 0, sizeof c);
-  c.struct_size = sizeof c;
-  c.dtype = ATTN_DTYPE_FP32;
-  c.layout = ATTN_KV_LAYOUT_NHD;
-  c.page_size = 4;
-  c.num_pages = num_pages;
-  c.heads_kv = HKV;
-  c.head_dim_qk = DIM;
-  c.head_dim_v = DIM;
-  return c;
+  return fp32_cache_config(4, num_pages, HKV, DIM);
 }
 
 static attn_kv_cache_t make_cache(const attn_kv_cache_config_t *c) {
@@ -58,6 +48,14 @@ static void append(attn_kv_cache_t cache, int64_t id, int32_t n) {
   free(k), free(v);
 }
 
+/* Sequences 1 and 2, of n1 and n2 random tokens. */
+static void add_two(attn_kv_cache_t cache, int32_t n1, int32_t n2) {
+  EXPECT_OK(attn_kv_cache_add_sequence(cache, 1));
+  EXPECT_OK(attn_kv_cache_add_sequence(cache, 2));
+  append(cache, 1, n1);
+  append(cache, 2, n2);
+}
+
 static int64_t length_of(attn_kv_cache_t cache, int64_t id) {
   int64_t n = -1;
   EXPECT_OK(attn_kv_cache_sequence_length(cache, id, &n));
@@ -71,15 +69,7 @@ static attn_kv_cache_info_t info_of(attn_kv_cache_t cache) {
   return info;
 }
 
-static attn_decode_config_t decode_config(void) {
-  attn_decode_config_t d;
-  memset(&d, 0, sizeof d);
-  d.struct_size = sizeof d;
-  d.heads_q = HQ;
-  d.max_batch = 4;
-  d.max_query_tokens = 2;
-  return d;
-}
+static attn_decode_config_t decode_config(void) { return decode_config_for(HQ, 4, 2); }
 
 /* The output of one decode step (one query token per sequence, fixed Q)
  * over the given sequences: a fingerprint of the cache's contents. */
@@ -357,10 +347,7 @@ static void test_append_errors(void **state) {
   (void)state;
   fill_random(k, sizeof k / 4, 3);
   fill_random(v, sizeof v / 4, 4);
-  EXPECT_OK(attn_kv_cache_add_sequence(cache, 1));
-  EXPECT_OK(attn_kv_cache_add_sequence(cache, 2));
-  append(cache, 1, 5);
-  append(cache, 2, 3);
+  add_two(cache, 5, 3);
   s = take(cache, 2, ids2);
 
   ids[0] = 1, ids[1] = 9, n[0] = 1, n[1] = 1;
@@ -404,10 +391,7 @@ static void test_capacity(void **state) {
   (void)state;
   fill_random(k, sizeof k / 4, 5);
   fill_random(v, sizeof v / 4, 6);
-  EXPECT_OK(attn_kv_cache_add_sequence(cache, 1));
-  EXPECT_OK(attn_kv_cache_add_sequence(cache, 2));
-  append(cache, 1, 10); /* 3 pages, 2 free slots */
-  append(cache, 2, 5);  /* 2 pages, 3 free slots */
+  add_two(cache, 10, 5); /* 3 pages with 2 free slots; 2 pages with 3 */
   assert_int_equal(info_of(cache).pages_in_use, 5);
 
   /* 1 free page; the batch needs 2 (sequence 2 grows by 2 pages; sequence
@@ -451,10 +435,7 @@ static void test_fork_errors(void **state) {
   const int64_t ids[2] = {1, 2};
   snapshot s;
   (void)state;
-  EXPECT_OK(attn_kv_cache_add_sequence(cache, 1));
-  EXPECT_OK(attn_kv_cache_add_sequence(cache, 2));
-  append(cache, 1, 6);
-  append(cache, 2, 2);
+  add_two(cache, 6, 2);
   s = take(cache, 2, ids);
   EXPECT_FAIL(INVALID, "parent_id", attn_kv_cache_fork(cache, 7, 3, 1));
   EXPECT_FAIL(INVALID, "child_id", attn_kv_cache_fork(cache, 1, 2, 1));
@@ -556,10 +537,7 @@ typedef struct decode_fixture {
 static void fixture_make(decode_fixture *f, const attn_kv_cache_config_t *c) {
   attn_decode_config_t d = decode_config();
   f->cache = make_cache(c);
-  EXPECT_OK(attn_kv_cache_add_sequence(f->cache, 1));
-  EXPECT_OK(attn_kv_cache_add_sequence(f->cache, 2));
-  append(f->cache, 1, 6);
-  append(f->cache, 2, 3);
+  add_two(f->cache, 6, 3);
   EXPECT_OK(attn_decode_plan_create(g_ctx, f->cache, &d, &f->plan));
   EXPECT_OK(attn_decode_plan_workspace_size(f->plan, &f->bytes));
   assert_true(f->bytes > 0);
@@ -776,10 +754,7 @@ static void test_execute_errors(void **state) {
      * (the message names the cache or the workspace, by address). */
     EXPECT_OK(attn_kv_cache_destroy(f.cache));
     f.cache = make_cache(&c);
-    EXPECT_OK(attn_kv_cache_add_sequence(f.cache, 1));
-    EXPECT_OK(attn_kv_cache_add_sequence(f.cache, 2));
-    append(f.cache, 1, 6);
-    append(f.cache, 2, 3);
+    add_two(f.cache, 6, 3);
     EXPECT_EXECUTE_FAILS(INVALID, NULL, f.plan, f.cache, f.q, f.o, f.lse, f.ws, f.bytes, NULL);
   }
 #undef EXPECT_EXECUTE_FAILS

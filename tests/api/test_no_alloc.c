@@ -216,16 +216,7 @@ static void test_decode_execute(void **state) {
   attn_kv_cache_t cache;
   attn_decode_plan_t plan;
   CHECK_OK(attn_context_create(ATTN_BACKEND_CPU, 0, 2, &ctx));
-  attn_kv_cache_config_t cc;
-  memset(&cc, 0, sizeof cc);
-  cc.struct_size = sizeof cc;
-  cc.dtype = ATTN_DTYPE_FP32;
-  cc.layout = ATTN_KV_LAYOUT_NHD;
-  cc.page_size = PS;
-  cc.num_pages = 64;
-  cc.heads_kv = HKV;
-  cc.head_dim_qk = D;
-  cc.head_dim_v = D;
+  const attn_kv_cache_config_t cc = fp32_cache_config(PS, 64, HKV, D);
   CHECK_OK(attn_kv_cache_create(ctx, &cc, NULL, 0, &cache));
 
   int64_t ids[NSEQ];
@@ -241,12 +232,7 @@ static void test_decode_execute(void **state) {
   float *v = random_floats((size_t)total * HKV * D, &st);
   CHECK_OK(attn_kv_cache_append(cache, NSEQ, ids, prompt, k, v, NULL));
 
-  attn_decode_config_t dc;
-  memset(&dc, 0, sizeof dc);
-  dc.struct_size = sizeof dc;
-  dc.heads_q = HQ;
-  dc.max_batch = NSEQ;
-  dc.max_query_tokens = QL;
+  attn_decode_config_t dc = decode_config_for(HQ, NSEQ, QL);
   dc.kv_chunk_tokens = 2 * PS; /* split, so that the merge runs too */
   CHECK_OK(attn_decode_plan_create(ctx, cache, &dc, &plan));
   size_t ws_bytes;
