@@ -388,26 +388,21 @@ static void run_scenario(void **state) {
       if (!reached) break; /* no allocation left to fail */
       continue;            /* the failed allocation was not needed */
     }
+    /* The first thing wrong, checked in this order; teardown either way. */
     const char *msg = attn_last_error_message();
-    if (st != ATTN_STATUS_OUT_OF_MEMORY || !reached || msg[0] == '\0') {
-      print_error("%s with allocation %ld failing: %s, \"%s\" (expected OUT_OF_MEMORY)\n", sc->name,
-                  n, attn_status_string(st), msg);
-      sc->teardown(0);
-      fail();
-    }
-    if (live != 0) {
-      print_error("%s with allocation %ld failing: %ld allocation(s) not freed\n", sc->name, n,
-                  live);
-      sc->teardown(0);
-      fail();
-    }
-    if (!sc->unchanged()) {
-      print_error("%s with allocation %ld failing: an output or the object changed\n", sc->name,
-                  n);
-      sc->teardown(0);
-      fail();
-    }
+    char wrong[512] = "";
+    if (st != ATTN_STATUS_OUT_OF_MEMORY || !reached || msg[0] == '\0')
+      snprintf(wrong, sizeof wrong, "%s, \"%s\" (expected OUT_OF_MEMORY)", attn_status_string(st),
+               msg);
+    else if (live != 0)
+      snprintf(wrong, sizeof wrong, "%ld allocation(s) not freed", live);
+    else if (!sc->unchanged())
+      snprintf(wrong, sizeof wrong, "an output or the object changed");
     sc->teardown(0);
+    if (wrong[0] != '\0') {
+      print_error("%s with allocation %ld failing: %s\n", sc->name, n, wrong);
+      fail();
+    }
     ++failed_runs;
   }
   /* Each of these calls allocates: the sweep must have tested something. */
