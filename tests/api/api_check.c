@@ -83,29 +83,3 @@ void fill_random(float *x, size_t n, unsigned seed) {
     if (x[i] == 0.0f) x[i] = 0.5f;
   }
 }
-
-attn_kv_cache_config_t fp32_cache_config(int64_t page_size, int64_t num_pages, int64_t heads_kv,
-                                         int64_t dim) {
-  attn_kv_cache_config_t c;
-  memset(&c, 0, sizeof c);
-  c.struct_size = sizeof c;
-  c.dtype = ATTN_DTYPE_FP32;
-  c.layout = ATTN_KV_LAYOUT_NHD;
-  c.page_size = page_size;
-  c.num_pages = num_pages;
-  c.heads_kv = heads_kv;
-  c.head_dim_qk = dim;
-  c.head_dim_v = dim;
-  return c;
-}
-
-attn_decode_config_t decode_config_for(int64_t heads_q, int64_t max_batch,
-                                       int64_t max_query_tokens) {
-  attn_decode_config_t d;
-  memset(&d, 0, sizeof d);
-  d.struct_size = sizeof d;
-  d.heads_q = heads_q;
-  d.max_batch = max_batch;
-  d.max_query_tokens = max_query_tokens;
-  return d;
-}

@@ -60,14 +60,4 @@ void *xmalloc(size_t n);
 /* Deterministic pseudo-random floats in [-1, 1), never zero. */
 void fill_random(float *x, size_t n, unsigned seed);
 
-/* An fp32 NHD KV cache configuration: num_pages pages of page_size tokens,
- * heads_kv heads of dimension dim (K and V); no window, no sinks. */
-attn_kv_cache_config_t fp32_cache_config(int64_t page_size, int64_t num_pages, int64_t heads_kv,
-                                         int64_t dim);
-
-/* A decode configuration for heads_q query heads and up to max_batch
- * sequences of max_query_tokens each; every other field its default. */
-attn_decode_config_t decode_config_for(int64_t heads_q, int64_t max_batch,
-                                       int64_t max_query_tokens);
-
 #endif

@@ -15,6 +15,7 @@
 #define _GNU_SOURCE
 
 #include "api_check.h"
+#include "testutil.h"
 
 #include <errno.h>
 #include <stdatomic.h>
@@ -93,9 +94,11 @@ static void mask_blocks(attn_block_mask_t m, int32_t *partial, int32_t *full) {
   CHECK_OK(attn_block_mask_get_max_blocks(m, partial, full));
 }
 
-static attn_kv_cache_config_t cache_config(void) { return fp32_cache_config(PS, 16, HKV, D); }
+static attn_kv_cache_config_t cache_config(void) {
+  return tu_kv_cache_config(ATTN_DTYPE_FP32, ATTN_KV_LAYOUT_NHD, PS, 16, HKV, D, D, 0, 0);
+}
 
-static attn_decode_config_t decode_config(void) { return decode_config_for(HQ, 2, 2); }
+static attn_decode_config_t decode_config(void) { return tu_decode_config(HQ, 2, 2, 0); }
 
 /* A cache with sequence 1 (6 tokens, the last page shared with sequence 2,
  * a fork of 5 tokens) and sequence 3 (3 tokens). */

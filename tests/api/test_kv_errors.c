@@ -9,6 +9,7 @@
  *
  * C99. */
 #include "api_check.h"
+#include "testutil.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -28,7 +29,8 @@
 static attn_context_t g_ctx;
 
 static attn_kv_cache_config_t small_config(int64_t num_pages) {
-  return fp32_cache_config(4, num_pages, HKV, DIM);
+  return tu_kv_cache_config(ATTN_DTYPE_FP32, ATTN_KV_LAYOUT_NHD, 4, num_pages, HKV, DIM, DIM, 0,
+                            0);
 }
 
 static attn_kv_cache_t make_cache(const attn_kv_cache_config_t *c) {
@@ -69,7 +71,7 @@ static attn_kv_cache_info_t info_of(attn_kv_cache_t cache) {
   return info;
 }
 
-static attn_decode_config_t decode_config(void) { return decode_config_for(HQ, 4, 2); }
+static attn_decode_config_t decode_config(void) { return tu_decode_config(HQ, 4, 2, 0); }
 
 /* The output of one decode step (one query token per sequence, fixed Q)
  * over the given sequences: a fingerprint of the cache's contents. */

@@ -14,6 +14,7 @@
 #define _GNU_SOURCE
 
 #include "api_check.h"
+#include "testutil.h"
 
 #include <execinfo.h>
 #include <math.h>
@@ -216,7 +217,8 @@ static void test_decode_execute(void **state) {
   attn_kv_cache_t cache;
   attn_decode_plan_t plan;
   CHECK_OK(attn_context_create(ATTN_BACKEND_CPU, 0, 2, &ctx));
-  const attn_kv_cache_config_t cc = fp32_cache_config(PS, 64, HKV, D);
+  const attn_kv_cache_config_t cc =
+      tu_kv_cache_config(ATTN_DTYPE_FP32, ATTN_KV_LAYOUT_NHD, PS, 64, HKV, D, D, 0, 0);
   CHECK_OK(attn_kv_cache_create(ctx, &cc, NULL, 0, &cache));
 
   int64_t ids[NSEQ];
@@ -232,8 +234,8 @@ static void test_decode_execute(void **state) {
   float *v = random_floats((size_t)total * HKV * D, &st);
   CHECK_OK(attn_kv_cache_append(cache, NSEQ, ids, prompt, k, v, NULL));
 
-  attn_decode_config_t dc = decode_config_for(HQ, NSEQ, QL);
-  dc.kv_chunk_tokens = 2 * PS; /* split, so that the merge runs too */
+  /* kv chunks of 2 pages: split, so that the merge runs too */
+  const attn_decode_config_t dc = tu_decode_config(HQ, NSEQ, QL, 2 * PS);
   CHECK_OK(attn_decode_plan_create(ctx, cache, &dc, &plan));
   size_t ws_bytes;
   CHECK_OK(attn_decode_plan_workspace_size(plan, &ws_bytes));

@@ -345,3 +345,34 @@ void tu_err_format(const tu_err *e, double tol, char *buf, size_t size) {
              e->bad, (long long)e->bad_at[0], (long long)e->bad_at[1], (long long)e->bad_at[2],
              (long long)e->bad_at[3], e->bad_got, e->bad_ref);
 }
+
+attn_kv_cache_config_t tu_kv_cache_config(attn_dtype_t dtype, attn_kv_layout_t layout,
+                                          int64_t page_size, int64_t num_pages, int64_t heads_kv,
+                                          int64_t dim_qk, int64_t dim_v, int64_t window,
+                                          int64_t sinks) {
+  attn_kv_cache_config_t c;
+  memset(&c, 0, sizeof c);
+  c.struct_size = sizeof c;
+  c.dtype = dtype;
+  c.layout = layout;
+  c.page_size = page_size;
+  c.num_pages = num_pages;
+  c.heads_kv = heads_kv;
+  c.head_dim_qk = dim_qk;
+  c.head_dim_v = dim_v;
+  c.window = window;
+  c.sink_tokens = sinks;
+  return c;
+}
+
+attn_decode_config_t tu_decode_config(int64_t heads_q, int64_t max_batch,
+                                      int64_t max_query_tokens, int64_t kv_chunk_tokens) {
+  attn_decode_config_t d;
+  memset(&d, 0, sizeof d);
+  d.struct_size = sizeof d;
+  d.heads_q = heads_q;
+  d.max_batch = max_batch;
+  d.max_query_tokens = max_query_tokens;
+  d.kv_chunk_tokens = kv_chunk_tokens;
+  return d;
+}

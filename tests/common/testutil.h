@@ -133,6 +133,20 @@ int tu_err_ok(const tu_err *e, double tol);
 /* One line: "O: max err 1.2e-07 at (b 0, s 3, h 1, c 5) got .. ref .., tol ..". */
 void tu_err_format(const tu_err *e, double tol, char *buf, size_t size);
 
+/* ------------------------------------------------------------------------ */
+/* KV cache and decode configurations                                        */
+/* ------------------------------------------------------------------------ */
+
+/* A cache configuration (window 0: none). */
+attn_kv_cache_config_t tu_kv_cache_config(attn_dtype_t dtype, attn_kv_layout_t layout,
+                                          int64_t page_size, int64_t num_pages, int64_t heads_kv,
+                                          int64_t dim_qk, int64_t dim_v, int64_t window,
+                                          int64_t sinks);
+/* A decode configuration; softmax_scale and softcap 0 (their defaults),
+ * kv_chunk_tokens 0 picks the chunk. */
+attn_decode_config_t tu_decode_config(int64_t heads_q, int64_t max_batch,
+                                      int64_t max_query_tokens, int64_t kv_chunk_tokens);
+
 #ifdef __cplusplus
 }
 #endif

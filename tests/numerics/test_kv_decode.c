@@ -76,39 +76,6 @@ typedef struct kv_env {
   mirror_seq seq[64];
 } kv_env;
 
-/* A cache configuration (window 0: none). */
-static attn_kv_cache_config_t kv_config(attn_dtype_t dtype, attn_kv_layout_t layout,
-                                        int64_t page_size, int64_t num_pages, int64_t heads_kv,
-                                        int64_t dim_qk, int64_t dim_v, int64_t window,
-                                        int64_t sinks) {
-  attn_kv_cache_config_t c;
-  memset(&c, 0, sizeof c);
-  c.struct_size = sizeof c;
-  c.dtype = dtype;
-  c.layout = layout;
-  c.page_size = page_size;
-  c.num_pages = num_pages;
-  c.heads_kv = heads_kv;
-  c.head_dim_qk = dim_qk;
-  c.head_dim_v = dim_v;
-  c.window = window;
-  c.sink_tokens = sinks;
-  return c;
-}
-
-/* A decode configuration; softmax_scale and softcap left 0 (defaults). */
-static attn_decode_config_t decode_config(int64_t heads_q, int64_t max_batch,
-                                          int64_t max_query_tokens, int64_t kv_chunk_tokens) {
-  attn_decode_config_t d;
-  memset(&d, 0, sizeof d);
-  d.struct_size = sizeof d;
-  d.heads_q = heads_q;
-  d.max_batch = max_batch;
-  d.max_query_tokens = max_query_tokens;
-  d.kv_chunk_tokens = kv_chunk_tokens;
-  return d;
-}
-
 static void env_create(kv_env *e, const attn_kv_cache_config_t *cfg, int threads,
                        int caller_memory, int nseq, int64_t capacity) {
   size_t bytes = 0;
@@ -254,7 +221,7 @@ static void run_step(kv_env *e, tu_rng *rng, const step *st, const char *label,
   int64_t t, row, j, h, ch;
   (void)group;
 
-  dc = decode_config(hq, st->n + 1, st->max_q, st->chunk_tokens);
+  dc = tu_decode_config(hq, st->n + 1, st->max_q, st->chunk_tokens);
   dc.softcap = st->softcap;
   dc.softmax_scale = st->scale;
   CHECK(attn_decode_plan_create(e->ctx, e->cache, &dc, &plan));
@@ -417,8 +384,8 @@ static void run_case(const kv_case *kc) {
   int i, pass;
   char label[256];
 
-  cfg = kv_config(kc->dtype, kc->layout, kc->page_size, 0 /* set below */, kc->heads_kv, kc->dqk,
-                  kc->dv, kc->window, kc->sinks);
+  cfg = tu_kv_cache_config(kc->dtype, kc->layout, kc->page_size, 0 /* set below */, kc->heads_kv,
+                           kc->dqk, kc->dv, kc->window, kc->sinks);
   for (i = 0; i < kc->nseq; ++i) {
     qlen[i] = (int32_t)tu_rng_int(&rng, 1, kc->max_q);
     target[i] = i == 0 ? kc->max_len : tu_rng_int(&rng, qlen[i], kc->max_len);
@@ -560,8 +527,8 @@ static void test_fork(void **state) {
     int64_t before, after_fork, len;
     const int64_t ps = 8, prefix = 45; /* 5 full pages and a partial sixth */
 
-    cfg = kv_config(dtypes[d], d == 0 ? ATTN_KV_LAYOUT_NHD : ATTN_KV_LAYOUT_HND, ps, 40, 2, 32, 32,
-                    0, 0);
+    cfg = tu_kv_cache_config(dtypes[d], d == 0 ? ATTN_KV_LAYOUT_NHD : ATTN_KV_LAYOUT_HND, ps, 40,
+                             2, 32, 32, 0, 0);
     env_create(&e, &cfg, 1, 0, 1, 200);
     cnt[0] = (int32_t)prefix;
     env_append(&e, &rng, 1, idx, cnt);
@@ -636,7 +603,7 @@ static void test_fork_windowed(void **state) {
   int32_t cnt[2];
   const int64_t ps = 4, w = 12, sinks = 2;
   (void)state;
-  cfg = kv_config(ATTN_DTYPE_FP32, ATTN_KV_LAYOUT_HND, ps, 16, 1, 16, 16, w, sinks);
+  cfg = tu_kv_cache_config(ATTN_DTYPE_FP32, ATTN_KV_LAYOUT_HND, ps, 16, 1, 16, 16, w, sinks);
   env_create(&e, &cfg, 1, 1, 1, 400);
   cnt[0] = 30;
   env_append(&e, &rng, 1, idx, cnt);
@@ -695,7 +662,7 @@ static void random_operations(const char *label, int64_t window, int64_t sinks,
   const int64_t ps = 4;
   int failures = 0, forks = 0, steps = 0;
 
-  cfg = kv_config(ATTN_DTYPE_FP32, layout, ps, 24, 2, 8, 8, window, sinks);
+  cfg = tu_kv_cache_config(ATTN_DTYPE_FP32, layout, ps, 24, 2, 8, 8, window, sinks);
   env_create(&e, &cfg, 1, 0, 0, 200);
   e.nseq = 64; /* mirror slots, allocated below as sequences appear */
   for (i = 0; i < 64; ++i) {
@@ -823,11 +790,11 @@ static void test_concurrent_execute(void **state) {
   float *q, *o_serial, *lse_serial;
   int i;
   (void)state;
-  cfg = kv_config(ATTN_DTYPE_FP32, ATTN_KV_LAYOUT_NHD, 16, 40, 2, 32, 32, 0, 0);
+  cfg = tu_kv_cache_config(ATTN_DTYPE_FP32, ATTN_KV_LAYOUT_NHD, 16, 40, 2, 32, 32, 0, 0);
   env_create(&e, &cfg, 2, 0, 3, 400);
   env_append(&e, &rng, 3, idx, cnt);
   for (i = 0; i < 3; ++i) ids[i] = e.seq[i].id;
-  dc = decode_config(8, 3, 2, 64);
+  dc = tu_decode_config(8, 3, 2, 64);
   CHECK(attn_decode_plan_create(e.ctx, e.cache, &dc, &plan));
   CHECK(attn_decode_plan_workspace_size(plan, &bytes));
   q = (float *)xcalloc(no, 4); /* [6, 8, 32]: d_qk = d_v */
@@ -874,12 +841,12 @@ static void test_rolling_window_matches_window_plan(void **state) {
   int i;
   (void)state;
 
-  cfg = kv_config(ATTN_DTYPE_FP32, ATTN_KV_LAYOUT_NHD, ps,
-                  nseq * (w / ps + 3) /* pages: far less than the tokens decoded */, hkv, d, d, w,
-                  0);
+  cfg = tu_kv_cache_config(ATTN_DTYPE_FP32, ATTN_KV_LAYOUT_NHD, ps,
+                           nseq * (w / ps + 3) /* pages: far less than the tokens decoded */, hkv,
+                           d, d, w, 0);
   env_create(&e, &cfg, 1, 0, nseq, 5 + steps);
 
-  dc = decode_config(hq, nseq, 1, 2 * ps);
+  dc = tu_decode_config(hq, nseq, 1, 2 * ps);
   CHECK(attn_decode_plan_create(e.ctx, e.cache, &dc, &dplan));
   CHECK(attn_decode_plan_workspace_size(dplan, &dws_bytes));
   dws = malloc(dws_bytes);
