@@ -204,19 +204,24 @@ std::unique_ptr<Plan> create_plan(const ContextConfig& ctx, const PlanDesc& d) {
     case ATTN_MASK_WINDOW: p.window = {d.window_left, d.window_right}; break;
   }
   {
-    // A reach of seqlen_q + seqlen_kv + |shift| or more covers every key of
+    // A reach of seqlen_q + seqlen_kv + max |shift| or more covers every key of
     // every row: make it unbounded, so that the diagonal's i + off -/+
     // reach cannot overflow (INT64_MAX is a natural "everything").
-    const double reach_all = double(d.seqlen_q) + double(d.seqlen_kv) +
-                             std::fabs(double(d.diagonal_shift));
+    double max_shift = 0.0;
+    for (int64_t shift : d.diagonal_shift) max_shift = std::max(max_shift, std::fabs(double(shift)));
+    const double reach_all = double(d.seqlen_q) + double(d.seqlen_kv) + max_shift;
     if (double(p.window.left) >= reach_all) p.window.left = -1;
     if (double(p.window.right) >= reach_all) p.window.right = -1;
   }
   p.allow_empty_rows = d.allow_empty_rows;
   p.backward = d.passes == ATTN_PASSES_FORWARD_BACKWARD;
   p.deterministic = d.deterministic;
+  if (!d.diagonal_shift.empty() && int64_t(d.diagonal_shift.size()) != d.batch)
+    fail(ATTN_STATUS_INTERNAL_ERROR, "a diagonal shift per sequence needs one entry per batch entry");
   p.diagonal_shift = d.diagonal_shift;
-  if (p.diagonal_shift != 0 && ctx.backend != ATTN_BACKEND_CPU)
+  if (std::any_of(p.diagonal_shift.begin(), p.diagonal_shift.end(),
+                  [](int64_t shift) { return shift != 0; }) &&
+      ctx.backend != ATTN_BACKEND_CPU)
     not_supported("a shifted mask diagonal (ring steps) runs on the CPU backend only");
 
   if (d.varlen) {

@@ -47,10 +47,12 @@ struct Problem {
   bool moba_shared = false;  // one selection per GQA group (else per query head)
   int64_t moba_num_blocks() const { return (seqlen_kv + moba_block - 1) / moba_block; }
   int64_t moba_heads() const { return moba_shared ? heads_kv : heads_q; }
-  // Added to the bottom-right diagonal offset lk - lq of every sequence.
-  // Internal (no public setter): ring steps run blocks of a longer sequence
-  // as dense problems that keep their global alignment. 0 for user plans.
-  int64_t diagonal_shift = 0;
+  // diagonal_shift[b] is added to the bottom-right diagonal offset lk - lq
+  // of sequence b (empty: 0 for every sequence). Internal (no public
+  // setter): ring steps run blocks of longer sequences as dense problems
+  // that keep their global alignment, which for a varlen batch differs per
+  // sequence. Empty for user plans.
+  std::vector<int64_t> diagonal_shift;
 
   // Indexed by attn_tensor_role_t.
   TensorStrides strides[8];
@@ -60,8 +62,9 @@ struct Problem {
   int64_t total_kv() const { return cu_kv.back(); }
   int64_t lq(int64_t b) const { return cu_q[b + 1] - cu_q[b]; }
   int64_t lk(int64_t b) const { return cu_kv[b + 1] - cu_kv[b]; }
+  int64_t shift(int64_t b) const { return diagonal_shift.empty() ? 0 : diagonal_shift[size_t(b)]; }
   SequenceMask sequence_mask(int64_t b) const {
-    return SequenceMask(lq(b), lk(b), window, lk(b) - lq(b) + diagonal_shift);
+    return SequenceMask(lq(b), lk(b), window, lk(b) - lq(b) + shift(b));
   }
 
   // Element offset of (b, s, h, 0) in tensor `role`.

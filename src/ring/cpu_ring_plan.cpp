@@ -335,7 +335,7 @@ class CpuRingPlan final : public RingBackendPlan {
     d.window_right = !full && g_.mask == ATTN_MASK_WINDOW ? g_.window.right : -1;
     d.allow_empty_rows = true;  // a block may hide rows that other blocks show
     d.passes = g_.backward ? ATTN_PASSES_FORWARD_BACKWARD : ATTN_PASSES_FORWARD;
-    d.diagonal_shift = shift;
+    d.diagonal_shift.assign(size_t(g_.batch), shift);
     auto view = [&](const LocalShape& t, int64_t chunk) {
       TensorDesc v;
       v.dtype = ATTN_DTYPE_FP32;
