@@ -1052,7 +1052,21 @@ ATTN_API attn_status_t attn_decode_plan_describe(attn_decode_plan_t plan,
  * shape: Q, O, dO, dQ [batch, seqlen_q / N, heads_q, dim] (BSHD) or
  * [batch, heads_q, seqlen_q / N, dim] (BHSD), K, V, dK, dV likewise with
  * seqlen_kv / N, LSE [batch, heads_q, seqlen_q / N]. Masks keep their
- * global meaning (bottom-right alignment over the global lengths). */
+ * global meaning (bottom-right alignment over the global lengths).
+ *
+ * Varlen batches (attn_plan_desc_set_varlen, CPU only): each sequence b is
+ * cut alike, its own lengths Lq_b and Lk_b into N (CONTIGUOUS) or 2N
+ * (ZIGZAG) equal chunks, so every Lq_b and Lk_b must be a multiple of N
+ * (2N). Rank r holds, for every sequence in order, its chunk(s) of that
+ * sequence, packed back to back (THD): Q, O, dO, dQ [sum_b Lq_b / N,
+ * heads_q, dim], K, V, dK, dV [sum_b Lk_b / N, heads_kv, dim], LSE
+ * [heads_q, sum_b Lq_b / N]. The cu_seqlens given to the descriptor are the
+ * GLOBAL ones, the same on every rank; each sequence keeps its own
+ * bottom-right alignment, as in a dense varlen plan.
+ *
+ *   e.g. N = 2, ZIGZAG, lengths 4 and 8 (cu_seqlens {0, 4, 12}):
+ *     rank 0 holds a0 | a3 | b0 b1 | b6 b7    (6 tokens)
+ *     rank 1 holds a1 | a2 | b2 b3 | b4 b5    (6 tokens)  */
 
 typedef enum attn_ring_layout ATTN_ENUM_BASE {
   ATTN_RING_LAYOUT_CONTIGUOUS = 0,
@@ -1118,18 +1132,19 @@ ATTN_API attn_status_t attn_comm_get_size(attn_comm_t comm, int32_t *size);
  * small workspace) is noticed by the others through their timeout, or at
  * once if it then destroys its (in-process) communicator.
  * Supported: CPU contexts with in-process communicators (full, causal and
- * window masks, GQA, softcap, head_dim_v != head_dim_qk, every dtype, BSHD
- * and BHSD), and CUDA contexts with NCCL communicators for what the CUDA
+ * window masks, GQA, softcap, head_dim_v != head_dim_qk, every dtype, BSHD,
+ * BHSD and varlen batches), and CUDA contexts with NCCL communicators for what the CUDA
  * backend runs, when every block of the ring is fully visible or aligned
  * like the whole sequence (full and causal masks with seqlen_q ==
- * seqlen_kv). Not supported (NOT_SUPPORTED): varlen batches, custom strides
- * (attn_plan_desc_set_tensor), other CUDA rings (windows, causal with
- * seqlen_q != seqlen_kv). A communicator of the other kind than ctx's
+ * seqlen_kv). Not supported (NOT_SUPPORTED): custom strides
+ * (attn_plan_desc_set_tensor), varlen batches on CUDA, other CUDA rings
+ * (windows, causal with seqlen_q != seqlen_kv). A communicator of the other kind than ctx's
  * backend is INVALID_ARGUMENT.
  * On success *plan owns a new plan; free it with attn_plan_destroy (it keeps
  * what it needs of comm alive).
  * Returns SUCCESS, INVALID_HANDLE (ctx, desc, comm), INVALID_ARGUMENT
- * (layout, lengths not divisible as the layout needs, and whatever
+ * (layout, lengths not divisible as the layout needs (for varlen, the
+ * message names the first sequence that does not divide), and whatever
  * attn_plan_create rejects), NOT_SUPPORTED, OUT_OF_MEMORY. On failure *plan
  * is unchanged. */
 ATTN_API attn_status_t attn_ring_plan_create(attn_context_t ctx, attn_plan_desc_t desc,
@@ -1145,7 +1160,8 @@ typedef struct attn_ring_plan_info {
   int32_t steps;              /* attention steps per pass (= size) */
   int32_t exchanges_forward;  /* sends per forward: size - 1 */
   int32_t exchanges_backward; /* sends per backward: K/V size - 1 times, dK/dV size times */
-  int64_t local_seqlen_q;     /* positions of each sequence this rank holds */
+  int64_t local_seqlen_q;     /* positions of each sequence this rank holds
+                                 (varlen: of all sequences together) */
   int64_t local_seqlen_kv;
   uint64_t bytes_per_step_forward;  /* bytes sent per forward exchange (K and V, dtype) */
   uint64_t bytes_per_step_backward; /* per backward step: K, V (dtype) and dK, dV (fp32) */

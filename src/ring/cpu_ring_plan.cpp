@@ -13,6 +13,11 @@
 // fp32 dense plans, so that merges and gradient sums never round to the
 // input dtype before the end. K/V travel in the input dtype; the dK/dV
 // accumulators travel in fp32.
+//
+// The copies are chunk-major: local chunk c of every sequence, packed back
+// to back, then chunk c + 1. One chunk is then a packed (THD) batch whose
+// sequence b has the chunk length of b, so every block runs as one varlen
+// dense plan, for fixed-length and varlen batches alike.
 #include <algorithm>
 #include <cstring>
 #include <exception>
@@ -31,31 +36,77 @@
 namespace attn::ring {
 namespace {
 
-// Where element (b, s, h, 0) of a local tensor lives, for the layout's
-// contiguous strides over the local shape [batch, seq, heads, dim].
-TensorStrides local_strides(attn_layout_t layout, int64_t seq, int64_t heads, int64_t dim) {
-  if (layout == ATTN_LAYOUT_BHSD) return {heads * seq * dim, dim, seq * dim};
-  return {seq * heads * dim, heads * dim, dim};
-}
-
-// The shape of one local tensor and its strides in the caller's memory; the
-// fp32 copies in the workspace are contiguous [batch, seq, heads, dim].
+// One local tensor: its shape and where its rows live in the caller's
+// memory, and the chunk-major order of its fp32 copies and messages.
 struct LocalShape {
-  int64_t batch, seq, heads, dim;
-  TensorStrides user;
-  int64_t elements() const { return batch * seq * heads * dim; }
+  int64_t heads = 0, dim = 0;
+  int32_t chunks = 1;
+  std::vector<int64_t> len;        // [batch] chunk length of each sequence
+  std::vector<int64_t> cu;         // [batch + 1] offsets of the sequences in one chunk's rows
+  std::vector<int64_t> user_base;  // [batch] caller's element offset of sequence b's first row
+  int64_t user_seq = 0, user_head = 0;  // caller's strides between positions and heads
+  int64_t local_seq = 0;           // fixed length: local positions of each sequence
+  bool varlen = false;
+  int64_t local_total = 0;         // local positions of all sequences
+
+  int64_t rows() const { return cu.back(); }  // one chunk's rows over the batch
+  int64_t chunk_elements() const { return rows() * heads * dim; }
+  int64_t elements() const { return chunks * chunk_elements(); }
+  // Caller's LSE offset of (sequence b, head h, local position 0):
+  // [batch, heads, local seq], or varlen [heads, local total].
+  int64_t lse_base(int64_t b, int64_t h) const {
+    return varlen ? h * local_total + chunks * cu[size_t(b)] : (b * heads + h) * local_seq;
+  }
 };
 
-// Calls row(user, packed) for each (batch, seq, head) row of t with the
-// element offsets of its first element in the caller's memory and in the
-// contiguous copy.
+// The local shape of a tensor with `heads` x `dim` rows whose sequences
+// have chunk lengths `len`, `chunks` chunks per rank: BSHD or BHSD with
+// contiguous strides over [batch, local seq, heads, dim] for fixed-length
+// batches (all lengths equal), THD [local total, heads, dim] for varlen.
+LocalShape local_shape(const Problem& g, const std::vector<int64_t>& len, int32_t chunks,
+                       int64_t heads, int64_t dim) {
+  LocalShape t;
+  t.heads = heads;
+  t.dim = dim;
+  t.chunks = chunks;
+  t.len = len;
+  t.varlen = g.varlen;
+  t.cu.assign(1, 0);
+  for (int64_t l : len) t.cu.push_back(t.cu.back() + l);
+  t.local_total = chunks * t.cu.back();
+  const int64_t local_seq = len.empty() ? 0 : chunks * len[0];  // fixed length only
+  t.local_seq = local_seq;
+  for (size_t b = 0; b < len.size(); ++b) {
+    if (g.varlen)
+      t.user_base.push_back(chunks * t.cu[b] * heads * dim);
+    else if (g.layout == ATTN_LAYOUT_BHSD)
+      t.user_base.push_back(int64_t(b) * heads * local_seq * dim);
+    else
+      t.user_base.push_back(int64_t(b) * local_seq * heads * dim);
+  }
+  if (!g.varlen && g.layout == ATTN_LAYOUT_BHSD) {
+    t.user_seq = dim;
+    t.user_head = local_seq * dim;
+  } else {
+    t.user_seq = heads * dim;
+    t.user_head = dim;
+  }
+  return t;
+}
+
+// Calls row(user, packed) for each (sequence, position, head) row of t with
+// the element offsets of its first element in the caller's memory and in
+// the chunk-major copy.
 template <class Row>
 void for_each_row(const LocalShape& t, Row&& row) {
-  for (int64_t b = 0; b < t.batch; ++b)
-    for (int64_t s = 0; s < t.seq; ++s)
-      for (int64_t h = 0; h < t.heads; ++h)
-        row(b * t.user.batch + s * t.user.seq + h * t.user.head,
-            ((b * t.seq + s) * t.heads + h) * t.dim);
+  const int64_t rows = t.rows();
+  for (size_t b = 0; b < t.len.size(); ++b)
+    for (int32_t c = 0; c < t.chunks; ++c)
+      for (int64_t i = 0; i < t.len[b]; ++i) {
+        const int64_t user = t.user_base[b] + (c * t.len[b] + i) * t.user_seq;
+        const int64_t packed = (c * rows + t.cu[b] + i) * t.heads * t.dim;
+        for (int64_t h = 0; h < t.heads; ++h) row(user + h * t.user_head, packed + h * t.dim);
+      }
 }
 
 void to_fp32(const void* src, attn_dtype_t dtype, const LocalShape& t, float* dst) {
@@ -70,7 +121,7 @@ void from_fp32(const float* src, const LocalShape& t, attn_dtype_t dtype, void* 
   });
 }
 
-// The caller's tensor, in its dtype, into the contiguous order that travels.
+// The caller's tensor, in its dtype, into the chunk-major order that travels.
 void gather_raw(const void* src, size_t elem, const LocalShape& t, char* dst) {
   const size_t row = size_t(t.dim) * elem;
   for_each_row(t, [&](int64_t from, int64_t to) {
@@ -82,13 +133,22 @@ void contiguous_to_fp32(const void* src, attn_dtype_t dtype, int64_t n, float* d
   for (int64_t i = 0; i < n; ++i) dst[i] = load_as_float(src, i, dtype);
 }
 
-// acc[rows of chunk] += part[rows of chunk], for tensors [batch, seq, heads, dim].
-void add_chunk(float* acc, const float* part, const LocalShape& t, int64_t start, int64_t len) {
-  const int64_t row = t.heads * t.dim;
-  for (int64_t b = 0; b < t.batch; ++b) {
-    const int64_t off = (b * t.seq + start) * row;
-    for (int64_t i = 0; i < len * row; ++i) acc[off + i] += part[off + i];
-  }
+// acc[chunk c] += part[chunk c], for chunk-major copies.
+void add_chunk(float* acc, const float* part, const LocalShape& t, int32_t c) {
+  const int64_t n = t.chunk_elements(), off = c * n;
+  for (int64_t i = 0; i < n; ++i) acc[off + i] += part[off + i];
+}
+
+// Copies LSE between the caller's layout and the chunk-major one the
+// blocks use: chunk c is [heads, rows of chunk c] (a varlen plan's LSE).
+template <class Copy>
+void for_each_lse_run(const LocalShape& t, Copy&& copy) {
+  const int64_t rows = t.rows();
+  for (int32_t c = 0; c < t.chunks; ++c)
+    for (int64_t h = 0; h < t.heads; ++h)
+      for (size_t b = 0; b < t.len.size(); ++b)
+        copy(t.lse_base(int64_t(b), h) + c * t.len[b], (c * t.heads + h) * rows + t.cu[b],
+             t.len[b]);
 }
 
 float* floats(char* base, size_t offset) { return reinterpret_cast<float*>(base + offset); }
@@ -103,18 +163,10 @@ class CpuRingPlan final : public RingBackendPlan {
     rank_ = sched_.rank;
     n_ = sched_.size;
     chunks_ = sched_.chunks;
-    cq_ = sched_.cq;
-    ck_ = sched_.ck;
-    sq_ = sched_.sq;
-    sk_ = sched_.sk;
-
-    auto local = [&](int64_t seq, int64_t heads, int64_t dim) {
-      return LocalShape{g_.batch, seq, heads, dim, local_strides(g_.layout, seq, heads, dim)};
-    };
-    q_ = local(sq_, g_.heads_q, g_.head_dim_qk);
-    o_ = local(sq_, g_.heads_q, g_.head_dim_v);
-    k_ = local(sk_, g_.heads_kv, g_.head_dim_qk);
-    v_ = local(sk_, g_.heads_kv, g_.head_dim_v);
+    q_ = local_shape(g_, sched_.cq_seq, chunks_, g_.heads_q, g_.head_dim_qk);
+    o_ = local_shape(g_, sched_.cq_seq, chunks_, g_.heads_q, g_.head_dim_v);
+    k_ = local_shape(g_, sched_.ck_seq, chunks_, g_.heads_kv, g_.head_dim_qk);
+    v_ = local_shape(g_, sched_.ck_seq, chunks_, g_.heads_kv, g_.head_dim_v);
 
     build_blocks();
     build_workspace();
@@ -150,7 +202,7 @@ class CpuRingPlan final : public RingBackendPlan {
     tr_->check_usable();
     to_fp32(a.q, g_.dtype, q_, qf);
     std::fill(o_acc, o_acc + o_.elements(), 0.0f);
-    std::fill(lse_acc, lse_acc + g_.batch * g_.heads_q * sq_, -std::numeric_limits<float>::infinity());
+    std::fill(lse_acc, lse_acc + g_.heads_q * q_.local_total, -std::numeric_limits<float>::infinity());
     pack_kv(a.k, a.v, kv[0]);
 
     Exchange x;
@@ -165,9 +217,9 @@ class CpuRingPlan final : public RingBackendPlan {
         }
         unpack_kv(kv[cur], kf, vf);
         for (const Block& blk : blocks_[size_t(t)]) {
-          const int64_t qs = int64_t(blk.q_chunk) * cq_, ks = int64_t(blk.kv_chunk) * ck_;
-          blk.plan->forward(ForwardArgs{qf + row_offset(q_, qs), kf + row_offset(k_, ks),
-                                        vf + row_offset(v_, ks), o_part + row_offset(o_, qs),
+          const int32_t qc = blk.q_chunk, kc = blk.kv_chunk;
+          blk.plan->forward(ForwardArgs{qf + chunk_offset(q_, qc), kf + chunk_offset(k_, kc),
+                                        vf + chunk_offset(v_, kc), o_part + chunk_offset(o_, qc),
                                         lse_part, sub_ws, a.stream});
           merge_block(o_acc, lse_acc, o_part, lse_part, blk.q_chunk);
         }
@@ -184,12 +236,10 @@ class CpuRingPlan final : public RingBackendPlan {
 
     // Outputs only now: a failed ring leaves them untouched.
     from_fp32(o_acc, o_, g_.dtype, a.o);
-    if (a.lse != nullptr) {
-      for (int64_t bh = 0; bh < g_.batch * g_.heads_q; ++bh)
-        for (int32_t c = 0; c < chunks_; ++c)
-          std::memcpy(a.lse + bh * sq_ + c * cq_, lse_acc + (c * g_.batch * g_.heads_q + bh) * cq_,
-                      sizeof(float) * size_t(cq_));
-    }
+    if (a.lse != nullptr)
+      for_each_lse_run(q_, [&](int64_t user, int64_t packed, int64_t n) {
+        std::memcpy(a.lse + user, lse_acc + packed, sizeof(float) * size_t(n));
+      });
   }
 
   void backward(const BackwardArgs& a) const override {
@@ -208,18 +258,16 @@ class CpuRingPlan final : public RingBackendPlan {
     float* dkv[2] = {floats(ws, bwd_.dkv[0]), floats(ws, bwd_.dkv[1])};
     void* sub_ws = ws + bwd_.sub;
     const int64_t nk = k_.elements(), nv = v_.elements();
-    const int64_t bh_count = g_.batch * g_.heads_q;
 
     tr_->check_usable();
     to_fp32(a.q, g_.dtype, q_, qf);
     to_fp32(a.o, g_.dtype, o_, of);
     to_fp32(a.d_o, g_.dtype, o_, dof);
     std::fill(dq_acc, dq_acc + q_.elements(), 0.0f);
-    // The sub-plans read LSE as [batch, heads, chunk]: one copy per chunk.
-    for (int64_t bh = 0; bh < bh_count; ++bh)
-      for (int32_t c = 0; c < chunks_; ++c)
-        std::memcpy(lse_c + (c * bh_count + bh) * cq_, a.lse + bh * sq_ + c * cq_,
-                    sizeof(float) * size_t(cq_));
+    // The sub-plans read LSE as [heads, rows of the chunk]: one copy per chunk.
+    for_each_lse_run(q_, [&](int64_t user, int64_t packed, int64_t n) {
+      std::memcpy(lse_c + packed, a.lse + user, sizeof(float) * size_t(n));
+    });
     pack_kv(a.k, a.v, kv[0]);
     std::fill(dkv[0], dkv[0] + nk + nv, 0.0f);
 
@@ -237,15 +285,15 @@ class CpuRingPlan final : public RingBackendPlan {
         float* dk_acc = dkv[dkv_cur];
         float* dv_acc = dkv[dkv_cur] + nk;
         for (const Block& blk : blocks_[size_t(t)]) {
-          const int64_t qs = int64_t(blk.q_chunk) * cq_, ks = int64_t(blk.kv_chunk) * ck_;
+          const int32_t qc = blk.q_chunk, kc = blk.kv_chunk;
           blk.plan->backward(BackwardArgs{
-              qf + row_offset(q_, qs), kf + row_offset(k_, ks), vf + row_offset(v_, ks),
-              of + row_offset(o_, qs), lse_c + blk.q_chunk * bh_count * cq_,
-              dof + row_offset(o_, qs), dq_part + row_offset(q_, qs),
-              dk_part + row_offset(k_, ks), dv_part + row_offset(v_, ks), sub_ws, a.stream});
-          add_chunk(dq_acc, dq_part, q_, qs, cq_);
-          add_chunk(dk_acc, dk_part, k_, ks, ck_);
-          add_chunk(dv_acc, dv_part, v_, ks, ck_);
+              qf + chunk_offset(q_, qc), kf + chunk_offset(k_, kc), vf + chunk_offset(v_, kc),
+              of + chunk_offset(o_, qc), lse_c + qc * g_.heads_q * q_.rows(),
+              dof + chunk_offset(o_, qc), dq_part + chunk_offset(q_, qc),
+              dk_part + chunk_offset(k_, kc), dv_part + chunk_offset(v_, kc), sub_ws, a.stream});
+          add_chunk(dq_acc, dq_part, q_, qc);
+          add_chunk(dk_acc, dk_part, k_, kc);
+          add_chunk(dv_acc, dv_part, v_, kc);
         }
         if (in_flight) {
           in_flight = false;
@@ -286,27 +334,27 @@ class CpuRingPlan final : public RingBackendPlan {
   };
 
   // One dense plan for the fully visible blocks (no mask) and one per
-  // distinct diagonal shift of the others; blocks point at theirs.
+  // distinct set of diagonal shifts of the others; blocks point at theirs.
   void build_blocks() {
     blocks_.resize(sched_.steps.size());
     const BackendPlan* full = nullptr;
-    std::vector<std::pair<int64_t, const BackendPlan*>> by_shift;
+    std::vector<std::pair<std::vector<int64_t>, const BackendPlan*>> by_shifts;
     for (size_t t = 0; t < sched_.steps.size(); ++t)
       for (const RingBlock& rb : sched_.steps[t]) {
         const BackendPlan* plan = nullptr;
         if (rb.full) {
           if (full == nullptr) {
-            sub_plans_.push_back(make_block_plan(true, 0));
+            sub_plans_.push_back(make_block_plan(true, {}));
             full = sub_plans_.back()->impl.get();
           }
           plan = full;
         } else {
-          for (const auto& e : by_shift)
-            if (e.first == rb.shift) plan = e.second;
+          for (const auto& e : by_shifts)
+            if (e.first == rb.shifts) plan = e.second;
           if (plan == nullptr) {
-            sub_plans_.push_back(make_block_plan(false, rb.shift));
+            sub_plans_.push_back(make_block_plan(false, rb.shifts));
             plan = sub_plans_.back()->impl.get();
-            by_shift.push_back({rb.shift, plan});
+            by_shifts.push_back({rb.shifts, plan});
           }
         }
         blocks_[t].push_back(Block{rb.q_chunk, rb.kv_chunk, plan});
@@ -314,20 +362,22 @@ class CpuRingPlan final : public RingBackendPlan {
     fill_facts(facts, sched_, tr_->name());
   }
 
-  // A dense fp32 plan over one block: Q-side tensors are views of the
-  // [batch, local seq, heads, dim] fp32 copies, so their strides are those
-  // of the whole local shard.
-  std::unique_ptr<Plan> make_block_plan(bool full, int64_t shift) const {
+  // A dense fp32 varlen plan over one block: query chunk and KV chunk of
+  // every sequence, packed (THD) as in the chunk-major copies.
+  std::unique_ptr<Plan> make_block_plan(bool full, const std::vector<int64_t>& shifts) const {
     PlanDesc d;
     d.batch = g_.batch;
     d.heads_q = g_.heads_q;
     d.heads_kv = g_.heads_kv;
-    d.seqlen_q = cq_;
-    d.seqlen_kv = ck_;
+    d.seqlen_q = *std::max_element(q_.len.begin(), q_.len.end());
+    d.seqlen_kv = *std::max_element(k_.len.begin(), k_.len.end());
     d.head_dim_qk = g_.head_dim_qk;
     d.head_dim_v = g_.head_dim_v;
     d.dtype = ATTN_DTYPE_FP32;
-    d.layout = ATTN_LAYOUT_BSHD;
+    d.varlen = true;
+    d.varlen_batch = g_.batch;
+    d.cu_q = q_.cu;
+    d.cu_kv = k_.cu;
     d.scale = g_.scale;
     d.softcap = g_.softcap;
     d.mask = full ? ATTN_MASK_NONE : g_.mask;
@@ -335,22 +385,7 @@ class CpuRingPlan final : public RingBackendPlan {
     d.window_right = !full && g_.mask == ATTN_MASK_WINDOW ? g_.window.right : -1;
     d.allow_empty_rows = true;  // a block may hide rows that other blocks show
     d.passes = g_.backward ? ATTN_PASSES_FORWARD_BACKWARD : ATTN_PASSES_FORWARD;
-    d.diagonal_shift.assign(size_t(g_.batch), shift);
-    auto view = [&](const LocalShape& t, int64_t chunk) {
-      TensorDesc v;
-      v.dtype = ATTN_DTYPE_FP32;
-      v.ndim = 4;
-      v.dims = {};
-      v.dims[0] = t.batch, v.dims[1] = chunk, v.dims[2] = t.heads, v.dims[3] = t.dim;
-      v.strides = {};
-      v.strides[0] = t.seq * t.heads * t.dim, v.strides[1] = t.heads * t.dim;
-      v.strides[2] = t.dim, v.strides[3] = 1;
-      return v;
-    };
-    d.tensors[ATTN_TENSOR_Q] = d.tensors[ATTN_TENSOR_DQ] = view(q_, cq_);
-    d.tensors[ATTN_TENSOR_O] = d.tensors[ATTN_TENSOR_DO] = view(o_, cq_);
-    d.tensors[ATTN_TENSOR_K] = d.tensors[ATTN_TENSOR_DK] = view(k_, ck_);
-    d.tensors[ATTN_TENSOR_V] = d.tensors[ATTN_TENSOR_DV] = view(v_, ck_);
+    d.diagonal_shift = shifts;
     return create_plan(ctx_, d);
   }
 
@@ -359,8 +394,8 @@ class CpuRingPlan final : public RingBackendPlan {
     const size_t es = dtype_size(g_.dtype);
     const size_t nq = size_t(q_.elements()), no = size_t(o_.elements());
     const size_t nk = size_t(k_.elements()), nv = size_t(v_.elements());
-    const size_t lse_local = size_t(g_.batch * g_.heads_q * sq_);
-    const size_t lse_chunk = size_t(g_.batch * g_.heads_q * cq_);
+    const size_t lse_local = size_t(g_.heads_q * q_.local_total);
+    const size_t lse_chunk = size_t(g_.heads_q * q_.rows());
     kv_bytes_ = (nk + nv) * es;
     dkv_bytes_ = (nk + nv) * f;
     size_t sub_fwd = 0, sub_bwd = 0;
@@ -405,7 +440,7 @@ class CpuRingPlan final : public RingBackendPlan {
     facts.bytes_per_step_backward = kv_bytes_ + dkv_bytes_;
   }
 
-  static int64_t row_offset(const LocalShape& t, int64_t s) { return s * t.heads * t.dim; }
+  static int64_t chunk_offset(const LocalShape& t, int32_t c) { return c * t.chunk_elements(); }
 
   uint64_t tag(attn_pass_t pass, int32_t step, Traffic what) const {
     return sched_.tag(pass, step, what);
@@ -423,21 +458,22 @@ class CpuRingPlan final : public RingBackendPlan {
     contiguous_to_fp32(src + size_t(k_.elements()) * es, g_.dtype, v_.elements(), vf);
   }
 
-  // (O, LSE) of local query chunk c: acc := merge(acc, part).
+  // (O, LSE) of local query chunk c: acc := merge(acc, part). The chunk's O
+  // is [rows, heads, dim] and its LSE [heads, rows].
   void merge_block(float* o_acc, float* lse_acc, const float* o_part, const float* lse_part,
                    int32_t c) const {
-    const int64_t B = g_.batch, H = g_.heads_q, D = g_.head_dim_v;
+    const int64_t T = o_.rows(), H = g_.heads_q, D = g_.head_dim_v;
     TensorDesc od, ld;
     od.dtype = ld.dtype = ATTN_DTYPE_FP32;
-    od.ndim = 4;
-    od.dims[0] = B, od.dims[1] = cq_, od.dims[2] = H, od.dims[3] = D;
-    od.strides[0] = sq_ * H * D, od.strides[1] = H * D, od.strides[2] = D, od.strides[3] = 1;
-    ld.ndim = 3;  // the chunk's LSE is [batch, heads, chunk]
-    ld.dims[0] = B, ld.dims[1] = cq_, ld.dims[2] = H;
-    ld.strides[0] = H * cq_, ld.strides[1] = 1, ld.strides[2] = cq_;
-    float* o_rows = o_acc + row_offset(o_, int64_t(c) * cq_);
-    float* lse_rows = lse_acc + c * B * H * cq_;
-    const void* o_parts[2] = {o_rows, o_part + row_offset(o_, int64_t(c) * cq_)};
+    od.ndim = 3;
+    od.dims[0] = T, od.dims[1] = H, od.dims[2] = D;
+    od.strides[0] = H * D, od.strides[1] = D, od.strides[2] = 1;
+    ld.ndim = 2;
+    ld.dims[0] = T, ld.dims[1] = H;
+    ld.strides[0] = 1, ld.strides[1] = T;
+    float* o_rows = o_acc + chunk_offset(o_, c);
+    float* lse_rows = lse_acc + c * H * T;
+    const void* o_parts[2] = {o_rows, o_part + chunk_offset(o_, c)};
     const float* lse_parts[2] = {lse_rows, lse_part};
     cpu::merge_states(ctx_, 2, od, ld, o_parts, lse_parts, o_rows, lse_rows);
   }
@@ -451,8 +487,7 @@ class CpuRingPlan final : public RingBackendPlan {
   std::shared_ptr<Transport> tr_;
   RingSchedule sched_;
   int32_t rank_ = 0, n_ = 1, chunks_ = 1;
-  int64_t cq_ = 0, ck_ = 0, sq_ = 0, sk_ = 0;
-  LocalShape q_{}, o_{}, k_{}, v_{};
+  LocalShape q_, o_, k_, v_;
   std::vector<std::vector<Block>> blocks_;
   std::vector<std::unique_ptr<Plan>> sub_plans_;
   size_t kv_bytes_ = 0, dkv_bytes_ = 0;

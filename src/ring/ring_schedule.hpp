@@ -1,13 +1,15 @@
 // Which blocks each ring step computes, shared by the ring plans of every
 // backend.
 //
-// The global sequence (seqlen_q queries, seqlen_kv keys per batch entry) is
-// cut into equal chunks. Rank r holds one chunk (contiguous layout: chunk r
-// of N) or two (zigzag: chunks r and 2N-1-r of 2N), the same chunks of Q
-// and of K/V, back to back in its local tensors. At step t rank r holds the
-// K/V shard of rank r - t; every (local query chunk, held KV chunk) pair is
-// a *block*, a dense problem whose mask keeps the global alignment through
-// Problem::diagonal_shift. Blocks the mask hides entirely are not listed.
+// Each global sequence (seqlen_q queries, seqlen_kv keys per batch entry;
+// for a varlen batch, each sequence's own lengths) is cut into equal
+// chunks. Rank r holds one chunk of each (contiguous layout: chunk r of N)
+// or two (zigzag: chunks r and 2N-1-r of 2N), the same chunks of Q and of
+// K/V, back to back in its local tensors. At step t rank r holds the K/V
+// shard of rank r - t; every (local query chunk, held KV chunk) pair is a
+// *block*, a dense problem over the batch whose mask keeps each sequence's
+// global alignment through Problem::diagonal_shift. Blocks the mask hides
+// entirely, in every sequence, are not listed.
 #pragma once
 
 #include <attn/attn.h>
@@ -22,16 +24,18 @@ namespace attn::ring {
 
 struct RingBlock {
   int32_t q_chunk, kv_chunk;  // local chunk indices (0, or 1 for zigzag's second)
-  int64_t shift;              // Problem::diagonal_shift of the block's dense problem
-  bool full;                  // every (query, key) pair of the block is visible
+  int64_t shift;  // fixed-length batches: the diagonal shift of the block's dense problem
+  std::vector<int64_t> shifts;  // the same per sequence (batch entries), varlen or not
+  bool full;  // every (query, key) pair of the block is visible, in every sequence
 };
 
 struct RingSchedule {
   attn_ring_layout_t layout = ATTN_RING_LAYOUT_CONTIGUOUS;
   int32_t rank = 0, size = 1;
   int32_t chunks = 1;           // chunks per rank
-  int64_t cq = 0, ck = 0;       // chunk lengths
-  int64_t sq = 0, sk = 0;       // local sequence lengths (chunks * chunk length)
+  int64_t cq = 0, ck = 0;       // chunk lengths (fixed-length batches; 0 for varlen)
+  int64_t sq = 0, sk = 0;       // local lengths per sequence (varlen: local tokens in all)
+  std::vector<int64_t> cq_seq, ck_seq;  // chunk length of each sequence (varlen or not)
   std::vector<std::vector<RingBlock>> steps;  // steps[t]: the blocks of step t
   uint64_t blocks_computed = 0, blocks_skipped = 0;
   uint64_t visible_pairs = 0;   // over this rank's blocks, all batch entries and heads

@@ -230,12 +230,33 @@ static void test_ring_plan_create_errors(void **state) {
               attn_ring_plan_create(ctx, desc, comms[0], contig, &plan));
   EXPECT_OK(attn_plan_desc_set_shape(desc, B, HQ, HKV, 12, 12, D, D));
 
-  /* Not supported yet: varlen batches and custom strides. */
-  const int32_t cu[2] = {0, 12};
-  EXPECT_OK(attn_plan_desc_set_varlen(desc, 1, cu, cu));
-  EXPECT_FAIL(ATTN_STATUS_NOT_SUPPORTED, "varlen",
-              attn_ring_plan_create(ctx, desc, comms[0], contig, &plan));
+  /* Varlen: every sequence's lengths must divide like seqlen does. Lengths
+   * 6, 3, 12 cut into 3 chunks each, not 6 (zigzag over 3 ranks). */
+  const int32_t cu[4] = {0, 6, 9, 21}, cu_kv_odd[4] = {0, 6, 10, 22};
+  EXPECT_OK(attn_plan_desc_set_shape(desc, 3, HQ, HKV, 12, 12, D, D));
+  EXPECT_OK(attn_plan_desc_set_varlen(desc, 3, cu, cu));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "sequence 1 of the varlen batch",
+              attn_ring_plan_create(ctx, desc, comms[0], zigzag, &plan));
+  assert_true(is_poisoned(&plan, sizeof plan));
+  EXPECT_OK(attn_plan_desc_set_varlen(desc, 3, cu, cu_kv_odd));  /* key lengths 6, 4, 12 */
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "sequence 1 of the varlen batch",
+              attn_ring_plan_create(ctx, desc, comms[1], contig, &plan));
+  assert_true(is_poisoned(&plan, sizeof plan));
+  EXPECT_OK(attn_plan_desc_set_varlen(desc, 3, cu, cu));
+  EXPECT_OK(attn_ring_plan_create(ctx, desc, comms[0], contig, &plan));
+  {
+    attn_ring_plan_info_t info;
+    info.struct_size = sizeof info;
+    EXPECT_OK(attn_ring_plan_describe(plan, &info));
+    assert_int_equal(info.local_seqlen_q, 21 / 3); /* varlen: local tokens of all sequences */
+    assert_int_equal(info.local_seqlen_kv, 21 / 3);
+  }
+  EXPECT_OK(attn_plan_destroy(plan));
+  poison(&plan, sizeof plan);
   EXPECT_OK(attn_plan_desc_set_varlen(desc, 1, NULL, NULL));
+  EXPECT_OK(attn_plan_desc_set_shape(desc, B, HQ, HKV, 12, 12, D, D));
+
+  /* Not supported yet: custom strides. */
   attn_tensor_desc_t t;
   EXPECT_OK(attn_tensor_desc_create(&t));
   const int64_t dims[4] = {B, 12, HQ, D};

@@ -15,7 +15,9 @@
  * 1e-5 max(1, |LSE_ref|) for LSE. The dense plan itself is checked against
  * the reference by the forward and backward tests. Outputs are poisoned
  * before the run (an unwritten element is NaN and fails), and inputs must
- * come back unchanged. Besides the fixed cases, 12 cases drawn from the seed
+ * come back unchanged. Varlen batches (THD shards of sequences of different
+ * lengths) are compared with the dense varlen plan over the whole batch.
+ * Besides the fixed cases, 12 cases drawn from the seed
  * (ranks, layouts, dtypes, masks, windows, GQA, softcap, seqlen_q !=
  * seqlen_kv with empty rows allowed) run each time.
  */
@@ -50,6 +52,9 @@ typedef struct ring_case {
   int64_t left, right; /* ATTN_MASK_WINDOW */
   float softcap;
   int allow_empty_rows; /* random cases: Lq > Lk with a mask can empty rows */
+  /* Varlen batches (layout THD): the lengths of the batch's sequences;
+   * seqlen_q and seqlen_kv are then the longest. NULL: fixed length. */
+  const int64_t *lens_q, *lens_kv;
 } ring_case;
 
 /* One tensor's geometry: [batch, seq, heads, dim] in the case's layout. */
@@ -84,16 +89,25 @@ static int64_t global_pos(const ring_case *c, int32_t rank, int64_t global_len, 
   return g * chunk + within;
 }
 
+/* Index of (sequence b, position s, head h, 0) in a tensor of geometry g
+ * whose sequences start at cu (varlen: g is [1, total, heads, dim], THD). */
+static size_t seq_index(const ring_case *c, const geom *g, const int64_t *cu, int64_t b,
+                        int64_t s, int64_t h) {
+  return c->lens_q ? geom_index(g, 0, cu[b] + s, h, 0) : geom_index(g, b, s, h, 0);
+}
+
 /* Copies between a global tensor and one rank's shard (to_local: global ->
- * local), element by element in the dtype. */
+ * local), element by element in the dtype. cu and lcu: where each sequence
+ * starts, globally and in the shard (b * length for fixed-length batches). */
 static void shard_copy(const ring_case *c, int32_t rank, const geom *gg, const geom *lg,
-                       size_t elem, void *global, void *local, int to_local) {
-  for (int64_t b = 0; b < lg->batch; ++b)
-    for (int64_t s = 0; s < lg->seq; ++s) {
-      const int64_t gs = global_pos(c, rank, gg->seq, s);
+                       const int64_t *cu, const int64_t *lcu, size_t elem, void *global,
+                       void *local, int to_local) {
+  for (int64_t b = 0; b < c->batch; ++b)
+    for (int64_t s = 0; s < lcu[b + 1] - lcu[b]; ++s) {
+      const int64_t gs = global_pos(c, rank, cu[b + 1] - cu[b], s);
       for (int64_t h = 0; h < lg->heads; ++h) {
-        char *gp = (char *)global + geom_index(gg, b, gs, h, 0) * elem;
-        char *lp = (char *)local + geom_index(lg, b, s, h, 0) * elem;
+        char *gp = (char *)global + seq_index(c, gg, cu, b, gs, h) * elem;
+        char *lp = (char *)local + seq_index(c, lg, lcu, b, s, h) * elem;
         if (to_local)
           memcpy(lp, gp, (size_t)lg->dim * elem);
         else
@@ -102,14 +116,20 @@ static void shard_copy(const ring_case *c, int32_t rank, const geom *gg, const g
     }
 }
 
-/* LSE [batch, heads, seq] shard copy (local -> global). */
-static void lse_to_global(const ring_case *c, int32_t rank, int64_t lq, const float *local,
-                          float *global) {
+/* LSE shard copy (local -> global): [batch, heads, seq], or varlen
+ * [heads, total]. */
+static void lse_to_global(const ring_case *c, int32_t rank, const int64_t *cu, const int64_t *lcu,
+                          const float *local, float *global) {
+  const int64_t total = cu[c->batch], local_total = lcu[c->batch];
   for (int64_t b = 0; b < c->batch; ++b)
     for (int64_t h = 0; h < c->heads_q; ++h)
-      for (int64_t s = 0; s < lq; ++s)
-        global[(b * c->heads_q + h) * c->seqlen_q + global_pos(c, rank, c->seqlen_q, s)] =
-            local[(b * c->heads_q + h) * lq + s];
+      for (int64_t s = 0; s < lcu[b + 1] - lcu[b]; ++s) {
+        const int64_t len = cu[b + 1] - cu[b], gs = global_pos(c, rank, len, s);
+        const size_t gi = (size_t)(c->lens_q ? h * total + cu[b] + gs : (b * c->heads_q + h) * len + gs);
+        const size_t li = (size_t)(c->lens_q ? h * local_total + lcu[b] + s
+                                             : (b * c->heads_q + h) * (lcu[b + 1] - lcu[b]) + s);
+        global[gi] = local[li];
+      }
 }
 
 typedef struct rank_job {
@@ -177,13 +197,17 @@ static void err_of(tu_err *e, const geom *g, const void *got, attn_dtype_t dtype
         }
 }
 
-static void err_of_lse(tu_err *e, const ring_case *c, const float *got, const double *ref) {
-  for (int64_t b = 0; b < c->batch; ++b)
-    for (int64_t h = 0; h < c->heads_q; ++h)
-      for (int64_t s = 0; s < c->seqlen_q; ++s) {
-        const size_t i = (size_t)((b * c->heads_q + h) * c->seqlen_q + s);
-        tu_err_add(e, b, s, h, -1, (double)got[i], ref[i]);
-      }
+/* LSE errors, reported by flat index (b and h 0) for varlen batches. */
+static void err_of_lse(tu_err *e, const ring_case *c, size_t n, const float *got,
+                       const double *ref) {
+  for (size_t i = 0; i < n; ++i) {
+    const int64_t per_b = c->heads_q * c->seqlen_q, ii = (int64_t)i;
+    if (c->lens_q)
+      tu_err_add(e, 0, ii, 0, -1, (double)got[i], ref[i]);
+    else
+      tu_err_add(e, ii / per_b, ii % c->seqlen_q, ii % per_b / c->seqlen_q, -1, (double)got[i],
+                 ref[i]);
+  }
 }
 
 static int check(const char *name, const tu_err *ring, const tu_err *dense, double atol) {
@@ -201,11 +225,32 @@ static void run_case(void **state) {
   const attn_dtype_t dt = c->dtype;
   const size_t es = tu_dtype_size(dt);
   const int bhsd = c->layout == ATTN_LAYOUT_BHSD;
-  const geom gq = {c->batch, c->seqlen_q, c->heads_q, c->dqk, bhsd};
-  const geom go = {c->batch, c->seqlen_q, c->heads_q, c->dv, bhsd};
-  const geom gk = {c->batch, c->seqlen_kv, c->heads_kv, c->dqk, bhsd};
-  const geom gv = {c->batch, c->seqlen_kv, c->heads_kv, c->dv, bhsd};
-  const size_t lse_n = (size_t)(c->batch * c->heads_q * c->seqlen_q);
+  const int32_t n = c->ranks;
+  /* Where each sequence starts, globally and in a rank's shard. */
+  int64_t *cu_q = malloc(sizeof(int64_t) * (size_t)(c->batch + 1));
+  int64_t *cu_kv = malloc(sizeof(int64_t) * (size_t)(c->batch + 1));
+  int64_t *lcu_q = malloc(sizeof(int64_t) * (size_t)(c->batch + 1));
+  int64_t *lcu_kv = malloc(sizeof(int64_t) * (size_t)(c->batch + 1));
+  int32_t *cu32_q = malloc(sizeof(int32_t) * (size_t)(c->batch + 1));
+  int32_t *cu32_kv = malloc(sizeof(int32_t) * (size_t)(c->batch + 1));
+  cu_q[0] = cu_kv[0] = 0;
+  for (int64_t b = 0; b < c->batch; ++b) {
+    cu_q[b + 1] = cu_q[b] + (c->lens_q ? c->lens_q[b] : c->seqlen_q);
+    cu_kv[b + 1] = cu_kv[b] + (c->lens_kv ? c->lens_kv[b] : c->seqlen_kv);
+  }
+  for (int64_t b = 0; b <= c->batch; ++b) {
+    lcu_q[b] = cu_q[b] / n, lcu_kv[b] = cu_kv[b] / n;
+    cu32_q[b] = (int32_t)cu_q[b], cu32_kv[b] = (int32_t)cu_kv[b];
+  }
+  const int64_t tq = cu_q[c->batch], tk = cu_kv[c->batch];
+  /* Fixed length: [batch, seq, heads, dim]; varlen: [1, total, heads, dim]. */
+  const int64_t gb = c->lens_q ? 1 : c->batch;
+  const int64_t gsq = c->lens_q ? tq : c->seqlen_q, gsk = c->lens_q ? tk : c->seqlen_kv;
+  const geom gq = {gb, gsq, c->heads_q, c->dqk, bhsd};
+  const geom go = {gb, gsq, c->heads_q, c->dv, bhsd};
+  const geom gk = {gb, gsk, c->heads_kv, c->dqk, bhsd};
+  const geom gv = {gb, gsk, c->heads_kv, c->dv, bhsd};
+  const size_t lse_n = (size_t)(c->heads_q * tq);
 
   tu_buffer q, k, v, d_o;
   tu_buffer_alloc(&q, dt, geom_count(&gq));
@@ -218,14 +263,11 @@ static void run_case(void **state) {
   tu_fill_normal(&rng, &d_o, 1.0);
 
   /* fp64 reference over the whole sequence. */
-  int64_t *cu_q = malloc(sizeof(int64_t) * (size_t)(c->batch + 1));
-  int64_t *cu_kv = malloc(sizeof(int64_t) * (size_t)(c->batch + 1));
-  for (int64_t b = 0; b <= c->batch; ++b) cu_q[b] = b * c->seqlen_q, cu_kv[b] = b * c->seqlen_kv;
   ref_problem p;
   memset(&p, 0, sizeof p);
   p.batch = c->batch, p.heads_q = c->heads_q, p.heads_kv = c->heads_kv;
   p.head_dim_qk = c->dqk, p.head_dim_v = c->dv;
-  p.cu_q = cu_q, p.cu_kv = cu_kv, p.varlen = 0;
+  p.cu_q = cu_q, p.cu_kv = cu_kv, p.varlen = c->lens_q != NULL;
   p.scale = (double)(float)(1.0 / sqrt((double)c->dqk));
   p.softcap = c->softcap;
   p.window_left = c->mask == ATTN_MASK_WINDOW ? c->left : -1;
@@ -257,6 +299,8 @@ static void run_case(void **state) {
                    ATTN_STATUS_SUCCESS);
   assert_int_equal(attn_plan_desc_set_passes(desc, ATTN_PASSES_FORWARD_BACKWARD),
                    ATTN_STATUS_SUCCESS);
+  if (c->lens_q)
+    assert_int_equal(attn_plan_desc_set_varlen(desc, c->batch, cu32_q, cu32_kv), ATTN_STATUS_SUCCESS);
 
   /* The dense plan over the whole sequence: the yardstick. */
   void *o_d = malloc(geom_count(&go) * es), *dq_d = malloc(geom_count(&gq) * es);
@@ -282,12 +326,12 @@ static void run_case(void **state) {
   }
 
   /* The ring: shards in, run every rank, results back to global places. */
-  const int32_t n = c->ranks;
-  const int64_t lq = c->seqlen_q / n, lk = c->seqlen_kv / n;
-  const geom lgq = {c->batch, lq, c->heads_q, c->dqk, bhsd};
-  const geom lgo = {c->batch, lq, c->heads_q, c->dv, bhsd};
-  const geom lgk = {c->batch, lk, c->heads_kv, c->dqk, bhsd};
-  const geom lgv = {c->batch, lk, c->heads_kv, c->dv, bhsd};
+  const int64_t lq = gsq / n, lk = gsk / n;
+  const geom lgq = {gb, lq, c->heads_q, c->dqk, bhsd};
+  const geom lgo = {gb, lq, c->heads_q, c->dv, bhsd};
+  const geom lgk = {gb, lk, c->heads_kv, c->dqk, bhsd};
+  const geom lgv = {gb, lk, c->heads_kv, c->dv, bhsd};
+  const size_t local_lse_n = lse_n / (size_t)n;
   attn_comm_t *comms = malloc(sizeof(attn_comm_t) * (size_t)n);
   assert_int_equal(attn_comm_create_inprocess(n, 60000, comms), ATTN_STATUS_SUCCESS);
   rank_job *jobs = calloc((size_t)n, sizeof(rank_job));
@@ -299,16 +343,16 @@ static void run_case(void **state) {
     j->v = malloc(geom_count(&lgv) * es), j->d_o = malloc(geom_count(&lgo) * es);
     j->o = malloc(geom_count(&lgo) * es), j->dq = malloc(geom_count(&lgq) * es);
     j->dk = malloc(geom_count(&lgk) * es), j->dv = malloc(geom_count(&lgv) * es);
-    j->lse = malloc(sizeof(float) * (size_t)(c->batch * c->heads_q * lq));
-    shard_copy(c, r, &gq, &lgq, es, q.data, j->q, 1);
-    shard_copy(c, r, &gk, &lgk, es, k.data, j->k, 1);
-    shard_copy(c, r, &gv, &lgv, es, v.data, j->v, 1);
-    shard_copy(c, r, &go, &lgo, es, d_o.data, j->d_o, 1);
+    j->lse = malloc(sizeof(float) * local_lse_n);
+    shard_copy(c, r, &gq, &lgq, cu_q, lcu_q, es, q.data, j->q, 1);
+    shard_copy(c, r, &gk, &lgk, cu_kv, lcu_kv, es, k.data, j->k, 1);
+    shard_copy(c, r, &gv, &lgv, cu_kv, lcu_kv, es, v.data, j->v, 1);
+    shard_copy(c, r, &go, &lgo, cu_q, lcu_q, es, d_o.data, j->d_o, 1);
     tu_poison(j->o, dt, geom_count(&lgo));
     tu_poison(j->dq, dt, geom_count(&lgq));
     tu_poison(j->dk, dt, geom_count(&lgk));
     tu_poison(j->dv, dt, geom_count(&lgv));
-    tu_poison(j->lse, ATTN_DTYPE_FP32, (size_t)(c->batch * c->heads_q * lq));
+    tu_poison(j->lse, ATTN_DTYPE_FP32, local_lse_n);
   }
   for (int32_t r = 0; r < n; ++r) assert_int_equal(pthread_create(&threads[r], NULL, rank_main, &jobs[r]), 0);
   for (int32_t r = 0; r < n; ++r) pthread_join(threads[r], NULL);
@@ -327,21 +371,21 @@ static void run_case(void **state) {
       ok = 0;
       continue;
     }
-    shard_copy(c, r, &go, &lgo, es, o_r, j->o, 0);
-    shard_copy(c, r, &gq, &lgq, es, dq_r, j->dq, 0);
-    shard_copy(c, r, &gk, &lgk, es, dk_r, j->dk, 0);
-    shard_copy(c, r, &gv, &lgv, es, dv_r, j->dv, 0);
-    lse_to_global(c, r, lq, j->lse, lse_r);
+    shard_copy(c, r, &go, &lgo, cu_q, lcu_q, es, o_r, j->o, 0);
+    shard_copy(c, r, &gq, &lgq, cu_q, lcu_q, es, dq_r, j->dq, 0);
+    shard_copy(c, r, &gk, &lgk, cu_kv, lcu_kv, es, dk_r, j->dk, 0);
+    shard_copy(c, r, &gv, &lgv, cu_kv, lcu_kv, es, dv_r, j->dv, 0);
+    lse_to_global(c, r, cu_q, lcu_q, j->lse, lse_r);
     /* The inputs must be untouched: compare with a fresh shard. */
     void *fresh = malloc(geom_count(&lgo) * es + geom_count(&lgq) * es + geom_count(&lgk) * es +
                          geom_count(&lgv) * es);
-    shard_copy(c, r, &gq, &lgq, es, q.data, fresh, 1);
+    shard_copy(c, r, &gq, &lgq, cu_q, lcu_q, es, q.data, fresh, 1);
     if (memcmp(fresh, j->q, geom_count(&lgq) * es) != 0) ok = 0, print_error("rank %d wrote Q\n", r);
-    shard_copy(c, r, &gk, &lgk, es, k.data, fresh, 1);
+    shard_copy(c, r, &gk, &lgk, cu_kv, lcu_kv, es, k.data, fresh, 1);
     if (memcmp(fresh, j->k, geom_count(&lgk) * es) != 0) ok = 0, print_error("rank %d wrote K\n", r);
-    shard_copy(c, r, &gv, &lgv, es, v.data, fresh, 1);
+    shard_copy(c, r, &gv, &lgv, cu_kv, lcu_kv, es, v.data, fresh, 1);
     if (memcmp(fresh, j->v, geom_count(&lgv) * es) != 0) ok = 0, print_error("rank %d wrote V\n", r);
-    shard_copy(c, r, &go, &lgo, es, d_o.data, fresh, 1);
+    shard_copy(c, r, &go, &lgo, cu_q, lcu_q, es, d_o.data, fresh, 1);
     if (memcmp(fresh, j->d_o, geom_count(&lgo) * es) != 0) ok = 0, print_error("rank %d wrote dO\n", r);
     free(fresh);
   }
@@ -360,7 +404,7 @@ static void run_case(void **state) {
     err_of(&er, &go, o_r, dt, o_ref), err_of(&ed, &go, o_d, dt, o_ref);
     ok &= check(c->name, &er, &ed, rel * max_abs(o_ref, geom_count(&go)));
     tu_err_init(&er, "LSE"), tu_err_init(&ed, "LSE");
-    err_of_lse(&er, c, lse_r, lse_ref), err_of_lse(&ed, c, lse_d, lse_ref);
+    err_of_lse(&er, c, lse_n, lse_r, lse_ref), err_of_lse(&ed, c, lse_n, lse_d, lse_ref);
     ok &= check(c->name, &er, &ed, 1e-5 * (m_lse > 1.0 ? m_lse : 1.0));
     tu_err_init(&er, "dQ"), tu_err_init(&ed, "dQ");
     err_of(&er, &gq, dq_r, dt, dq_ref), err_of(&ed, &gq, dq_d, dt, dq_ref);
@@ -383,7 +427,7 @@ static void run_case(void **state) {
   free(o_r), free(dq_r), free(dk_r), free(dv_r), free(lse_r);
   free(o_d), free(dq_d), free(dk_d), free(dv_d), free(lse_d);
   free(o_ref), free(lse_ref), free(dq_ref), free(dk_ref), free(dv_ref);
-  free(cu_q), free(cu_kv);
+  free(cu_q), free(cu_kv), free(lcu_q), free(lcu_kv), free(cu32_q), free(cu32_kv);
   attn_plan_desc_destroy(desc);
   tu_buffer_free(&q), tu_buffer_free(&k), tu_buffer_free(&v), tu_buffer_free(&d_o);
   assert_true(ok);
@@ -399,23 +443,48 @@ static void run_case(void **state) {
 
 static const ring_case kCases[] = {
     /* name                       ranks layout  dtype layout  B Hq Hkv  Lq   Lk  dqk dv  mask                 l  r  cap empty */
-    {"r1-contiguous-full-fp32",     1, CONTIG, F32,  BSHD, 1, 2, 2,  24,  24, 16, 16, ATTN_MASK_NONE,   -1, -1, 0.0f, 0},
-    {"r1-zigzag-causal-bf16",       1, ZIGZAG, BF16, BSHD, 1, 2, 1,  26,  26, 16, 16, ATTN_MASK_CAUSAL, -1, -1, 0.0f, 0},
-    {"r2-contiguous-causal-gqa",    2, CONTIG, F32,  BSHD, 2, 4, 2,  24,  24, 16,  8, ATTN_MASK_CAUSAL, -1, -1, 0.0f, 0},
-    {"r2-zigzag-full-fp32",         2, ZIGZAG, F32,  BSHD, 1, 2, 2,  20,  20, 8,   8, ATTN_MASK_NONE,   -1, -1, 0.0f, 0},
-    {"r2-zigzag-causal-bhsd-fp16",  2, ZIGZAG, F16,  BHSD, 2, 2, 1,  20,  20, 16, 16, ATTN_MASK_CAUSAL, -1, -1, 0.0f, 0},
-    {"r2-contiguous-causal-lq<lk",  2, CONTIG, F32,  BSHD, 1, 2, 1,  12,  20, 16, 16, ATTN_MASK_CAUSAL, -1, -1, 0.0f, 0},
-    {"r2-zigzag-causal-multitile",  2, ZIGZAG, F32,  BSHD, 1, 2, 1, 400, 400, 32, 32, ATTN_MASK_CAUSAL, -1, -1, 0.0f, 0},
-    {"r3-zigzag-causal-gqa",        3, ZIGZAG, F32,  BSHD, 1, 4, 2,  30,  30, 16, 16, ATTN_MASK_CAUSAL, -1, -1, 0.0f, 0},
-    {"r3-contiguous-window-fp32",   3, CONTIG, F32,  BSHD, 2, 2, 2,  33,  33, 8,  16, ATTN_MASK_WINDOW,  5,  3, 0.0f, 0},
-    {"r3-contiguous-causal-softcap",3, CONTIG, F32,  BSHD, 1, 2, 2,  21,  21, 16, 16, ATTN_MASK_CAUSAL, -1, -1, 5.0f, 0},
-    {"r3-zigzag-full-bf16",         3, ZIGZAG, BF16, BHSD, 1, 3, 1,  36,  36, 16, 16, ATTN_MASK_NONE,   -1, -1, 0.0f, 0},
-    {"r4-zigzag-full-bf16",         4, ZIGZAG, BF16, BSHD, 1, 2, 2,  32,  32, 16, 16, ATTN_MASK_NONE,   -1, -1, 0.0f, 0},
-    {"r4-zigzag-window-fp32",       4, ZIGZAG, F32,  BSHD, 1, 2, 1,  40,  40, 16, 16, ATTN_MASK_WINDOW,  6,  0, 0.0f, 0},
-    {"r4-contiguous-window-right",  4, CONTIG, F32,  BSHD, 1, 2, 2,  28,  28, 8,   8, ATTN_MASK_WINDOW, -1,  4, 0.0f, 0},
-    {"r5-contiguous-causal-bf16",   5, CONTIG, BF16, BSHD, 1, 2, 1,  35,  35, 16, 16, ATTN_MASK_CAUSAL, -1, -1, 0.0f, 0},
-    {"r5-zigzag-window-bf16",       5, ZIGZAG, BF16, BSHD, 1, 2, 2,  50,  50, 16, 16, ATTN_MASK_WINDOW,  3,  2, 0.0f, 0},
-    {"r5-zigzag-causal-fp32",       5, ZIGZAG, F32,  BSHD, 2, 2, 1,  30,  30, 8,   8, ATTN_MASK_CAUSAL, -1, -1, 0.0f, 0},
+    {"r1-contiguous-full-fp32",     1, CONTIG, F32,  BSHD, 1, 2, 2,  24,  24, 16, 16, ATTN_MASK_NONE,   -1, -1, 0.0f, 0, NULL, NULL},
+    {"r1-zigzag-causal-bf16",       1, ZIGZAG, BF16, BSHD, 1, 2, 1,  26,  26, 16, 16, ATTN_MASK_CAUSAL, -1, -1, 0.0f, 0, NULL, NULL},
+    {"r2-contiguous-causal-gqa",    2, CONTIG, F32,  BSHD, 2, 4, 2,  24,  24, 16,  8, ATTN_MASK_CAUSAL, -1, -1, 0.0f, 0, NULL, NULL},
+    {"r2-zigzag-full-fp32",         2, ZIGZAG, F32,  BSHD, 1, 2, 2,  20,  20, 8,   8, ATTN_MASK_NONE,   -1, -1, 0.0f, 0, NULL, NULL},
+    {"r2-zigzag-causal-bhsd-fp16",  2, ZIGZAG, F16,  BHSD, 2, 2, 1,  20,  20, 16, 16, ATTN_MASK_CAUSAL, -1, -1, 0.0f, 0, NULL, NULL},
+    {"r2-contiguous-causal-lq<lk",  2, CONTIG, F32,  BSHD, 1, 2, 1,  12,  20, 16, 16, ATTN_MASK_CAUSAL, -1, -1, 0.0f, 0, NULL, NULL},
+    {"r2-zigzag-causal-multitile",  2, ZIGZAG, F32,  BSHD, 1, 2, 1, 400, 400, 32, 32, ATTN_MASK_CAUSAL, -1, -1, 0.0f, 0, NULL, NULL},
+    {"r3-zigzag-causal-gqa",        3, ZIGZAG, F32,  BSHD, 1, 4, 2,  30,  30, 16, 16, ATTN_MASK_CAUSAL, -1, -1, 0.0f, 0, NULL, NULL},
+    {"r3-contiguous-window-fp32",   3, CONTIG, F32,  BSHD, 2, 2, 2,  33,  33, 8,  16, ATTN_MASK_WINDOW,  5,  3, 0.0f, 0, NULL, NULL},
+    {"r3-contiguous-causal-softcap",3, CONTIG, F32,  BSHD, 1, 2, 2,  21,  21, 16, 16, ATTN_MASK_CAUSAL, -1, -1, 5.0f, 0, NULL, NULL},
+    {"r3-zigzag-full-bf16",         3, ZIGZAG, BF16, BHSD, 1, 3, 1,  36,  36, 16, 16, ATTN_MASK_NONE,   -1, -1, 0.0f, 0, NULL, NULL},
+    {"r4-zigzag-full-bf16",         4, ZIGZAG, BF16, BSHD, 1, 2, 2,  32,  32, 16, 16, ATTN_MASK_NONE,   -1, -1, 0.0f, 0, NULL, NULL},
+    {"r4-zigzag-window-fp32",       4, ZIGZAG, F32,  BSHD, 1, 2, 1,  40,  40, 16, 16, ATTN_MASK_WINDOW,  6,  0, 0.0f, 0, NULL, NULL},
+    {"r4-contiguous-window-right",  4, CONTIG, F32,  BSHD, 1, 2, 2,  28,  28, 8,   8, ATTN_MASK_WINDOW, -1,  4, 0.0f, 0, NULL, NULL},
+    {"r5-contiguous-causal-bf16",   5, CONTIG, BF16, BSHD, 1, 2, 1,  35,  35, 16, 16, ATTN_MASK_CAUSAL, -1, -1, 0.0f, 0, NULL, NULL},
+    {"r5-zigzag-window-bf16",       5, ZIGZAG, BF16, BSHD, 1, 2, 2,  50,  50, 16, 16, ATTN_MASK_WINDOW,  3,  2, 0.0f, 0, NULL, NULL},
+    {"r5-zigzag-causal-fp32",       5, ZIGZAG, F32,  BSHD, 2, 2, 1,  30,  30, 8,   8, ATTN_MASK_CAUSAL, -1, -1, 0.0f, 0, NULL, NULL},
+};
+
+/* Varlen batches: sequence lengths, each a multiple of the ring's chunk
+ * count (N, or 2N for zigzag). A local chunk of one token and chunks of
+ * several tiles (the CPU tile is 96) are both among them. */
+#define THD ATTN_LAYOUT_THD
+static const int64_t kR1Q[] = {5, 17, 1}, kR1K[] = {5, 17, 1};
+static const int64_t kR2ZQ[] = {4, 12, 8}, kR2ZK[] = {4, 12, 8};
+static const int64_t kR2CQ[] = {2, 400, 6}, kR2CK[] = {4, 400, 14};
+static const int64_t kR3ZQ[] = {6, 600, 12}, kR3ZK[] = {6, 600, 12};
+static const int64_t kR3CQ[] = {9, 30, 3}, kR3CK[] = {9, 30, 3};
+static const int64_t kR4ZQ[] = {8, 40, 16}, kR4ZK[] = {8, 40, 24};
+static const int64_t kR4CQ[] = {4, 20, 12}, kR4CK[] = {8, 12, 4};
+static const int64_t kR4EQ[] = {16, 24}, kR4EK[] = {8, 24};
+
+static const ring_case kVarlenCases[] = {
+    /* name                               ranks layout  dtype layout B Hq Hkv Lq   Lk  dqk dv mask              l   r  cap empty lens */
+    {"varlen-r1-contiguous-full-gqa",       1, CONTIG, F32,  THD, 3, 4, 2,  17,  17, 16, 16, ATTN_MASK_NONE,   -1, -1, 0.0f, 0, kR1Q, kR1K},
+    {"varlen-r2-zigzag-causal-bf16",        2, ZIGZAG, BF16, THD, 3, 4, 2,  12,  12, 16, 16, ATTN_MASK_CAUSAL, -1, -1, 0.0f, 0, kR2ZQ, kR2ZK},
+    {"varlen-r2-contiguous-causal-lq<lk",   2, CONTIG, F32,  THD, 3, 2, 1, 400, 400, 32, 32, ATTN_MASK_CAUSAL, -1, -1, 0.0f, 0, kR2CQ, kR2CK},
+    {"varlen-r3-zigzag-causal-multitile",   3, ZIGZAG, F32,  THD, 3, 2, 2, 600, 600, 16, 16, ATTN_MASK_CAUSAL, -1, -1, 0.0f, 0, kR3ZQ, kR3ZK},
+    {"varlen-r3-contiguous-window-fp32",    3, CONTIG, F32,  THD, 3, 2, 1,  30,  30, 8,  16, ATTN_MASK_WINDOW,  5,  2, 0.0f, 0, kR3CQ, kR3CK},
+    {"varlen-r4-zigzag-window-bf16",        4, ZIGZAG, BF16, THD, 3, 4, 2,  40,  40, 16, 16, ATTN_MASK_WINDOW,  6,  0, 0.0f, 1, kR4ZQ, kR4ZK},
+    {"varlen-r4-contiguous-full-bf16",      4, CONTIG, BF16, THD, 3, 3, 1,  20,  12, 16,  8, ATTN_MASK_NONE,   -1, -1, 0.0f, 0, kR4CQ, kR4CK},
+    {"varlen-r4-zigzag-causal-lq>lk-gqa",   4, ZIGZAG, F32,  THD, 2, 4, 2,  24,  24, 16, 16, ATTN_MASK_CAUSAL, -1, -1, 5.0f, 1, kR4EQ, kR4EK},
 };
 
 /* Cases drawn from the seed: new every run, reproduced by ATTN_TEST_SEED. */
@@ -462,10 +531,12 @@ static void draw_random_cases(void) {
 int main(void) {
   tu_seed(); /* prints the seed */
   draw_random_cases();
-  enum { N = sizeof kCases / sizeof kCases[0] };
-  struct CMUnitTest tests[N + kRandomCases];
-  for (size_t i = 0; i < N + kRandomCases; ++i) {
-    const ring_case *c = i < N ? &kCases[i] : &random_cases[i - N];
+  enum { N = sizeof kCases / sizeof kCases[0], V = sizeof kVarlenCases / sizeof kVarlenCases[0] };
+  struct CMUnitTest tests[N + V + kRandomCases];
+  for (size_t i = 0; i < N + V + kRandomCases; ++i) {
+    const ring_case *c = i < N       ? &kCases[i]
+                         : i < N + V ? &kVarlenCases[i - N]
+                                     : &random_cases[i - N - V];
     struct CMUnitTest t = {c->name, run_case, NULL, NULL, (void *)c};
     tests[i] = t;
   }
