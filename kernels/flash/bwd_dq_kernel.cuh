@@ -11,6 +11,9 @@
 // K and V stream through `stages` shared buffers (two for D <= 128).
 // Block-sparse plans (Sparse) walk the query tile's list of KV tiles
 // (p.sparse_dq, in this kernel's tile sizes) instead of the dense interval.
+// MoBA plans (Moba) walk the blocks of the forward query tile that holds
+// this one (p.moba's q lists, a superset), up to the own block of the
+// tile's last row, with one selection bit per row as the predicate.
 #pragma once
 
 #include "flash/bwd_kernel.cuh"
@@ -18,7 +21,7 @@
 
 namespace attn::flash {
 
-template <class T, int D, bool Sparse = false>
+template <class T, int D, bool Sparse = false, bool Moba = false>
 __global__ void __launch_bounds__(DqTraits<D>::kThreads, 2)
     flash_bwd_dq_kernel(const __grid_constant__ BwdParams p) {
   using Tr = DqTraits<D>;
@@ -67,7 +70,27 @@ __global__ void __launch_bounds__(DqTraits<D>::kThreads, 2)
   // Sparse: the tile's visits (KV tile, kind), in increasing KV tile order.
   const int32_t* visits = nullptr;
   int n_tiles, n_begin = 0;
-  if constexpr (Sparse) {
+  // MoBA, as the forward: visit it is tile it % tpb of block it / tpb of
+  // the list; the last block ends at the diagonal.
+  const int32_t* moba_blocks = nullptr;
+  auto moba_tpb = [&] { return p.moba.block / BN; };
+  if constexpr (Moba) {
+    const MobaLists& mb = p.moba;
+    const int64_t slot = int64_t(b) * mb.sel_heads + (mb.per_query_head ? h : hk);
+    const int64_t list = slot * mb.q_tiles + r0 / mb.q_tile_rows;
+    int count = mb.q_count[list];
+    moba_blocks = mb.q_blocks + list * mb.q_cap;
+    n_tiles = 0;
+    if (hi_last >= 0) {
+      // Blocks past the own block of this tile's last row were chosen by
+      // later rows of the forward tile only.
+      const int own = hi_last / mb.block;
+      while (count > 0 && (moba_blocks[count - 1] & kMobaIndexMask) > own) --count;
+      if (count > 0)
+        n_tiles = (count - 1) * moba_tpb() + hi_last / BN -
+                  (moba_blocks[count - 1] & kMobaIndexMask) * moba_tpb() + 1;
+    }
+  } else if constexpr (Sparse) {
     const TileLists& sp = p.sparse_dq;
     const int list = ((sp.mask_batch > 1 ? b : 0) * sp.mask_heads + (sp.mask_heads > 1 ? hk : 0)) *
                          sp.tiles + m_block;
@@ -78,7 +101,12 @@ __global__ void __launch_bounds__(DqTraits<D>::kThreads, 2)
     n_tiles = hi_last < lo_first ? 0 : hi_last / BN + 1 - lo_first / BN;
     n_begin = lo_first / BN;
   }
-  auto tile_of = [&](int it) { return Sparse ? visits[2 * it] : n_begin + it; };
+  auto tile_of = [&](int it) {
+    if constexpr (Moba)
+      return (moba_blocks[it / moba_tpb()] & kMobaIndexMask) * moba_tpb() + it % moba_tpb();
+    else
+      return Sparse ? visits[2 * it] : n_begin + it;
+  };
 
   if (n_tiles == 0) {  // no row of the tile sees a key: dQ = 0
     for (int c = tid; c < BM * DT; c += NTH) {
@@ -166,7 +194,10 @@ __global__ void __launch_bounds__(DqTraits<D>::kThreads, 2)
 
     bool full;
     int kind = kVisitDense;
-    if constexpr (Sparse) {
+    if constexpr (Moba) {
+      const int entry = moba_blocks[it / moba_tpb()];
+      full = (entry & kMobaAllRows) != 0 && c0 + BN <= lk && c0 + BN - 1 <= hi_first;
+    } else if constexpr (Sparse) {
       kind = visits[2 * it + 1];
       full = kind == kVisitFull;
     } else {
@@ -177,7 +208,23 @@ __global__ void __launch_bounds__(DqTraits<D>::kThreads, 2)
       probs_and_dscores<true>(s, dp, p, lse2_of);
     else
       probs_and_dscores<false>(s, dp, p, lse2_of);
-    if (Sparse && kind >= 0) {
+    if constexpr (Moba) {
+      if (!full) {
+        const MobaLists& mb = p.moba;
+        const int64_t slot = int64_t(b) * mb.sel_heads + (mb.per_query_head ? h : hk);
+        const uint64_t* sel =
+            mb.selected + (slot * mb.num_blocks + n / moba_tpb()) * int64_t(mb.q_words);
+        bool on[2];
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const int row = r0 + warp * 16 + hh * 8 + g;
+          on[hh] = row < qt.lq && ((sel[row >> 6] >> (row & 63)) & 1u);
+        }
+        apply_mask(s, dp, [&](int nt, int e) {
+          return !on[e >> 1] || vis[e >> 1].outside(c0 + nt * 8 + 2 * t4 + (e & 1));
+        });
+      }
+    } else if (Sparse && kind >= 0) {
       // Rows g and g + 8 of the warp in the bit tile (one word: BN <= 64).
       static_assert(BN <= 64, "one bit-tile word per row");
       const uint64_t* tb = p.sparse_dq.bits + int64_t(kind) * BM;

@@ -39,7 +39,9 @@
 // row_hi, q_tiles_of, is_full), redone here because device code does not
 // include host headers. Block-sparse plans (Sparse) take each KV tile's
 // query tiles from a list instead (p.sparse_kv), each marked full,
-// dense-masked, or masked by a precomputed bit tile.
+// dense-masked, or masked by a precomputed bit tile. MoBA plans (Moba) take
+// them from the list the selector wrote for the tile's block (p.moba), and
+// mask a query row that did not select the block by its selection bit.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -336,7 +338,7 @@ __device__ __forceinline__ void scores_t2(float (&c)[M][N][4], uint32_t a, uint3
   }
 }
 
-template <class T, int D, int V, bool Sparse = false>
+template <class T, int D, int V, bool Sparse = false, bool Moba = false>
 __global__ void __launch_bounds__(BwdTraits<D, V>::kThreads, 1)
     flash_bwd_dkdv_kernel(const __grid_constant__ BwdParams p) {
   using Tr = BwdTraits<D, V>;
@@ -423,7 +425,17 @@ __global__ void __launch_bounds__(BwdTraits<D, V>::kThreads, 1)
   // of query tiles.
   const int32_t* visits = nullptr;
   int m_begin, n_mt;
-  if constexpr (Sparse) {
+  // MoBA: the KV tile lies in block c0 / block, whose list holds the query
+  // tiles (one word each) in which some row selected it.
+  int moba_kb = 0;
+  if constexpr (Moba) {
+    moba_kb = c0 / p.moba.block;
+    const MobaLists& mb = p.moba;
+    const int64_t list = (int64_t(b) * (p.heads_q / p.group) + hk) * mb.num_blocks + moba_kb;
+    m_begin = 0;
+    n_mt = mb.kv_count[list];
+    visits = mb.kv_tiles + list * mb.kv_cap;
+  } else if constexpr (Sparse) {
     m_begin = 0;
     n_mt = item_end - item_begin;
     visits = p.sparse_kv.visits + 2 * int64_t(item_begin);
@@ -432,7 +444,10 @@ __global__ void __launch_bounds__(BwdTraits<D, V>::kThreads, 1)
     n_mt = row_lo <= row_hi ? row_hi / BM - m_begin + 1 : 0;
   }
   // The query tile of step m.
-  auto q_tile = [&](int mm) { return Sparse ? visits[2 * mm] : mm; };
+  auto q_tile = [&](int mm) {
+    if constexpr (Moba) return visits[mm] & kMobaIndexMask;
+    else return Sparse ? visits[2 * mm] : mm;
+  };
   const int n_iter = n_mt * heads_per;
 
   // Iteration it: query head h_first + it / n_mt, query tile m_begin + it % n_mt,
@@ -579,6 +594,14 @@ __global__ void __launch_bounds__(BwdTraits<D, V>::kThreads, 1)
       full = kind == kVisitFull;
     } else {
       full = c0 + BN <= lk && c0 - r1 >= dmin && c0 + BN - 1 - r0 <= dmax;
+      if constexpr (Moba) full = full && (visits[m] & kMobaAllRows) != 0;
+    }
+    // MoBA: the column of the block's selection bits of this head's slot.
+    const uint64_t* moba_sel = nullptr;
+    if constexpr (Moba) {
+      const MobaLists& mb = p.moba;
+      const int64_t slot = int64_t(b) * mb.sel_heads + (mb.per_query_head ? h : hk);
+      moba_sel = mb.selected + (slot * mb.num_blocks + moba_kb) * int64_t(mb.q_words);
     }
     auto clampi = [](long long x) {
       return int(x < -(BM + 1) ? -(BM + 1) : (x > BN + 1 ? BN + 1 : x));
@@ -653,8 +676,20 @@ __global__ void __launch_bounds__(BwdTraits<D, V>::kThreads, 1)
             const int jl = sk * KS + mt * 16 + g + hh * 8;
             vis[hh] = Interval::of(jl - hi_rel - q0, jl < kv_valid ? jl - lo_rel - q0 : -BN - BM);
           }
-          apply_mask(s[mt], dp[mt],
-                     [&](int nt, int e) { return vis[e >> 1].outside(nt * 8 + 2 * t4 + (e & 1)); });
+          if constexpr (Moba) {
+            // The pass's QP queries (r0 + q0 is a multiple of QP, which
+            // divides 64) lie in one word of the selection column.
+            static_assert(!Moba || (QP <= 64 && 64 % QP == 0), "a pass within one word");
+            const int i = r0 + q0;
+            const uint64_t w = i < lq ? moba_sel[i >> 6] >> (i & 63) : 0ull;
+            apply_mask(s[mt], dp[mt], [&](int nt, int e) {
+              const int col = nt * 8 + 2 * t4 + (e & 1);
+              return vis[e >> 1].outside(col) || !((w >> col) & 1u);
+            });
+          } else {
+            apply_mask(s[mt], dp[mt],
+                       [&](int nt, int e) { return vis[e >> 1].outside(nt * 8 + 2 * t4 + (e & 1)); });
+          }
         }
       }
 

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "moba/moba_params.cuh"
 #include "sparse/tile_lists.cuh"
 
 namespace attn::flash {
@@ -68,6 +69,10 @@ struct BwdParams {
   // deterministic dQ kernel's tile sizes).
   TileLists sparse_kv;
   TileLists sparse_dq;
+  // MoBA plans only (the kernels' Moba instantiations): the run-time
+  // schedule the selector wrote into the workspace (kv lists for the dK/dV
+  // kernel, q lists for the deterministic dQ kernel).
+  MobaLists moba;
 };
 
 // The dK/dV kernel (which also adds dQ into dq_accum): one block owns

@@ -16,7 +16,11 @@
 // src/cuda/block_sparse.cpp), each marked full, dense-masked, or masked by
 // a precomputed bit tile; the loop is the same. Tiles are visited from the
 // last to the first, so the partially masked tiles of a causal diagonal come
-// first. Softmax statistics are fp32: m (running max of the raw or softcapped
+// first. MoBA plans (Moba) take the blocks the selector chose for the tile
+// (p.moba, written into the workspace at run time) and visit every KV tile
+// of each, the last one up to the diagonal; a tile some row did not select
+// gets a predicate of one selection bit per row on top of the causal one.
+// Softmax statistics are fp32: m (running max of the raw or softcapped
 // logit) and l (sum of exp2, kept per thread and reduced over the 4 threads
 // of a row at the end). A row that sees no key ends with l = 0 and gives
 // O = 0, LSE = -inf.
@@ -48,7 +52,7 @@ struct FwdTraits {
   static_assert(D % 16 == 0 && kBlockN % 16 == 0 && kRows % 16 == 0, "whole mma tiles");
 };
 
-template <class T, int D, bool Sparse = false>
+template <class T, int D, bool Sparse = false, bool Moba = false>
 __global__ void __launch_bounds__(FwdTraits<D>::kThreads, FwdTraits<D>::kMinBlocks)
     flash_fwd_kernel(const __grid_constant__ FwdParams p) {
   using Tr = FwdTraits<D>;
@@ -96,7 +100,26 @@ __global__ void __launch_bounds__(FwdTraits<D>::kThreads, FwdTraits<D>::kMinBloc
   // Sparse: the tile's visits (KV tile, kind), in increasing KV tile order.
   const int32_t* visits = nullptr;
   int n_tiles, n_end = 0;
-  if constexpr (Sparse) {
+  // MoBA: the tile's blocks (increasing), each block_size / BN KV tiles;
+  // visit v (counted from the first) is tile v % tpb of block v / tpb. The
+  // last block (the own block of the tile's last row) ends at the diagonal.
+  const int32_t* moba_blocks = nullptr;
+  auto moba_tpb = [&] { return p.moba.block / BN; };  // reread, not kept in a register
+  // The selecting slot of this (sequence, head), likewise recomputed.
+  auto moba_slot = [&] {
+    return int64_t(blockIdx.z) * p.moba.sel_heads +
+           (p.moba.per_query_head ? int(blockIdx.y) : int(blockIdx.y) / p.group);
+  };
+  if constexpr (Moba) {
+    const MobaLists& mb = p.moba;
+    const int64_t list = moba_slot() * mb.q_tiles + m_block;
+    const int count = mb.q_count[list];
+    moba_blocks = mb.q_blocks + list * mb.q_cap;
+    n_tiles = 0;
+    if (count > 0)
+      n_tiles = (count - 1) * moba_tpb() + hi_last / BN -
+                (moba_blocks[count - 1] & kMobaIndexMask) * moba_tpb() + 1;
+  } else if constexpr (Sparse) {
     const TileLists& sp = p.sparse;
     const int list = ((sp.mask_batch > 1 ? b : 0) * sp.mask_heads + (sp.mask_heads > 1 ? hk : 0)) *
                          sp.tiles + m_block;
@@ -108,7 +131,14 @@ __global__ void __launch_bounds__(FwdTraits<D>::kThreads, FwdTraits<D>::kMinBloc
     n_end = hi_last / BN + 1;
   }
   // KV tile of iteration it (last first).
-  auto tile_of = [&](int it) { return Sparse ? visits[2 * (n_tiles - 1 - it)] : n_end - 1 - it; };
+  auto tile_of = [&](int it) {
+    if constexpr (Moba) {
+      const int v = n_tiles - 1 - it, tpb = moba_tpb();
+      return (moba_blocks[v / tpb] & kMobaIndexMask) * tpb + v % tpb;
+    } else {
+      return Sparse ? visits[2 * (n_tiles - 1 - it)] : n_end - 1 - it;
+    }
+  };
 
   if (n_tiles == 0) {  // no row of the tile sees a key
     for (int c = tid; c < BM * DT; c += NTH) {
@@ -224,13 +254,39 @@ __global__ void __launch_bounds__(FwdTraits<D>::kThreads, FwdTraits<D>::kMinBloc
     const int c0 = n * BN;
     bool full;
     int kind = kVisitDense;
-    if constexpr (Sparse) {
+    if constexpr (Moba) {
+      // Every row of the tile selected the block, and the causal mask
+      // shows the whole KV tile to every row.
+      const int entry = moba_blocks[(n_tiles - 1 - it) / moba_tpb()];
+      full = (entry & kMobaAllRows) != 0 && c0 + BN <= lk && c0 + BN - 1 <= hi_first;
+    } else if constexpr (Sparse) {
       kind = visits[2 * (n_tiles - 1 - it) + 1];
       full = kind == kVisitFull;
     } else {
       full = c0 + BN <= lk && c0 >= lo_last && c0 + BN - 1 <= hi_first;
     }
-    if (Sparse && kind >= 0) {
+    if constexpr (Moba) {
+      if (!full) {
+        // Row i sees the tile's keys up to its diagonal if it selected the
+        // tile's block (bit i of the block's column), else none.
+        const MobaLists& mb = p.moba;
+        const uint64_t* sel =
+            mb.selected + (moba_slot() * mb.num_blocks + n / moba_tpb()) * int64_t(mb.q_words);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+          for (int hh = 0; hh < 2; ++hh) {
+            const int row = r0 + warp * R + mt * 16 + hh * 8 + g;
+            const bool on = row < qt.lq && ((sel[row >> 6] >> (row & 63)) & 1u);
+            const int hi = on ? key_hi(row) : -1;
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+              for (int e = 0; e < 2; ++e)
+                if (c0 + nt * 8 + t4 * 2 + e > hi) s[mt][nt][hh * 2 + e] = -INFINITY;
+          }
+      }
+    } else if (Sparse && kind >= 0) {
       // The bit tile: row r of the tile, key c at word c / 64, bit c % 64.
       constexpr int WPR = (BN + 63) / 64;
       const uint64_t* tb = p.sparse.bits + int64_t(kind) * (BM * WPR);

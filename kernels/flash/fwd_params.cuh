@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "moba/moba_params.cuh"
 #include "sparse/tile_lists.cuh"
 
 namespace attn::flash {
@@ -37,6 +38,9 @@ struct FwdParams {
   // Block-sparse plans only (the kernel's Sparse instantiation): per query
   // tile, its KV tiles (query-major, block_m x block_n bit tiles).
   TileLists sparse;
+  // MoBA plans only (the kernel's Moba instantiation): the run-time
+  // schedule the selector wrote into the workspace.
+  MobaLists moba;
 };
 
 // Tile shape per head dimension D. Rows per warp = block_m / warps: 32 when

@@ -14,6 +14,12 @@
 // per kernel tile shape (forward; dK/dV, KV-major; the deterministic dQ),
 // uploaded into one device allocation at plan creation and freed with the
 // plan.
+//
+// MoBA plans run the kernels' Moba instantiations after the selector
+// (cuda/moba_select.hpp), which writes the run-time schedule into the
+// workspace of each pass, behind what the pass needs otherwise
+// (cuda/moba_plan.hpp); the backward pass selects again, with the same
+// launches, and so sees the forward's selection bit for bit.
 #include "cuda/cuda_backend.hpp"
 
 #include <cuda_runtime_api.h>
@@ -25,6 +31,7 @@
 #include <cstdio>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <string>
 
 #include "core/dtype.hpp"
@@ -32,6 +39,9 @@
 #include "cuda/block_sparse.hpp"
 #include "cuda/flash_bwd.hpp"
 #include "cuda/flash_fwd.hpp"
+#include "cuda/moba_kernels.hpp"
+#include "cuda/moba_plan.hpp"
+#include "cuda/moba_select.hpp"
 #include "plan/plan.hpp"
 
 namespace attn::cuda {
@@ -66,7 +76,13 @@ class DeviceScope {
   bool restore_ = false;
 };
 
-FwdKernel pick_kernel(int64_t d, bool bf16, bool sparse) {
+FwdKernel pick_kernel(int64_t d, bool bf16, bool sparse, bool moba) {
+  if (moba) switch (d) {
+      case 64: return fwd_kernel_moba_d64(bf16);
+      case 96: return fwd_kernel_moba_d96(bf16);
+      case 128: return fwd_kernel_moba_d128(bf16);
+      default: return fwd_kernel_moba_d256(bf16);
+    }
   switch (d) {
     case 64: return fwd_kernel_d64(bf16, sparse);
     case 96: return fwd_kernel_d96(bf16, sparse);
@@ -75,7 +91,13 @@ FwdKernel pick_kernel(int64_t d, bool bf16, bool sparse) {
   }
 }
 
-BwdKernels pick_bwd_kernels(int64_t d, bool bf16, int variant, bool sparse) {
+BwdKernels pick_bwd_kernels(int64_t d, bool bf16, int variant, bool sparse, bool moba) {
+  if (moba) switch (d) {
+      case 64: return bwd_kernels_moba_d64(bf16, variant);
+      case 96: return bwd_kernels_moba_d96(bf16, variant);
+      case 128: return bwd_kernels_moba_d128(bf16, variant);
+      default: return bwd_kernels_moba_d256(bf16, variant);
+    }
   switch (d) {
     case 64: return bwd_kernels_d64(bf16, variant, sparse);
     case 96: return bwd_kernels_d96(bf16, variant, sparse);
@@ -96,8 +118,9 @@ class CudaPlan final : public BackendPlan {
     const int64_t d = p.head_dim_qk;
     const bool bf16 = p.dtype == ATTN_DTYPE_BF16;
     const bool sparse = p.block_mask != nullptr;
+    const bool moba = p.moba_block > 0;
     cfg_ = flash::fwd_config(int(d));
-    kernel_ = pick_kernel(d, bf16, sparse);
+    kernel_ = pick_kernel(d, bf16, sparse, moba);
 
     DeviceScope scope(device_);
     int major = 0, minor = 0, smem_optin = 0, sm_count = 0;
@@ -141,12 +164,17 @@ class CudaPlan final : public BackendPlan {
       while (variant + 1 < flash::bwd_variants(int(d)) &&
              size_t(smem_optin) < flash::bwd_config(int(d), variant).smem_bytes(int(d)))
         ++variant;
-      bwd_ = pick_bwd_kernels(d, bf16, variant, sparse);
+      bwd_ = pick_bwd_kernels(d, bf16, variant, sparse, moba);
       bwd_cfg_ = flash::bwd_config(int(d), variant);
       require_image(bwd_.dkdv_func);
       require_smem(bwd_cfg_.smem_bytes(int(d)), "backward");
       require_smem(flash::dq_config(int(d)).smem_bytes(int(d)), "backward");
       check(bwd_.prepare(), "cudaFuncSetAttribute");
+    }
+    if (moba) {
+      require_smem(moba::select_smem_bytes(int(d)), "MoBA selection");
+      check(moba_select_prepare(int(d)), "cudaFuncSetAttribute");
+      moba_.emplace(p, cfg_.block_m, p.backward ? bwd_cfg_.block_m : 0);
     }
 
     fill_params();
@@ -196,14 +224,15 @@ class CudaPlan final : public BackendPlan {
     // with fp32 atomics, "-det" computes it in a separate pass without them.
     // Block-sparse plans say "-bsparse" and leave out warps and stages, so
     // that the name fits attn_plan_info_t's 64 characters.
-    int len = sparse ? std::snprintf(kernel_name_, sizeof kernel_name_,
-                                     "cuda-fa2-sm80-%s-d%d-bsparse-%dx%d", dtype_name(p.dtype),
-                                     int(d), cfg_.block_m, cfg_.block_n)
+    const char* kind = moba ? "moba" : "bsparse";
+    int len = sparse || moba ? std::snprintf(kernel_name_, sizeof kernel_name_,
+                                     "cuda-fa2-sm80-%s-d%d-%s-%dx%d", dtype_name(p.dtype),
+                                     int(d), kind, cfg_.block_m, cfg_.block_n)
                      : std::snprintf(kernel_name_, sizeof kernel_name_,
                                      "cuda-fa2-sm80-%s-d%d-%dx%d-w%d-s%d", dtype_name(p.dtype),
                                      int(d), cfg_.block_m, cfg_.block_n, cfg_.warps, cfg_.stages);
     if (p.backward && len > 0 && size_t(len) < sizeof kernel_name_) {
-      if (sparse)
+      if (sparse || moba)
         std::snprintf(kernel_name_ + len, sizeof kernel_name_ - size_t(len), "+bwd-%dx%d-%s-%s",
                       bwd_cfg_.block_m, bwd_cfg_.block_n, bwd_cfg_.register_path() ? "r" : "s",
                       p.deterministic ? "det" : "atomic");
@@ -229,8 +258,10 @@ class CudaPlan final : public BackendPlan {
   }
 
   size_t workspace_bytes(attn_pass_t pass) const override {
+    if (pass == ATTN_PASS_FORWARD) return moba_ ? moba_forward_layout().end : 0;
     if (pass != ATTN_PASS_BACKWARD || !problem_.backward) return 0;
-    return 2 * delta_bytes() + dq_accum_bytes() + 2 * kv_accum_bytes();
+    const size_t plain = 2 * delta_bytes() + dq_accum_bytes() + 2 * kv_accum_bytes();
+    return moba_ ? moba_backward_layout().end : plain;
   }
 
   void forward(const ForwardArgs& a) const override {
@@ -251,6 +282,15 @@ class CudaPlan final : public BackendPlan {
     prm.o = a.o;
     prm.lse = a.lse;
     DeviceScope scope(device_);
+    if (moba_) {
+      require_aligned(a.workspace, "workspace");
+      const MobaLayout l = moba_forward_layout();
+      const moba::SelectParams sp =
+          moba_->select_params(a.q, a.k, static_cast<char*>(a.workspace), l, true, false);
+      check(moba_select_launch(sp, p.dtype == ATTN_DTYPE_BF16, static_cast<cudaStream_t>(a.stream)),
+            "MoBA selection launch");
+      prm.moba = moba_->lists(sp);
+    }
     check(kernel_.launch(prm, m_blocks_, int(p.heads_q), int(p.batch),
                          static_cast<cudaStream_t>(a.stream)),
           "forward kernel launch");
@@ -299,6 +339,13 @@ class CudaPlan final : public BackendPlan {
     const auto stream = static_cast<cudaStream_t>(a.stream);
     DeviceScope scope(device_);
     if (rows > 0) check(bwd_.preprocess(prm, rows, stream), "backward preprocess launch");
+    if (moba_) {
+      // The kv lists for the dK/dV kernel; the q lists for the dQ kernel.
+      const MobaLayout l = moba_backward_layout();
+      const moba::SelectParams sp = moba_->select_params(a.q, a.k, ws, l, p.deterministic, true);
+      check(moba_select_launch(sp, p.dtype == ATTN_DTYPE_BF16, stream), "MoBA selection launch");
+      prm.moba = moba_->lists(sp);
+    }
     if (total_kv > 0) {
       if (kv_accum > 0)
         check(cudaMemsetAsync(prm.dk_accum, 0, 2 * kv_accum, stream), "cudaMemsetAsync");
@@ -325,7 +372,9 @@ class CudaPlan final : public BackendPlan {
   int32_t tile_q() const override { return cfg_.block_m; }
   int32_t tile_kv() const override { return cfg_.block_n; }
   int32_t num_threads() const override { return 1; }
-  const char* algorithm() const override { return "flash-tiled-online-softmax"; }
+  const char* algorithm() const override {
+    return moba_ ? "flash-moba-online-softmax" : "flash-tiled-online-softmax";
+  }
   const char* kernel() const override { return kernel_name_; }
 
  private:
@@ -349,6 +398,7 @@ class CudaPlan final : public BackendPlan {
     // Row-wise backward kernels: (token, head) rows in 64-bit, blocks in 32.
     if (p.backward && p.total_q() * p.heads_q >= (int64_t(1) << 33))
       not_supported("backend CUDA: a backward pass over 2^33 or more (token, head) rows");
+    validate_moba(p);
     const attn_tensor_role_t roles[] = {ATTN_TENSOR_Q,  ATTN_TENSOR_K,  ATTN_TENSOR_V,
                                         ATTN_TENSOR_O,  ATTN_TENSOR_DO, ATTN_TENSOR_DQ,
                                         ATTN_TENSOR_DK, ATTN_TENSOR_DV};
@@ -559,6 +609,12 @@ class CudaPlan final : public BackendPlan {
     return group;
   }
 
+  MobaLayout moba_forward_layout() const { return moba_->layout(0, true, false); }
+  MobaLayout moba_backward_layout() const {
+    return moba_->layout(2 * delta_bytes() + dq_accum_bytes() + 2 * kv_accum_bytes(),
+                         problem_.deterministic, true);
+  }
+
   size_t delta_bytes() const { return align_up(size_t(problem_.lse_elements()) * sizeof(float)); }
   size_t dq_accum_bytes() const {
     const Problem& p = problem_;
@@ -587,6 +643,7 @@ class CudaPlan final : public BackendPlan {
   int m_blocks_ = 0;
   int32_t* cu_dev_ = nullptr;
   void* lists_dev_ = nullptr;  // block-sparse tile lists (upload_tile_lists)
+  std::optional<MobaSchedule> moba_;  // MoBA plans
   char kernel_name_[64] = {};
 };
 

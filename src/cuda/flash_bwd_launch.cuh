@@ -10,13 +10,13 @@
 
 namespace attn::cuda {
 
-template <class T, int D, int V, bool S>
+template <class T, int D, int V, bool S, bool M = false>
 cudaError_t bwd_prepare() {
-  cudaError_t e = cudaFuncSetAttribute(flash::flash_bwd_dkdv_kernel<T, D, V, S>,
+  cudaError_t e = cudaFuncSetAttribute(flash::flash_bwd_dkdv_kernel<T, D, V, S, M>,
                                        cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        int(flash::bwd_config(D, V).smem_bytes(D)));
   if (e != cudaSuccess) return e;
-  return cudaFuncSetAttribute(flash::flash_bwd_dq_kernel<T, D, S>,
+  return cudaFuncSetAttribute(flash::flash_bwd_dq_kernel<T, D, S, M>,
                               cudaFuncAttributeMaxDynamicSharedMemorySize,
                               int(flash::dq_config(D).smem_bytes(D)));
 }
@@ -48,34 +48,34 @@ cudaError_t bwd_convert_dkdv(const flash::BwdParams& p, int64_t n_rows, cudaStre
   return cudaGetLastError();
 }
 
-template <class T, int D, int V, bool S>
+template <class T, int D, int V, bool S, bool M = false>
 cudaError_t bwd_dkdv(const flash::BwdParams& p, int n_blocks, int heads_kv, int batch,
                      cudaStream_t stream) {
   constexpr flash::BwdConfig cfg = flash::bwd_config(D, V);
   const dim3 grid{unsigned(n_blocks), unsigned(heads_kv), unsigned(batch)};
-  flash::flash_bwd_dkdv_kernel<T, D, V, S><<<grid, cfg.threads(), cfg.smem_bytes(D), stream>>>(p);
+  flash::flash_bwd_dkdv_kernel<T, D, V, S, M><<<grid, cfg.threads(), cfg.smem_bytes(D), stream>>>(p);
   return cudaGetLastError();
 }
 
-template <class T, int D, bool S>
+template <class T, int D, bool S, bool M = false>
 cudaError_t bwd_dq(const flash::BwdParams& p, int m_blocks, int heads_q, int batch,
                    cudaStream_t stream) {
   constexpr flash::DqConfig cfg = flash::dq_config(D);
   const dim3 grid{unsigned(m_blocks), unsigned(heads_q), unsigned(batch)};
-  flash::flash_bwd_dq_kernel<T, D, S><<<grid, cfg.threads(), cfg.smem_bytes(D), stream>>>(p);
+  flash::flash_bwd_dq_kernel<T, D, S, M><<<grid, cfg.threads(), cfg.smem_bytes(D), stream>>>(p);
   return cudaGetLastError();
 }
 
-template <class T, int D, int V, bool S>
+template <class T, int D, int V, bool S, bool M = false>
 BwdKernels make_bwd_kernels_t() {
-  return {&bwd_prepare<T, D, V, S>,
+  return {&bwd_prepare<T, D, V, S, M>,
           &bwd_preprocess<T, D>,
-          &bwd_dkdv<T, D, V, S>,
-          &bwd_dq<T, D, S>,
+          &bwd_dkdv<T, D, V, S, M>,
+          &bwd_dq<T, D, S, M>,
           &bwd_convert<T, D>,
           &bwd_convert_dkdv<T, D>,
-          reinterpret_cast<const void*>(&flash::flash_bwd_dkdv_kernel<T, D, V, S>),
-          reinterpret_cast<const void*>(&flash::flash_bwd_dq_kernel<T, D, S>)};
+          reinterpret_cast<const void*>(&flash::flash_bwd_dkdv_kernel<T, D, V, S, M>),
+          reinterpret_cast<const void*>(&flash::flash_bwd_dq_kernel<T, D, S, M>)};
 }
 
 template <int D, int V>
@@ -94,6 +94,18 @@ BwdKernels make_bwd_kernels(bool bf16, int variant, bool sparse) {
     if (variant == 1) return make_bwd_kernels_v<D, 1>(bf16, sparse);
   }
   return make_bwd_kernels_v<D, 0>(bf16, sparse);
+}
+
+// MoBA's instantiations (run-time lists from the workspace).
+template <int D>
+BwdKernels make_bwd_kernels_moba(bool bf16, int variant) {
+  if constexpr (flash::bwd_variants(D) > 1) {
+    if (variant == 1)
+      return bf16 ? make_bwd_kernels_t<__nv_bfloat16, D, 1, false, true>()
+                  : make_bwd_kernels_t<__half, D, 1, false, true>();
+  }
+  return bf16 ? make_bwd_kernels_t<__nv_bfloat16, D, 0, false, true>()
+              : make_bwd_kernels_t<__half, D, 0, false, true>();
 }
 
 }  // namespace attn::cuda

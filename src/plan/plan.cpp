@@ -279,8 +279,6 @@ std::unique_ptr<Plan> create_plan(const ContextConfig& ctx, const PlanDesc& d) {
   }
 
   if (d.moba_block > 0) {
-    if (ctx.backend == ATTN_BACKEND_CUDA)
-      not_supported("ctx: MoBA does not run on the CUDA backend yet (the CPU backend runs it)");
     if (p.block_mask) not_supported("desc: MoBA together with a block mask: not supported");
     if (p.varlen) not_supported("desc: MoBA with a varlen batch: not supported");
     if (p.mask != ATTN_MASK_CAUSAL)

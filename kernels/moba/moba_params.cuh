@@ -1,0 +1,86 @@
+// MoBA on the CUDA backend: the run-time schedule the selector kernels
+// (moba/moba_select.cuh) write into the workspace and the attention kernels'
+// MoBA instantiations walk. Plain C++ (no CUDA syntax) so that the host side
+// in src/cuda fills it with an ordinary C++ compiler.
+//
+// A "selecting slot" is (sequence b, selecting head hs): hs is the KV head
+// when the selection is shared by a GQA group, else the query head;
+// slot = b * sel_heads + hs.
+//
+// The schedule is kept at the granularity of MoBA blocks, not of kernel
+// tiles, so that its size does not grow with tiles x tiles:
+//   selected   [slots][num_blocks][q_words] 64-bit words: bit i % 64 of word
+//              i / 64 says that query row i selected the block (its own
+//              block included). The one bit a kernel needs per (row, tile).
+//   q lists    per (slot, forward query tile of q_tile_rows rows) the blocks
+//              any of the tile's rows selected, increasing, each with
+//              kMobaAllRows when every row of the tile selected it.
+//   kv lists   per (sequence, KV head, block) the backward dK/dV kernel's
+//              query tiles (kv_tile_rows rows) in which some row of some
+//              query head of the group selected the block, increasing, with
+//              kMobaAllRows when every row of every such head did.
+#pragma once
+
+#include <cstdint>
+
+namespace attn::flash {
+
+constexpr int32_t kMobaAllRows = int32_t(1) << 30;  // list entry flag
+constexpr int32_t kMobaIndexMask = kMobaAllRows - 1;
+
+struct MobaLists {
+  const uint64_t* selected;  // [slots][num_blocks][q_words]
+  const int32_t* q_count;    // [slots][q_tiles]
+  const int32_t* q_blocks;   // [slots][q_tiles][q_cap]
+  const int32_t* kv_count;   // [batch * heads_kv][num_blocks]
+  const int32_t* kv_tiles;   // [batch * heads_kv][num_blocks][kv_cap]
+  int32_t block;             // keys per MoBA block, a multiple of every kernel's KV tile
+  int32_t num_blocks;        // ceil(seqlen_kv / block)
+  int32_t q_words;           // ceil(seqlen_q / 64)
+  int32_t q_tiles;           // ceil(seqlen_q / q_tile_rows)
+  int32_t q_tile_rows;       // the forward kernel's block_m
+  int32_t q_cap, kv_cap;     // list capacities (entries)
+  int32_t sel_heads;         // heads_kv when shared, else heads_q
+  int32_t per_query_head;    // 1: slots count query heads
+};
+
+}  // namespace attn::flash
+
+namespace attn::moba {
+
+// The selector kernels' parameters (moba/moba_select.cuh). Strides in
+// elements, as flash::FwdParams; fixed-length batches only.
+struct SelectParams {
+  const void* q;  // [batch, seqlen_q, heads_q, d]
+  const void* k;  // [batch, seqlen_kv, heads_kv, d]
+  int64_t q_batch, q_seq, q_head;
+  int64_t k_batch, k_seq, k_head;
+  float* pooled;       // [batch][heads_kv][num_blocks][d] block means of K
+  uint64_t* selected;  // flash::MobaLists::selected, zeroed before select_kernel
+  int32_t* q_count;    // flash::MobaLists (null: the q lists are not built)
+  int32_t* q_blocks;
+  int32_t* kv_count;   // flash::MobaLists (null: the kv lists are not built)
+  int32_t* kv_tiles;
+  int32_t batch, heads_q, heads_kv, group, seqlen_q, seqlen_kv, d;
+  int32_t block, num_blocks, top_k, shared;
+  int32_t sel_heads, q_words;
+  int32_t q_tiles, q_tile_rows, q_cap;      // forward query tiles
+  int32_t kv_q_tiles, kv_tile_rows, kv_cap;  // the dK/dV kernel's query tiles
+};
+
+// The selector's tiling: query rows and past blocks per step of the gate
+// product, and the largest top_k it keeps per row.
+constexpr int kSelectRows = 64, kSelectBlocks = 32, kSelectThreads = 256;
+constexpr int kMaxTopK = 32;
+constexpr int kPoolThreads = 256;
+constexpr int kListThreads = 256;  // 8 warps, one list each
+
+// Dynamic shared memory of select_kernel for head dimension d: Q rows and a
+// chunk of block means in fp32 (rows padded by one word), the chunk's gates
+// and each row's running top-k (gates and block indices).
+constexpr size_t select_smem_bytes(int d) {
+  return size_t(kSelectRows + kSelectBlocks) * size_t(d + 1) * 4u +
+         size_t(kSelectRows) * size_t(kSelectBlocks + 1) * 4u + size_t(kSelectRows) * kMaxTopK * 8u;
+}
+
+}  // namespace attn::moba

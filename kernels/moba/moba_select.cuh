@@ -1,0 +1,276 @@
+// MoBA's selector on the GPU (see attn_plan_desc_set_moba and
+// moba/moba_params.cuh): four stream-ordered launches that write the
+// run-time schedule into the workspace before the attention kernel reads it.
+//
+//   pool_kernel     pooled[b][hk][kb][:] = mean of the keys of block kb, fp32
+//                   (one thread block per block, a fixed summation order)
+//   select_kernel   per query row the gates q . mean over its past blocks
+//                   (summed over the selecting heads), the top_k of them
+//                   (larger gate first, equal gates: lower block index) plus
+//                   the own block -> bits in `selected`
+//   q_list_kernel   per (slot, forward query tile) the blocks its rows chose
+//   kv_list_kernel  per (sequence, KV head, block) the dK/dV kernel's query
+//                   tiles with a row that chose it
+//
+// Every launch is deterministic (the bits are ORed, which commutes), so the
+// backward pass, which runs the same launches on the same inputs, sees the
+// selection of the forward bit for bit. The gates are fp32 like the CPU
+// backend's; their summation order differs (the selecting heads' query rows
+// are added first, then multiplied with the block mean), so the two agree
+// except where two gates lie within fp32 rounding of each other.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "moba/moba_params.cuh"
+
+namespace attn::moba {
+
+template <class T>
+__device__ __forceinline__ float to_f32(T x);
+template <>
+__device__ __forceinline__ float to_f32<__half>(__half x) {
+  return __half2float(x);
+}
+template <>
+__device__ __forceinline__ float to_f32<__nv_bfloat16>(__nv_bfloat16 x) {
+  return __bfloat162float(x);
+}
+
+// Grid (num_blocks, heads_kv, batch), kPoolThreads threads: thread t sums
+// channels [8 (t % chunks), +8) over the block's rows t / chunks, t / chunks
+// + lanes, ...; the lanes' partial sums are then added in lane order.
+template <class T>
+__global__ void __launch_bounds__(kPoolThreads) pool_kernel(const __grid_constant__ SelectParams p) {
+  __shared__ float part[kPoolThreads * 8];  // [thread][8 channels]
+  const int kb = int(blockIdx.x), hk = int(blockIdx.y), b = int(blockIdx.z);
+  const int d = p.d, chunks = d / 8, lanes = kPoolThreads / chunks;
+  const int tid = int(threadIdx.x), ch = tid % chunks, rl = tid / chunks;
+  const int j0 = kb * p.block, j1 = min(p.seqlen_kv, j0 + p.block);
+  float acc[8];
+#pragma unroll
+  for (int e = 0; e < 8; ++e) acc[e] = 0.0f;
+  if (rl < lanes) {
+    const T* base = static_cast<const T*>(p.k) + b * p.k_batch + hk * p.k_head + ch * 8;
+    for (int j = j0 + rl; j < j1; j += lanes) {
+      const uint4 x = *reinterpret_cast<const uint4*>(base + int64_t(j) * p.k_seq);
+      const T* v = reinterpret_cast<const T*>(&x);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) acc[e] += to_f32<T>(v[e]);
+    }
+  }
+#pragma unroll
+  for (int e = 0; e < 8; ++e) part[tid * 8 + e] = acc[e];
+  __syncthreads();
+  const float inv = 1.0f / float(j1 - j0);
+  float* out = p.pooled + ((int64_t(b) * p.heads_kv + hk) * p.num_blocks + kb) * d;
+  for (int c = tid; c < d; c += kPoolThreads) {
+    float s = 0.0f;
+    for (int l = 0; l < lanes; ++l) s += part[(l * chunks + c / 8) * 8 + c % 8];
+    out[c] = s * inv;
+  }
+}
+
+// Grid (ceil(seqlen_q / kSelectRows), sel_heads, batch), kSelectThreads
+// threads, select_smem_bytes(d) of dynamic shared memory. Gates of
+// kSelectRows rows x kSelectBlocks past blocks per step (each thread 2 rows
+// x 4 blocks, fp32 over the channels in order), then each row's thread
+// merges them into its running top_k, kept sorted: a gate enters only when
+// strictly larger than the last kept one, and goes behind every kept gate
+// that is not smaller, so that blocks visited in increasing order leave the
+// lower index first among equal gates.
+template <class T>
+__global__ void __launch_bounds__(kSelectThreads) select_kernel(const __grid_constant__ SelectParams p) {
+  static_assert(kSelectRows == 2 * (kSelectThreads / 8) && kSelectBlocks == 4 * 8, "2 x 4 per thread");
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int d = p.d, ld = d + 1;
+  float* qs = reinterpret_cast<float*>(smem);        // [kSelectRows][ld]
+  float* ps = qs + kSelectRows * ld;                  // [kSelectBlocks][ld]
+  float* gs = ps + kSelectBlocks * ld;                // [kSelectRows][kSelectBlocks + 1]
+  float* top_g = gs + kSelectRows * (kSelectBlocks + 1);  // [kSelectRows][kMaxTopK]
+  int32_t* top_i = reinterpret_cast<int32_t*>(top_g + kSelectRows * kMaxTopK);
+
+  const int tid = int(threadIdx.x);
+  const int r0 = int(blockIdx.x) * kSelectRows, hs = int(blockIdx.y), b = int(blockIdx.z);
+  const int lq = p.seqlen_q, off = p.seqlen_kv - p.seqlen_q;
+  const int rows = min(kSelectRows, lq - r0);
+  if (r0 + rows - 1 + off < 0) return;  // no row of the tile sees a key
+  const int own_last = (r0 + rows - 1 + off) / p.block;
+  const int h0 = p.shared ? hs * p.group : hs, nh = p.shared ? p.group : 1;
+  const int hk = p.shared ? hs : hs / p.group;
+
+  // The selecting heads' query rows, added (rows past the sequence: 0).
+  const T* gq = static_cast<const T*>(p.q) + b * p.q_batch + int64_t(r0) * p.q_seq;
+  for (int x = tid; x < kSelectRows * d; x += kSelectThreads) {
+    const int r = x / d, c = x - r * d;
+    float s = 0.0f;
+    if (r < rows)
+      for (int h = h0; h < h0 + nh; ++h) s += to_f32<T>(gq[int64_t(r) * p.q_seq + h * p.q_head + c]);
+    qs[r * ld + c] = s;
+  }
+  // This thread's row (merge and output), its own block and kept count.
+  const bool row_thread = tid < kSelectRows;
+  const int my_d = r0 + tid + off;
+  const int my_own = row_thread && tid < rows && my_d >= 0 ? my_d / p.block : -1;
+  // A row with at most top_k past blocks takes them all, without gates; the
+  // plan allows larger top_k only when every row is such a row.
+  const bool all_past = my_own <= p.top_k;
+  const int top_k = min(p.top_k, kMaxTopK);
+  int kept = 0;
+
+  const float* pooled = p.pooled + (int64_t(b) * p.heads_kv + hk) * int64_t(p.num_blocks) * d;
+  const int tr = tid / 8, tb = tid % 8;  // rows 2 tr, 2 tr + 1; blocks 4 tb .. 4 tb + 3
+  // Past blocks kb < own <= own_last, needed when some row has more than top_k.
+  const int past_end = top_k > 0 && own_last > p.top_k ? own_last : 0;
+  for (int kb0 = 0; kb0 < past_end; kb0 += kSelectBlocks) {
+    __syncthreads();  // qs written; the previous step's ps and gs consumed
+    for (int x = tid; x < kSelectBlocks * d; x += kSelectThreads) {
+      const int bl = x / d, c = x - bl * d;
+      ps[bl * ld + c] = kb0 + bl < p.num_blocks ? pooled[int64_t(kb0 + bl) * d + c] : 0.0f;
+    }
+    __syncthreads();
+    float acc[2][4];
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) acc[i][j] = 0.0f;
+    const float* qa = qs + (2 * tr) * ld;
+    const float* pa = ps + (4 * tb) * ld;
+    for (int c = 0; c < d; ++c) {
+      const float q0 = qa[c], q1 = qa[ld + c];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float m = pa[j * ld + c];
+        acc[0][j] = fmaf(q0, m, acc[0][j]);
+        acc[1][j] = fmaf(q1, m, acc[1][j]);
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) gs[(2 * tr + i) * (kSelectBlocks + 1) + 4 * tb + j] = acc[i][j];
+    __syncthreads();
+    if (!all_past && my_own > kb0) {
+      float* tg = top_g + tid * kMaxTopK;
+      int32_t* ti = top_i + tid * kMaxTopK;
+      const int n = min(kSelectBlocks, my_own - kb0);
+      for (int j = 0; j < n; ++j) {
+        const float g = gs[tid * (kSelectBlocks + 1) + j];
+        if (kept == top_k && !(g > tg[top_k - 1])) continue;
+        int at = kept < top_k ? kept++ : top_k - 1;
+        while (at > 0 && tg[at - 1] < g) {
+          tg[at] = tg[at - 1];
+          ti[at] = ti[at - 1];
+          --at;
+        }
+        tg[at] = g;
+        ti[at] = kb0 + j;
+      }
+    }
+  }
+  if (my_own < 0) return;
+  const int i = r0 + tid;
+  const int64_t slot = int64_t(b) * p.sel_heads + hs;
+  uint64_t* col = p.selected + slot * p.num_blocks * int64_t(p.q_words) + (i >> 6);
+  const unsigned long long bit = 1ull << (i & 63);
+  if (all_past) {
+    for (int kb = 0; kb <= my_own; ++kb)
+      atomicOr(reinterpret_cast<unsigned long long*>(col + int64_t(kb) * p.q_words), bit);
+    return;
+  }
+  for (int t = 0; t < kept; ++t)
+    atomicOr(reinterpret_cast<unsigned long long*>(col + int64_t(top_i[tid * kMaxTopK + t]) * p.q_words), bit);
+  atomicOr(reinterpret_cast<unsigned long long*>(col + int64_t(my_own) * p.q_words), bit);
+}
+
+// Whether any and whether every row of [r0, r0 + n) has its bit set in the
+// column `col` of 64-bit words (n >= 1).
+__device__ __forceinline__ void rows_any_all(const uint64_t* col, int r0, int n, bool& any, bool& all) {
+  any = false;
+  all = true;
+  for (int w = r0 >> 6; w <= (r0 + n - 1) >> 6; ++w) {
+    const int a = max(r0, w * 64) - w * 64, e = min(r0 + n, w * 64 + 64) - w * 64;
+    const uint64_t m = (e - a == 64 ? ~0ull : (1ull << (e - a)) - 1ull) << a;
+    const uint64_t x = col[w] & m;
+    any = any || x != 0;
+    all = all && x == m;
+  }
+}
+
+// One warp per (slot, forward query tile): the blocks some row of the tile
+// selected, in increasing order (ballot compaction), flagged kMobaAllRows
+// when every row did.
+__global__ void __launch_bounds__(kListThreads) q_list_kernel(const __grid_constant__ SelectParams p) {
+  const int lane = int(threadIdx.x) & 31;
+  const int64_t list = int64_t(blockIdx.x) * (kListThreads / 32) + int(threadIdx.x) / 32;
+  const int64_t lists = int64_t(p.batch) * p.sel_heads * p.q_tiles;
+  if (list >= lists) return;
+  const int64_t slot = list / p.q_tiles;
+  const int t = int(list - slot * p.q_tiles);
+  const int r0 = t * p.q_tile_rows, n = min(p.q_tile_rows, p.seqlen_q - r0);
+  const int d_last = r0 + n - 1 + p.seqlen_kv - p.seqlen_q;
+  int32_t* out = p.q_blocks + list * p.q_cap;
+  int count = 0;
+  if (d_last >= 0) {
+    const int own_last = d_last / p.block;
+    const uint64_t* sel = p.selected + slot * p.num_blocks * int64_t(p.q_words);
+    for (int base = 0; base <= own_last; base += 32) {
+      const int kb = base + lane;
+      bool any = false, all = false;
+      if (kb <= own_last) rows_any_all(sel + int64_t(kb) * p.q_words, r0, n, any, all);
+      const unsigned m = __ballot_sync(0xffffffffu, any);
+      const int at = count + __popc(m & ((1u << lane) - 1u));
+      if (any && at < p.q_cap) out[at] = kb | (all ? flash::kMobaAllRows : 0);
+      count += __popc(m);
+    }
+  }
+  if (lane == 0) p.q_count[list] = min(count, p.q_cap);
+}
+
+// One warp per (sequence, KV head, block): the dK/dV kernel's query tiles
+// (kv_tile_rows rows) in which a row of a selecting slot of the KV head
+// (the group's shared slot, or each query head of the group) selected the
+// block, in increasing order, flagged kMobaAllRows when every row of every
+// such slot did.
+__global__ void __launch_bounds__(kListThreads) kv_list_kernel(const __grid_constant__ SelectParams p) {
+  const int lane = int(threadIdx.x) & 31;
+  const int64_t list = int64_t(blockIdx.x) * (kListThreads / 32) + int(threadIdx.x) / 32;
+  const int64_t lists = int64_t(p.batch) * p.heads_kv * p.num_blocks;
+  if (list >= lists) return;
+  const int kb = int(list % p.num_blocks);
+  const int64_t bh = list / p.num_blocks;  // b * heads_kv + hk
+  const int b = int(bh / p.heads_kv), hk = int(bh - int64_t(b) * p.heads_kv);
+  const int64_t slot0 = p.shared ? bh : int64_t(b) * p.heads_q + int64_t(hk) * p.group;
+  const int slots = p.shared ? 1 : p.group;
+  const int lq = p.seqlen_q, rows_per = p.kv_tile_rows;
+  // The first row whose diagonal reaches the block.
+  const int i0 = max(0, kb * p.block - (p.seqlen_kv - lq));
+  int32_t* out = p.kv_tiles + list * p.kv_cap;
+  int count = 0;
+  for (int base = i0 / rows_per; i0 < lq && base < p.kv_q_tiles; base += 32) {
+    const int t = base + lane;
+    bool any = false, all = false;
+    if (t < p.kv_q_tiles) {
+      const int r0 = t * rows_per, n = min(rows_per, lq - r0);
+      all = true;
+      for (int s = 0; s < slots; ++s) {
+        const uint64_t* col =
+            p.selected + ((slot0 + s) * p.num_blocks + kb) * int64_t(p.q_words);
+        bool a1, l1;
+        rows_any_all(col, r0, n, a1, l1);
+        any = any || a1;
+        all = all && l1;
+      }
+    }
+    const unsigned m = __ballot_sync(0xffffffffu, any);
+    const int at = count + __popc(m & ((1u << lane) - 1u));
+    if (any && at < p.kv_cap) out[at] = t | (all ? flash::kMobaAllRows : 0);
+    count += __popc(m);
+  }
+  if (lane == 0) p.kv_count[list] = min(count, p.kv_cap);
+}
+
+}  // namespace attn::moba

@@ -1,0 +1,11 @@
+// MoBA's forward and backward kernels for head dimension 256 (fp16 and bf16).
+#include "cuda/flash_bwd_launch.cuh"
+#include "cuda/flash_fwd_launch.cuh"
+#include "cuda/moba_kernels.hpp"
+
+namespace attn::cuda {
+FwdKernel fwd_kernel_moba_d256(bool bf16) { return make_fwd_kernel_moba<256>(bf16); }
+BwdKernels bwd_kernels_moba_d256(bool bf16, int variant) {
+  return make_bwd_kernels_moba<256>(bf16, variant);
+}
+}  // namespace attn::cuda

@@ -1,0 +1,22 @@
+// Host-side handles to the attention kernels' MoBA instantiations (the
+// forward, dK/dV and deterministic dQ kernels walking the selector's lists),
+// compiled by nvcc in moba_attn_d*.cu, one file per head dimension.
+#pragma once
+
+#include "cuda/flash_bwd.hpp"
+#include "cuda/flash_fwd.hpp"
+
+namespace attn::cuda {
+
+FwdKernel fwd_kernel_moba_d64(bool bf16);
+FwdKernel fwd_kernel_moba_d96(bool bf16);
+FwdKernel fwd_kernel_moba_d128(bool bf16);
+FwdKernel fwd_kernel_moba_d256(bool bf16);
+
+// variant: see flash::bwd_config.
+BwdKernels bwd_kernels_moba_d64(bool bf16, int variant);
+BwdKernels bwd_kernels_moba_d96(bool bf16, int variant);
+BwdKernels bwd_kernels_moba_d128(bool bf16, int variant);
+BwdKernels bwd_kernels_moba_d256(bool bf16, int variant);
+
+}  // namespace attn::cuda

@@ -1,0 +1,159 @@
+// MoBA plans on the CUDA backend, host side: what the CUDA kernels support,
+// the workspace the selector writes its schedule into, and the parameters
+// that point the kernels at it. Plain C++.
+//
+// Workspace of a pass (each piece 256-byte aligned, in this order from
+// `base`, the end of what the pass needs without MoBA):
+//   pooled    fp32 [batch][heads_kv][num_blocks][head_dim]
+//   selected  u64  [slots][num_blocks][ceil(seqlen_q / 64)]
+//   forward (and the deterministic backward): q lists, int32
+//             [slots][q_tiles] counts and [slots][q_tiles][q_cap] entries
+//   backward: kv lists, int32 [batch][heads_kv][num_blocks] counts and
+//             [batch][heads_kv][num_blocks][kv_q_tiles] entries
+// slots = batch x (heads_kv when shared, else heads_q). A q list holds at
+// most q_cap = min(num_blocks, tile_rows * top_k + 2) blocks: each row adds
+// top_k past blocks and the tile's rows have at most two own blocks (a
+// block is at least as long as a tile). All of it is O(L^2 / block) bits
+// and O(L / tile x L / block) list entries, never tiles x tiles.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+
+#include "core/error.hpp"
+#include "flash/bwd_params.cuh"
+#include "flash/fwd_params.cuh"
+#include "moba/moba_params.cuh"
+#include "plan/problem.hpp"
+
+namespace attn::cuda {
+
+// Every MoBA block must be a whole number of every kernel's KV tiles (the
+// forward's and the dQ kernel's 64 or 32 keys, the dK/dV kernel's 128 or
+// 64), so that a tile lies in one block and needs one selection bit per row.
+constexpr int64_t kMobaBlockMultiple = 128;
+
+constexpr bool moba_tiles_divide_block() {
+  for (int d : {64, 96, 128, 256})
+    if (kMobaBlockMultiple % flash::fwd_config(d).block_n != 0 ||
+        kMobaBlockMultiple % flash::dq_config(d).block_n != 0 ||
+        kMobaBlockMultiple % flash::bwd_config(d, 0).block_n != 0 ||
+        kMobaBlockMultiple % flash::bwd_config(d, flash::bwd_variants(d) - 1).block_n != 0 ||
+        flash::fwd_config(d).block_m % flash::dq_config(d).block_m != 0)
+      return false;
+  return true;
+}
+// The dQ kernel also reads the q lists of the forward tile holding its own.
+static_assert(moba_tiles_divide_block(), "MoBA: every KV tile divides the block multiple");
+
+inline void validate_moba(const Problem& p) {
+  if (p.moba_block <= 0) return;
+  if (p.moba_block % kMobaBlockMultiple != 0)
+    not_supported("desc: MoBA block_size ", p.moba_block, " on the CUDA backend: it must be a "
+                  "multiple of ", kMobaBlockMultiple, " (the kernels' KV tiles)");
+  const int64_t nb = p.moba_num_blocks();
+  if (p.moba_top_k > moba::kMaxTopK && p.moba_top_k < nb - 1)
+    not_supported("desc: MoBA top_k ", p.moba_top_k, " on the CUDA backend: at most ",
+                  moba::kMaxTopK, " (or at least num_blocks - 1 = ", nb - 1, ", every past block)");
+}
+
+struct MobaLayout {
+  size_t pooled = 0, selected = 0, q_count = 0, q_blocks = 0, kv_count = 0, kv_tiles = 0;
+  size_t end = 0;  // bytes from the workspace start
+};
+
+class MobaSchedule {
+ public:
+  // q_tile_rows: the forward kernel's block_m; kv_tile_rows: the dK/dV
+  // kernel's block_m (0 for forward-only plans).
+  MobaSchedule(const Problem& p, int q_tile_rows, int kv_tile_rows) : p_(p) {
+    lists_.block = int32_t(p.moba_block);
+    lists_.num_blocks = int32_t(p.moba_num_blocks());
+    lists_.q_words = int32_t((p.seqlen_q + 63) / 64);
+    lists_.q_tile_rows = q_tile_rows;
+    lists_.q_tiles = int32_t((p.seqlen_q + q_tile_rows - 1) / q_tile_rows);
+    lists_.q_cap = int32_t(std::min<int64_t>(
+        p.moba_num_blocks(), int64_t(q_tile_rows) * std::min<int64_t>(p.moba_top_k, p.moba_num_blocks()) + 2));
+    kv_tile_rows_ = kv_tile_rows;
+    kv_q_tiles_ = kv_tile_rows > 0 ? int32_t((p.seqlen_q + kv_tile_rows - 1) / kv_tile_rows) : 0;
+    lists_.kv_cap = kv_q_tiles_;
+    lists_.sel_heads = int32_t(p.moba_heads());
+    lists_.per_query_head = p.moba_shared ? 0 : 1;
+  }
+
+  // The layout from `base` with the q lists and/or the kv lists.
+  MobaLayout layout(size_t base, bool q_lists, bool kv_lists) const {
+    const Problem& p = p_;
+    auto align = [](size_t x) { return (x + 255) / 256 * 256; };
+    const size_t nb = size_t(lists_.num_blocks), slots = size_t(p.batch * p.moba_heads());
+    const size_t bh = size_t(p.batch * p.heads_kv);
+    MobaLayout l;
+    size_t at = align(base);
+    auto take = [&](size_t bytes) {
+      const size_t here = at;
+      at = align(at + bytes);
+      return here;
+    };
+    l.pooled = take(bh * nb * size_t(p.head_dim_qk) * sizeof(float));
+    l.selected = take(slots * nb * size_t(lists_.q_words) * sizeof(uint64_t));
+    if (q_lists) {
+      l.q_count = take(slots * size_t(lists_.q_tiles) * sizeof(int32_t));
+      l.q_blocks = take(slots * size_t(lists_.q_tiles) * size_t(lists_.q_cap) * sizeof(int32_t));
+    }
+    if (kv_lists) {
+      l.kv_count = take(bh * nb * sizeof(int32_t));
+      l.kv_tiles = take(bh * nb * size_t(lists_.kv_cap) * sizeof(int32_t));
+    }
+    l.end = at;
+    return l;
+  }
+
+  // The selector's parameters and the kernels' lists for workspace ws laid
+  // out as l.
+  moba::SelectParams select_params(const void* q, const void* k, char* ws, const MobaLayout& l,
+                                   bool q_lists, bool kv_lists) const {
+    const Problem& p = p_;
+    const TensorStrides& sq = p.strides[ATTN_TENSOR_Q];
+    const TensorStrides& sk = p.strides[ATTN_TENSOR_K];
+    moba::SelectParams s{};
+    s.q = q, s.k = k;
+    s.q_batch = sq.batch, s.q_seq = sq.seq, s.q_head = sq.head;
+    s.k_batch = sk.batch, s.k_seq = sk.seq, s.k_head = sk.head;
+    s.pooled = reinterpret_cast<float*>(ws + l.pooled);
+    s.selected = reinterpret_cast<uint64_t*>(ws + l.selected);
+    if (q_lists) {
+      s.q_count = reinterpret_cast<int32_t*>(ws + l.q_count);
+      s.q_blocks = reinterpret_cast<int32_t*>(ws + l.q_blocks);
+    }
+    if (kv_lists) {
+      s.kv_count = reinterpret_cast<int32_t*>(ws + l.kv_count);
+      s.kv_tiles = reinterpret_cast<int32_t*>(ws + l.kv_tiles);
+    }
+    s.batch = int32_t(p.batch), s.heads_q = int32_t(p.heads_q), s.heads_kv = int32_t(p.heads_kv);
+    s.group = int32_t(p.group()), s.seqlen_q = int32_t(p.seqlen_q), s.seqlen_kv = int32_t(p.seqlen_kv);
+    s.d = int32_t(p.head_dim_qk);
+    s.block = lists_.block, s.num_blocks = lists_.num_blocks;
+    s.top_k = int32_t(std::min<int64_t>(p.moba_top_k, INT32_MAX));
+    s.shared = p.moba_shared ? 1 : 0;
+    s.sel_heads = lists_.sel_heads, s.q_words = lists_.q_words;
+    s.q_tiles = lists_.q_tiles, s.q_tile_rows = lists_.q_tile_rows, s.q_cap = lists_.q_cap;
+    s.kv_q_tiles = kv_q_tiles_, s.kv_tile_rows = kv_tile_rows_, s.kv_cap = lists_.kv_cap;
+    return s;
+  }
+
+  flash::MobaLists lists(const moba::SelectParams& s) const {
+    flash::MobaLists m = lists_;
+    m.selected = s.selected;
+    m.q_count = s.q_count, m.q_blocks = s.q_blocks;
+    m.kv_count = s.kv_count, m.kv_tiles = s.kv_tiles;
+    return m;
+  }
+
+ private:
+  Problem p_;
+  flash::MobaLists lists_{};
+  int32_t kv_tile_rows_ = 0, kv_q_tiles_ = 0;
+};
+
+}  // namespace attn::cuda

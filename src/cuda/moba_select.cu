@@ -1,0 +1,54 @@
+// MoBA's selector launches (see moba_select.hpp).
+#include "cuda/moba_select.hpp"
+
+#include <cuda_runtime.h>
+
+#include "moba/moba_select.cuh"
+
+namespace attn::cuda {
+
+cudaError_t moba_select_prepare(int d) {
+  const int bytes = int(moba::select_smem_bytes(d));
+  const cudaError_t e = cudaFuncSetAttribute(moba::select_kernel<__half>,
+                                             cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  if (e != cudaSuccess) return e;
+  return cudaFuncSetAttribute(moba::select_kernel<__nv_bfloat16>,
+                              cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+}
+
+namespace {
+
+template <class T>
+cudaError_t launch_t(const moba::SelectParams& p, cudaStream_t stream) {
+  const int64_t slots = int64_t(p.batch) * p.sel_heads;
+  const size_t sel_bytes = size_t(slots) * size_t(p.num_blocks) * size_t(p.q_words) * 8u;
+  if (sel_bytes > 0) {
+    const cudaError_t e = cudaMemsetAsync(p.selected, 0, sel_bytes, stream);
+    if (e != cudaSuccess) return e;
+  }
+  if (p.num_blocks > 0 && p.seqlen_q > 0) {
+    moba::pool_kernel<T><<<dim3(unsigned(p.num_blocks), unsigned(p.heads_kv), unsigned(p.batch)),
+                           moba::kPoolThreads, 0, stream>>>(p);
+    const unsigned row_tiles = unsigned((p.seqlen_q + moba::kSelectRows - 1) / moba::kSelectRows);
+    moba::select_kernel<T><<<dim3(row_tiles, unsigned(p.sel_heads), unsigned(p.batch)),
+                             moba::kSelectThreads, moba::select_smem_bytes(p.d), stream>>>(p);
+  }
+  constexpr int64_t per_block = moba::kListThreads / 32;
+  const int64_t q_lists = slots * p.q_tiles;
+  if (p.q_count != nullptr && q_lists > 0)
+    moba::q_list_kernel<<<unsigned((q_lists + per_block - 1) / per_block), moba::kListThreads, 0,
+                          stream>>>(p);
+  const int64_t kv_lists = int64_t(p.batch) * p.heads_kv * p.num_blocks;
+  if (p.kv_count != nullptr && kv_lists > 0)
+    moba::kv_list_kernel<<<unsigned((kv_lists + per_block - 1) / per_block), moba::kListThreads, 0,
+                           stream>>>(p);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t moba_select_launch(const moba::SelectParams& p, bool bf16, cudaStream_t stream) {
+  return bf16 ? launch_t<__nv_bfloat16>(p, stream) : launch_t<__half>(p, stream);
+}
+
+}  // namespace attn::cuda

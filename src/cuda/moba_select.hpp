@@ -1,0 +1,20 @@
+// Host-side handles to MoBA's selector kernels (kernels/moba/moba_select.cuh),
+// compiled by nvcc in moba_select.cu. Plain C++.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include "moba/moba_params.cuh"
+
+namespace attn::cuda {
+
+// Raises select_kernel's dynamic shared-memory limit on the current device
+// for head dimension d.
+cudaError_t moba_select_prepare(int d);
+
+// Enqueues the selection on stream: zeroes p.selected, pools the keys,
+// selects, then builds the q lists when p.q_count is set and the kv lists
+// when p.kv_count is set. Returns the first launch error.
+cudaError_t moba_select_launch(const moba::SelectParams& p, bool bf16, cudaStream_t stream);
+
+}  // namespace attn::cuda
