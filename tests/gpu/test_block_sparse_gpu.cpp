@@ -21,7 +21,7 @@
 // within 2e-3. Rows that see no key: O = 0, LSE = -inf and dQ = 0 exactly;
 // keys no row sees: dK = dV = 0 exactly. Outputs are poisoned (NaN) before
 // every run, and every element must be written. attn_plan_describe must name
-// the block-sparse kernels. MoBA stays NOT_SUPPORTED on CUDA.
+// the block-sparse kernels. (MoBA plans: test_moba_gpu.)
 //
 // Fresh random inputs every run (seed printed; ATTN_TEST_SEED=n repeats
 // one). ATTN_GPU_TEST_FILTER=text runs only the cases whose name contains
@@ -488,26 +488,6 @@ std::vector<Case> cases() {
   return v;
 }
 
-// MoBA is not run by the CUDA backend: plan creation says so.
-bool moba_refused(attn_context_t ctx) {
-  attn_plan_desc_t pd = nullptr;
-  ATTN_CHECK(attn_plan_desc_create(&pd));
-  ATTN_CHECK(attn_plan_desc_set_shape(pd, 1, 2, 2, 256, 256, 128, 128));
-  ATTN_CHECK(attn_plan_desc_set_dtype(pd, ATTN_DTYPE_BF16));
-  ATTN_CHECK(attn_plan_desc_set_mask(pd, ATTN_MASK_CAUSAL, -1, -1));
-  ATTN_CHECK(attn_plan_desc_set_moba(pd, 64, 2, 0));
-  attn_plan_t plan = nullptr;
-  const attn_status_t s = attn_plan_create(ctx, pd, &plan);
-  const std::string msg = attn_last_error_message();  // before the next call resets it
-  attn_plan_desc_destroy(pd);
-  const bool ok = s == ATTN_STATUS_NOT_SUPPORTED && plan == nullptr &&
-                  msg.find("MoBA") != std::string::npos && msg.find("CUDA") != std::string::npos;
-  std::printf("%s MoBA on CUDA: %s: %s\n", ok ? "ok  " : "FAIL", attn_status_string(s),
-              msg.c_str());
-  attn_plan_destroy(plan);
-  return ok;
-}
-
 }  // namespace
 
 int main() {
@@ -519,7 +499,7 @@ int main() {
 
   attn_context_t ctx = nullptr;
   ATTN_CHECK(attn_context_create(ATTN_BACKEND_CUDA, 0, 0, &ctx));
-  int failures = moba_refused(ctx) ? 0 : 1;
+  int failures = 0;
 
   std::vector<Case> all;
   for (const Case& c : cases())
