@@ -705,8 +705,13 @@ ATTN_API attn_status_t attn_plan_desc_set_block_mask(attn_plan_desc_t desc,
  *
  * block_size 0 turns MoBA off (the default); otherwise 1..65536, top_k >= 0,
  * shared_per_group 0 or 1. Checked at plan creation: the mask, no block mask
- * and no varlen batch at the same time (NOT_SUPPORTED), CPU backend only
- * (NOT_SUPPORTED on CUDA). attn_plan_describe's visible_pairs and
+ * and no varlen batch at the same time (NOT_SUPPORTED). The CUDA backend
+ * (forward and backward, the passes' workspaces holding the selection) also
+ * needs block_size a multiple of 128 and top_k <= 32 unless top_k covers
+ * every past block (top_k >= ceil(seqlen_kv / block_size) - 1), else
+ * NOT_SUPPORTED; its fp32 gates are summed in another order than the CPU
+ * backend's, so the two may pick differently between gates within fp32
+ * rounding of each other. attn_plan_describe's visible_pairs and
  * visited_tile_pairs are then upper bounds, since the selection depends on
  * the data; the workspace holds the pooled keys and the selection. */
 ATTN_API attn_status_t attn_plan_desc_set_moba(attn_plan_desc_t desc, int64_t block_size,
