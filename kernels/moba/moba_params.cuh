@@ -70,16 +70,16 @@ struct SelectParams {
 
 // The selector's tiling: query rows and past blocks per step of the gate
 // product, and the largest top_k it keeps per row.
-constexpr int kSelectRows = 64, kSelectBlocks = 32, kSelectThreads = 256;
+constexpr int kSelectRows = 64, kSelectBlocks = 64, kSelectThreads = 256;
 constexpr int kMaxTopK = 32;
 constexpr int kPoolThreads = 256;
 constexpr int kListThreads = 256;  // 8 warps, one list each
 
 // Dynamic shared memory of select_kernel for head dimension d: Q rows and a
-// chunk of block means in fp32 (rows padded by one word), the chunk's gates
-// and each row's running top-k (gates and block indices).
+// chunk of block means in fp32 (rows padded by 4 floats), the chunk's gates
+// and each row's running top-k (gates and block indices). d = 256: 162 KiB.
 constexpr size_t select_smem_bytes(int d) {
-  return size_t(kSelectRows + kSelectBlocks) * size_t(d + 1) * 4u +
+  return size_t(kSelectRows + kSelectBlocks) * size_t(d + 4) * 4u +
          size_t(kSelectRows) * size_t(kSelectBlocks + 1) * 4u + size_t(kSelectRows) * kMaxTopK * 8u;
 }
 

@@ -76,17 +76,20 @@ __global__ void __launch_bounds__(kPoolThreads) pool_kernel(const __grid_constan
 
 // Grid (ceil(seqlen_q / kSelectRows), sel_heads, batch), kSelectThreads
 // threads, select_smem_bytes(d) of dynamic shared memory. Gates of
-// kSelectRows rows x kSelectBlocks past blocks per step (each thread 2 rows
-// x 4 blocks, fp32 over the channels in order), then each row's thread
-// merges them into its running top_k, kept sorted: a gate enters only when
+// kSelectRows rows x kSelectBlocks past blocks per step (each thread 4 rows
+// x 4 blocks, 16 apart, fp32 over the channels in order, read 4 at a time:
+// rows padded to d + 4 floats put the 8 blocks a quarter-warp reads in
+// distinct banks), then each row's thread merges them into its running
+// top_k, kept sorted: a gate enters only when
 // strictly larger than the last kept one, and goes behind every kept gate
 // that is not smaller, so that blocks visited in increasing order leave the
 // lower index first among equal gates.
 template <class T>
 __global__ void __launch_bounds__(kSelectThreads) select_kernel(const __grid_constant__ SelectParams p) {
-  static_assert(kSelectRows == 2 * (kSelectThreads / 8) && kSelectBlocks == 4 * 8, "2 x 4 per thread");
+  static_assert(kSelectRows == 64 && kSelectBlocks == 64 && kSelectThreads == 256,
+                "4 x 4 gates per thread");
   extern __shared__ __align__(16) unsigned char smem[];
-  const int d = p.d, ld = d + 1;
+  const int d = p.d, ld = d + 4;
   float* qs = reinterpret_cast<float*>(smem);        // [kSelectRows][ld]
   float* ps = qs + kSelectRows * ld;                  // [kSelectBlocks][ld]
   float* gs = ps + kSelectBlocks * ld;                // [kSelectRows][kSelectBlocks + 1]
@@ -122,7 +125,7 @@ __global__ void __launch_bounds__(kSelectThreads) select_kernel(const __grid_con
   int kept = 0;
 
   const float* pooled = p.pooled + (int64_t(b) * p.heads_kv + hk) * int64_t(p.num_blocks) * d;
-  const int tr = tid / 8, tb = tid % 8;  // rows 2 tr, 2 tr + 1; blocks 4 tb .. 4 tb + 3
+  const int tr = tid / 16, tb = tid % 16;  // rows tr + 16 i, blocks tb + 16 j (i, j < 4)
   // Past blocks kb < own <= own_last, needed when some row has more than top_k.
   const int past_end = top_k > 0 && own_last > p.top_k ? own_last : 0;
   for (int kb0 = 0; kb0 < past_end; kb0 += kSelectBlocks) {
@@ -132,26 +135,34 @@ __global__ void __launch_bounds__(kSelectThreads) select_kernel(const __grid_con
       ps[bl * ld + c] = kb0 + bl < p.num_blocks ? pooled[int64_t(kb0 + bl) * d + c] : 0.0f;
     }
     __syncthreads();
-    float acc[2][4];
+    float acc[4][4];
 #pragma unroll
-    for (int i = 0; i < 2; ++i)
+    for (int i = 0; i < 4; ++i)
 #pragma unroll
       for (int j = 0; j < 4; ++j) acc[i][j] = 0.0f;
-    const float* qa = qs + (2 * tr) * ld;
-    const float* pa = ps + (4 * tb) * ld;
-    for (int c = 0; c < d; ++c) {
-      const float q0 = qa[c], q1 = qa[ld + c];
+    const float* qa = qs + tr * ld;
+    const float* pa = ps + tb * ld;
+    for (int c = 0; c < d; c += 4) {
+      float4 qv[4], pv[4];
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const float m = pa[j * ld + c];
-        acc[0][j] = fmaf(q0, m, acc[0][j]);
-        acc[1][j] = fmaf(q1, m, acc[1][j]);
-      }
+      for (int i = 0; i < 4; ++i) qv[i] = *reinterpret_cast<const float4*>(qa + 16 * i * ld + c);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) pv[j] = *reinterpret_cast<const float4*>(pa + 16 * j * ld + c);
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          float a = acc[i][j];
+          a = fmaf(qv[i].x, pv[j].x, a);
+          a = fmaf(qv[i].y, pv[j].y, a);
+          a = fmaf(qv[i].z, pv[j].z, a);
+          acc[i][j] = fmaf(qv[i].w, pv[j].w, a);
+        }
     }
 #pragma unroll
-    for (int i = 0; i < 2; ++i)
+    for (int i = 0; i < 4; ++i)
 #pragma unroll
-      for (int j = 0; j < 4; ++j) gs[(2 * tr + i) * (kSelectBlocks + 1) + 4 * tb + j] = acc[i][j];
+      for (int j = 0; j < 4; ++j) gs[(tr + 16 * i) * (kSelectBlocks + 1) + tb + 16 * j] = acc[i][j];
     __syncthreads();
     if (!all_past && my_own > kb0) {
       float* tg = top_g + tid * kMaxTopK;
