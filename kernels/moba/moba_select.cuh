@@ -40,6 +40,23 @@ __device__ __forceinline__ float to_f32<__nv_bfloat16>(__nv_bfloat16 x) {
   return __bfloat162float(x);
 }
 
+// Element e (0..7) of 8 packed 16-bit values of T, as fp32 (bit operations:
+// no type punning through pointers).
+template <class T>
+__device__ __forceinline__ float unpacked_f32(const uint4& x, int e);
+__device__ __forceinline__ uint32_t packed_bits(const uint4& x, int e) {
+  const uint32_t w = e < 2 ? x.x : e < 4 ? x.y : e < 6 ? x.z : x.w;
+  return (e & 1) ? w >> 16 : w & 0xffffu;
+}
+template <>
+__device__ __forceinline__ float unpacked_f32<__half>(const uint4& x, int e) {
+  return __half2float(__ushort_as_half(static_cast<unsigned short>(packed_bits(x, e))));
+}
+template <>
+__device__ __forceinline__ float unpacked_f32<__nv_bfloat16>(const uint4& x, int e) {
+  return __uint_as_float(packed_bits(x, e) << 16);
+}
+
 // Grid (num_blocks, heads_kv, batch), kPoolThreads threads: thread t sums
 // channels [8 (t % chunks), +8) over the block's rows t / chunks, t / chunks
 // + lanes, ...; the lanes' partial sums are then added in lane order.
@@ -57,9 +74,8 @@ __global__ void __launch_bounds__(kPoolThreads) pool_kernel(const __grid_constan
     const T* base = static_cast<const T*>(p.k) + b * p.k_batch + hk * p.k_head + ch * 8;
     for (int j = j0 + rl; j < j1; j += lanes) {
       const uint4 x = *reinterpret_cast<const uint4*>(base + int64_t(j) * p.k_seq);
-      const T* v = reinterpret_cast<const T*>(&x);
 #pragma unroll
-      for (int e = 0; e < 8; ++e) acc[e] += to_f32<T>(v[e]);
+      for (int e = 0; e < 8; ++e) acc[e] += unpacked_f32<T>(x, e);
     }
   }
 #pragma unroll
