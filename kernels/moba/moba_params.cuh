@@ -59,12 +59,12 @@ struct SelectParams {
   uint64_t* selected;  // flash::MobaLists::selected, zeroed before select_kernel
   int32_t* q_count;    // flash::MobaLists (null: the q lists are not built)
   int32_t* q_blocks;
-  int32_t* kv_count;   // flash::MobaLists (null: the kv lists are not built)
+  int32_t* kv_count;  // flash::MobaLists (null: the kv lists are not built)
   int32_t* kv_tiles;
   int32_t batch, heads_q, heads_kv, group, seqlen_q, seqlen_kv, d;
   int32_t block, num_blocks, top_k, shared;
   int32_t sel_heads, q_words;
-  int32_t q_tiles, q_tile_rows, q_cap;      // forward query tiles
+  int32_t q_tiles, q_tile_rows, q_cap;       // forward query tiles
   int32_t kv_q_tiles, kv_tile_rows, kv_cap;  // the dK/dV kernel's query tiles
 };
 

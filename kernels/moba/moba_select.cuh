@@ -61,7 +61,8 @@ __device__ __forceinline__ float unpacked_f32<__nv_bfloat16>(const uint4& x, int
 // channels [8 (t % chunks), +8) over the block's rows t / chunks, t / chunks
 // + lanes, ...; the lanes' partial sums are then added in lane order.
 template <class T>
-__global__ void __launch_bounds__(kPoolThreads) pool_kernel(const __grid_constant__ SelectParams p) {
+__global__ void __launch_bounds__(kPoolThreads)
+    pool_kernel(const __grid_constant__ SelectParams p) {
   __shared__ float part[kPoolThreads * 8];  // [thread][8 channels]
   const int kb = int(blockIdx.x), hk = int(blockIdx.y), b = int(blockIdx.z);
   const int d = p.d, chunks = d / 8, lanes = kPoolThreads / chunks;
@@ -101,14 +102,15 @@ __global__ void __launch_bounds__(kPoolThreads) pool_kernel(const __grid_constan
 // that is not smaller, so that blocks visited in increasing order leave the
 // lower index first among equal gates.
 template <class T>
-__global__ void __launch_bounds__(kSelectThreads) select_kernel(const __grid_constant__ SelectParams p) {
+__global__ void __launch_bounds__(kSelectThreads)
+    select_kernel(const __grid_constant__ SelectParams p) {
   static_assert(kSelectRows == 64 && kSelectBlocks == 64 && kSelectThreads == 256,
                 "4 x 4 gates per thread");
   extern __shared__ __align__(16) unsigned char smem[];
   const int d = p.d, ld = d + 4;
-  float* qs = reinterpret_cast<float*>(smem);        // [kSelectRows][ld]
-  float* ps = qs + kSelectRows * ld;                  // [kSelectBlocks][ld]
-  float* gs = ps + kSelectBlocks * ld;                // [kSelectRows][kSelectBlocks + 1]
+  float* qs = reinterpret_cast<float*>(smem);             // [kSelectRows][ld]
+  float* ps = qs + kSelectRows * ld;                      // [kSelectBlocks][ld]
+  float* gs = ps + kSelectBlocks * ld;                    // [kSelectRows][kSelectBlocks + 1]
   float* top_g = gs + kSelectRows * (kSelectBlocks + 1);  // [kSelectRows][kMaxTopK]
   int32_t* top_i = reinterpret_cast<int32_t*>(top_g + kSelectRows * kMaxTopK);
 
@@ -127,7 +129,8 @@ __global__ void __launch_bounds__(kSelectThreads) select_kernel(const __grid_con
     const int r = x / d, c = x - r * d;
     float s = 0.0f;
     if (r < rows)
-      for (int h = h0; h < h0 + nh; ++h) s += to_f32<T>(gq[int64_t(r) * p.q_seq + h * p.q_head + c]);
+      for (int h = h0; h < h0 + nh; ++h)
+        s += to_f32<T>(gq[int64_t(r) * p.q_seq + h * p.q_head + c]);
     qs[r * ld + c] = s;
   }
   // This thread's row (merge and output), its own block and kept count.
@@ -209,13 +212,16 @@ __global__ void __launch_bounds__(kSelectThreads) select_kernel(const __grid_con
     return;
   }
   for (int t = 0; t < kept; ++t)
-    atomicOr(reinterpret_cast<unsigned long long*>(col + int64_t(top_i[tid * kMaxTopK + t]) * p.q_words), bit);
+    atomicOr(
+        reinterpret_cast<unsigned long long*>(col + int64_t(top_i[tid * kMaxTopK + t]) * p.q_words),
+        bit);
   atomicOr(reinterpret_cast<unsigned long long*>(col + int64_t(my_own) * p.q_words), bit);
 }
 
 // Whether any and whether every row of [r0, r0 + n) has its bit set in the
 // column `col` of 64-bit words (n >= 1).
-__device__ __forceinline__ void rows_any_all(const uint64_t* col, int r0, int n, bool& any, bool& all) {
+__device__ __forceinline__ void rows_any_all(const uint64_t* col, int r0, int n, bool& any,
+                                             bool& all) {
   any = false;
   all = true;
   for (int w = r0 >> 6; w <= (r0 + n - 1) >> 6; ++w) {
@@ -230,7 +236,8 @@ __device__ __forceinline__ void rows_any_all(const uint64_t* col, int r0, int n,
 // One warp per (slot, forward query tile): the blocks some row of the tile
 // selected, in increasing order (ballot compaction), flagged kMobaAllRows
 // when every row did.
-__global__ void __launch_bounds__(kListThreads) q_list_kernel(const __grid_constant__ SelectParams p) {
+__global__ void __launch_bounds__(kListThreads)
+    q_list_kernel(const __grid_constant__ SelectParams p) {
   const int lane = int(threadIdx.x) & 31;
   const int64_t list = int64_t(blockIdx.x) * (kListThreads / 32) + int(threadIdx.x) / 32;
   const int64_t lists = int64_t(p.batch) * p.sel_heads * p.q_tiles;
@@ -262,7 +269,8 @@ __global__ void __launch_bounds__(kListThreads) q_list_kernel(const __grid_const
 // (the group's shared slot, or each query head of the group) selected the
 // block, in increasing order, flagged kMobaAllRows when every row of every
 // such slot did.
-__global__ void __launch_bounds__(kListThreads) kv_list_kernel(const __grid_constant__ SelectParams p) {
+__global__ void __launch_bounds__(kListThreads)
+    kv_list_kernel(const __grid_constant__ SelectParams p) {
   const int lane = int(threadIdx.x) & 31;
   const int64_t list = int64_t(blockIdx.x) * (kListThreads / 32) + int(threadIdx.x) / 32;
   const int64_t lists = int64_t(p.batch) * p.heads_kv * p.num_blocks;
@@ -284,8 +292,7 @@ __global__ void __launch_bounds__(kListThreads) kv_list_kernel(const __grid_cons
       const int r0 = t * rows_per, n = min(rows_per, lq - r0);
       all = true;
       for (int s = 0; s < slots; ++s) {
-        const uint64_t* col =
-            p.selected + ((slot0 + s) * p.num_blocks + kb) * int64_t(p.q_words);
+        const uint64_t* col = p.selected + ((slot0 + s) * p.num_blocks + kb) * int64_t(p.q_words);
         bool a1, l1;
         rows_any_all(col, r0, n, a1, l1);
         any = any || a1;

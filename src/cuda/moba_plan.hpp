@@ -50,8 +50,10 @@ static_assert(moba_tiles_divide_block(), "MoBA: every KV tile divides the block 
 inline void validate_moba(const Problem& p) {
   if (p.moba_block <= 0) return;
   if (p.moba_block % kMobaBlockMultiple != 0)
-    not_supported("desc: MoBA block_size ", p.moba_block, " on the CUDA backend: it must be a "
-                  "multiple of ", kMobaBlockMultiple, " (the kernels' KV tiles)");
+    not_supported("desc: MoBA block_size ", p.moba_block,
+                  " on the CUDA backend: it must be a "
+                  "multiple of ",
+                  kMobaBlockMultiple, " (the kernels' KV tiles)");
   const int64_t nb = p.moba_num_blocks();
   if (p.moba_top_k > moba::kMaxTopK && p.moba_top_k < nb - 1)
     not_supported("desc: MoBA top_k ", p.moba_top_k, " on the CUDA backend: at most ",
@@ -74,7 +76,8 @@ class MobaSchedule {
     lists_.q_tile_rows = q_tile_rows;
     lists_.q_tiles = int32_t((p.seqlen_q + q_tile_rows - 1) / q_tile_rows);
     lists_.q_cap = int32_t(std::min<int64_t>(
-        p.moba_num_blocks(), int64_t(q_tile_rows) * std::min<int64_t>(p.moba_top_k, p.moba_num_blocks()) + 2));
+        p.moba_num_blocks(),
+        int64_t(q_tile_rows) * std::min<int64_t>(p.moba_top_k, p.moba_num_blocks()) + 2));
     kv_tile_rows_ = kv_tile_rows;
     kv_q_tiles_ = kv_tile_rows > 0 ? int32_t((p.seqlen_q + kv_tile_rows - 1) / kv_tile_rows) : 0;
     lists_.kv_cap = kv_q_tiles_;
@@ -131,7 +134,8 @@ class MobaSchedule {
       s.kv_tiles = reinterpret_cast<int32_t*>(ws + l.kv_tiles);
     }
     s.batch = int32_t(p.batch), s.heads_q = int32_t(p.heads_q), s.heads_kv = int32_t(p.heads_kv);
-    s.group = int32_t(p.group()), s.seqlen_q = int32_t(p.seqlen_q), s.seqlen_kv = int32_t(p.seqlen_kv);
+    s.group = int32_t(p.group()), s.seqlen_q = int32_t(p.seqlen_q),
+    s.seqlen_kv = int32_t(p.seqlen_kv);
     s.d = int32_t(p.head_dim_qk);
     s.block = lists_.block, s.num_blocks = lists_.num_blocks;
     s.top_k = int32_t(std::min<int64_t>(p.moba_top_k, INT32_MAX));

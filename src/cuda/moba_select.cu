@@ -1,8 +1,7 @@
 // MoBA's selector launches (see moba_select.hpp).
-#include "cuda/moba_select.hpp"
-
 #include <cuda_runtime.h>
 
+#include "cuda/moba_select.hpp"
 #include "moba/moba_select.cuh"
 
 namespace attn::cuda {

@@ -101,7 +101,9 @@ attn_plan_desc_t moba_desc(const Problem& p, bool deterministic) {
 }
 
 // Workspace of `bytes` poisoned with NaN (0xff bytes).
-void poison(const DeviceBuf& ws) { GPU_CHECK(cudaMemset(ws.p, 0xff, std::max<size_t>(ws.bytes, 16))); }
+void poison(const DeviceBuf& ws) {
+  GPU_CHECK(cudaMemset(ws.p, 0xff, std::max<size_t>(ws.bytes, 16)));
+}
 
 // Phase one: inputs and every CUDA run of a case.
 Run run_device(const Case& c0, attn_context_t ctx) {
@@ -161,8 +163,8 @@ Run run_device(const Case& c0, attn_context_t ctx) {
   GPU_CHECK(cudaDeviceSynchronize());
   cudaStream_t stream;
   GPU_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  ATTN_CHECK(attn_forward(plans[0], q.p, k.p, v.p, o.p, static_cast<float*>(lse.p), fws.p, fwsb,
-                          stream));
+  ATTN_CHECK(
+      attn_forward(plans[0], q.p, k.p, v.p, o.p, static_cast<float*>(lse.p), fws.p, fwsb, stream));
   GPU_CHECK(cudaStreamSynchronize(stream));
   GPU_CHECK(cudaGetLastError());
   r.o.resize(p.tq.elems);
@@ -214,7 +216,8 @@ Outcome judge(const Run& r) {
   const Case& c = p.c;
   const double u = c.dtype == ATTN_DTYPE_BF16 ? std::ldexp(1.0, -8) : std::ldexp(1.0, -11);
   // As test_flash_fwd and test_flash_bwd.
-  const double atol_f = c.dtype == ATTN_DTYPE_BF16 ? 2.0 * std::ldexp(1.0, -10) : 2.0 * std::ldexp(1.0, -13);
+  const double atol_f =
+      c.dtype == ATTN_DTYPE_BF16 ? 2.0 * std::ldexp(1.0, -10) : 2.0 * std::ldexp(1.0, -13);
   const double atol_b = atol_f / 4.0;
 
   ref_problem rp{};
@@ -255,7 +258,8 @@ Outcome judge(const Run& r) {
                                 fk.data());
 
   // Rows that see no key and keys no row sees.
-  std::vector<uint8_t> row_any(size_t(c.batch * c.hq * c.lq)), key_any(size_t(c.batch * c.hkv * c.lk));
+  std::vector<uint8_t> row_any(size_t(c.batch * c.hq * c.lq)),
+      key_any(size_t(c.batch * c.hkv * c.lk));
   for (int64_t b = 0; b < c.batch; ++b) {
     for (int64_t h = 0; h < c.hq; ++h)
       for (int64_t i = 0; i < c.lq; ++i)
@@ -333,9 +337,14 @@ Outcome judge(const Run& r) {
             kept += pair[size_t(((b * c.hq + h) * c.lq + i) * c.lk + j)] != 0;
           }
   std::snprintf(buf, sizeof buf,
-                "\n     fwd    O %.2e/%.2e%s LSE %.1e%s (empty rows %" PRId64 ", kept %.0f%% of causal)",
-                eo.err, tol_o, eo.bad ? "(BAD)" : ok_o ? "" : "(!)", lse_err, lse_bad ? "(BAD)" : "",
-                empty_rows, causal ? 100.0 * double(kept) / double(causal) : 0.0);
+                "\n     fwd    O %.2e/%.2e%s LSE %.1e%s (empty rows %" PRId64
+                ", kept %.0f%% of causal)",
+                eo.err, tol_o,
+                eo.bad ? "(BAD)"
+                : ok_o ? ""
+                       : "(!)",
+                lse_err, lse_bad ? "(BAD)" : "", empty_rows,
+                causal ? 100.0 * double(kept) / double(causal) : 0.0);
   out.line += buf;
 
   double floor_q = 0, floor_k = 0;
@@ -356,8 +365,11 @@ Outcome judge(const Run& r) {
       const double tol = 2.0 * e[t].plain + atol_b * std::max(1.0, magnitude) + 2.0 * floors[t];
       const bool ok = e[t].err <= tol && e[t].bad == 0;
       out.ok = out.ok && ok;
-      n += std::snprintf(buf + n, sizeof buf - size_t(n), " %s %.2e/%.2e%s", names[t], e[t].err,
-                         tol, e[t].bad ? "(BAD)" : ok ? "" : "(!)");
+      n +=
+          std::snprintf(buf + n, sizeof buf - size_t(n), " %s %.2e/%.2e%s", names[t], e[t].err, tol,
+                        e[t].bad ? "(BAD)"
+                        : ok     ? ""
+                                 : "(!)");
     }
     if (det && !r.det_repeatable) {
       out.ok = false;
@@ -388,14 +400,20 @@ Case make(const std::string& name, attn_dtype_t dt, int64_t d, int64_t batch, in
 std::vector<Case> cases() {
   constexpr attn_dtype_t BF = ATTN_DTYPE_BF16, FP = ATTN_DTYPE_FP16;
   std::vector<Case> v;
-  v.push_back(make("d128-bf16-b128-top3-per-head-batch2", BF, 128, 2, 2, 2, 1000, 1000, 128, 3, false));
+  v.push_back(
+      make("d128-bf16-b128-top3-per-head-batch2", BF, 128, 2, 2, 2, 1000, 1000, 128, 3, false));
   v.push_back(make("d128-fp16-b128-top1-shared-gqa4/2", FP, 128, 1, 4, 2, 777, 777, 128, 1, true));
-  v.push_back(make("d128-bf16-b256-top2-shared-mqa4/1-lq<lk", BF, 128, 1, 4, 1, 600, 900, 256, 2, true));
-  v.push_back(make("d128-bf16-b512-top2-per-head-gqa2/1", BF, 128, 1, 2, 1, 2100, 2100, 512, 2, false));
-  v.push_back(make("d128-fp16-b128-top2-lq>lk-empty-rows", FP, 128, 1, 2, 2, 400, 300, 128, 2, false));
+  v.push_back(
+      make("d128-bf16-b256-top2-shared-mqa4/1-lq<lk", BF, 128, 1, 4, 1, 600, 900, 256, 2, true));
+  v.push_back(
+      make("d128-bf16-b512-top2-per-head-gqa2/1", BF, 128, 1, 2, 1, 2100, 2100, 512, 2, false));
+  v.push_back(
+      make("d128-fp16-b128-top2-lq>lk-empty-rows", FP, 128, 1, 2, 2, 400, 300, 128, 2, false));
   v.push_back(make("d128-bf16-b128-top0-own-block-only", BF, 128, 1, 2, 1, 500, 500, 128, 0, true));
-  v.push_back(make("d128-bf16-b128-top100-all-past-is-causal", BF, 128, 1, 2, 2, 800, 800, 128, 100, false));
-  Case c = make("d128-bf16-b128-top5-bhsd-padded-batch2", BF, 128, 2, 2, 1, 700, 700, 128, 5, false);
+  v.push_back(make("d128-bf16-b128-top100-all-past-is-causal", BF, 128, 1, 2, 2, 800, 800, 128, 100,
+                   false));
+  Case c =
+      make("d128-bf16-b128-top5-bhsd-padded-batch2", BF, 128, 2, 2, 1, 700, 700, 128, 5, false);
   c.layout = ATTN_LAYOUT_BHSD, c.padded = true;
   v.push_back(c);
   v.push_back(make("d64-fp16-b128-top8-per-head", FP, 64, 1, 2, 2, 1300, 1300, 128, 8, false));
@@ -442,8 +460,8 @@ bool short_workspace(attn_context_t ctx) {
   const std::vector<uint16_t> po(p.tq.elems, poison_half(c.dtype));
   const std::vector<float> pl(size_t(p.lse_elems()), NAN);
   o.upload(po.data()), lse.upload(pl.data());
-  const attn_status_t s = attn_forward(plan, q.p, k.p, v.p, o.p, static_cast<float*>(lse.p), ws.p,
-                                       wsb - 1, nullptr);
+  const attn_status_t s =
+      attn_forward(plan, q.p, k.p, v.p, o.p, static_cast<float*>(lse.p), ws.p, wsb - 1, nullptr);
   const std::string msg = attn_last_error_message();
   GPU_CHECK(cudaDeviceSynchronize());
   std::vector<uint16_t> o_after(p.tq.elems);
@@ -496,7 +514,9 @@ int main() {
   std::vector<size_t> order(runs.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
   std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-    auto cost = [&](size_t i) { return all[i].batch * all[i].hq * all[i].lq * all[i].lk * all[i].d; };
+    auto cost = [&](size_t i) {
+      return all[i].batch * all[i].hq * all[i].lq * all[i].lk * all[i].d;
+    };
     return cost(a) > cost(b);
   });
   for (unsigned t = 0; t < nt; ++t)
@@ -504,7 +524,8 @@ int main() {
       for (size_t k; (k = next.fetch_add(1)) < runs.size();) {
         const auto t0 = std::chrono::steady_clock::now();
         const Outcome o = judge(runs[order[k]]);
-        const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        const double secs =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         std::lock_guard<std::mutex> lock(print);
         std::printf("%s %s (%.1fs)%s\n", o.ok ? "ok  " : "FAIL", all[order[k]].name.c_str(), secs,
                     o.line.c_str());
