@@ -13,12 +13,19 @@ ctypes on PyTorch's current stream; CUDA events, warm-up, median.
 "pairs" is the share of the causal (query, key) pairs MoBA's rule keeps at
 most (attn_plan_describe's visible_pairs, an upper bound: the selection
 depends on the data); "speed-up" is the dense plan's time over MoBA's.
+Inputs: independent normal entries by default, so that the 128 rows of a
+query tile pick unrelated blocks and their union (what a tile visits) is
+nearly every past block; --coherent adds to Q a component that is constant
+over runs of 256 tokens (and to K one per 256 tokens), so that neighbouring
+rows pick the same blocks, as the queries of trained models tend to.
+
 A plan whose top_k covers every past block computes plain causal attention:
 its "err" column is the largest relative L2 difference of O, dQ, dK and dV
 from the dense plan (a check that the run-time path is right on this GPU).
 
 Usage: bench_moba.py --lib build/src/libattn.so [--out results.md] [--reps 5]
                      [--seqlens 32768,131072] [--heads-q 16 --heads-kv 16] [--shared]
+                     [--coherent]
 """
 import argparse
 import ctypes
@@ -160,6 +167,8 @@ def main():
     ap.add_argument("--heads-kv", type=int, default=16)
     ap.add_argument("--shared", action="store_true", help="one selection per GQA group")
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--coherent", action="store_true",
+                    help="Q and K with a component shared by runs of 256 tokens")
     ap.add_argument("--commit", default=os.environ.get("ATTN_COMMIT", "unknown"))
     a = ap.parse_args()
     hq, hkv, d = a.heads_q, a.heads_kv, 128
@@ -178,6 +187,11 @@ def main():
                  for _ in range(2))
         k, v = (torch.randn(1, L, hkv, d, device="cuda", dtype=torch.bfloat16, generator=gen)
                 for _ in range(2))
+        if a.coherent:
+            runs = (L + 255) // 256
+            for x, h in ((q, hq), (k, hkv)):
+                c = torch.randn(1, runs, h, d, device="cuda", generator=gen).repeat_interleave(256, 1)
+                x.mul_(0.5).add_((2.0 * c[:, :L]).to(torch.bfloat16))
         o = torch.empty_like(q)
         lse = torch.empty(1, hq, L, device="cuda", dtype=torch.float32)
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
@@ -217,6 +231,8 @@ def main():
         torch.cuda.empty_cache()
 
     sel = "shared per GQA group" if a.shared else "per head"
+    sel += "; coherent inputs (a component shared by 256-token runs)" if a.coherent else \
+        "; independent normal inputs"
     lines = [f"# MoBA CUDA plans vs the dense causal plan ({datetime.date.today()}, commit {a.commit})",
              "", f"{torch.cuda.get_device_name()}, torch {torch.__version__}; {hq} query / {hkv} KV heads, "
              f"d = {d}, bf16, batch 1, causal; selection {sel}; median of {a.reps} timed runs after 2 "
