@@ -27,8 +27,9 @@
 // Outputs and workspaces are poisoned (NaN) before every run, and every
 // output element must be written. attn_plan_describe must name the MoBA
 // kernels. Error paths: block sizes that are not multiples of 128 and top_k
-// above 32 (NOT_SUPPORTED, naming the argument, no plan), a workspace one
-// byte short (WORKSPACE_TOO_SMALL, O and LSE untouched).
+// above 32 (NOT_SUPPORTED, naming the argument, no plan), a forward
+// workspace one byte short (WORKSPACE_TOO_SMALL) or misaligned
+// (INVALID_ARGUMENT), O and LSE untouched.
 //
 // Fresh random inputs every run (seed printed; ATTN_TEST_SEED=n repeats
 // one). ATTN_GPU_TEST_FILTER=text runs only the cases whose name contains
@@ -445,36 +446,49 @@ bool refused(attn_context_t ctx, const char* what, int64_t block, int64_t top_k,
   return ok;
 }
 
-// A forward with a workspace one byte short fails and writes neither O nor
-// LSE.
-bool short_workspace(attn_context_t ctx) {
-  Case c = make("short-workspace", ATTN_DTYPE_BF16, 128, 1, 2, 2, 300, 300, 128, 1, false);
+// A forward with a workspace one byte short (WORKSPACE_TOO_SMALL), and one
+// with a workspace that is not 16-byte aligned (INVALID_ARGUMENT), fail
+// with a message naming the workspace and write neither O nor LSE.
+bool workspace_errors(attn_context_t ctx) {
+  Case c = make("workspace-errors", ATTN_DTYPE_BF16, 128, 1, 2, 2, 300, 300, 128, 1, false);
   const Problem p = make_problem(c);
   attn_plan_t plan = plan_or_exit(ctx, moba_desc(p, false), c.name);
   size_t wsb = 0;
   ATTN_CHECK(attn_plan_workspace_size(plan, ATTN_PASS_FORWARD, &wsb));
   DeviceBuf q(p.tq.elems * 2), k(p.tk.elems * 2), v(p.tk.elems * 2), o(p.tq.elems * 2),
-      lse(size_t(p.lse_elems()) * 4), ws(wsb);
+      lse(size_t(p.lse_elems()) * 4), ws(wsb + 16);
   std::vector<uint16_t> ones(p.tq.elems, to_bf16(1.0f)), kv(p.tk.elems, to_bf16(0.5f));
   q.upload(ones.data()), k.upload(kv.data()), v.upload(kv.data());
   const std::vector<uint16_t> po(p.tq.elems, poison_half(c.dtype));
   const std::vector<float> pl(size_t(p.lse_elems()), NAN);
-  o.upload(po.data()), lse.upload(pl.data());
-  const attn_status_t s =
-      attn_forward(plan, q.p, k.p, v.p, o.p, static_cast<float*>(lse.p), ws.p, wsb - 1, nullptr);
-  const std::string msg = attn_last_error_message();
-  GPU_CHECK(cudaDeviceSynchronize());
-  std::vector<uint16_t> o_after(p.tq.elems);
-  std::vector<float> l_after(size_t(p.lse_elems()));
-  o.download(o_after.data()), lse.download(l_after.data());
-  bool untouched = o_after == po;
-  for (float x : l_after) untouched = untouched && std::isnan(x);
-  const bool ok = wsb > 0 && s == ATTN_STATUS_WORKSPACE_TOO_SMALL &&
-                  msg.find("workspace") != std::string::npos && untouched;
-  std::printf("%s forward with a workspace one byte short (%zu): %s: %s%s\n", ok ? "ok  " : "FAIL",
-              wsb, attn_status_string(s), msg.c_str(), untouched ? "" : " (outputs written)");
+  struct Try {
+    const char* what;
+    void* ws;
+    size_t bytes;
+    attn_status_t want;
+  };
+  const Try tries[2] = {
+      {"a workspace one byte short", ws.p, wsb - 1, ATTN_STATUS_WORKSPACE_TOO_SMALL},
+      {"a misaligned workspace", static_cast<char*>(ws.p) + 8, wsb, ATTN_STATUS_INVALID_ARGUMENT}};
+  bool all_ok = wsb > 0;
+  for (const Try& t : tries) {
+    o.upload(po.data()), lse.upload(pl.data());
+    const attn_status_t s =
+        attn_forward(plan, q.p, k.p, v.p, o.p, static_cast<float*>(lse.p), t.ws, t.bytes, nullptr);
+    const std::string msg = attn_last_error_message();
+    GPU_CHECK(cudaDeviceSynchronize());
+    std::vector<uint16_t> o_after(p.tq.elems);
+    std::vector<float> l_after(size_t(p.lse_elems()));
+    o.download(o_after.data()), lse.download(l_after.data());
+    bool untouched = o_after == po;
+    for (float x : l_after) untouched = untouched && std::isnan(x);
+    const bool ok = s == t.want && msg.find("workspace") != std::string::npos && untouched;
+    std::printf("%s forward with %s (%zu bytes needed): %s: %s%s\n", ok ? "ok  " : "FAIL", t.what,
+                wsb, attn_status_string(s), msg.c_str(), untouched ? "" : " (outputs written)");
+    all_ok = all_ok && ok;
+  }
   attn_plan_destroy(plan);
-  return ok;
+  return all_ok;
 }
 
 }  // namespace
@@ -493,7 +507,7 @@ int main() {
   failures += !refused(ctx, "block_size 192", 192, 2, 512, ATTN_STATUS_NOT_SUPPORTED, "block_size");
   failures += !refused(ctx, "top_k 33 of 63 past blocks", 128, 33, 8192, ATTN_STATUS_NOT_SUPPORTED,
                        "top_k");
-  failures += !short_workspace(ctx);
+  failures += !workspace_errors(ctx);
 
   std::vector<Case> all;
   for (const Case& c : cases())
