@@ -150,6 +150,7 @@ class Rank:
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.local_rank = local_rank
         self.dev = torch.device("cuda", local_rank)
+        self.original_sdpa = torch.nn.functional.scaled_dot_product_attention
         from torch.nn.attention import SDPBackend, sdpa_kernel
         self.flash = lambda: sdpa_kernel(SDPBackend.FLASH_ATTENTION)
 
@@ -298,6 +299,32 @@ def rank_main(args, local_rank):
         raise SystemExit(f"{PROG}: tokens per rank must be even (head-tail: 2 chunks a rank)")
     rows, checks, failures = [], [], []
     seed = 20261130
+    def attempt(what, fn):
+        """fn() or None: a failure is recorded and the other cases still run (the ranks take
+        the same code path, so they fail at the same point and stay in step)."""
+        try:
+            return fn()
+        except Exception as e:  # noqa: BLE001
+            traceback.print_exc()
+            failures.append(f"{what} rank {rank}: {type(e).__name__}: {str(e)[:300]}")
+            # The context manager does not restore SDPA when its body raises.
+            restore = getattr(cp_mod, "_disable_context_parallel_dispatcher_impl", None)
+            try:
+                if restore is not None and torch.nn.functional.scaled_dot_product_attention \
+                        is not r.original_sdpa:
+                    restore()
+            except Exception:  # noqa: BLE001
+                traceback.print_exc()
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+            return None
+
+    def progress(msg):
+        if rank == 0:
+            print(f"{PROG}: {msg}", file=sys.stderr, flush=True)
+
+    if args.check_tokens % (2 * world):
+        raise SystemExit(f"{PROG}: --check-tokens must be a multiple of {2 * world}")
     for cfg in args.configs:
         causal = cfg == "causal"
         name = "causal_lb" if causal else "full"
@@ -305,22 +332,33 @@ def rank_main(args, local_rank):
         pairs = pairs_of(ring_calls(rank, world, causal, causal, lq, lq), args.heads)
         for rotate in args.rotate:
             if args.check_tokens:
-                if args.check_tokens % (2 * world):
-                    raise SystemExit(f"{PROG}: --check-tokens must be a multiple of {2 * world}")
-                _, err, fin = r.run_ring(args.check_tokens, causal, rotate, seed, False, True)
-                ok = fin and all(e < 2e-2 for e in err)
-                checks.append((name, rotate, rank, *err, "ok" if ok else "FAIL"))
-                if not ok:
-                    failures.append(f"check {name} {rotate} rank {rank}: rel err {err}")
-            timings, _, fin = r.run_ring(total, causal, rotate, seed + 100, True, False)
+                res = attempt(f"check {name} {rotate}", lambda: r.run_ring(
+                    args.check_tokens, causal, rotate, seed, False, True))
+                if res is not None:
+                    _, err, fin = res
+                    ok = fin and all(e < 2e-2 for e in err)
+                    checks.append((name, rotate, rank, *err, "ok" if ok else "FAIL"))
+                    progress(f"check {name} {rotate}: rel err O, dQ, dK, dV {err}")
+                    if not ok:
+                        failures.append(f"check {name} {rotate} rank {rank}: rel err {err}")
+            res = attempt(f"ring {name} {rotate}", lambda: r.run_ring(
+                total, causal, rotate, seed + 100, True, False))
+            if res is None:
+                continue
+            timings, _, fin = res
             if not fin:
                 failures.append(f"ring {name} {rotate} rank {rank}: non-finite O or gradients")
             for p, (med, mn) in timings.items():
                 rows.append(("torch_ring", name, rotate, rank, p, med, mn, pairs))
+            progress(f"ring {name} {rotate}: " + ", ".join(
+                f"{p} {med:.2f} ms" for p, (med, _) in timings.items()))
         if not args.no_compute_only:
-            timings, _ = r.run_compute_only(causal, seed + 200)
-            for p, (med, mn) in timings.items():
-                rows.append(("torch_comp", name, "-", rank, p, med, mn, pairs))
+            res = attempt(f"compute-only {name}", lambda: r.run_compute_only(causal, seed + 200))
+            if res is not None:
+                for p, (med, mn) in res[0].items():
+                    rows.append(("torch_comp", name, "-", rank, p, med, mn, pairs))
+                progress(f"compute-only {name}: " + ", ".join(
+                    f"{p} {med:.2f} ms" for p, (med, _) in res[0].items()))
 
     gathered = [None] * world
     dist.all_gather_object(gathered, (rows, checks, failures))
