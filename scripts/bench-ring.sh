@@ -134,7 +134,7 @@ for line in lines:
         elif f[1] == "torch_comp":
             comp[key] = ms
     elif f[0] == "check" and f[1] != "columns":
-        checks.append(f"{f[1]} {f[2]} rank {f[3]}: {f[-1]}")
+        checks.append((f"{f[1]} {f[2]} rank {f[3]}", f[-1]))
 print("| config | pass | rank | ours ring ms | ours / comp | torch ring ms (rotate) | torch / comp | torch / ours |")
 print("|---|---|---|---|---|---|---|---|")
 for cfg in ("causal", "full"):
@@ -157,8 +157,11 @@ for cfg in ("causal", "full"):
             print(f"| {name} | {p} | {rank} | {ring:.2f} | {ring / cring:.3f} | {tms:.2f} ({rot}) | "
                   f"{tms / tc:.3f} | {tms / ring:.3f} |")
 if checks:
+    bad = [c for c, result in checks if result != "ok"]
     print()
-    print("torch ring against single-GPU SDPA (small check): " + "; ".join(checks))
+    print(f"torch's ring against single-GPU SDPA (small check, O, dQ, dK, dV): "
+          f"{len(checks) - len(bad)} of {len(checks)} cases ok" +
+          (f"; FAILED: {', '.join(bad)}" if bad else ""))
 PY
 )
 
