@@ -118,7 +118,7 @@ for line in open(sys.argv[1], errors="replace"):
         cfg = "causal" if f[1].startswith("causal") else "full"
         ours[(cfg, int(f[2]))] = {"fwd": num(f[6]), "cfwd": num(f[7]), "bwd": num(f[9]),
                                   "cbwd": num(f[10])}
-theirs, comp, checks = {}, {}, []
+theirs, comp, checks, notes = {}, {}, [], []
 try:
     lines = open(sys.argv[2], errors="replace").read().splitlines()
 except OSError:
@@ -133,6 +133,8 @@ for line in lines:
                 theirs[key] = (ms, f[3])
         elif f[1] == "torch_comp":
             comp[key] = ms
+    elif line.startswith(("FAIL:", "SKIP:")):
+        notes.append(line)
     elif f[0] == "check" and f[1] != "columns":
         checks.append((f"{f[1]} {f[2]} rank {f[3]}", f[-1]))
 print("| config | pass | rank | ours ring ms | ours / comp | torch ring ms (rotate) | torch / comp | torch / ours |")
@@ -162,6 +164,12 @@ if checks:
     print(f"torch's ring against single-GPU SDPA (small check, O, dQ, dK, dV): "
           f"{len(checks) - len(bad)} of {len(checks)} cases ok" +
           (f"; FAILED: {', '.join(bad)}" if bad else ""))
+if notes or not lines:
+    print()
+for n in notes[:8]:
+    print(f"torch: {n}")
+if not lines:
+    print("torch: no output (log missing)")
 PY
 )
 
