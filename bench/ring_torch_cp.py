@@ -196,7 +196,7 @@ class Rank:
         self.cp.set_rotate_method(rotate)
 
     def run_ring(self, total, causal, rotate, seed, timed, check):
-        """One context_parallel session over a global sequence of `total` tokens. Returns
+        """One context_parallel scope over a global sequence of `total` tokens. Returns
         (timings {pass: (median, min)}, check errors or None, finite)."""
         t, a = self.torch, self.a
         self.set_options(causal, rotate)
