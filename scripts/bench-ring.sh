@@ -21,7 +21,7 @@
 #   TORCH_RING    0 skips PyTorch's ring
 #   OUT           where the report (bench-ring.md) and the logs go
 #                 ($BUILD_DIR/bench-ring-logs when unset)
-#   ATTN_COMMIT   the commit to report where the tree has no .git
+#   ATTN_COMMIT   the commit to report (else the tree's git HEAD)
 # A .deps/ folder (as for scripts/gpu-check.sh) supplies pkg-config files and
 # libraries the machine lacks.
 #
@@ -66,13 +66,18 @@ if ! ninja -C "$build" bench/ring_bench >"$logs/build.log" 2>&1; then
 fi
 say "built in $(( $(date +%s) - start )) s"
 
-if [ -e .git ] && rev=$(git rev-parse --short HEAD 2>/dev/null); then
+# ATTN_COMMIT wins: a copied tree may carry a .git that is not its own.
+if [ -n "${ATTN_COMMIT:-}" ]; then
+  rev=$ATTN_COMMIT
+elif [ -e .git ] && rev=$(git rev-parse --short HEAD 2>/dev/null); then
   [ -z "$(git status --porcelain 2>/dev/null)" ] || rev="$rev-dirty"
 else
-  rev=${ATTN_COMMIT:-unknown}
+  rev=unknown
 fi
 day=$(date -u +%Y-%m-%d)
-topo=$(nvidia-smi topo -m 2>/dev/null | sed -n '1,3p' | tr -s ' \t' ' ' || true)
+# GPU0's row of the topology matrix, without colour codes, on one line.
+topo=$(nvidia-smi topo -m 2>/dev/null | sed 's/\x1b\[[0-9;]*m//g' | grep -m1 '^GPU0' |
+  tr -s ' \t' ' ' || true)
 
 # --- our ring ------------------------------------------------------------------------
 say "ring_bench on $ranks GPUs ..."
