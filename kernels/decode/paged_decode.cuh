@@ -13,7 +13,7 @@
 // that the K/V copies never wait on a dependent global load.
 //
 // Units of a split sequence write fp32 partial (O, LSE) states, merged by
-// decode_combine_kernel in the order of attn_merge_states.
+// decode_combine_kernel (the chunks of a row in parallel).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -317,37 +317,102 @@ __global__ void __launch_bounds__(kThreads) paged_decode_kernel(const DecodePara
   }
 }
 
-// Grid (max batch, heads_q), D threads: merges the chunks of each split
-// sequence, LSE = log sum_u exp(LSE_u), O = sum_u exp(LSE_u - LSE) O_u.
+constexpr int kCombineThreads = 128;
+constexpr int kCombineTokens = 8;  // most query tokens of a sequence in parallel (grid z)
+
+// Grid (max batch, heads_q, min(max_q, kCombineTokens)), kCombineThreads
+// threads: merges the chunks of each split sequence for query head
+// blockIdx.y and query tokens blockIdx.z, + gridDim.z, ...:
+//   M = max_k LSE_k,  w_k = exp(LSE_k - M),
+//   LSE = M + log sum_k w_k,  O = sum_k w_k O_k / sum_k w_k.
+// The chunks are spread over the block: a group of D / 4 threads holds one
+// chunk's row (4 columns each, one float4 load), the block's groups take
+// chunks group, group + groups, ... (four at a time, so that each thread
+// has four loads in flight), after a block-wide max. The groups' sums are
+// added in a fixed order, so a replay gives identical bits.
 template <class T, int D>
-__global__ void __launch_bounds__(D) decode_combine_kernel(const DecodeParams p) {
+__global__ void __launch_bounds__(kCombineThreads) decode_combine_kernel(const DecodeParams p) {
+  constexpr int kLanes = D / 4;                      // threads per chunk row
+  constexpr int kGroups = kCombineThreads / kLanes;  // chunks read at once
+  constexpr int kWarpsC = kCombineThreads / 32;
+  constexpr int kUnroll = 4;
+  static_assert(kCombineThreads % kLanes == 0 && D <= kCombineThreads, "a row per group");
   const int64_t b = blockIdx.x;
   if (b >= p.header->batch) return;
   const SeqMeta sm = p.seqs[b];
   if (sm.num_units < 2) return;
   const int64_t h = blockIdx.y;
-  const int c = threadIdx.x;
-  const WorkUnit* units = p.units + sm.first_unit;
+  const int tid = threadIdx.x, grp = tid / kLanes, lane4 = tid % kLanes;
+  const int64_t chunks = sm.num_units;
+  // Slots of the sequence's chunks are consecutive (prepare numbers them
+  // so); a chunk's state is max_q * heads_q rows after the previous one's.
+  const int64_t slot0 = p.units[sm.first_unit].partial;
+  const int64_t chunk_rows = int64_t(p.max_q) * p.heads_q;
+  __shared__ float s_max[kWarpsC];
+  __shared__ float s_sum[kGroups];
+  __shared__ __align__(16) float s_o[kGroups * D];
   T* o = static_cast<T*>(p.o);
-  for (int64_t t = 0; t < sm.q_len; ++t) {
-    float M = -INFINITY;
-    for (int64_t k = 0; k < sm.num_units; ++k)
-      M = fmaxf(M, p.partial_lse[(units[k].partial * p.max_q + t) * p.heads_q + h]);
-    const int64_t out_row = (sm.q_begin + t) * p.heads_q + h;
-    if (M == -INFINITY) {  // no chunk saw a key: the identity
-      o[out_row * D + c] = T(0.0f);
-      if (c == 0 && p.lse != nullptr) p.lse[h * p.header->total_q + sm.q_begin + t] = -INFINITY;
-      continue;
+  for (int64_t t = blockIdx.z; t < sm.q_len; t += gridDim.z) {
+    const int64_t row0 = (slot0 * p.max_q + t) * p.heads_q + h;  // chunk k: + k * chunk_rows
+    float mx = -INFINITY;
+    for (int64_t k = tid; k < chunks; k += kCombineThreads)
+      mx = fmaxf(mx, p.partial_lse[row0 + k * chunk_rows]);
+#pragma unroll
+    for (int off = 16; off > 0; off /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+    if (tid % 32 == 0) s_max[tid / 32] = mx;
+    __syncthreads();
+    float M = s_max[0];
+#pragma unroll
+    for (int w = 1; w < kWarpsC; ++w) M = fmaxf(M, s_max[w]);
+
+    float sum = 0.0f;
+    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    auto add = [&](float lse, const float4& v) {
+      const float w = expf(lse - M);
+      sum += w;
+      if (w != 0.0f) {
+        acc.x += w * v.x;
+        acc.y += w * v.y;
+        acc.z += w * v.z;
+        acc.w += w * v.w;
+      }
+    };
+    if (M != -INFINITY) {  // else no chunk saw a key: the identity
+      int64_t k = grp;
+      for (; k + (kUnroll - 1) * kGroups < chunks; k += kUnroll * kGroups) {
+        float lse[kUnroll];
+        float4 v[kUnroll];
+#pragma unroll
+        for (int j = 0; j < kUnroll; ++j) {
+          const int64_t row = row0 + (k + j * kGroups) * chunk_rows;
+          lse[j] = p.partial_lse[row];
+          v[j] = *reinterpret_cast<const float4*>(p.partial_o + row * D + lane4 * 4);
+        }
+#pragma unroll
+        for (int j = 0; j < kUnroll; ++j) add(lse[j], v[j]);
+      }
+      for (; k < chunks; k += kGroups) {
+        const int64_t row = row0 + k * chunk_rows;
+        add(p.partial_lse[row], *reinterpret_cast<const float4*>(p.partial_o + row * D + lane4 * 4));
+      }
     }
-    float total = 0.0f, sum = 0.0f;
-    for (int64_t k = 0; k < sm.num_units; ++k) {
-      const int64_t row = (units[k].partial * p.max_q + t) * p.heads_q + h;
-      const float w = expf(p.partial_lse[row] - M);
-      total += w;
-      if (w != 0.0f) sum += w * p.partial_o[row * D + c];
+    *reinterpret_cast<float4*>(s_o + grp * D + lane4 * 4) = acc;
+    if (lane4 == 0) s_sum[grp] = sum;
+    __syncthreads();
+    if (tid < D) {
+      float total = 0.0f, val = 0.0f;
+#pragma unroll
+      for (int g = 0; g < kGroups; ++g) {
+        total += s_sum[g];
+        val += s_o[g * D + tid];
+      }
+      const int64_t out_row = (sm.q_begin + t) * p.heads_q + h;
+      const bool empty = M == -INFINITY;
+      o[out_row * D + tid] = T(empty ? 0.0f : val / total);
+      if (tid == 0 && p.lse != nullptr)
+        p.lse[h * p.header->total_q + sm.q_begin + t] = empty ? -INFINITY : M + logf(total);
     }
-    o[out_row * D + c] = T(sum / total);
-    if (c == 0 && p.lse != nullptr) p.lse[h * p.header->total_q + sm.q_begin + t] = M + logf(total);
+    __syncthreads();  // s_max, s_sum and s_o are reused for the next token
   }
 }
 

@@ -165,13 +165,15 @@ void decode_check_supported(int32_t device, const kv::CacheConfig& cache, int64_
   check(decode_kernels_allow_smem(), "cudaFuncSetAttribute (decode)");
 }
 
-int64_t decode_target_units(int32_t device) {
+int64_t decode_resident_blocks(int32_t device, const kv::CacheConfig& cache) {
   DeviceScope scope(device);
-  int sms = 0;
+  int sms = 0, per_sm = 0;
   check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device),
         "cudaDeviceGetAttribute");
-  // About three blocks fit on an SM; two waves of them.
-  return int64_t(std::max(sms, 1)) * 6;
+  check(decode_kernels_blocks_per_sm(cache.dtype == ATTN_DTYPE_BF16, int(cache.head_dim_qk),
+                                     &per_sm),
+        "cudaOccupancyMaxActiveBlocksPerMultiprocessor (decode)");
+  return int64_t(std::max(sms, 1)) * std::max(per_sm, 1);
 }
 
 DecodeStaging::DecodeStaging(int32_t device, size_t bytes) : device_(device), bytes_(bytes) {

@@ -42,9 +42,10 @@ void kv_append_enqueue(int32_t device, const kv::CacheConfig& cfg, void* k_base,
 void decode_check_supported(int32_t device, const kv::CacheConfig& cache, int64_t heads_q,
                             int64_t max_query_tokens);
 
-// Work units (x heads_kv x row tiles blocks) that fill `device`: the split
-// target of automatic split-KV.
-int64_t decode_target_units(int32_t device);
+// Decode blocks (one per work unit, KV head and row tile) resident on
+// `device` at once for a cache so configured: the wave that automatic
+// split-KV fills.
+int64_t decode_resident_blocks(int32_t device, const kv::CacheConfig& cache);
 
 // The host staging area of one plan's prepare: pinned memory of the size of
 // the workspace's metadata part, and an event that marks when the last

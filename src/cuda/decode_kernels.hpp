@@ -15,8 +15,11 @@ cudaError_t decode_kernels_available();
 // Raises the decode kernels' dynamic shared-memory limit on the current
 // device (at plan creation: execute may run under graph capture).
 cudaError_t decode_kernels_allow_smem();
+// Decode blocks of the (dtype, head_dim) kernel that fit on one SM.
+cudaError_t decode_kernels_blocks_per_sm(bool bf16, int head_dim, int* blocks);
 // Enqueues the decode kernel, grid (max_units, heads_kv, row_tiles), and
-// when `combine` the combine kernel, grid (max_batch, heads_q).
+// when `combine` the combine kernel, grid (max_batch, heads_q, up to 8
+// query tokens).
 cudaError_t decode_kernels_launch(const decode::DecodeParams& p, bool bf16, int head_dim,
                                   int64_t max_units, int heads_kv, int row_tiles, bool combine,
                                   int64_t max_batch, cudaStream_t stream);

@@ -7,7 +7,11 @@
 // Cases: many sequences of different lengths, GQA 1/4/8, page sizes 16 and
 // 13, both page layouts, q_len 1 and 4 (4 x 8 packed rows: two row tiles),
 // window + sinks with eviction, softcap, split-KV forced on, forced off and
-// automatic, bf16 and fp16, head dims 64 and 128. Then fork + append on the
+// automatic, bf16 and fp16, head dims 64 and 128; long single sequences cut
+// into many chunks (up to ~1500, so that the combine's threads each take
+// several chunks; the automatic split must cut them), a batch of one with 8
+// query tokens (4 row tiles) and a batch mixing one long sequence with
+// short unsplit ones. Then fork + append on the
 // device (copy-on-write of a shared partial page), CAPACITY (nothing
 // changes: lengths, pages in use and the pages' contents, checked by a
 // decode afterwards), a CUDA graph of execute replayed (bit-identical, and
@@ -19,7 +23,9 @@
 // rounded to the dtype and the output rounded; LSE within 2e-3. Outputs
 // are poisoned (NaN) before every run and every element must be written.
 // Fresh random inputs every run (seed printed; ATTN_TEST_SEED=n repeats
-// one). Exit 77 without a CUDA device.
+// one). ATTN_GPU_TEST_QUICK=1 shortens the long sequences (for
+// compute-sanitizer); ATTN_GPU_TEST_FILTER=text runs only the cases whose
+// name contains text. Exit 77 without a CUDA device.
 
 #include <algorithm>
 #include <cinttypes>
@@ -37,6 +43,12 @@ namespace {
 
 uint64_t g_seed = 0;
 int g_failures = 0;
+bool g_quick = false;
+const char* g_filter = nullptr;
+
+bool selected(const std::string& name) {
+  return g_filter == nullptr || name.find(g_filter) != std::string::npos;
+}
 
 struct CacheShape {
   attn_dtype_t dtype = ATTN_DTYPE_BF16;
@@ -317,10 +329,13 @@ void execute(Harness& h, attn_decode_plan_t plan, Step& s) {
                                  h.stream));
 }
 
-// Decodes step (ids, qlens) with each split option; checks each.
+// Decodes step (ids, qlens) with each split option; checks each. With
+// min_auto_chunks > 0 the automatic split (chunk 0) must cut some sequence
+// into at least that many chunks, and describe() must report its target.
 void decode_and_check(Harness& h, const std::vector<int64_t>& ids,
                       const std::vector<int32_t>& qlens, DecodeOpts o,
-                      const std::vector<int64_t>& chunks, const std::string& name) {
+                      const std::vector<int64_t>& chunks, const std::string& name,
+                      int64_t min_auto_chunks = 0) {
   for (int64_t chunk : chunks) {
     o.chunk = chunk;
     attn_decode_plan_t plan = make_plan(h, o, int64_t(ids.size()));
@@ -333,12 +348,28 @@ void decode_and_check(Harness& h, const std::vector<int64_t>& ids,
     execute(h, plan, s);
     const Result r = fetch(h, s);
     char label[200];
-    std::snprintf(label, sizeof label, "%s chunk=%" PRId64 " (units %" PRId64 ", split %" PRId64 ")",
-                  name.c_str(), chunk, info.num_work_units, info.split_sequences);
+    std::snprintf(label, sizeof label,
+                  "%s chunk=%" PRId64 " (units %" PRId64 ", split %" PRId64 ", chunks %" PRId64 ")",
+                  name.c_str(), chunk, info.num_work_units, info.split_sequences,
+                  info.max_chunks);
     check(h, s, o, r, label);
     if (chunk > 0 && info.split_sequences == 0) {
       std::printf("  FAIL: chunk %" PRId64 " split nothing\n", chunk);
       ++g_failures;
+    }
+    if (chunk == 0 && min_auto_chunks > 0) {
+      attn_decode_plan_info_t pi;
+      std::memset(&pi, 0, sizeof pi);
+      pi.struct_size = sizeof pi;
+      ATTN_CHECK(attn_decode_plan_describe(plan, &pi));
+      const bool ok = info.max_chunks >= min_auto_chunks && pi.split_target_tasks > 0 &&
+                      pi.split_min_chunk_tokens > 0 &&
+                      info.kv_chunk_tokens >= pi.split_min_chunk_tokens;
+      std::printf("  auto split: %" PRId64 " chunks of %" PRId64 " tokens (target %" PRId64
+                  " tasks, chunks >= %" PRId64 " tokens) %s\n",
+                  info.max_chunks, info.kv_chunk_tokens, pi.split_target_tasks,
+                  pi.split_min_chunk_tokens, ok ? "ok" : "FAIL");
+      if (!ok) ++g_failures;
     }
     attn_decode_plan_destroy(plan);
   }
@@ -348,7 +379,8 @@ void decode_and_check(Harness& h, const std::vector<int64_t>& ids,
 // of at most `piece` tokens), then q_len new tokens each, decoded.
 void batch_case(const std::string& name, const CacheShape& cs, DecodeOpts o,
                 const std::vector<int32_t>& lengths, int32_t q_len, int32_t piece,
-                const std::vector<int64_t>& chunks) {
+                const std::vector<int64_t>& chunks, int64_t min_auto_chunks = 0) {
+  if (!selected(name)) return;
   Harness h(cs, std::hash<std::string>{}(name));
   std::vector<int64_t> ids;
   for (size_t i = 0; i < lengths.size(); ++i) {
@@ -371,10 +403,12 @@ void batch_case(const std::string& name, const CacheShape& cs, DecodeOpts o,
   }
   ATTN_CHECK(h.append(ids, std::vector<int32_t>(ids.size(), q_len)));
   o.max_q = std::max<int64_t>(o.max_q, q_len);
-  decode_and_check(h, ids, std::vector<int32_t>(ids.size(), q_len), o, chunks, name);
+  decode_and_check(h, ids, std::vector<int32_t>(ids.size(), q_len), o, chunks, name,
+                   min_auto_chunks);
 }
 
 void fork_case() {
+  if (!selected("fork")) return;
   CacheShape cs;
   cs.page_size = 16;
   cs.hkv = 2;
@@ -397,6 +431,7 @@ void fork_case() {
 }
 
 void capacity_case() {
+  if (!selected("capacity")) return;
   CacheShape cs;
   cs.page_size = 16;
   cs.num_pages = 10;
@@ -433,6 +468,7 @@ void capacity_case() {
 }
 
 void graph_case() {
+  if (!selected("graph")) return;
   CacheShape cs;
   cs.page_size = 16;
   cs.hkv = 4;
@@ -504,6 +540,7 @@ void graph_case() {
 }
 
 void not_supported_case() {
+  if (!selected("not supported")) return;
   struct Bad {
     CacheShape cs;
     const char* word;
@@ -544,7 +581,11 @@ int main() {
   skip_without_device();
   const char* env = std::getenv("ATTN_TEST_SEED");
   g_seed = env ? std::strtoull(env, nullptr, 10) : std::random_device{}() * 2654435761ull;
-  std::printf("seed %" PRIu64 " (ATTN_TEST_SEED=%" PRIu64 " repeats this run)\n", g_seed, g_seed);
+  const char* quick = std::getenv("ATTN_GPU_TEST_QUICK");
+  g_quick = quick != nullptr && quick[0] == '1';
+  g_filter = std::getenv("ATTN_GPU_TEST_FILTER");
+  std::printf("seed %" PRIu64 " (ATTN_TEST_SEED=%" PRIu64 " repeats this run)%s\n", g_seed, g_seed,
+              g_quick ? ", quick" : "");
 
   const std::vector<int64_t> all_splits = {-1, 0, 64};
   {
@@ -602,6 +643,42 @@ int main() {
     cs.num_pages = 100;
     batch_case("fp16 NHD p16 d64 GQA8 window 64 + 16 sinks q1", cs, DecodeOpts{8, 1, 0, 0.0f, 0},
                {1, 30, 80, 700}, 1, 50, {-1, 0, 32});
+  }
+  {
+    // One long sequence, as 1 x 128K decode at a small size: forced chunks
+    // of one page (~1500 chunks) and of 1000 tokens, and the automatic
+    // split, which must cut it (a batch of 1 x 2 KV heads fills no GPU).
+    const int32_t len = g_quick ? 3000 : 24000;
+    CacheShape cs;
+    cs.hkv = 2;
+    cs.num_pages = len / 16 + 16;
+    batch_case("bf16 HND p16 d128 GQA4 one long sequence, many chunks q1", cs,
+               DecodeOpts{8, 1, 0, 0.0f, 0}, {len}, 1, 4096, {0, -1, 16, 1000}, 8);
+  }
+  {
+    // A batch of one with 8 query tokens x GQA 8: 64 packed rows, 4 row
+    // tiles per unit, each token's row merged over the chunks.
+    const int32_t len = g_quick ? 2500 : 9000;
+    CacheShape cs;
+    cs.dtype = ATTN_DTYPE_FP16;
+    cs.layout = ATTN_KV_LAYOUT_NHD;
+    cs.page_size = 13;
+    cs.hkv = 1;
+    cs.d = 64;
+    cs.num_pages = len / 13 + 16;
+    batch_case("fp16 NHD p13 d64 GQA8 batch 1 q8, many chunks", cs, DecodeOpts{8, 8, 0, 0.0f, 0},
+               {len}, 8, 2048, {0, -1, 13, 500}, 4);
+  }
+  {
+    // One long sequence next to short ones: split and unsplit sequences
+    // in one batch, q 2.
+    const int32_t len = g_quick ? 3000 : 20000;
+    CacheShape cs;
+    cs.layout = ATTN_KV_LAYOUT_NHD;
+    cs.hkv = 1;
+    cs.num_pages = len / 16 + 64;
+    batch_case("bf16 NHD p16 d128 GQA8 long + short sequences q2, many chunks", cs,
+               DecodeOpts{8, 2, 0, 0.0f, 0}, {len, 5, 300, 40}, 2, 4096, {0, 32}, 4);
   }
   fork_case();
   capacity_case();
