@@ -12,7 +12,16 @@ sequence (libattn's attn_decode_step_info_t.kv_bytes_read; the same count
 for SDPA, the unique K/V bytes, whatever the backend re-reads), timed with
 CUDA events, median of many runs after warm-up, inputs larger than L2.
 The device's copy bandwidth (a clone of a 1 GiB tensor, read + write) is
-the ceiling. Outputs are compared with SDPA's (relative L2).
+the ceiling. Outputs are compared with SDPA's (relative L2). At 1 x 128K
+the automatic split is also compared with fixed chunk lengths
+(kv_chunk_tokens), the same cache and Q.
+
+Then the KV cache itself: append throughput of attn_kv_cache_append on
+CUDA (one decode token for each of 32 sequences per call, and a 4K-token
+prefill chunk of one sequence per call; host wall time per call, ctypes
+overhead included, and the device time between events around the calls)
+and the memory held per token (attn_kv_cache_get_info: K and V bytes of a
+token, and the pages in use x page size x that, per token held).
 
 Usage: bench_decode.py [--lib build/src/libattn.so] [--out results.md] [--quick]
 """
@@ -21,6 +30,7 @@ import ctypes
 import datetime
 import os
 import subprocess
+import time
 
 import torch
 import torch.nn.functional as F
@@ -58,7 +68,15 @@ class PlanInfo(ctypes.Structure):
                 ("max_query_tokens", ctypes.c_int64), ("max_kv_tokens", ctypes.c_int64),
                 ("kv_chunk_tokens", ctypes.c_int64), ("num_threads", ctypes.c_int32),
                 ("reserved", ctypes.c_int32), ("workspace_bytes", ctypes.c_uint64),
-                ("algorithm", ctypes.c_char * 64), ("kernel", ctypes.c_char * 64)]
+                ("algorithm", ctypes.c_char * 64), ("kernel", ctypes.c_char * 64),
+                ("split_target_tasks", ctypes.c_int64), ("split_min_chunk_tokens", ctypes.c_int64)]
+
+
+class CacheInfo(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_uint64), ("num_pages", ctypes.c_int64), ("pages_in_use", ctypes.c_int64),
+                ("num_sequences", ctypes.c_int64), ("page_size", ctypes.c_int64),
+                ("bytes_per_token", ctypes.c_uint64), ("memory_bytes", ctypes.c_uint64),
+                ("owns_memory", ctypes.c_int32), ("reserved", ctypes.c_int32)]
 
 
 class Lib:
@@ -75,6 +93,7 @@ class Lib:
             "attn_kv_cache_destroy": ([vp], i32),
             "attn_kv_cache_add_sequence": ([vp, i64], i32),
             "attn_kv_cache_append": ([vp, i32, P(i64), P(i32), vp, vp, vp], i32),
+            "attn_kv_cache_get_info": ([vp, P(CacheInfo)], i32),
             "attn_decode_plan_create": ([vp, vp, P(DecodeConfig), P(vp)], i32),
             "attn_decode_plan_destroy": ([vp], i32),
             "attn_decode_plan_workspace_size": ([vp, P(sz)], i32),
@@ -116,7 +135,7 @@ class PagedDecode:
     """A CUDA cache holding k, v ([B, L, H_kv, d]) and a decode plan for one query per sequence."""
 
     def __init__(self, lib, ctx, k, v, hq, page_size, layout, chunk):
-        self.lib, dl = lib, lib.dll
+        self.lib, self.ctx, dl = lib, ctx, lib.dll
         B, L, hkv, d = k.shape
         self.B = B
         stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
@@ -130,9 +149,18 @@ class PagedDecode:
         counts = (ctypes.c_int32 * B)(*([L] * B))
         lib.check(dl.attn_kv_cache_append(self.cache, B, self.ids, counts, ctypes.c_void_p(k.data_ptr()),
                                           ctypes.c_void_p(v.data_ptr()), stream), "append")
-        dc = DecodeConfig(ctypes.sizeof(DecodeConfig), hq, B, 1, L, chunk, 0.0, 0.0)
+        self.hq, self.L, self.plan = hq, L, None
+        self.replan(chunk)
+
+    def replan(self, chunk):
+        """A new decode plan over the same cache with kv_chunk_tokens = chunk, prepared."""
+        lib, dl, B = self.lib, self.lib.dll, self.B
+        if self.plan is not None:
+            dl.attn_decode_plan_destroy(self.plan)
+        stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+        dc = DecodeConfig(ctypes.sizeof(DecodeConfig), self.hq, B, 1, self.L, chunk, 0.0, 0.0)
         self.plan = ctypes.c_void_p()
-        lib.check(dl.attn_decode_plan_create(ctx, self.cache, ctypes.byref(dc), ctypes.byref(self.plan)), "plan")
+        lib.check(dl.attn_decode_plan_create(self.ctx, self.cache, ctypes.byref(dc), ctypes.byref(self.plan)), "plan")
         ws = ctypes.c_size_t()
         lib.check(dl.attn_decode_plan_workspace_size(self.plan, ctypes.byref(ws)), "workspace size")
         self.ws_bytes = ws.value
@@ -147,6 +175,7 @@ class PagedDecode:
         pi.struct_size = ctypes.sizeof(PlanInfo)
         lib.check(dl.attn_decode_plan_describe(self.plan, ctypes.byref(pi)), "describe")
         self.kernel = pi.kernel.decode()
+        self.split_target = pi.split_target_tasks
 
     def execute(self, q, o):
         stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
@@ -157,6 +186,73 @@ class PagedDecode:
     def close(self):
         self.lib.dll.attn_decode_plan_destroy(self.plan)
         self.lib.dll.attn_kv_cache_destroy(self.cache)
+
+
+def split_label(info):
+    if not info.split_sequences:
+        return f"none ({info.num_work_units})"
+    return f"{info.max_chunks} x {info.kv_chunk_tokens} tok ({info.num_work_units})"
+
+
+def cache_info(lib, cache):
+    ci = CacheInfo()
+    ci.struct_size = ctypes.sizeof(CacheInfo)
+    lib.check(lib.dll.attn_kv_cache_get_info(cache, ctypes.byref(ci)), "get_info")
+    return ci
+
+
+def bench_append(lib, ctx, hkv, d, ps, layout, warmup, reps):
+    """Rows of the append table: (case, tokens/s, device us/call, device GB/s, B/token, held B/token)."""
+    dl = lib.dll
+    stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+    rows = []
+    for name, B, per_call in (("decode: 1 token x 32 sequences", 32, 1),
+                              ("prefill: 4096 tokens x 1 sequence", 1, 4096)):
+        calls = warmup + 2 * reps
+        per_seq = calls * per_call
+        pages = B * ((per_seq + ps - 1) // ps)
+        cfg = KvCacheConfig(ctypes.sizeof(KvCacheConfig), ATTN_DTYPE_BF16, layout, ps, pages, hkv, d, d, 0, 0)
+        cache = ctypes.c_void_p()
+        lib.check(dl.attn_kv_cache_create(ctx, ctypes.byref(cfg), None, 0, ctypes.byref(cache)), "cache")
+        ids = (ctypes.c_int64 * B)(*range(B))
+        for i in range(B):
+            lib.check(dl.attn_kv_cache_add_sequence(cache, i), "add")
+        counts = (ctypes.c_int32 * B)(*([per_call] * B))
+        # Distinct K/V per call, from a pool larger than L2 for the prefill.
+        slots = max(1, min(calls, (256 << 20) // (2 * B * per_call * hkv * d * 2)))
+        k = torch.randn(slots, B * per_call, hkv, d, dtype=torch.bfloat16, device="cuda")
+        v = torch.randn_like(k)
+
+        def append(i):
+            lib.check(dl.attn_kv_cache_append(cache, B, ids, counts, ctypes.c_void_p(k[i % slots].data_ptr()),
+                                              ctypes.c_void_p(v[i % slots].data_ptr()), stream), "append")
+        for i in range(warmup):
+            append(i)
+        torch.cuda.synchronize()
+        # As a host issues them: wall time from the first call to the end of the last one's copies.
+        t0 = time.perf_counter()
+        for i in range(warmup, warmup + reps):
+            append(i)
+        torch.cuda.synchronize()
+        wall = (time.perf_counter() - t0) / reps
+        # The device's part: the calls queued behind a sleeping kernel, then run back to back.
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(100_000_000)
+        e0.record()
+        for i in range(warmup + reps, calls):
+            append(i)
+        e1.record()
+        e1.synchronize()
+        device_s = e0.elapsed_time(e1) * 1e-3 / reps
+        ci = cache_info(lib, cache)
+        held = ci.pages_in_use * ci.page_size * ci.bytes_per_token / (B * per_seq)
+        tokens = B * per_call
+        rows.append((name, tokens / wall, device_s * 1e6, tokens * ci.bytes_per_token / device_s / 1e9,
+                     ci.bytes_per_token, held))
+        lib.check(dl.attn_kv_cache_destroy(cache), "destroy")
+        del k, v
+        torch.cuda.empty_cache()
+    return rows
 
 
 def sdpa_runner(backend, q4, kc, vc, hq):
@@ -219,6 +315,7 @@ def main():
              "|---|---|---:|---|---:|---:|---:|---:|---|---|"]
     print("\n".join(lines), flush=True)
     torch.manual_seed(0)
+    sweep = []
     for B, L, layout in cases:
         k = torch.randn(B, L, hkv, d, dtype=torch.bfloat16, device="cuda")
         v = torch.randn(B, L, hkv, d, dtype=torch.bfloat16, device="cuda")
@@ -249,13 +346,44 @@ def main():
         ratio = lambda a, b: f"{a / b:.2f}" if b == b and b > 0 else "n/a"
         note = lambda r: "" if r[1] == "enable_gqa" else f" ({r[1]})"
         lines.append(f"| {B} x {L // 1024}K | {'HND' if layout == ATTN_KV_LAYOUT_HND else 'NHD'} | {ours:.2f} | "
-                     f"{pd.info.split_sequences and pd.info.max_chunks} chunks ({pd.info.num_work_units}) | "
+                     f"{split_label(pd.info)} | "
                      f"{fa2:.2f}{note(res['fa2'])} | {cud:.2f}{note(res['cudnn'])} | {ratio(ours, fa2)} | "
                      f"{ratio(ours, cud)} | {', '.join(errs)} | {pd.kernel} |")
         print(lines[-1], flush=True)
+        if B == 1:
+            # Fixed chunk lengths next to the automatic split (target: split_target_tasks blocks at once).
+            auto = (split_label(pd.info), ours, pd.split_target)
+            o_auto = o.clone()
+            for chunk in (1024, 2048, 4096, 8192):
+                pd.replan(chunk)
+                o.fill_(float("nan"))
+                pd.execute(q, o)
+                torch.cuda.synchronize()
+                err = rel_err(o, o_auto)
+                ms = time_ms(lambda: pd.execute(q, o), warmup, reps)
+                sweep.append((f"{B} x {L // 1024}K", chunk, split_label(pd.info), kv_bytes / (ms * 1e-3) / 1e12,
+                              f"{err:.1e}"))
+            sweep.insert(0, (f"{B} x {L // 1024}K", f"auto (target {auto[2]} blocks)", auto[0], auto[1], "-"))
         pd.close()
         del kc, vc, q, o
         torch.cuda.empty_cache()
+    if sweep:
+        lines += ["", "Split at batch 1 (same cache and Q; libattn TB/s of K/V read):", "",
+                  "| batch x context | kv_chunk_tokens | split (units) | libattn TB/s | rel. L2 vs auto |",
+                  "|---|---|---|---:|---|"]
+        lines += [f"| {c} | {k} | {s} | {t:.2f} | {e} |" for c, k, s, t, e in sweep]
+        print("\n".join(lines[-len(sweep) - 2:]), flush=True)
+    rows = bench_append(lib, ctx, hkv, d, ps, ATTN_KV_LAYOUT_HND, warmup, reps)
+    lines += ["", f"attn_kv_cache_append on CUDA (bf16, HND, page {ps}, {hkv} KV heads, d {d}; mean of {reps} calls "
+              f"after {warmup}). tokens/s: host wall time per call until its copies ran (ctypes included); "
+              "device: event time of calls queued behind a sleeping kernel, and the K+V bytes written per second "
+              "then (each also read once). Memory per token from attn_kv_cache_get_info: bytes_per_token, and "
+              "pages in use x page size x bytes_per_token / tokens held:", "",
+              "| append | tokens/s | device us/call | device GB/s written | bytes/token (K+V) | held bytes/token |",
+              "|---|---:|---:|---:|---:|---:|"]
+    lines += [f"| {n} | {tps:.3g} | {dev:.1f} | {gbs:.1f} | {bpt} | {held:.0f} |"
+              for n, tps, dev, gbs, bpt, held in rows]
+    print("\n".join(lines[-len(rows) - 2:]), flush=True)
     lib.dll.attn_context_destroy(ctx)
     if args.out:
         with open(args.out, "w") as f:
