@@ -311,8 +311,8 @@ def main():
              f"after {warmup} warm-up; TB/s of K/V bytes read (unique bytes for every column). "
              f"Device copy (read + write, 1 GiB): {copy_tbs:.2f} TB/s.", "",
              "| batch x context | libattn layout | libattn TB/s | split (units) | torch FA2 TB/s | torch cuDNN TB/s "
-             "| ours/FA2 | ours/cuDNN | rel. L2 vs SDPA | kernel |",
-             "|---|---|---:|---|---:|---:|---:|---:|---|---|"]
+             "| ours/FA2 | ours/cuDNN | rel. L2 vs SDPA | kernel | 3-stage TB/s, split, rel. L2 vs 2-stage |",
+             "|---|---|---:|---|---:|---:|---:|---:|---|---|---|"]
     print("\n".join(lines), flush=True)
     torch.manual_seed(0)
     sweep = []
@@ -328,6 +328,21 @@ def main():
         torch.cuda.synchronize()
         ours_ms = time_ms(lambda: pd.execute(q, o), warmup, reps)
         ours = kv_bytes / (ours_ms * 1e-3) / 1e12
+        # The three-stage pipeline (ATTN_CUDA_DECODE_STAGES=3, read at plan creation), same cache and Q.
+        o_ref = o.clone()
+        os.environ["ATTN_CUDA_DECODE_STAGES"] = "3"
+        try:
+            pd.replan(0)
+        finally:
+            del os.environ["ATTN_CUDA_DECODE_STAGES"]
+        o.fill_(float("nan"))
+        pd.execute(q, o)
+        torch.cuda.synchronize()
+        s3_err = rel_err(o, o_ref)
+        s3_ms = time_ms(lambda: pd.execute(q, o), warmup, reps)
+        s3 = (kv_bytes / (s3_ms * 1e-3) / 1e12, split_label(pd.info), s3_err)
+        pd.replan(0)
+        o.copy_(o_ref)
         # SDPA on contiguous [B, H_kv, L, d] K/V.
         kc, vc = k.permute(0, 2, 1, 3).contiguous(), v.permute(0, 2, 1, 3).contiguous()
         del k, v
@@ -348,7 +363,8 @@ def main():
         lines.append(f"| {B} x {L // 1024}K | {'HND' if layout == ATTN_KV_LAYOUT_HND else 'NHD'} | {ours:.2f} | "
                      f"{split_label(pd.info)} | "
                      f"{fa2:.2f}{note(res['fa2'])} | {cud:.2f}{note(res['cudnn'])} | {ratio(ours, fa2)} | "
-                     f"{ratio(ours, cud)} | {', '.join(errs)} | {pd.kernel} |")
+                     f"{ratio(ours, cud)} | {', '.join(errs)} | {pd.kernel} | "
+                     f"{s3[0]:.2f}, {s3[1]}, {s3[2]:.1e} |")
         print(lines[-1], flush=True)
         if B == 1:
             # Fixed chunk lengths next to the automatic split (target: split_target_tasks blocks at once).

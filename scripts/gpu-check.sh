@@ -104,12 +104,15 @@ if [ "${GPU_CHECK_SANITIZE:-1}" != 0 ] && command -v compute-sanitizer >/dev/nul
   rc=$?
   tail -3 "$logs/memcheck_decode.log"
   summary+=("compute-sanitizer memcheck decode: $([ $rc = 0 ] && echo clean || echo "FAIL ($rc)")")
-  step "compute-sanitizer racecheck, decode (many-chunk cases, shortened)"
-  ATTN_GPU_TEST_QUICK=1 ATTN_GPU_TEST_FILTER="many chunks" compute-sanitizer --tool racecheck \
-    --error-exitcode 3 "$bin" >"$logs/racecheck_decode.log" 2>&1
-  rc=$?
-  tail -2 "$logs/racecheck_decode.log"
-  summary+=("compute-sanitizer racecheck decode: $([ $rc = 0 ] && echo clean || echo "FAIL ($rc)")")
+  for stages in 2 3; do
+    step "compute-sanitizer racecheck, decode, $stages-stage pipeline (many-chunk cases, shortened)"
+    ATTN_CUDA_DECODE_STAGES=$stages ATTN_GPU_TEST_QUICK=1 ATTN_GPU_TEST_FILTER="many chunks" \
+      compute-sanitizer --tool racecheck --error-exitcode 3 "$bin" \
+      >"$logs/racecheck_decode_s$stages.log" 2>&1
+    rc=$?
+    tail -2 "$logs/racecheck_decode_s$stages.log"
+    summary+=("compute-sanitizer racecheck decode s$stages: $([ $rc = 0 ] && echo clean || echo "FAIL ($rc)")")
+  done
 fi
 
 torch_out=""

@@ -4,13 +4,15 @@
 // Block (unit, KV head g, row tile z), 128 threads. Rows of the tile are
 // r = z * 16 + i (i < 16) of the sequence's q_len * G packed rows, row r
 // being query token r / G, query head g * G + r % G. The block streams the
-// unit's pages in tiles of kTileKeys key slots through a two-stage cp.async
-// pipeline; each of the 4 warps takes 16 slots of a tile (S = Q K^T and
-// O += P V on mma.sync m16n8k16) and keeps its own online-softmax state, and
-// the warps' states are merged at the end. A key slot of a page is loaded
-// once per block, so once per group (and per 16 rows). The page entries of
-// a tile are copied into shared memory one iteration ahead of its K/V, so
-// that the K/V copies never wait on a dependent global load.
+// unit's pages in tiles of kTileKeys key slots through an S-stage cp.async
+// pipeline (S - 1 tiles in flight while one is computed: S = 2 fits three
+// blocks on an H100/H200 SM, S = 3 two); each of the 4 warps takes 16 slots
+// of a tile (S = Q K^T and O += P V on mma.sync m16n8k16) and keeps its own
+// online-softmax state, and the warps' states are merged at the end. A key
+// slot of a page is loaded once per block, so once per group (and per 16
+// rows). The page entries of a tile are copied into shared memory S
+// iterations ahead of its K/V, so that the K/V copies never wait on a
+// dependent global load.
 //
 // Units of a split sequence write fp32 partial (O, LSE) states, merged by
 // decode_combine_kernel (the chunks of a row in parallel).
@@ -29,19 +31,20 @@ namespace attn::decode {
 constexpr int kThreads = 128;
 constexpr int kWarps = kThreads / 32;
 constexpr int kTileKeys = 16 * kWarps;  // key slots per pipeline stage
-constexpr int kStages = 2;
 
-template <int D>
+template <int D, int S>
 struct Smem {
+  static_assert(S >= 2, "a tile in flight while one is computed");
   static constexpr int kLd = D + 8;  // row pitch (elements): ldmatrix without bank conflicts
   static constexpr int kTileElems = kTileKeys * kLd;
   // K and V of each stage, the slots' positions, Q.
-  static constexpr int kKvBytes = kStages * 2 * kTileElems * 2;
-  static constexpr int kPosBytes = kStages * kTileKeys * 4;
+  static constexpr int kKvBytes = S * 2 * kTileElems * 2;
+  static constexpr int kPosBytes = S * kTileKeys * 4;
   // Page entries one tile can touch (page size 1: one per slot, plus one
-  // when a tile starts inside a page), two buffers.
+  // when a tile starts inside a page); S buffers (see the kernel).
   static constexpr int kEntriesPerTile = kTileKeys + 1;
-  static constexpr int kEntryBytes = 2 * kEntriesPerTile * 16;
+  static constexpr int kEntryBufs = S;
+  static constexpr int kEntryBytes = kEntryBufs * kEntriesPerTile * 16;
   static constexpr int kQBytes = 16 * kLd * 2;
   // The warps' final states reuse the K/V area.
   static constexpr int kMergeBytes = kWarps * 16 * (D + 2) * 4;
@@ -52,11 +55,11 @@ struct Smem {
 // Grid (max units, heads_kv, row tiles); blocks past the prepared units or
 // rows return at once, so that one launch shape serves every prepared batch
 // (and a captured graph can be replayed after each prepare).
-template <class T, int D>
+template <class T, int D, int S>
 __global__ void __launch_bounds__(kThreads) paged_decode_kernel(const DecodeParams p) {
   using flash::cp_async_16;
   using flash::smem_u32;
-  using SM = Smem<D>;
+  using SM = Smem<D, S>;
   constexpr int kLd = SM::kLd;
   constexpr int kChunks = D / 8;  // 16-byte chunks of a row
 
@@ -73,7 +76,7 @@ __global__ void __launch_bounds__(kThreads) paged_decode_kernel(const DecodePara
   extern __shared__ __align__(16) unsigned char smem[];
   T* sKV = reinterpret_cast<T*>(smem);  // [stage][K|V][kTileKeys][kLd]
   int* sPos = reinterpret_cast<int*>(smem + SM::kKvBytes);  // [stage][kTileKeys]
-  PageEntry* sEnt = reinterpret_cast<PageEntry*>(smem + SM::kKvBytes + SM::kPosBytes);  // [2][kEntriesPerTile]
+  PageEntry* sEnt = reinterpret_cast<PageEntry*>(smem + SM::kKvBytes + SM::kPosBytes);  // [S][kEntriesPerTile]
   T* sQ = reinterpret_cast<T*>(smem + SM::kKvBytes + SM::kPosBytes + SM::kEntryBytes);  // [16][kLd]
 
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
@@ -103,16 +106,17 @@ __global__ void __launch_bounds__(kThreads) paged_decode_kernel(const DecodePara
   const int tiles = int((slots + kTileKeys - 1) / kTileKeys);
   const int64_t head_off = int64_t(g) * p.head_stride;
 
-  // The page entries that tile `tile` reads go to entry buffer tile % 2 one
-  // iteration before its K/V, so that the K/V copies never wait on them.
+  // The page entries that tile `tile` reads go to entry buffer tile % S,
+  // fetched S - 1 iterations before its K/V (see the pipeline below), so
+  // that the K/V copies never wait on them.
   auto fetch_entries = [&](int tile) {
     const int64_t first = int64_t(uint32_t(tile * kTileKeys) / ups);
     const int64_t last = min(int64_t(uint32_t(tile * kTileKeys + kTileKeys - 1) / ups), num_entries - 1);
     if (tid <= last - first)
-      cp_async_16(smem_u32(sEnt + (tile % 2) * SM::kEntriesPerTile + tid),
+      cp_async_16(smem_u32(sEnt + (tile % S) * SM::kEntriesPerTile + tid),
                   p.entries + u.entry_begin + first + tid, true);
   };
-  // Issues the K/V copies of tile `tile` into stage tile % kStages from its
+  // Issues the K/V copies of tile `tile` into stage tile % S from its
   // entries (in shared memory by now). A slot past the unit, or at a
   // position >= n (the unfilled end of the last page), becomes zeros and
   // position -1. Each thread copies chunk c of rows r0, r0 + kRowStep, ...
@@ -120,10 +124,10 @@ __global__ void __launch_bounds__(kThreads) paged_decode_kernel(const DecodePara
   static_assert(kThreads % kChunks == 0 && kTileKeys % kRowStep == 0, "rows divide among threads");
   const int chunk = tid % kChunks, r0 = tid / kChunks;
   auto issue_kv = [&](int tile) {
-    const int st = tile % kStages;
+    const int st = tile % S;
     T* sK = sKV + st * 2 * SM::kTileElems;
     T* sV = sK + SM::kTileElems;
-    const PageEntry* ent = sEnt + (tile % 2) * SM::kEntriesPerTile;
+    const PageEntry* ent = sEnt + (tile % S) * SM::kEntriesPerTile;
     const uint32_t slot0 = uint32_t(tile * kTileKeys);
     const uint32_t first = slot0 / ups;
 #pragma unroll
@@ -146,15 +150,25 @@ __global__ void __launch_bounds__(kThreads) paged_decode_kernel(const DecodePara
     }
   };
 
-  // Prologue: entries of tile 0 (waited for), then K/V of tile 0 with the
-  // entries of tile 1.
-  if (tiles > 0) fetch_entries(0);
+  // The pipeline, in cp.async groups: the prologue waits for the entries of
+  // tiles 0 .. S-2, then commits P_j = {K/V of tile j, entries of tile
+  // S-1+j} for j < S-1; iteration i waits until at most S-2 groups are
+  // pending (so P_i, or G_{i-S+1}, is complete: K/V of tile i and the
+  // entries of tile i+S-1) and commits G_i = {K/V of tile i+S-1, entries of
+  // tile i+2S-2}. Entry buffer (i+2S-2) % S held the entries of tile i+S-2,
+  // read by the previous iteration's issue (a barrier in between).
+  for (int j = 0; j < S - 1; ++j)
+    if (j < tiles) fetch_entries(j);
   flash::cp_async_commit();
   flash::cp_async_wait<0>();
-  __syncthreads();  // sQ and the entries of tile 0
-  if (tiles > 0) issue_kv(0);
-  if (tiles > 1) fetch_entries(1);
-  flash::cp_async_commit();
+  __syncthreads();  // sQ and the entries of tiles 0 .. S-2
+#pragma unroll
+  for (int j = 0; j < S - 1; ++j) {
+    if (j > 0) __syncthreads();  // buffer (j - 1) % S was read by the last issue
+    if (j < tiles) issue_kv(j);
+    if (S - 1 + j < tiles) fetch_entries(S - 1 + j);
+    flash::cp_async_commit();
+  }
 
   // Q fragments: A of m16n8k16 for each 16-wide slice of D.
   uint32_t qf[D / 16][4];
@@ -181,12 +195,12 @@ __global__ void __launch_bounds__(kThreads) paged_decode_kernel(const DecodePara
   for (int j = 0; j < D / 8; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
 
   for (int tile = 0; tile < tiles; ++tile) {
-    const int st = tile % kStages;
-    // K/V of this tile and the entries of the next are in.
-    flash::cp_async_wait<0>();
+    const int st = tile % S;
+    // K/V of this tile and the entries of tile + S - 1 are in.
+    flash::cp_async_wait<S - 2>();
     __syncthreads();
-    if (tile + 1 < tiles) issue_kv(tile + 1);
-    if (tile + 2 < tiles) fetch_entries(tile + 2);
+    if (tile + S - 1 < tiles) issue_kv(tile + S - 1);
+    if (tile + 2 * S - 2 < tiles) fetch_entries(tile + 2 * S - 2);
     flash::cp_async_commit();
 
     const T* sK = sKV + st * 2 * SM::kTileElems;

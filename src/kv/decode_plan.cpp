@@ -86,8 +86,10 @@ DecodePlan::DecodePlan(const ContextConfig& ctx, const CacheConfig& cache, const
   on_device_ = ctx.backend != ATTN_BACKEND_CPU;
 #if ATTN_HAVE_CUDA
   if (on_device_) {
-    cuda::decode_check_supported(ctx.device, cache_, cfg_.heads_q, cfg_.max_query_tokens);
-    device_wave_ = cuda::decode_resident_blocks(ctx.device, cache_);
+    device_stages_ = cuda::decode_pipeline_stages();
+    cuda::decode_check_supported(ctx.device, cache_, cfg_.heads_q, cfg_.max_query_tokens,
+                                 device_stages_);
+    device_wave_ = cuda::decode_resident_blocks(ctx.device, cache_, device_stages_);
   }
 #else
   if (on_device_) not_supported("ctx: this build of libattn has no CUDA backend");
@@ -471,7 +473,8 @@ void DecodePlan::describe(attn_decode_plan_info_t& info) const {
   std::snprintf(info.algorithm, sizeof info.algorithm, "%s",
                 max_partials_ > 0 ? "paged-decode-gqa-packed-split-kv" : "paged-decode-gqa-packed");
   std::snprintf(info.kernel, sizeof info.kernel, "%s",
-                on_device_ ? "cuda-sm80-mma-paged" : "cpu-scalar");
+                !on_device_ ? "cpu-scalar"
+                : device_stages_ == 3 ? "cuda-sm80-mma-paged-s3" : "cuda-sm80-mma-paged");
   if (cfg_.kv_chunk_tokens == 0 && (on_device_ || threads_ > 1)) {
     info.split_target_tasks = on_device_ ? device_wave_ : threads_;
     info.split_min_chunk_tokens = kMinAutoChunkTokens;

@@ -103,6 +103,8 @@ class DecodePlan {
   // (batch, query tokens, split) may exceed its own workspace layout.
   uint64_t id() const { return id_; }
   int32_t device() const { return ctx_.device; }
+  // CUDA: stages of the decode kernel's pipeline.
+  int32_t device_stages() const { return device_stages_; }
 
   // Per-thread scratch regions (offsets in floats, each 16-float aligned).
   struct Scratch {
@@ -139,6 +141,7 @@ class DecodePlan {
   // (the host cannot read the device header before launching).
   bool on_device_ = false;
   int64_t device_wave_ = 0;
+  int32_t device_stages_ = 2;
   std::shared_ptr<void> staging_;
   struct Prepared {
     uintptr_t cache_id;
