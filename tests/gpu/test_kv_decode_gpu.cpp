@@ -16,7 +16,8 @@
 // changes: lengths, pages in use and the pages' contents, checked by a
 // decode afterwards), a CUDA graph of execute replayed (bit-identical, and
 // replayed again after the next prepare), stale and unprepared workspaces
-// refused without writing O, and NOT_SUPPORTED for what the kernel lacks.
+// refused without writing O, NOT_SUPPORTED for what the kernel lacks, and
+// ATTN_CUDA_DECODE_STAGES refused unless 2 or 3.
 //
 // Tolerance (FlashAttention's rule, as the other GPU tests): max |O -
 // O_fp64| <= 2 max |O_plain - O_fp64| + atol, O_plain with scores in fp32, P
@@ -575,6 +576,50 @@ void not_supported_case() {
   }
 }
 
+// ATTN_CUDA_DECODE_STAGES other than 2 or 3 is refused at plan creation
+// (message naming it, *plan unchanged); the variable is restored after.
+void stages_env_case() {
+  if (!selected("stages")) return;
+  const char* prev = std::getenv("ATTN_CUDA_DECODE_STAGES");
+  const std::string saved = prev != nullptr ? prev : "";
+  CacheShape cs;
+  attn_context_t ctx = nullptr;
+  ATTN_CHECK(attn_context_create(ATTN_BACKEND_CUDA, 0, 0, &ctx));
+  const attn_kv_cache_config_t cfg = cache_config(cs);
+  attn_kv_cache_t cache = nullptr;
+  ATTN_CHECK(attn_kv_cache_create(ctx, &cfg, nullptr, 0, &cache));
+  attn_decode_config_t c;
+  std::memset(&c, 0, sizeof c);
+  c.struct_size = sizeof c;
+  c.heads_q = 4;
+  c.max_batch = 2;
+  c.max_query_tokens = 1;
+  setenv("ATTN_CUDA_DECODE_STAGES", "4", 1);
+  attn_decode_plan_t plan = reinterpret_cast<attn_decode_plan_t>(&c);  // must stay as is
+  const attn_status_t st = attn_decode_plan_create(ctx, cache, &c, &plan);
+  const std::string msg = attn_last_error_message();
+  bool ok = st == ATTN_STATUS_INVALID_ARGUMENT &&
+            msg.find("ATTN_CUDA_DECODE_STAGES") != std::string::npos &&
+            plan == reinterpret_cast<attn_decode_plan_t>(&c);
+  // 3 is accepted and named by describe().
+  setenv("ATTN_CUDA_DECODE_STAGES", "3", 1);
+  attn_decode_plan_t plan3 = nullptr;
+  ATTN_CHECK(attn_decode_plan_create(ctx, cache, &c, &plan3));
+  attn_decode_plan_info_t pi;
+  std::memset(&pi, 0, sizeof pi);
+  pi.struct_size = sizeof pi;
+  ATTN_CHECK(attn_decode_plan_describe(plan3, &pi));
+  ok = ok && std::strstr(pi.kernel, "-s3") != nullptr;
+  attn_decode_plan_destroy(plan3);
+  if (prev != nullptr) setenv("ATTN_CUDA_DECODE_STAGES", saved.c_str(), 1);
+  else unsetenv("ATTN_CUDA_DECODE_STAGES");
+  std::printf("%-58s %s (%s; %s)\n", "stages: ATTN_CUDA_DECODE_STAGES=4 refused, 3 named",
+              ok ? "ok" : "FAIL", msg.c_str(), pi.kernel);
+  if (!ok) ++g_failures;
+  attn_kv_cache_destroy(cache);
+  attn_context_destroy(ctx);
+}
+
 }  // namespace
 
 int main() {
@@ -684,6 +729,7 @@ int main() {
   capacity_case();
   graph_case();
   not_supported_case();
+  stages_env_case();
   if (g_failures > 0) {
     std::printf("%d FAILED\n", g_failures);
     return 1;
