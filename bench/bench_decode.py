@@ -370,7 +370,8 @@ def main():
             # Fixed chunk lengths next to the automatic split (target: split_target_tasks blocks at once).
             auto = (split_label(pd.info), ours, pd.split_target)
             o_auto = o.clone()
-            for chunk in (1024, 2048, 4096, 8192):
+            # 1328 tokens (83 pages): the 99 chunks of the old two-wave split, now with the parallel combine.
+            for chunk in (1024, 1328, 2048, 4096, 8192):
                 pd.replan(chunk)
                 o.fill_(float("nan"))
                 pd.execute(q, o)
