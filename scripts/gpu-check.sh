@@ -96,7 +96,8 @@ if [ "${GPU_CHECK_SANITIZE:-1}" != 0 ] && command -v compute-sanitizer >/dev/nul
     summary+=("compute-sanitizer racecheck $t: $([ $rc = 0 ] && echo clean || echo "FAIL ($rc)")")
   done
   # Decode: every case with the long sequences shortened (memcheck), and
-  # the many-chunk cases (split decode blocks and the combine) for races.
+  # the long single sequence (unsplit, split in ~190 chunks and automatic:
+  # the pipeline's shared memory and the combine's reductions) for races.
   bin="$build/tests/gpu/test_kv_decode_gpu"
   step "compute-sanitizer memcheck, decode (small cases)"
   ATTN_GPU_TEST_QUICK=1 compute-sanitizer --tool memcheck --error-exitcode 3 "$bin" \
@@ -105,8 +106,8 @@ if [ "${GPU_CHECK_SANITIZE:-1}" != 0 ] && command -v compute-sanitizer >/dev/nul
   tail -3 "$logs/memcheck_decode.log"
   summary+=("compute-sanitizer memcheck decode: $([ $rc = 0 ] && echo clean || echo "FAIL ($rc)")")
   for stages in 2 3; do
-    step "compute-sanitizer racecheck, decode, $stages-stage pipeline (many-chunk cases, shortened)"
-    ATTN_CUDA_DECODE_STAGES=$stages ATTN_GPU_TEST_QUICK=1 ATTN_GPU_TEST_FILTER="many chunks" \
+    step "compute-sanitizer racecheck, decode, $stages-stage pipeline (one long sequence, shortened)"
+    ATTN_CUDA_DECODE_STAGES=$stages ATTN_GPU_TEST_QUICK=1 ATTN_GPU_TEST_FILTER="one long sequence" \
       compute-sanitizer --tool racecheck --error-exitcode 3 "$bin" \
       >"$logs/racecheck_decode_s$stages.log" 2>&1
     rc=$?
