@@ -63,15 +63,15 @@ __global__ void __launch_bounds__(kThreads) paged_decode_kernel(const DecodePara
   constexpr int kLd = SM::kLd;
   constexpr int kChunks = D / 8;  // 16-byte chunks of a row
 
+  // The block's start is a chain of dependent loads before its first K/V
+  // copy; it is kept to three: the unit (read with the header: the grid is
+  // the plan's max units, so a unit past the prepared ones is stale but
+  // inside the workspace), then its first page entries and its sequence,
+  // then Q.
   const int64_t unit_index = blockIdx.x;
-  if (unit_index >= p.header->num_units) return;
+  const int64_t num_units = p.header->num_units;
   const WorkUnit u = p.units[unit_index];
-  const SeqMeta sm = p.seqs[u.seq];
-  const int g = blockIdx.y;
-  const int G = p.group;
-  const int rows = int(sm.q_len) * G;
-  const int row0 = blockIdx.z * 16;
-  if (row0 >= rows) return;
+  if (unit_index >= num_units) return;
 
   extern __shared__ __align__(16) unsigned char smem[];
   T* sKV = reinterpret_cast<T*>(smem);  // [stage][K|V][kTileKeys][kLd]
@@ -80,31 +80,13 @@ __global__ void __launch_bounds__(kThreads) paged_decode_kernel(const DecodePara
   T* sQ = reinterpret_cast<T*>(smem + SM::kKvBytes + SM::kPosBytes + SM::kEntryBytes);  // [16][kLd]
 
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
-  const int64_t n = sm.length;
   const int64_t ps = p.page_size;
-  const T* q = static_cast<const T*>(p.q);
-  const T* k_pool = static_cast<const T*>(p.k_pool);
-  const T* v_pool = static_cast<const T*>(p.v_pool);
-
-  // Q rows (zeros past the sequence's rows).
-  for (int idx = tid; idx < 16 * kChunks; idx += kThreads) {
-    const int r = idx / kChunks, c = idx % kChunks;
-    const int rr = row0 + r;
-    uint4 val = make_uint4(0, 0, 0, 0);
-    if (rr < rows) {
-      const int64_t t = rr / G, h = int64_t(g) * G + rr % G;
-      val = *reinterpret_cast<const uint4*>(q + ((sm.q_begin + t) * p.heads_q + h) * D + c * 8);
-    }
-    *reinterpret_cast<uint4*>(sQ + r * kLd + c * 8) = val;
-  }
-
   // Positions are below 2^31 (int32 in shared memory), and so are a unit's
   // key slots.
   const uint32_t ups = uint32_t(ps);
   const int64_t num_entries = u.entry_end - u.entry_begin;
   const int64_t slots = num_entries * ps;
   const int tiles = int((slots + kTileKeys - 1) / kTileKeys);
-  const int64_t head_off = int64_t(g) * p.head_stride;
 
   // The page entries that tile `tile` reads go to entry buffer tile % S,
   // fetched S - 1 iterations before its K/V (see the pipeline below), so
@@ -116,6 +98,36 @@ __global__ void __launch_bounds__(kThreads) paged_decode_kernel(const DecodePara
       cp_async_16(smem_u32(sEnt + (tile % S) * SM::kEntriesPerTile + tid),
                   p.entries + u.entry_begin + first + tid, true);
   };
+  // The entries of tiles 0 .. S-2 (committed with Q below).
+  for (int j = 0; j < S - 1; ++j)
+    if (j < tiles) fetch_entries(j);
+
+  const SeqMeta sm = p.seqs[u.seq];
+  const int g = blockIdx.y;
+  const int G = p.group;
+  const int rows = int(sm.q_len) * G;
+  const int row0 = blockIdx.z * 16;
+  if (row0 >= rows) {  // a row tile past this sequence's rows
+    flash::cp_async_commit();
+    flash::cp_async_wait<0>();  // no copy outlives the block
+    return;
+  }
+  const int64_t n = sm.length;
+  const T* q = static_cast<const T*>(p.q);
+  const T* k_pool = static_cast<const T*>(p.k_pool);
+  const T* v_pool = static_cast<const T*>(p.v_pool);
+
+  // Q rows (zeros past the sequence's rows).
+  for (int idx = tid; idx < 16 * kChunks; idx += kThreads) {
+    const int r = idx / kChunks, c = idx % kChunks;
+    const int rr = row0 + r;
+    const int64_t t = rr / G, h = int64_t(g) * G + rr % G;
+    const bool valid = rr < rows;
+    cp_async_16(smem_u32(sQ + r * kLd + c * 8),
+                valid ? q + ((sm.q_begin + t) * p.heads_q + h) * D + c * 8 : q, valid);
+  }
+  const int64_t head_off = int64_t(g) * p.head_stride;
+
   // Issues the K/V copies of tile `tile` into stage tile % S from its
   // entries (in shared memory by now). A slot past the unit, or at a
   // position >= n (the unfilled end of the last page), becomes zeros and
@@ -150,15 +162,14 @@ __global__ void __launch_bounds__(kThreads) paged_decode_kernel(const DecodePara
     }
   };
 
-  // The pipeline, in cp.async groups: the prologue waits for the entries of
-  // tiles 0 .. S-2, then commits P_j = {K/V of tile j, entries of tile
-  // S-1+j} for j < S-1; iteration i waits until at most S-2 groups are
-  // pending (so P_i, or G_{i-S+1}, is complete: K/V of tile i and the
-  // entries of tile i+S-1) and commits G_i = {K/V of tile i+S-1, entries of
-  // tile i+2S-2}. Entry buffer (i+2S-2) % S held the entries of tile i+S-2,
-  // read by the previous iteration's issue (a barrier in between).
-  for (int j = 0; j < S - 1; ++j)
-    if (j < tiles) fetch_entries(j);
+  // The pipeline, in cp.async groups: the prologue waits for Q and the
+  // entries of tiles 0 .. S-2 (issued above), then commits P_j = {K/V of
+  // tile j, entries of tile S-1+j} for j < S-1; iteration i waits until at
+  // most S-2 groups are pending (so P_i, or G_{i-S+1}, is complete: K/V of
+  // tile i and the entries of tile i+S-1) and commits G_i = {K/V of tile
+  // i+S-1, entries of tile i+2S-2}. Entry buffer (i+2S-2) % S held the
+  // entries of tile i+S-2, read by the previous iteration's issue (a
+  // barrier in between).
   flash::cp_async_commit();
   flash::cp_async_wait<0>();
   __syncthreads();  // sQ and the entries of tiles 0 .. S-2
