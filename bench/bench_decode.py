@@ -188,6 +188,12 @@ class PagedDecode:
         self.lib.dll.attn_kv_cache_destroy(self.cache)
 
 
+# Fixed kv_chunk_tokens timed next to the automatic split, per (batch, context). 2736 at 4 x 64K and
+# 1328 at 1 x 128K (83 pages) are the old two-wave splits (24 and 99 chunks), now with the parallel combine.
+SPLIT_SWEEP = {(32, 8192): (-1, 4096, 2048), (4, 65536): (-1, 2736, 8192),
+               (1, 131072): (1024, 1328, 2048, 4096, 8192)}
+
+
 def split_label(info):
     if not info.split_sequences:
         return f"none ({info.num_work_units})"
@@ -366,12 +372,12 @@ def main():
                      f"{ratio(ours, cud)} | {', '.join(errs)} | {pd.kernel} | "
                      f"{s3[0]:.2f}, {s3[1]}, {s3[2]:.1e} |")
         print(lines[-1], flush=True)
-        if B == 1:
-            # Fixed chunk lengths next to the automatic split (target: split_target_tasks blocks at once).
+        if layout == ATTN_KV_LAYOUT_HND:
+            # Fixed splits next to the automatic one (target: split_target_tasks blocks at once).
             auto = (split_label(pd.info), ours, pd.split_target)
             o_auto = o.clone()
-            # 1328 tokens (83 pages): the 99 chunks of the old two-wave split, now with the parallel combine.
-            for chunk in (1024, 1328, 2048, 4096, 8192):
+            first = len(sweep)
+            for chunk in SPLIT_SWEEP.get((B, L), ()):
                 pd.replan(chunk)
                 o.fill_(float("nan"))
                 pd.execute(q, o)
@@ -380,12 +386,12 @@ def main():
                 ms = time_ms(lambda: pd.execute(q, o), warmup, reps)
                 sweep.append((f"{B} x {L // 1024}K", chunk, split_label(pd.info), kv_bytes / (ms * 1e-3) / 1e12,
                               f"{err:.1e}"))
-            sweep.insert(0, (f"{B} x {L // 1024}K", f"auto (target {auto[2]} blocks)", auto[0], auto[1], "-"))
+            sweep.insert(first, (f"{B} x {L // 1024}K", f"auto (target {auto[2]} blocks)", auto[0], auto[1], "-"))
         pd.close()
         del kc, vc, q, o
         torch.cuda.empty_cache()
     if sweep:
-        lines += ["", "Split at batch 1 (same cache and Q; libattn TB/s of K/V read):", "",
+        lines += ["", "Split-KV choices (HND; same cache and Q; libattn TB/s of K/V read; -1: never split):", "",
                   "| batch x context | kv_chunk_tokens | split (units) | libattn TB/s | rel. L2 vs auto |",
                   "|---|---|---|---:|---|"]
         lines += [f"| {c} | {k} | {s} | {t:.2f} | {e} |" for c, k, s, t, e in sweep]
