@@ -11,7 +11,8 @@
 // into many chunks (up to ~1500, so that the combine's threads each take
 // several chunks; the automatic split must cut them), a batch of one with 8
 // query tokens (4 row tiles) and a batch mixing one long sequence with
-// short unsplit ones. Then fork + append on the
+// short unsplit ones, and 12 query tokens per sequence (more than the
+// combine's 8 tokens in parallel). Then fork + append on the
 // device (copy-on-write of a shared partial page), CAPACITY (nothing
 // changes: lengths, pages in use and the pages' contents, checked by a
 // decode afterwards), a CUDA graph of execute replayed (bit-identical, and
@@ -724,6 +725,16 @@ int main() {
     cs.num_pages = len / 16 + 64;
     batch_case("bf16 NHD p16 d128 GQA8 long + short sequences q2, many chunks", cs,
                DecodeOpts{8, 2, 0, 0.0f, 0}, {len, 5, 300, 40}, 2, 4096, {0, 32}, 4);
+  }
+  {
+    // 12 query tokens (chunked prefill): the combine's blocks take tokens
+    // t and t + 8, reusing their shared memory.
+    CacheShape cs;
+    cs.d = 64;
+    cs.hkv = 2;
+    cs.num_pages = 600;
+    batch_case("bf16 HND p16 d64 GQA2 q12, many chunks", cs, DecodeOpts{4, 12, 0, 0.0f, 0},
+               {g_quick ? 1500 : 4000, 700}, 12, 1000, {0, 64}, 2);
   }
   fork_case();
   capacity_case();
