@@ -296,8 +296,10 @@ def main():
     ctx = ctypes.c_void_p()
     lib.check(lib.dll.attn_context_create(ATTN_BACKEND_CUDA, 0, 1, ctypes.byref(ctx)), "context")
     hq, hkv, d, ps = 32, 8, 128, 16
-    cases = [(32, 8192, ATTN_KV_LAYOUT_HND), (32, 8192, ATTN_KV_LAYOUT_NHD),
-             (4, 65536, ATTN_KV_LAYOUT_HND), (1, 131072, ATTN_KV_LAYOUT_HND)]
+    # (batch, context, layout, page size); 32 x 8K with 64-token pages says what page granularity costs.
+    cases = [(32, 8192, ATTN_KV_LAYOUT_HND, ps), (32, 8192, ATTN_KV_LAYOUT_NHD, ps),
+             (32, 8192, ATTN_KV_LAYOUT_HND, 64),
+             (4, 65536, ATTN_KV_LAYOUT_HND, ps), (1, 131072, ATTN_KV_LAYOUT_HND, ps)]
     warmup, reps = (3, 10) if args.quick else (10, 50)
     commit = os.environ.get("ATTN_COMMIT")
     if not commit:
@@ -313,7 +315,7 @@ def main():
     del big, dst
     lines = [f"# Paged decode: libattn CUDA vs PyTorch SDPA, {datetime.date.today()}", "",
              f"commit `{commit}`, {torch.cuda.get_device_name()}, torch {torch.__version__}; bf16, d = {d}, "
-             f"heads q/kv {hq}/{hkv}, one query token per sequence, libattn page size {ps}; median of {reps} "
+             f"heads q/kv {hq}/{hkv}, one query token per sequence, libattn page size {ps} unless stated; median of {reps} "
              f"after {warmup} warm-up; TB/s of K/V bytes read (unique bytes for every column). "
              f"Device copy (read + write, 1 GiB): {copy_tbs:.2f} TB/s.", "",
              "| batch x context | libattn layout | libattn TB/s | split (units) | torch FA2 TB/s | torch cuDNN TB/s "
@@ -322,12 +324,12 @@ def main():
     print("\n".join(lines), flush=True)
     torch.manual_seed(0)
     sweep = []
-    for B, L, layout in cases:
+    for B, L, layout, page in cases:
         k = torch.randn(B, L, hkv, d, dtype=torch.bfloat16, device="cuda")
         v = torch.randn(B, L, hkv, d, dtype=torch.bfloat16, device="cuda")
         q = torch.randn(B, hq, d, dtype=torch.bfloat16, device="cuda")
         o = torch.empty_like(q)
-        pd = PagedDecode(lib, ctx, k, v, hq, ps, layout, 0)
+        pd = PagedDecode(lib, ctx, k, v, hq, page, layout, 0)
         kv_bytes = 2 * B * L * hkv * d * 2
         assert abs(pd.info.kv_bytes_read - kv_bytes) < 1, (pd.info.kv_bytes_read, kv_bytes)
         pd.execute(q, o)
@@ -366,13 +368,14 @@ def main():
         fa2, cud = res["fa2"][0], res["cudnn"][0]
         ratio = lambda a, b: f"{a / b:.2f}" if b == b and b > 0 else "n/a"
         note = lambda r: "" if r[1] == "enable_gqa" else f" ({r[1]})"
-        lines.append(f"| {B} x {L // 1024}K | {'HND' if layout == ATTN_KV_LAYOUT_HND else 'NHD'} | {ours:.2f} | "
+        lname = ("HND" if layout == ATTN_KV_LAYOUT_HND else "NHD") + ("" if page == ps else f", page {page}")
+        lines.append(f"| {B} x {L // 1024}K | {lname} | {ours:.2f} | "
                      f"{split_label(pd.info)} | "
                      f"{fa2:.2f}{note(res['fa2'])} | {cud:.2f}{note(res['cudnn'])} | {ratio(ours, fa2)} | "
                      f"{ratio(ours, cud)} | {', '.join(errs)} | {pd.kernel} | "
                      f"{s3[0]:.2f}, {s3[1]}, {s3[2]:.1e} |")
         print(lines[-1], flush=True)
-        if layout == ATTN_KV_LAYOUT_HND:
+        if layout == ATTN_KV_LAYOUT_HND and page == ps:
             # Fixed splits next to the automatic one (target: split_target_tasks blocks at once).
             auto = (split_label(pd.info), ours, pd.split_target)
             o_auto = o.clone()
