@@ -10,7 +10,7 @@
 #   BUILD_DIR            build directory (default /tmp/attn-gpu-build)
 #   GPU_ARCHS            meson gpu_archs (default sm_90a)
 #   GPU_CHECK_TESTS      meson test names to run (default: the whole gpu suite)
-#   GPU_CHECK_SANITIZE   0 skips compute-sanitizer
+#   GPU_CHECK_SANITIZE   0 skips compute-sanitizer (forward, backward and decode tests)
 #   GPU_CHECK_TORCH      0 skips the PyTorch reference timing
 #   GPU_CHECK_TIMING     0 skips all timing
 #   GPU_CHECK_VARIANTS   1 also times the d=64 and d=128 backward variants of sm_80-sized devices
@@ -94,6 +94,25 @@ if [ "${GPU_CHECK_SANITIZE:-1}" != 0 ] && command -v compute-sanitizer >/dev/nul
     rc=$?
     tail -2 "$logs/racecheck_$t.log"
     summary+=("compute-sanitizer racecheck $t: $([ $rc = 0 ] && echo clean || echo "FAIL ($rc)")")
+  done
+  # Decode: every case with the long sequences shortened (memcheck), and
+  # the long single sequence (unsplit, split in ~190 chunks and automatic:
+  # the pipeline's shared memory and the combine's reductions) for races.
+  bin="$build/tests/gpu/test_kv_decode_gpu"
+  step "compute-sanitizer memcheck, decode (small cases)"
+  ATTN_GPU_TEST_QUICK=1 compute-sanitizer --tool memcheck --error-exitcode 3 "$bin" \
+    >"$logs/memcheck_decode.log" 2>&1
+  rc=$?
+  tail -3 "$logs/memcheck_decode.log"
+  summary+=("compute-sanitizer memcheck decode: $([ $rc = 0 ] && echo clean || echo "FAIL ($rc)")")
+  for stages in 2 3; do
+    step "compute-sanitizer racecheck, decode, $stages-stage pipeline (one long sequence, shortened)"
+    ATTN_CUDA_DECODE_STAGES=$stages ATTN_GPU_TEST_QUICK=1 ATTN_GPU_TEST_FILTER="one long sequence" \
+      compute-sanitizer --tool racecheck --error-exitcode 3 "$bin" \
+      >"$logs/racecheck_decode_s$stages.log" 2>&1
+    rc=$?
+    tail -2 "$logs/racecheck_decode_s$stages.log"
+    summary+=("compute-sanitizer racecheck decode s$stages: $([ $rc = 0 ] && echo clean || echo "FAIL ($rc)")")
   done
 fi
 

@@ -1035,6 +1035,16 @@ typedef struct attn_decode_plan_info {
   uint64_t workspace_bytes;
   char algorithm[64];         /* "paged-decode-gqa-packed-split-kv" */
   char kernel[64];            /* "cpu-scalar", "cuda-sm80-mma-paged" */
+  /* Appended: the automatic split (kv_chunk_tokens 0). A step's tasks are
+   * (work unit, KV head, tile of 16 packed query rows) on CUDA and (work
+   * unit, KV head) on the CPU. split_target_tasks is how many run at once:
+   * CUDA, the decode blocks resident per SM times the SMs; CPU, the
+   * threads; 0: the plan does not split by itself. Prepare splits a batch
+   * with fewer tasks than that (CPU: fewer than the threads) into chunks of
+   * whole pages, at least split_min_chunk_tokens long (CUDA: the count that
+   * fills whole waves of split_target_tasks best, at most two waves). */
+  int64_t split_target_tasks;
+  int64_t split_min_chunk_tokens;
 } attn_decode_plan_info_t;
 
 /* Fills *info. Returns SUCCESS, INVALID_HANDLE, INVALID_ARGUMENT (info NULL
