@@ -12,7 +12,16 @@ sequence (libattn's attn_decode_step_info_t.kv_bytes_read; the same count
 for SDPA, the unique K/V bytes, whatever the backend re-reads), timed with
 CUDA events, median of many runs after warm-up, inputs larger than L2.
 The device's copy bandwidth (a clone of a 1 GiB tensor, read + write) is
-the ceiling. Outputs are compared with SDPA's (relative L2).
+the ceiling. Outputs are compared with SDPA's (relative L2). At 1 x 128K
+the automatic split is also compared with fixed chunk lengths
+(kv_chunk_tokens), the same cache and Q.
+
+Then the KV cache itself: append throughput of attn_kv_cache_append on
+CUDA (one decode token for each of 32 sequences per call, and a 4K-token
+prefill chunk of one sequence per call; host wall time per call, ctypes
+overhead included, and the device time between events around the calls)
+and the memory held per token (attn_kv_cache_get_info: K and V bytes of a
+token, and the pages in use x page size x that, per token held).
 
 Usage: bench_decode.py [--lib build/src/libattn.so] [--out results.md] [--quick]
 """
@@ -21,6 +30,7 @@ import ctypes
 import datetime
 import os
 import subprocess
+import time
 
 import torch
 import torch.nn.functional as F
@@ -58,7 +68,15 @@ class PlanInfo(ctypes.Structure):
                 ("max_query_tokens", ctypes.c_int64), ("max_kv_tokens", ctypes.c_int64),
                 ("kv_chunk_tokens", ctypes.c_int64), ("num_threads", ctypes.c_int32),
                 ("reserved", ctypes.c_int32), ("workspace_bytes", ctypes.c_uint64),
-                ("algorithm", ctypes.c_char * 64), ("kernel", ctypes.c_char * 64)]
+                ("algorithm", ctypes.c_char * 64), ("kernel", ctypes.c_char * 64),
+                ("split_target_tasks", ctypes.c_int64), ("split_min_chunk_tokens", ctypes.c_int64)]
+
+
+class CacheInfo(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_uint64), ("num_pages", ctypes.c_int64), ("pages_in_use", ctypes.c_int64),
+                ("num_sequences", ctypes.c_int64), ("page_size", ctypes.c_int64),
+                ("bytes_per_token", ctypes.c_uint64), ("memory_bytes", ctypes.c_uint64),
+                ("owns_memory", ctypes.c_int32), ("reserved", ctypes.c_int32)]
 
 
 class Lib:
@@ -75,6 +93,7 @@ class Lib:
             "attn_kv_cache_destroy": ([vp], i32),
             "attn_kv_cache_add_sequence": ([vp, i64], i32),
             "attn_kv_cache_append": ([vp, i32, P(i64), P(i32), vp, vp, vp], i32),
+            "attn_kv_cache_get_info": ([vp, P(CacheInfo)], i32),
             "attn_decode_plan_create": ([vp, vp, P(DecodeConfig), P(vp)], i32),
             "attn_decode_plan_destroy": ([vp], i32),
             "attn_decode_plan_workspace_size": ([vp, P(sz)], i32),
@@ -116,7 +135,7 @@ class PagedDecode:
     """A CUDA cache holding k, v ([B, L, H_kv, d]) and a decode plan for one query per sequence."""
 
     def __init__(self, lib, ctx, k, v, hq, page_size, layout, chunk):
-        self.lib, dl = lib, lib.dll
+        self.lib, self.ctx, dl = lib, ctx, lib.dll
         B, L, hkv, d = k.shape
         self.B = B
         stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
@@ -130,9 +149,18 @@ class PagedDecode:
         counts = (ctypes.c_int32 * B)(*([L] * B))
         lib.check(dl.attn_kv_cache_append(self.cache, B, self.ids, counts, ctypes.c_void_p(k.data_ptr()),
                                           ctypes.c_void_p(v.data_ptr()), stream), "append")
-        dc = DecodeConfig(ctypes.sizeof(DecodeConfig), hq, B, 1, L, chunk, 0.0, 0.0)
+        self.hq, self.L, self.plan = hq, L, None
+        self.replan(chunk)
+
+    def replan(self, chunk):
+        """A new decode plan over the same cache with kv_chunk_tokens = chunk, prepared."""
+        lib, dl, B = self.lib, self.lib.dll, self.B
+        if self.plan is not None:
+            dl.attn_decode_plan_destroy(self.plan)
+        stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+        dc = DecodeConfig(ctypes.sizeof(DecodeConfig), self.hq, B, 1, self.L, chunk, 0.0, 0.0)
         self.plan = ctypes.c_void_p()
-        lib.check(dl.attn_decode_plan_create(ctx, self.cache, ctypes.byref(dc), ctypes.byref(self.plan)), "plan")
+        lib.check(dl.attn_decode_plan_create(self.ctx, self.cache, ctypes.byref(dc), ctypes.byref(self.plan)), "plan")
         ws = ctypes.c_size_t()
         lib.check(dl.attn_decode_plan_workspace_size(self.plan, ctypes.byref(ws)), "workspace size")
         self.ws_bytes = ws.value
@@ -147,6 +175,7 @@ class PagedDecode:
         pi.struct_size = ctypes.sizeof(PlanInfo)
         lib.check(dl.attn_decode_plan_describe(self.plan, ctypes.byref(pi)), "describe")
         self.kernel = pi.kernel.decode()
+        self.split_target = pi.split_target_tasks
 
     def execute(self, q, o):
         stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
@@ -157,6 +186,81 @@ class PagedDecode:
     def close(self):
         self.lib.dll.attn_decode_plan_destroy(self.plan)
         self.lib.dll.attn_kv_cache_destroy(self.cache)
+
+
+# Fixed kv_chunk_tokens timed next to the automatic split, per (batch, context). 2736 at 4 x 64K and
+# 1328 at 1 x 128K (83 pages) are the old two-wave splits (24 and 99 chunks), now with the parallel combine.
+SPLIT_SWEEP = {(32, 8192): (-1, 4096, 2048), (4, 65536): (-1, 2736, 8192),
+               (1, 131072): (1024, 1328, 2048, 4096, 8192)}
+
+
+def split_label(info):
+    if not info.split_sequences:
+        return f"none ({info.num_work_units})"
+    return f"{info.max_chunks} x {info.kv_chunk_tokens} tok ({info.num_work_units})"
+
+
+def cache_info(lib, cache):
+    ci = CacheInfo()
+    ci.struct_size = ctypes.sizeof(CacheInfo)
+    lib.check(lib.dll.attn_kv_cache_get_info(cache, ctypes.byref(ci)), "get_info")
+    return ci
+
+
+def bench_append(lib, ctx, hkv, d, ps, layout, warmup, reps):
+    """Rows of the append table: (case, tokens/s, device us/call, device GB/s, B/token, held B/token)."""
+    dl = lib.dll
+    stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+    rows = []
+    for name, B, per_call in (("decode: 1 token x 32 sequences", 32, 1),
+                              ("prefill: 4096 tokens x 1 sequence", 1, 4096)):
+        calls = warmup + 2 * reps
+        per_seq = calls * per_call
+        pages = B * ((per_seq + ps - 1) // ps)
+        cfg = KvCacheConfig(ctypes.sizeof(KvCacheConfig), ATTN_DTYPE_BF16, layout, ps, pages, hkv, d, d, 0, 0)
+        cache = ctypes.c_void_p()
+        lib.check(dl.attn_kv_cache_create(ctx, ctypes.byref(cfg), None, 0, ctypes.byref(cache)), "cache")
+        ids = (ctypes.c_int64 * B)(*range(B))
+        for i in range(B):
+            lib.check(dl.attn_kv_cache_add_sequence(cache, i), "add")
+        counts = (ctypes.c_int32 * B)(*([per_call] * B))
+        # Distinct K/V per call, from a pool larger than L2 for the prefill.
+        slots = max(1, min(calls, (256 << 20) // (2 * B * per_call * hkv * d * 2)))
+        k = torch.randn(slots, B * per_call, hkv, d, dtype=torch.bfloat16, device="cuda")
+        v = torch.randn_like(k)
+
+        def append(i):
+            lib.check(dl.attn_kv_cache_append(cache, B, ids, counts, ctypes.c_void_p(k[i % slots].data_ptr()),
+                                              ctypes.c_void_p(v[i % slots].data_ptr()), stream), "append")
+        for i in range(warmup):
+            append(i)
+        torch.cuda.synchronize()
+        # As a host issues them: wall time from the first call to the end of the last one's copies.
+        t0 = time.perf_counter()
+        for i in range(warmup, warmup + reps):
+            append(i)
+        torch.cuda.synchronize()
+        wall = (time.perf_counter() - t0) / reps
+        # The device's part: the calls queued behind a sleeping kernel, then run back to back.
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        sleep = getattr(torch.cuda, "_sleep", None)
+        if sleep is not None:
+            sleep(100_000_000)  # cycles: tens of ms, longer than queueing the calls takes
+        e0.record()
+        for i in range(warmup + reps, calls):
+            append(i)
+        e1.record()
+        e1.synchronize()
+        device_s = e0.elapsed_time(e1) * 1e-3 / reps if sleep is not None else float("nan")
+        ci = cache_info(lib, cache)
+        held = ci.pages_in_use * ci.page_size * ci.bytes_per_token / (B * per_seq)
+        tokens = B * per_call
+        rows.append((name, tokens / wall, device_s * 1e6, tokens * ci.bytes_per_token / device_s / 1e9,
+                     ci.bytes_per_token, held))
+        lib.check(dl.attn_kv_cache_destroy(cache), "destroy")
+        del k, v
+        torch.cuda.empty_cache()
+    return rows
 
 
 def sdpa_runner(backend, q4, kc, vc, hq):
@@ -194,8 +298,10 @@ def main():
     ctx = ctypes.c_void_p()
     lib.check(lib.dll.attn_context_create(ATTN_BACKEND_CUDA, 0, 1, ctypes.byref(ctx)), "context")
     hq, hkv, d, ps = 32, 8, 128, 16
-    cases = [(32, 8192, ATTN_KV_LAYOUT_HND), (32, 8192, ATTN_KV_LAYOUT_NHD),
-             (4, 65536, ATTN_KV_LAYOUT_HND), (1, 131072, ATTN_KV_LAYOUT_HND)]
+    # (batch, context, layout, page size); 32 x 8K with 64-token pages says what page granularity costs.
+    cases = [(32, 8192, ATTN_KV_LAYOUT_HND, ps), (32, 8192, ATTN_KV_LAYOUT_NHD, ps),
+             (32, 8192, ATTN_KV_LAYOUT_HND, 64),
+             (4, 65536, ATTN_KV_LAYOUT_HND, ps), (1, 131072, ATTN_KV_LAYOUT_HND, ps)]
     warmup, reps = (3, 10) if args.quick else (10, 50)
     commit = os.environ.get("ATTN_COMMIT")
     if not commit:
@@ -211,26 +317,42 @@ def main():
     del big, dst
     lines = [f"# Paged decode: libattn CUDA vs PyTorch SDPA, {datetime.date.today()}", "",
              f"commit `{commit}`, {torch.cuda.get_device_name()}, torch {torch.__version__}; bf16, d = {d}, "
-             f"heads q/kv {hq}/{hkv}, one query token per sequence, libattn page size {ps}; median of {reps} "
+             f"heads q/kv {hq}/{hkv}, one query token per sequence, libattn page size {ps} unless stated; median of {reps} "
              f"after {warmup} warm-up; TB/s of K/V bytes read (unique bytes for every column). "
              f"Device copy (read + write, 1 GiB): {copy_tbs:.2f} TB/s.", "",
              "| batch x context | libattn layout | libattn TB/s | split (units) | torch FA2 TB/s | torch cuDNN TB/s "
-             "| ours/FA2 | ours/cuDNN | rel. L2 vs SDPA | kernel |",
-             "|---|---|---:|---|---:|---:|---:|---:|---|---|"]
+             "| ours/FA2 | ours/cuDNN | rel. L2 vs SDPA | kernel | 3-stage TB/s, split, rel. L2 vs 2-stage |",
+             "|---|---|---:|---|---:|---:|---:|---:|---|---|---|"]
     print("\n".join(lines), flush=True)
     torch.manual_seed(0)
-    for B, L, layout in cases:
+    sweep = []
+    for B, L, layout, page in cases:
         k = torch.randn(B, L, hkv, d, dtype=torch.bfloat16, device="cuda")
         v = torch.randn(B, L, hkv, d, dtype=torch.bfloat16, device="cuda")
         q = torch.randn(B, hq, d, dtype=torch.bfloat16, device="cuda")
         o = torch.empty_like(q)
-        pd = PagedDecode(lib, ctx, k, v, hq, ps, layout, 0)
+        pd = PagedDecode(lib, ctx, k, v, hq, page, layout, 0)
         kv_bytes = 2 * B * L * hkv * d * 2
         assert abs(pd.info.kv_bytes_read - kv_bytes) < 1, (pd.info.kv_bytes_read, kv_bytes)
         pd.execute(q, o)
         torch.cuda.synchronize()
         ours_ms = time_ms(lambda: pd.execute(q, o), warmup, reps)
         ours = kv_bytes / (ours_ms * 1e-3) / 1e12
+        # The three-stage pipeline (ATTN_CUDA_DECODE_STAGES=3, read at plan creation), same cache and Q.
+        o_ref = o.clone()
+        os.environ["ATTN_CUDA_DECODE_STAGES"] = "3"
+        try:
+            pd.replan(0)
+        finally:
+            del os.environ["ATTN_CUDA_DECODE_STAGES"]
+        o.fill_(float("nan"))
+        pd.execute(q, o)
+        torch.cuda.synchronize()
+        s3_err = rel_err(o, o_ref)
+        s3_ms = time_ms(lambda: pd.execute(q, o), warmup, reps)
+        s3 = (kv_bytes / (s3_ms * 1e-3) / 1e12, split_label(pd.info), s3_err)
+        pd.replan(0)
+        o.copy_(o_ref)
         # SDPA on contiguous [B, H_kv, L, d] K/V.
         kc, vc = k.permute(0, 2, 1, 3).contiguous(), v.permute(0, 2, 1, 3).contiguous()
         del k, v
@@ -248,18 +370,55 @@ def main():
         fa2, cud = res["fa2"][0], res["cudnn"][0]
         ratio = lambda a, b: f"{a / b:.2f}" if b == b and b > 0 else "n/a"
         note = lambda r: "" if r[1] == "enable_gqa" else f" ({r[1]})"
-        lines.append(f"| {B} x {L // 1024}K | {'HND' if layout == ATTN_KV_LAYOUT_HND else 'NHD'} | {ours:.2f} | "
-                     f"{pd.info.split_sequences and pd.info.max_chunks} chunks ({pd.info.num_work_units}) | "
+        lname = ("HND" if layout == ATTN_KV_LAYOUT_HND else "NHD") + ("" if page == ps else f", page {page}")
+        lines.append(f"| {B} x {L // 1024}K | {lname} | {ours:.2f} | "
+                     f"{split_label(pd.info)} | "
                      f"{fa2:.2f}{note(res['fa2'])} | {cud:.2f}{note(res['cudnn'])} | {ratio(ours, fa2)} | "
-                     f"{ratio(ours, cud)} | {', '.join(errs)} | {pd.kernel} |")
+                     f"{ratio(ours, cud)} | {', '.join(errs)} | {pd.kernel} | "
+                     f"{s3[0]:.2f}, {s3[1]}, {s3[2]:.1e} |")
         print(lines[-1], flush=True)
+        if layout == ATTN_KV_LAYOUT_HND and page == ps:
+            # Fixed splits next to the automatic one (target: split_target_tasks blocks at once).
+            auto = (split_label(pd.info), ours, pd.split_target)
+            o_auto = o.clone()
+            first = len(sweep)
+            for chunk in SPLIT_SWEEP.get((B, L), ()):
+                pd.replan(chunk)
+                o.fill_(float("nan"))
+                pd.execute(q, o)
+                torch.cuda.synchronize()
+                err = rel_err(o, o_auto)
+                ms = time_ms(lambda: pd.execute(q, o), warmup, reps)
+                sweep.append((f"{B} x {L // 1024}K", chunk, split_label(pd.info), kv_bytes / (ms * 1e-3) / 1e12,
+                              f"{err:.1e}"))
+            sweep.insert(first, (f"{B} x {L // 1024}K", f"auto (target {auto[2]} blocks)", auto[0], auto[1], "-"))
         pd.close()
         del kc, vc, q, o
         torch.cuda.empty_cache()
+    if sweep:
+        lines += ["", "Split-KV choices (HND; same cache and Q; libattn TB/s of K/V read; -1: never split):", "",
+                  "| batch x context | kv_chunk_tokens | split (units) | libattn TB/s | rel. L2 vs auto |",
+                  "|---|---|---|---:|---|"]
+        lines += [f"| {c} | {k} | {s} | {t:.2f} | {e} |" for c, k, s, t, e in sweep]
+        print("\n".join(lines[-len(sweep) - 2:]), flush=True)
+    def save():
+        if args.out:
+            with open(args.out, "w") as f:
+                f.write("\n".join(lines) + "\n")
+    save()  # the decode tables, should the append part fail
+    rows = bench_append(lib, ctx, hkv, d, ps, ATTN_KV_LAYOUT_HND, warmup, reps)
+    lines += ["", f"attn_kv_cache_append on CUDA (bf16, HND, page {ps}, {hkv} KV heads, d {d}; mean of {reps} calls "
+              f"after {warmup}). tokens/s: host wall time per call until its copies ran (ctypes included); "
+              "device: event time of calls queued behind a sleeping kernel, and the K+V bytes written per second "
+              "then (each also read once). Memory per token from attn_kv_cache_get_info: bytes_per_token, and "
+              "pages in use x page size x bytes_per_token / tokens held:", "",
+              "| append | tokens/s | device us/call | device GB/s written | bytes/token (K+V) | held bytes/token |",
+              "|---|---:|---:|---:|---:|---:|"]
+    lines += [f"| {n} | {tps:.3g} | {dev:.1f} | {gbs:.1f} | {bpt} | {held:.0f} |"
+              for n, tps, dev, gbs, bpt, held in rows]
+    print("\n".join(lines[-len(rows) - 2:]), flush=True)
     lib.dll.attn_context_destroy(ctx)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write("\n".join(lines) + "\n")
+    save()
 
 
 if __name__ == "__main__":

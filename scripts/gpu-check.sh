@@ -10,7 +10,7 @@
 #   BUILD_DIR            build directory (default /tmp/attn-gpu-build)
 #   GPU_ARCHS            meson gpu_archs (default sm_90a)
 #   GPU_CHECK_TESTS      meson test names to run (default: the whole gpu suite)
-#   GPU_CHECK_SANITIZE   0 skips compute-sanitizer
+#   GPU_CHECK_SANITIZE   0 skips compute-sanitizer (forward, backward and decode tests)
 #   GPU_CHECK_TORCH      0 skips the PyTorch reference timing
 #   GPU_CHECK_TIMING     0 skips all timing
 #   GPU_CHECK_VARIANTS   1 also times the d=64 and d=128 backward variants of sm_80-sized devices
@@ -79,22 +79,42 @@ test_rc=${PIPESTATUS[0]}
 grep -E "^FAIL" -A2 "$logs/test.log" | head -40
 summary+=("meson test --suite gpu ${GPU_CHECK_TESTS:-}: $([ "$test_rc" = 0 ] && echo PASS || echo "FAIL ($test_rc)")")
 
+# sanitize TOOL NAME BIN [VAR=value ...]: one compute-sanitizer run of a GPU
+# test program under the given environment, logged to $logs/TOOL_NAME.log.
+sanitize() {
+  local tool=$1 name=$2 bin=$3
+  shift 3
+  step "compute-sanitizer $tool, $name"
+  env "$@" compute-sanitizer --tool "$tool" --error-exitcode 3 "$bin" \
+    >"$logs/${tool}_$name.log" 2>&1
+  local rc=$?
+  tail -3 "$logs/${tool}_$name.log"
+  summary+=("compute-sanitizer $tool $name: $([ $rc = 0 ] && echo clean || echo "FAIL ($rc)")")
+}
+
 if [ "${GPU_CHECK_SANITIZE:-1}" != 0 ] && command -v compute-sanitizer >/dev/null; then
+  # Dense: small cases; races on causal L=129 at every head dim.
   for t in fwd bwd; do
     bin="$build/tests/gpu/test_flash_$t"
-    step "compute-sanitizer memcheck, $t (small cases)"
-    ATTN_GPU_TEST_QUICK=1 compute-sanitizer --tool memcheck --error-exitcode 3 "$bin" \
-      >"$logs/memcheck_$t.log" 2>&1
-    rc=$?
-    tail -3 "$logs/memcheck_$t.log"
-    summary+=("compute-sanitizer memcheck $t: $([ $rc = 0 ] && echo clean || echo "FAIL ($rc)")")
-    step "compute-sanitizer racecheck, $t (causal L=129, every head dim)"
-    ATTN_GPU_TEST_FILTER=causal-L129 compute-sanitizer --tool racecheck --error-exitcode 3 \
-      "$bin" >"$logs/racecheck_$t.log" 2>&1
-    rc=$?
-    tail -2 "$logs/racecheck_$t.log"
-    summary+=("compute-sanitizer racecheck $t: $([ $rc = 0 ] && echo clean || echo "FAIL ($rc)")")
+    sanitize memcheck "$t" "$bin" ATTN_GPU_TEST_QUICK=1
+    sanitize racecheck "$t" "$bin" ATTN_GPU_TEST_FILTER=causal-L129
   done
+  # Decode: every case with the long sequences shortened (memcheck), and
+  # the long single sequence (unsplit, split in ~190 chunks and automatic:
+  # the pipeline's shared memory and the combine's reductions) for races.
+  bin="$build/tests/gpu/test_kv_decode_gpu"
+  sanitize memcheck decode "$bin" ATTN_GPU_TEST_QUICK=1
+  for stages in 2 3; do
+    sanitize racecheck "decode_s$stages" "$bin" ATTN_CUDA_DECODE_STAGES=$stages \
+      ATTN_GPU_TEST_QUICK=1 "ATTN_GPU_TEST_FILTER=one long sequence"
+  done
+  # Block-sparse: every case (tile lists with full, masked and bit-tile
+  # entries, cut dK/dV lists), on both backward paths; races on the small
+  # causal GQA cases (d = 64, 128, 256).
+  bin="$build/tests/gpu/test_block_sparse_gpu"
+  sanitize memcheck sparse "$bin"
+  sanitize memcheck sparse_fallback "$bin" ATTN_CUDA_BWD_VARIANT=1 ATTN_CUDA_BWD_GROUP_SPLIT=2
+  sanitize racecheck sparse "$bin" ATTN_GPU_TEST_FILTER=-causal-gqa
 fi
 
 torch_out=""

@@ -540,7 +540,8 @@ ATTN_API attn_status_t attn_merge_states(attn_context_t ctx, int32_t num_parts,
  * ATTN_BLOCK_MASK_TILE_BYTES(block_q, block_kv) bytes per tile: bit
  * t = r * block_kv + c is bit (t % 8) of byte t / 8.
  *
- * The tables follow FlexAttention's BlockMask (int32, host memory):
+ * The tables follow FlexAttention's BlockMask (int32; host memory, or
+ * device memory with attn_block_mask_set_device_blocks):
  *   kv_num_blocks       [batch][heads][num_q_blocks]   partial blocks per row
  *   kv_indices          [batch][heads][num_q_blocks][max_partial]
  *   partial_bits        [batch][heads][num_q_blocks][max_partial][tile bytes]
@@ -591,6 +592,23 @@ ATTN_API attn_status_t attn_block_mask_set_blocks(attn_block_mask_t mask,
                                                   const int32_t *full_kv_num_blocks,
                                                   const int32_t *full_kv_indices,
                                                   int32_t max_full);
+
+/* As attn_block_mask_set_blocks, for tables in the memory ctx's backend
+ * computes on: device memory of ctx's device on the CUDA backend (e.g.
+ * FlexAttention's BlockMask tensors where torch made them), host memory on
+ * the CPU backend. On CUDA the tables are read in the order of `stream` (a
+ * cudaStream_t; NULL: the legacy default stream), so work queued before on
+ * it that writes them is waited for, and the call returns once they are
+ * copied to the host (the mask lives in host memory; plans upload their
+ * own tile lists). stream is ignored on the CPU backend. Returns SUCCESS,
+ * INVALID_HANDLE (mask, ctx), INVALID_ARGUMENT (as attn_block_mask_set_blocks,
+ * or a table that is not memory of ctx's device: the message names it),
+ * BACKEND_ERROR (a CUDA failure while copying), OUT_OF_MEMORY; on failure
+ * the mask is unchanged. */
+ATTN_API attn_status_t attn_block_mask_set_device_blocks(
+    attn_block_mask_t mask, attn_context_t ctx, void *stream, const int32_t *kv_num_blocks,
+    const int32_t *kv_indices, int32_t max_partial, const uint8_t *partial_bits,
+    const int32_t *full_kv_num_blocks, const int32_t *full_kv_indices, int32_t max_full);
 
 /* The longest row of partial and of full blocks: the smallest max_partial
  * and max_full attn_block_mask_get_blocks accepts. Returns SUCCESS,
@@ -1022,6 +1040,16 @@ typedef struct attn_decode_plan_info {
   uint64_t workspace_bytes;
   char algorithm[64];         /* "paged-decode-gqa-packed-split-kv" */
   char kernel[64];            /* "cpu-scalar", "cuda-sm80-mma-paged" */
+  /* Appended: the automatic split (kv_chunk_tokens 0). A step's tasks are
+   * (work unit, KV head, tile of 16 packed query rows) on CUDA and (work
+   * unit, KV head) on the CPU. split_target_tasks is how many run at once:
+   * CUDA, the decode blocks resident per SM times the SMs; CPU, the
+   * threads; 0: the plan does not split by itself. Prepare splits a batch
+   * with fewer tasks than that (CPU: fewer than the threads) into chunks of
+   * whole pages, at least split_min_chunk_tokens long (CUDA: the count that
+   * fills whole waves of split_target_tasks best, at most two waves). */
+  int64_t split_target_tasks;
+  int64_t split_min_chunk_tokens;
 } attn_decode_plan_info_t;
 
 /* Fills *info. Returns SUCCESS, INVALID_HANDLE, INVALID_ARGUMENT (info NULL

@@ -4,16 +4,18 @@
 // Block (unit, KV head g, row tile z), 128 threads. Rows of the tile are
 // r = z * 16 + i (i < 16) of the sequence's q_len * G packed rows, row r
 // being query token r / G, query head g * G + r % G. The block streams the
-// unit's pages in tiles of kTileKeys key slots through a two-stage cp.async
-// pipeline; each of the 4 warps takes 16 slots of a tile (S = Q K^T and
-// O += P V on mma.sync m16n8k16) and keeps its own online-softmax state, and
-// the warps' states are merged at the end. A key slot of a page is loaded
-// once per block, so once per group (and per 16 rows). The page entries of
-// a tile are copied into shared memory one iteration ahead of its K/V, so
-// that the K/V copies never wait on a dependent global load.
+// unit's pages in tiles of kTileKeys key slots through an S-stage cp.async
+// pipeline (S - 1 tiles in flight while one is computed: S = 2 fits three
+// blocks on an H100/H200 SM, S = 3 two); each of the 4 warps takes 16 slots
+// of a tile (S = Q K^T and O += P V on mma.sync m16n8k16) and keeps its own
+// online-softmax state, and the warps' states are merged at the end. A key
+// slot of a page is loaded once per block, so once per group (and per 16
+// rows). The page entries of a tile are copied into shared memory S
+// iterations ahead of its K/V, so that the K/V copies never wait on a
+// dependent global load.
 //
 // Units of a split sequence write fp32 partial (O, LSE) states, merged by
-// decode_combine_kernel in the order of attn_merge_states.
+// decode_combine_kernel (the chunks of a row in parallel).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -29,19 +31,20 @@ namespace attn::decode {
 constexpr int kThreads = 128;
 constexpr int kWarps = kThreads / 32;
 constexpr int kTileKeys = 16 * kWarps;  // key slots per pipeline stage
-constexpr int kStages = 2;
 
-template <int D>
+template <int D, int S>
 struct Smem {
+  static_assert(S >= 2, "a tile in flight while one is computed");
   static constexpr int kLd = D + 8;  // row pitch (elements): ldmatrix without bank conflicts
   static constexpr int kTileElems = kTileKeys * kLd;
   // K and V of each stage, the slots' positions, Q.
-  static constexpr int kKvBytes = kStages * 2 * kTileElems * 2;
-  static constexpr int kPosBytes = kStages * kTileKeys * 4;
+  static constexpr int kKvBytes = S * 2 * kTileElems * 2;
+  static constexpr int kPosBytes = S * kTileKeys * 4;
   // Page entries one tile can touch (page size 1: one per slot, plus one
-  // when a tile starts inside a page), two buffers.
+  // when a tile starts inside a page); S buffers (see the kernel).
   static constexpr int kEntriesPerTile = kTileKeys + 1;
-  static constexpr int kEntryBytes = 2 * kEntriesPerTile * 16;
+  static constexpr int kEntryBufs = S;
+  static constexpr int kEntryBytes = kEntryBufs * kEntriesPerTile * 16;
   static constexpr int kQBytes = 16 * kLd * 2;
   // The warps' final states reuse the K/V area.
   static constexpr int kMergeBytes = kWarps * 16 * (D + 2) * 4;
@@ -52,33 +55,64 @@ struct Smem {
 // Grid (max units, heads_kv, row tiles); blocks past the prepared units or
 // rows return at once, so that one launch shape serves every prepared batch
 // (and a captured graph can be replayed after each prepare).
-template <class T, int D>
+template <class T, int D, int S>
 __global__ void __launch_bounds__(kThreads) paged_decode_kernel(const DecodeParams p) {
   using flash::cp_async_16;
   using flash::smem_u32;
-  using SM = Smem<D>;
+  using SM = Smem<D, S>;
   constexpr int kLd = SM::kLd;
   constexpr int kChunks = D / 8;  // 16-byte chunks of a row
 
+  // The block's start is a chain of dependent loads before its first K/V
+  // copy; it is kept to three: the unit (read with the header: the grid is
+  // the plan's max units, so a unit past the prepared ones is stale but
+  // inside the workspace), then its first page entries and its sequence,
+  // then Q.
   const int64_t unit_index = blockIdx.x;
-  if (unit_index >= p.header->num_units) return;
+  const int64_t num_units = p.header->num_units;
   const WorkUnit u = p.units[unit_index];
+  if (unit_index >= num_units) return;
+
+  extern __shared__ __align__(16) unsigned char smem[];
+  T* sKV = reinterpret_cast<T*>(smem);  // [stage][K|V][kTileKeys][kLd]
+  int* sPos = reinterpret_cast<int*>(smem + SM::kKvBytes);  // [stage][kTileKeys]
+  PageEntry* sEnt = reinterpret_cast<PageEntry*>(smem + SM::kKvBytes + SM::kPosBytes);  // [S][kEntriesPerTile]
+  T* sQ = reinterpret_cast<T*>(smem + SM::kKvBytes + SM::kPosBytes + SM::kEntryBytes);  // [16][kLd]
+
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int64_t ps = p.page_size;
+  // Positions are below 2^31 (int32 in shared memory), and so are a unit's
+  // key slots.
+  const uint32_t ups = uint32_t(ps);
+  const int64_t num_entries = u.entry_end - u.entry_begin;
+  const int64_t slots = num_entries * ps;
+  const int tiles = int((slots + kTileKeys - 1) / kTileKeys);
+
+  // The page entries that tile `tile` reads go to entry buffer tile % S,
+  // fetched S - 1 iterations before its K/V (see the pipeline below), so
+  // that the K/V copies never wait on them.
+  auto fetch_entries = [&](int tile) {
+    const int64_t first = int64_t(uint32_t(tile * kTileKeys) / ups);
+    const int64_t last = min(int64_t(uint32_t(tile * kTileKeys + kTileKeys - 1) / ups), num_entries - 1);
+    if (tid <= last - first)
+      cp_async_16(smem_u32(sEnt + (tile % S) * SM::kEntriesPerTile + tid),
+                  p.entries + u.entry_begin + first + tid, true);
+  };
+  // The entries of tiles 0 .. S-2 (committed with Q below).
+  for (int j = 0; j < S - 1; ++j)
+    if (j < tiles) fetch_entries(j);
+
   const SeqMeta sm = p.seqs[u.seq];
   const int g = blockIdx.y;
   const int G = p.group;
   const int rows = int(sm.q_len) * G;
   const int row0 = blockIdx.z * 16;
-  if (row0 >= rows) return;
-
-  extern __shared__ __align__(16) unsigned char smem[];
-  T* sKV = reinterpret_cast<T*>(smem);  // [stage][K|V][kTileKeys][kLd]
-  int* sPos = reinterpret_cast<int*>(smem + SM::kKvBytes);  // [stage][kTileKeys]
-  PageEntry* sEnt = reinterpret_cast<PageEntry*>(smem + SM::kKvBytes + SM::kPosBytes);  // [2][kEntriesPerTile]
-  T* sQ = reinterpret_cast<T*>(smem + SM::kKvBytes + SM::kPosBytes + SM::kEntryBytes);  // [16][kLd]
-
-  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  if (row0 >= rows) {  // a row tile past this sequence's rows
+    flash::cp_async_commit();
+    flash::cp_async_wait<0>();  // no copy outlives the block
+    return;
+  }
   const int64_t n = sm.length;
-  const int64_t ps = p.page_size;
   const T* q = static_cast<const T*>(p.q);
   const T* k_pool = static_cast<const T*>(p.k_pool);
   const T* v_pool = static_cast<const T*>(p.v_pool);
@@ -87,32 +121,14 @@ __global__ void __launch_bounds__(kThreads) paged_decode_kernel(const DecodePara
   for (int idx = tid; idx < 16 * kChunks; idx += kThreads) {
     const int r = idx / kChunks, c = idx % kChunks;
     const int rr = row0 + r;
-    uint4 val = make_uint4(0, 0, 0, 0);
-    if (rr < rows) {
-      const int64_t t = rr / G, h = int64_t(g) * G + rr % G;
-      val = *reinterpret_cast<const uint4*>(q + ((sm.q_begin + t) * p.heads_q + h) * D + c * 8);
-    }
-    *reinterpret_cast<uint4*>(sQ + r * kLd + c * 8) = val;
+    const int64_t t = rr / G, h = int64_t(g) * G + rr % G;
+    const bool valid = rr < rows;
+    cp_async_16(smem_u32(sQ + r * kLd + c * 8),
+                valid ? q + ((sm.q_begin + t) * p.heads_q + h) * D + c * 8 : q, valid);
   }
-
-  // Positions are below 2^31 (int32 in shared memory), and so are a unit's
-  // key slots.
-  const uint32_t ups = uint32_t(ps);
-  const int64_t num_entries = u.entry_end - u.entry_begin;
-  const int64_t slots = num_entries * ps;
-  const int tiles = int((slots + kTileKeys - 1) / kTileKeys);
   const int64_t head_off = int64_t(g) * p.head_stride;
 
-  // The page entries that tile `tile` reads go to entry buffer tile % 2 one
-  // iteration before its K/V, so that the K/V copies never wait on them.
-  auto fetch_entries = [&](int tile) {
-    const int64_t first = int64_t(uint32_t(tile * kTileKeys) / ups);
-    const int64_t last = min(int64_t(uint32_t(tile * kTileKeys + kTileKeys - 1) / ups), num_entries - 1);
-    if (tid <= last - first)
-      cp_async_16(smem_u32(sEnt + (tile % 2) * SM::kEntriesPerTile + tid),
-                  p.entries + u.entry_begin + first + tid, true);
-  };
-  // Issues the K/V copies of tile `tile` into stage tile % kStages from its
+  // Issues the K/V copies of tile `tile` into stage tile % S from its
   // entries (in shared memory by now). A slot past the unit, or at a
   // position >= n (the unfilled end of the last page), becomes zeros and
   // position -1. Each thread copies chunk c of rows r0, r0 + kRowStep, ...
@@ -120,10 +136,10 @@ __global__ void __launch_bounds__(kThreads) paged_decode_kernel(const DecodePara
   static_assert(kThreads % kChunks == 0 && kTileKeys % kRowStep == 0, "rows divide among threads");
   const int chunk = tid % kChunks, r0 = tid / kChunks;
   auto issue_kv = [&](int tile) {
-    const int st = tile % kStages;
+    const int st = tile % S;
     T* sK = sKV + st * 2 * SM::kTileElems;
     T* sV = sK + SM::kTileElems;
-    const PageEntry* ent = sEnt + (tile % 2) * SM::kEntriesPerTile;
+    const PageEntry* ent = sEnt + (tile % S) * SM::kEntriesPerTile;
     const uint32_t slot0 = uint32_t(tile * kTileKeys);
     const uint32_t first = slot0 / ups;
 #pragma unroll
@@ -146,15 +162,24 @@ __global__ void __launch_bounds__(kThreads) paged_decode_kernel(const DecodePara
     }
   };
 
-  // Prologue: entries of tile 0 (waited for), then K/V of tile 0 with the
-  // entries of tile 1.
-  if (tiles > 0) fetch_entries(0);
+  // The pipeline, in cp.async groups: the prologue waits for Q and the
+  // entries of tiles 0 .. S-2 (issued above), then commits P_j = {K/V of
+  // tile j, entries of tile S-1+j} for j < S-1; iteration i waits until at
+  // most S-2 groups are pending (so P_i, or G_{i-S+1}, is complete: K/V of
+  // tile i and the entries of tile i+S-1) and commits G_i = {K/V of tile
+  // i+S-1, entries of tile i+2S-2}. Entry buffer (i+2S-2) % S held the
+  // entries of tile i+S-2, read by the previous iteration's issue (a
+  // barrier in between).
   flash::cp_async_commit();
   flash::cp_async_wait<0>();
-  __syncthreads();  // sQ and the entries of tile 0
-  if (tiles > 0) issue_kv(0);
-  if (tiles > 1) fetch_entries(1);
-  flash::cp_async_commit();
+  __syncthreads();  // sQ and the entries of tiles 0 .. S-2
+#pragma unroll
+  for (int j = 0; j < S - 1; ++j) {
+    if (j > 0) __syncthreads();  // buffer (j - 1) % S was read by the last issue
+    if (j < tiles) issue_kv(j);
+    if (S - 1 + j < tiles) fetch_entries(S - 1 + j);
+    flash::cp_async_commit();
+  }
 
   // Q fragments: A of m16n8k16 for each 16-wide slice of D.
   uint32_t qf[D / 16][4];
@@ -181,12 +206,12 @@ __global__ void __launch_bounds__(kThreads) paged_decode_kernel(const DecodePara
   for (int j = 0; j < D / 8; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
 
   for (int tile = 0; tile < tiles; ++tile) {
-    const int st = tile % kStages;
-    // K/V of this tile and the entries of the next are in.
-    flash::cp_async_wait<0>();
+    const int st = tile % S;
+    // K/V of this tile and the entries of tile + S - 1 are in.
+    flash::cp_async_wait<S - 2>();
     __syncthreads();
-    if (tile + 1 < tiles) issue_kv(tile + 1);
-    if (tile + 2 < tiles) fetch_entries(tile + 2);
+    if (tile + S - 1 < tiles) issue_kv(tile + S - 1);
+    if (tile + 2 * S - 2 < tiles) fetch_entries(tile + 2 * S - 2);
     flash::cp_async_commit();
 
     const T* sK = sKV + st * 2 * SM::kTileElems;
@@ -317,37 +342,102 @@ __global__ void __launch_bounds__(kThreads) paged_decode_kernel(const DecodePara
   }
 }
 
-// Grid (max batch, heads_q), D threads: merges the chunks of each split
-// sequence, LSE = log sum_u exp(LSE_u), O = sum_u exp(LSE_u - LSE) O_u.
+constexpr int kCombineThreads = 128;
+constexpr int kCombineTokens = 8;  // most query tokens of a sequence in parallel (grid z)
+
+// Grid (max batch, heads_q, min(max_q, kCombineTokens)), kCombineThreads
+// threads: merges the chunks of each split sequence for query head
+// blockIdx.y and query tokens blockIdx.z, + gridDim.z, ...:
+//   M = max_k LSE_k,  w_k = exp(LSE_k - M),
+//   LSE = M + log sum_k w_k,  O = sum_k w_k O_k / sum_k w_k.
+// The chunks are spread over the block: a group of D / 4 threads holds one
+// chunk's row (4 columns each, one float4 load), the block's groups take
+// chunks group, group + groups, ... (four at a time, so that each thread
+// has four loads in flight), after a block-wide max. The groups' sums are
+// added in a fixed order, so a replay gives identical bits.
 template <class T, int D>
-__global__ void __launch_bounds__(D) decode_combine_kernel(const DecodeParams p) {
+__global__ void __launch_bounds__(kCombineThreads) decode_combine_kernel(const DecodeParams p) {
+  constexpr int kLanes = D / 4;                      // threads per chunk row
+  constexpr int kGroups = kCombineThreads / kLanes;  // chunks read at once
+  constexpr int kWarpsC = kCombineThreads / 32;
+  constexpr int kUnroll = 4;
+  static_assert(kCombineThreads % kLanes == 0 && D <= kCombineThreads, "a row per group");
   const int64_t b = blockIdx.x;
   if (b >= p.header->batch) return;
   const SeqMeta sm = p.seqs[b];
   if (sm.num_units < 2) return;
   const int64_t h = blockIdx.y;
-  const int c = threadIdx.x;
-  const WorkUnit* units = p.units + sm.first_unit;
+  const int tid = threadIdx.x, grp = tid / kLanes, lane4 = tid % kLanes;
+  const int64_t chunks = sm.num_units;
+  // Slots of the sequence's chunks are consecutive (prepare numbers them
+  // so); a chunk's state is max_q * heads_q rows after the previous one's.
+  const int64_t slot0 = p.units[sm.first_unit].partial;
+  const int64_t chunk_rows = int64_t(p.max_q) * p.heads_q;
+  __shared__ float s_max[kWarpsC];
+  __shared__ float s_sum[kGroups];
+  __shared__ __align__(16) float s_o[kGroups * D];
   T* o = static_cast<T*>(p.o);
-  for (int64_t t = 0; t < sm.q_len; ++t) {
-    float M = -INFINITY;
-    for (int64_t k = 0; k < sm.num_units; ++k)
-      M = fmaxf(M, p.partial_lse[(units[k].partial * p.max_q + t) * p.heads_q + h]);
-    const int64_t out_row = (sm.q_begin + t) * p.heads_q + h;
-    if (M == -INFINITY) {  // no chunk saw a key: the identity
-      o[out_row * D + c] = T(0.0f);
-      if (c == 0 && p.lse != nullptr) p.lse[h * p.header->total_q + sm.q_begin + t] = -INFINITY;
-      continue;
+  for (int64_t t = blockIdx.z; t < sm.q_len; t += gridDim.z) {
+    const int64_t row0 = (slot0 * p.max_q + t) * p.heads_q + h;  // chunk k: + k * chunk_rows
+    float mx = -INFINITY;
+    for (int64_t k = tid; k < chunks; k += kCombineThreads)
+      mx = fmaxf(mx, p.partial_lse[row0 + k * chunk_rows]);
+#pragma unroll
+    for (int off = 16; off > 0; off /= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+    if (tid % 32 == 0) s_max[tid / 32] = mx;
+    __syncthreads();
+    float M = s_max[0];
+#pragma unroll
+    for (int w = 1; w < kWarpsC; ++w) M = fmaxf(M, s_max[w]);
+
+    float sum = 0.0f;
+    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    auto add = [&](float lse, const float4& v) {
+      const float w = expf(lse - M);
+      sum += w;
+      if (w != 0.0f) {
+        acc.x += w * v.x;
+        acc.y += w * v.y;
+        acc.z += w * v.z;
+        acc.w += w * v.w;
+      }
+    };
+    if (M != -INFINITY) {  // else no chunk saw a key: the identity
+      int64_t k = grp;
+      for (; k + (kUnroll - 1) * kGroups < chunks; k += kUnroll * kGroups) {
+        float lse[kUnroll];
+        float4 v[kUnroll];
+#pragma unroll
+        for (int j = 0; j < kUnroll; ++j) {
+          const int64_t row = row0 + (k + j * kGroups) * chunk_rows;
+          lse[j] = p.partial_lse[row];
+          v[j] = *reinterpret_cast<const float4*>(p.partial_o + row * D + lane4 * 4);
+        }
+#pragma unroll
+        for (int j = 0; j < kUnroll; ++j) add(lse[j], v[j]);
+      }
+      for (; k < chunks; k += kGroups) {
+        const int64_t row = row0 + k * chunk_rows;
+        add(p.partial_lse[row], *reinterpret_cast<const float4*>(p.partial_o + row * D + lane4 * 4));
+      }
     }
-    float total = 0.0f, sum = 0.0f;
-    for (int64_t k = 0; k < sm.num_units; ++k) {
-      const int64_t row = (units[k].partial * p.max_q + t) * p.heads_q + h;
-      const float w = expf(p.partial_lse[row] - M);
-      total += w;
-      if (w != 0.0f) sum += w * p.partial_o[row * D + c];
+    *reinterpret_cast<float4*>(s_o + grp * D + lane4 * 4) = acc;
+    if (lane4 == 0) s_sum[grp] = sum;
+    __syncthreads();
+    if (tid < D) {
+      float total = 0.0f, val = 0.0f;
+#pragma unroll
+      for (int g = 0; g < kGroups; ++g) {
+        total += s_sum[g];
+        val += s_o[g * D + tid];
+      }
+      const int64_t out_row = (sm.q_begin + t) * p.heads_q + h;
+      const bool empty = M == -INFINITY;
+      o[out_row * D + tid] = T(empty ? 0.0f : val / total);
+      if (tid == 0 && p.lse != nullptr)
+        p.lse[h * p.header->total_q + sm.q_begin + t] = empty ? -INFINITY : M + logf(total);
     }
-    o[out_row * D + c] = T(sum / total);
-    if (c == 0 && p.lse != nullptr) p.lse[h * p.header->total_q + sm.q_begin + t] = M + logf(total);
+    __syncthreads();  // s_max, s_sum and s_o are reused for the next token
   }
 }
 

@@ -8,12 +8,18 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <type_traits>
 #include <vector>
+
+#include "attn_config.h"
 
 #include "api/guarded.hpp"
 #include "api/handles.hpp"
 #include "schedule/block_mask.hpp"
 #include "schedule/block_patterns.hpp"
+#if ATTN_HAVE_CUDA
+#include "cuda/device.hpp"
+#endif
 
 using attn::BlockMask;
 using attn::checked;
@@ -74,6 +80,76 @@ void check_positions(const int64_t* pos, int64_t count, int64_t limit, const cha
                        " ", limit, ")");
 }
 
+// The argument rules of the tables that do not need to read them.
+void check_table_pointers(const int32_t* kv_num_blocks, const int32_t* kv_indices,
+                          int32_t max_partial, const uint8_t* partial_bits,
+                          const int32_t* full_kv_num_blocks, const int32_t* full_kv_indices,
+                          int32_t max_full) {
+  if ((kv_num_blocks == nullptr) != (kv_indices == nullptr))
+    invalid_argument("kv_num_blocks and kv_indices must both be given or both be NULL");
+  if ((full_kv_num_blocks == nullptr) != (full_kv_indices == nullptr))
+    invalid_argument("full_kv_num_blocks and full_kv_indices must both be given or both be NULL");
+  if (partial_bits != nullptr && kv_num_blocks == nullptr)
+    invalid_argument("partial_bits is given without kv_num_blocks and kv_indices");
+  if (kv_num_blocks != nullptr && max_partial < 1)
+    invalid_argument("max_partial must be >= 1, got ", max_partial);
+  if (full_kv_num_blocks != nullptr && max_full < 1)
+    invalid_argument("max_full must be >= 1, got ", max_full);
+}
+
+// attn_block_mask_set_blocks on host tables (pointers already checked).
+void set_blocks_from_host(attn_block_mask& h, const int32_t* kv_num_blocks,
+                          const int32_t* kv_indices, int32_t max_partial,
+                          const uint8_t* partial_bits, const int32_t* full_kv_num_blocks,
+                          const int32_t* full_kv_indices, int32_t max_full) {
+  const BlockMask& cur = *h.mask;
+  BlockMask next(cur.batch(), cur.heads(), cur.seqlen_q(), cur.seqlen_kv(), cur.block_q(),
+                 cur.block_kv());
+  const int64_t rows = cur.batch() * cur.heads() * cur.num_q_blocks();
+  const int64_t nkb = cur.num_kv_blocks();
+  const size_t tile_bytes = size_t(ATTN_BLOCK_MASK_TILE_BYTES(cur.block_q(), cur.block_kv()));
+  std::vector<int64_t> listed_in(size_t(nkb), -1);  // row that last listed the block
+  std::vector<uint8_t> listed_full(size_t(nkb), 0);
+  std::vector<uint64_t> tile(size_t(cur.words_per_tile()));
+  for (int64_t k = 0; k < rows; ++k) {
+    const int64_t mb = k / (cur.heads() * cur.num_q_blocks());
+    const int64_t mh = (k / cur.num_q_blocks()) % cur.heads(), qb = k % cur.num_q_blocks();
+    for (int pass = 0; pass < 2; ++pass) {  // full blocks, then partial ones
+      const bool full = pass == 0;
+      const int32_t* counts = full ? full_kv_num_blocks : kv_num_blocks;
+      const int32_t* indices = full ? full_kv_indices : kv_indices;
+      const int64_t max = full ? max_full : max_partial;
+      const char* cname = full ? "full_kv_num_blocks" : "kv_num_blocks";
+      const char* iname = full ? "full_kv_indices" : "kv_indices";
+      if (counts == nullptr) continue;
+      const int64_t n = counts[k];
+      if (n < 0 || n > std::min(max, nkb))
+        invalid_argument(cname, row_name(cur, k), " = ", n, " is outside 0..",
+                         std::min(max, nkb), " (", full ? "max_full" : "max_partial",
+                         " and the number of key blocks)");
+      for (int64_t e = 0; e < n; ++e) {
+        const int64_t kb = indices[k * max + e];
+        if (kb < 0 || kb >= nkb)
+          invalid_argument(iname, row_name(cur, k), "[", e, "] = ", kb, " is outside 0..",
+                           nkb - 1);
+        if (listed_in[size_t(kb)] == k)
+          invalid_argument(iname, row_name(cur, k), "[", e, "]: key block ", kb,
+                           listed_full[size_t(kb)] == full ? " is listed twice"
+                                                           : " is listed both full and partial");
+        listed_in[size_t(kb)] = k;
+        listed_full[size_t(kb)] = full;
+        if (!full && partial_bits != nullptr) {
+          tile_from_bytes(cur, partial_bits + size_t(k * max + e) * tile_bytes, tile.data());
+          next.add(mb, mh, qb, kb, tile.data());
+        } else {
+          next.add(mb, mh, qb, kb, nullptr);
+        }
+      }
+    }
+  }
+  *h.mask = std::move(next);
+}
+
 }  // namespace
 
 extern "C" {
@@ -119,63 +195,58 @@ attn_status_t attn_block_mask_set_blocks(attn_block_mask_t mask, const int32_t* 
                                          const int32_t* full_kv_indices, int32_t max_full) {
   return guarded([&] {
     attn_block_mask& h = checked(mask, "mask");
-    const BlockMask& cur = *h.mask;
-    if ((kv_num_blocks == nullptr) != (kv_indices == nullptr))
-      invalid_argument("kv_num_blocks and kv_indices must both be given or both be NULL");
-    if ((full_kv_num_blocks == nullptr) != (full_kv_indices == nullptr))
-      invalid_argument("full_kv_num_blocks and full_kv_indices must both be given or both be NULL");
-    if (partial_bits != nullptr && kv_num_blocks == nullptr)
-      invalid_argument("partial_bits is given without kv_num_blocks and kv_indices");
-    if (kv_num_blocks != nullptr && max_partial < 1)
-      invalid_argument("max_partial must be >= 1, got ", max_partial);
-    if (full_kv_num_blocks != nullptr && max_full < 1)
-      invalid_argument("max_full must be >= 1, got ", max_full);
+    check_table_pointers(kv_num_blocks, kv_indices, max_partial, partial_bits,
+                         full_kv_num_blocks, full_kv_indices, max_full);
+    set_blocks_from_host(h, kv_num_blocks, kv_indices, max_partial, partial_bits,
+                         full_kv_num_blocks, full_kv_indices, max_full);
+  });
+}
 
-    BlockMask next(cur.batch(), cur.heads(), cur.seqlen_q(), cur.seqlen_kv(), cur.block_q(),
-                   cur.block_kv());
-    const int64_t rows = cur.batch() * cur.heads() * cur.num_q_blocks();
-    const int64_t nkb = cur.num_kv_blocks();
-    const size_t tile_bytes = size_t(ATTN_BLOCK_MASK_TILE_BYTES(cur.block_q(), cur.block_kv()));
-    std::vector<int64_t> listed_in(size_t(nkb), -1);  // row that last listed the block
-    std::vector<uint8_t> listed_full(size_t(nkb), 0);
-    std::vector<uint64_t> tile(size_t(cur.words_per_tile()));
-    for (int64_t k = 0; k < rows; ++k) {
-      const int64_t mb = k / (cur.heads() * cur.num_q_blocks());
-      const int64_t mh = (k / cur.num_q_blocks()) % cur.heads(), qb = k % cur.num_q_blocks();
-      for (int pass = 0; pass < 2; ++pass) {  // full blocks, then partial ones
-        const bool full = pass == 0;
-        const int32_t* counts = full ? full_kv_num_blocks : kv_num_blocks;
-        const int32_t* indices = full ? full_kv_indices : kv_indices;
-        const int64_t max = full ? max_full : max_partial;
-        const char* cname = full ? "full_kv_num_blocks" : "kv_num_blocks";
-        const char* iname = full ? "full_kv_indices" : "kv_indices";
-        if (counts == nullptr) continue;
-        const int64_t n = counts[k];
-        if (n < 0 || n > std::min(max, nkb))
-          invalid_argument(cname, row_name(cur, k), " = ", n, " is outside 0..",
-                           std::min(max, nkb), " (", full ? "max_full" : "max_partial",
-                           " and the number of key blocks)");
-        for (int64_t e = 0; e < n; ++e) {
-          const int64_t kb = indices[k * max + e];
-          if (kb < 0 || kb >= nkb)
-            invalid_argument(iname, row_name(cur, k), "[", e, "] = ", kb, " is outside 0..",
-                             nkb - 1);
-          if (listed_in[size_t(kb)] == k)
-            invalid_argument(iname, row_name(cur, k), "[", e, "]: key block ", kb,
-                             listed_full[size_t(kb)] == full ? " is listed twice"
-                                                             : " is listed both full and partial");
-          listed_in[size_t(kb)] = k;
-          listed_full[size_t(kb)] = full;
-          if (!full && partial_bits != nullptr) {
-            tile_from_bytes(cur, partial_bits + size_t(k * max + e) * tile_bytes, tile.data());
-            next.add(mb, mh, qb, kb, tile.data());
-          } else {
-            next.add(mb, mh, qb, kb, nullptr);
-          }
-        }
-      }
+attn_status_t attn_block_mask_set_device_blocks(attn_block_mask_t mask, attn_context_t ctx,
+                                                void* stream, const int32_t* kv_num_blocks,
+                                                const int32_t* kv_indices, int32_t max_partial,
+                                                const uint8_t* partial_bits,
+                                                const int32_t* full_kv_num_blocks,
+                                                const int32_t* full_kv_indices,
+                                                int32_t max_full) {
+  return guarded([&] {
+    attn_block_mask& h = checked(mask, "mask");
+    const attn_context& c = checked(ctx, "ctx");
+    check_table_pointers(kv_num_blocks, kv_indices, max_partial, partial_bits,
+                         full_kv_num_blocks, full_kv_indices, max_full);
+    if (c.config.backend == ATTN_BACKEND_CPU) {  // the CPU backend computes on host memory
+      set_blocks_from_host(h, kv_num_blocks, kv_indices, max_partial, partial_bits,
+                           full_kv_num_blocks, full_kv_indices, max_full);
+      return;
     }
-    *h.mask = std::move(next);
+#if ATTN_HAVE_CUDA
+    const BlockMask& m = *h.mask;
+    const size_t rows = size_t(m.batch() * m.heads() * m.num_q_blocks());
+    const size_t tile_bytes = size_t(ATTN_BLOCK_MASK_TILE_BYTES(m.block_q(), m.block_kv()));
+    // Host copies, in the stream's order; the checks then run on them.
+    auto fetch = [&](const auto* src, size_t count, const char* name) {
+      using T = std::remove_cv_t<std::remove_pointer_t<decltype(src)>>;
+      std::vector<T> host;
+      if (src == nullptr) return host;
+      host.resize(count);
+      attn::cuda::copy_device_to_host(c.config.device, stream, host.data(), src,
+                                      count * sizeof(T), name);
+      return host;
+    };
+    const std::vector<int32_t> num = fetch(kv_num_blocks, rows, "kv_num_blocks");
+    const std::vector<int32_t> idx = fetch(kv_indices, rows * size_t(max_partial), "kv_indices");
+    const std::vector<uint8_t> bits =
+        fetch(partial_bits, rows * size_t(max_partial) * tile_bytes, "partial_bits");
+    const std::vector<int32_t> fnum = fetch(full_kv_num_blocks, rows, "full_kv_num_blocks");
+    const std::vector<int32_t> fidx =
+        fetch(full_kv_indices, rows * size_t(max_full), "full_kv_indices");
+    auto ptr = [](const auto& v) { return v.empty() ? nullptr : v.data(); };
+    set_blocks_from_host(h, ptr(num), ptr(idx), max_partial, ptr(bits), ptr(fnum), ptr(fidx),
+                         max_full);
+#else
+    (void)stream;
+    attn::fail(ATTN_STATUS_INTERNAL_ERROR, "ctx: a context of a backend this build lacks");
+#endif
   });
 }
 

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdlib>
 #include <cstring>
 
 #include "core/dtype.hpp"
@@ -133,8 +134,16 @@ void kv_append_enqueue(int32_t device, const kv::CacheConfig& cfg, void* k_base,
   }
 }
 
+int decode_pipeline_stages() {
+  const char* env = std::getenv("ATTN_CUDA_DECODE_STAGES");
+  if (env == nullptr || env[0] == '\0') return 2;
+  if (std::strcmp(env, "2") == 0) return 2;
+  if (std::strcmp(env, "3") == 0) return 3;
+  invalid_argument("ATTN_CUDA_DECODE_STAGES must be 2 or 3, got \"", env, "\"");
+}
+
 void decode_check_supported(int32_t device, const kv::CacheConfig& cache, int64_t heads_q,
-                            int64_t max_query_tokens) {
+                            int64_t max_query_tokens, int stages) {
   if (cache.dtype != ATTN_DTYPE_FP16 && cache.dtype != ATTN_DTYPE_BF16)
     not_supported("decode plan: the CUDA decode kernel runs fp16 and bf16 caches only, not ",
                   dtype_name(cache.dtype));
@@ -162,16 +171,19 @@ void decode_check_supported(int32_t device, const kv::CacheConfig& cache, int64_
   }
   check(e, "cudaFuncGetAttributes (decode)");
   // At plan creation rather than in execute, which may be under capture.
-  check(decode_kernels_allow_smem(), "cudaFuncSetAttribute (decode)");
+  check(decode_kernels_allow_smem(cache.dtype == ATTN_DTYPE_BF16, int(cache.head_dim_qk), stages),
+        "cudaFuncSetAttribute (decode)");
 }
 
-int64_t decode_target_units(int32_t device) {
+int64_t decode_resident_blocks(int32_t device, const kv::CacheConfig& cache, int stages) {
   DeviceScope scope(device);
-  int sms = 0;
+  int sms = 0, per_sm = 0;
   check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device),
         "cudaDeviceGetAttribute");
-  // About three blocks fit on an SM; two waves of them.
-  return int64_t(std::max(sms, 1)) * 6;
+  check(decode_kernels_blocks_per_sm(cache.dtype == ATTN_DTYPE_BF16, int(cache.head_dim_qk),
+                                     stages, &per_sm),
+        "cudaOccupancyMaxActiveBlocksPerMultiprocessor (decode)");
+  return int64_t(std::max(sms, 1)) * std::max(per_sm, 1);
 }
 
 DecodeStaging::DecodeStaging(int32_t device, size_t bytes) : device_(device), bytes_(bytes) {
@@ -257,8 +269,9 @@ void decode_launch(const kv::DecodePlan& plan, const kv::KvCache& cache,
   p.softcap = cfg.softcap;
   const int row_tiles = int((cfg.max_query_tokens * plan.group() + 15) / 16);
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
-  check(decode_kernels_launch(p, cc.dtype == ATTN_DTYPE_BF16, int(cc.head_dim_qk), max_units,
-                              int(cc.heads_kv), row_tiles, may_split, cfg.max_batch, s),
+  check(decode_kernels_launch(p, cc.dtype == ATTN_DTYPE_BF16, int(cc.head_dim_qk),
+                              plan.device_stages(), max_units, int(cc.heads_kv), row_tiles,
+                              may_split, cfg.max_batch, s),
         "decode kernel launch");
 }
 

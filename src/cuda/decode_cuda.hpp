@@ -36,15 +36,22 @@ void kv_append_enqueue(int32_t device, const kv::CacheConfig& cfg, void* k_base,
                        const std::vector<KvCopyRun>& runs, const void* k, const void* v,
                        void* stream);
 
+// Stages of the decode kernel's cp.async pipeline: 2, or what
+// ATTN_CUDA_DECODE_STAGES says (2 or 3; a tuning hook, read at plan
+// creation; other values are an invalid argument).
+int decode_pipeline_stages();
+
 // Throws NOT_SUPPORTED (naming the feature) when the decode kernels cannot
 // serve a cache so configured with `heads_q` query heads and up to
-// `max_query_tokens` tokens per sequence on `device`.
+// `max_query_tokens` tokens per sequence on `device`; else readies the
+// kernel of `stages` pipeline stages for launch.
 void decode_check_supported(int32_t device, const kv::CacheConfig& cache, int64_t heads_q,
-                            int64_t max_query_tokens);
+                            int64_t max_query_tokens, int stages);
 
-// Work units (x heads_kv x row tiles blocks) that fill `device`: the split
-// target of automatic split-KV.
-int64_t decode_target_units(int32_t device);
+// Decode blocks (one per work unit, KV head and row tile) resident on
+// `device` at once for a cache so configured: the wave that automatic
+// split-KV fills.
+int64_t decode_resident_blocks(int32_t device, const kv::CacheConfig& cache, int stages);
 
 // The host staging area of one plan's prepare: pinned memory of the size of
 // the workspace's metadata part, and an event that marks when the last

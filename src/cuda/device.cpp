@@ -2,6 +2,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include "core/error.hpp"
+
 namespace attn::cuda {
 
 int32_t device_count() noexcept {
@@ -11,6 +13,47 @@ int32_t device_count() noexcept {
     return 0;
   }
   return n;
+}
+
+namespace {
+
+void check(cudaError_t e, const char* what) {
+  if (e == cudaSuccess) return;
+  (void)cudaGetLastError();  // clear it unless sticky
+  fail(ATTN_STATUS_BACKEND_ERROR, "backend CUDA: ", what, ": ", cudaGetErrorName(e), " (",
+       cudaGetErrorString(e), ")");
+}
+
+}  // namespace
+
+void copy_device_to_host(int32_t device, void* stream, void* dst, const void* src, size_t bytes,
+                         const char* what) {
+  if (bytes == 0) return;
+  cudaPointerAttributes attr{};
+  if (cudaPointerGetAttributes(&attr, src) != cudaSuccess) {
+    (void)cudaGetLastError();
+    attr.type = cudaMemoryTypeUnregistered;
+  }
+  // Managed memory is readable too; pageable or pinned host memory is not
+  // what the caller promised (the host variant takes it).
+  if ((attr.type != cudaMemoryTypeDevice && attr.type != cudaMemoryTypeManaged) ||
+      attr.device != device)
+    invalid_argument(what, " is not memory of CUDA device ", device,
+                     attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged
+                         ? " (it is on another device)"
+                         : " (host memory: pass host tables to the host variant)");
+  int previous = 0;
+  check(cudaGetDevice(&previous), "cudaGetDevice");
+  check(cudaSetDevice(device), "cudaSetDevice");
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, s);
+  if (e == cudaSuccess) e = cudaStreamSynchronize(s);
+  (void)cudaSetDevice(previous);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    fail(ATTN_STATUS_BACKEND_ERROR, "backend CUDA: copying ", what, " to the host: ",
+         cudaGetErrorName(e), " (", cudaGetErrorString(e), ")");
+  }
 }
 
 }  // namespace attn::cuda

@@ -21,6 +21,11 @@ namespace {
 // Auto split: no chunk shorter than this many tokens, since each chunk adds
 // a partial state to write and merge.
 constexpr int64_t kMinAutoChunkTokens = 256;
+// Auto split on CUDA: the start of a block (Q, the first page entries, the
+// pipeline's fill) costs about as long as streaming this many keys (an
+// estimate); it keeps the split from preferring two waves of short chunks
+// over one wave of chunks twice as long.
+constexpr int64_t kBlockStartTokens = 128;
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -81,8 +86,10 @@ DecodePlan::DecodePlan(const ContextConfig& ctx, const CacheConfig& cache, const
   on_device_ = ctx.backend != ATTN_BACKEND_CPU;
 #if ATTN_HAVE_CUDA
   if (on_device_) {
-    cuda::decode_check_supported(ctx.device, cache_, cfg_.heads_q, cfg_.max_query_tokens);
-    device_target_units_ = cuda::decode_target_units(ctx.device);
+    device_stages_ = cuda::decode_pipeline_stages();
+    cuda::decode_check_supported(ctx.device, cache_, cfg_.heads_q, cfg_.max_query_tokens,
+                                 device_stages_);
+    device_wave_ = cuda::decode_resident_blocks(ctx.device, cache_, device_stages_);
   }
 #else
   if (on_device_) not_supported("ctx: this build of libattn has no CUDA backend");
@@ -98,11 +105,12 @@ DecodePlan::DecodePlan(const ContextConfig& ctx, const CacheConfig& cache, const
     max_units_ = cfg_.max_batch * units_per_seq_forced;
     max_partials_ = units_per_seq_forced > 1 ? max_units_ : 0;
   } else if (cfg_.kv_chunk_tokens == 0 && on_device_) {
-    // Auto splits when batch * heads_kv <= T / 2 (T: the target) into at
-    // most floor(T / (batch * heads_kv)) chunks per sequence: sum over
-    // sequences of ceil(entries / chunk) <= T / heads_kv + batch units.
-    max_units_ = device_target_units_ + 2 * cfg_.max_batch;
-    max_partials_ = max_units_;
+    // Auto cuts each sequence into at most c chunks, c <= 2 W / (batch *
+    // heads_kv * row tiles) (W: the wave), so that a split batch has at
+    // most 2 W / heads_kv units.
+    const int64_t split_units = std::max<int64_t>(1, 2 * device_wave_ / cache_.heads_kv);
+    max_units_ = std::max(cfg_.max_batch, split_units);
+    max_partials_ = split_units;
   } else if (cfg_.kv_chunk_tokens == 0 && threads_ > 1) {
     // Auto splits only when batch * heads_kv < threads, into at most
     // ceil(2 threads / (batch * heads_kv)) chunks per sequence: fewer than
@@ -278,11 +286,7 @@ void DecodePlan::prepare(const KvCache& cache, int32_t num_seqs, const int64_t* 
   if (cfg_.kv_chunk_tokens > 0) {
     chunk_pages = ceil_div(cfg_.kv_chunk_tokens, ps);
   } else if (cfg_.kv_chunk_tokens == 0 && on_device_) {
-    const int64_t items = int64_t(num_seqs) * cache_.heads_kv;
-    // Whole waves: floor(T / items) chunks per sequence.
-    const int64_t target = device_target_units_ / items;
-    if (target >= 2)
-      chunk_pages = std::max(ceil_div(max_entries, target), ceil_div(kMinAutoChunkTokens, ps));
+    chunk_pages = device_chunk_pages(num_seqs, query_lens, entry_begin);
   } else if (cfg_.kv_chunk_tokens == 0 && threads_ > 1) {
     const int64_t items = int64_t(num_seqs) * cache_.heads_kv;
     if (items < threads_) {
@@ -290,6 +294,8 @@ void DecodePlan::prepare(const KvCache& cache, int32_t num_seqs, const int64_t* 
       chunk_pages = std::max(ceil_div(max_entries, target), ceil_div(kMinAutoChunkTokens, ps));
     }
   }
+  // The partial-state slots of a split sequence's chunks are consecutive
+  // (the CUDA combine finds them from the first one's).
   std::vector<WorkUnit> units;
   int64_t partials = 0, split_seqs = 0, max_chunks = 1;
   for (int32_t i = 0; i < num_seqs; ++i) {
@@ -368,6 +374,41 @@ void DecodePlan::prepare(const KvCache& cache, int32_t num_seqs, const int64_t* 
   }
 }
 
+// The automatic split on CUDA. A block runs one (unit, KV head, row tile)
+// task and W blocks run at once. Cutting every sequence into at most c
+// chunks of ceil(P / c) pages (P: the longest sequence's pages) takes about
+// ceil(tasks(c) / W) waves, each as long as one chunk plus a block's start;
+// c runs from 1 (no split) to the most chunks that keep tasks within two
+// waves and chunks at least kMinAutoChunkTokens long, and the cheapest
+// wins (the fewest chunks among equals).
+int64_t DecodePlan::device_chunk_pages(int32_t num_seqs, const int32_t* query_lens,
+                                       const std::vector<int64_t>& entry_begin) const {
+  const int64_t ps = cache_.page_size, wave = std::max<int64_t>(1, device_wave_);
+  int64_t max_entries = 0, max_q = 0;
+  for (int32_t i = 0; i < num_seqs; ++i) {
+    max_entries = std::max(max_entries, entry_begin[size_t(i) + 1] - entry_begin[size_t(i)]);
+    max_q = std::max<int64_t>(max_q, query_lens[i]);
+  }
+  const int64_t tasks_per_unit = cache_.heads_kv * ceil_div(max_q * group(), 16);
+  const int64_t items = int64_t(num_seqs) * tasks_per_unit;
+  const int64_t max_chunks = std::min(2 * wave / items, max_entries / ceil_div(kMinAutoChunkTokens, ps));
+  int64_t best_pages = 0;
+  double best_cost = double(ceil_div(items, wave)) * double(max_entries * ps + kBlockStartTokens);
+  for (int64_t c = 2; c <= max_chunks; ++c) {
+    const int64_t pages = ceil_div(max_entries, c);
+    int64_t units = 0;
+    for (int32_t i = 0; i < num_seqs; ++i)
+      units += std::max<int64_t>(1, ceil_div(entry_begin[size_t(i) + 1] - entry_begin[size_t(i)], pages));
+    const double cost =
+        double(ceil_div(units * tasks_per_unit, wave)) * double(pages * ps + kBlockStartTokens);
+    if (cost < best_cost) {
+      best_cost = cost;
+      best_pages = pages;
+    }
+  }
+  return best_pages;
+}
+
 void DecodePlan::execute(const KvCache& cache, const void* q, void* o, float* lse,
                          void* workspace, size_t workspace_bytes, void* stream) const {
   check_cache(cache);
@@ -432,7 +473,12 @@ void DecodePlan::describe(attn_decode_plan_info_t& info) const {
   std::snprintf(info.algorithm, sizeof info.algorithm, "%s",
                 max_partials_ > 0 ? "paged-decode-gqa-packed-split-kv" : "paged-decode-gqa-packed");
   std::snprintf(info.kernel, sizeof info.kernel, "%s",
-                on_device_ ? "cuda-sm80-mma-paged" : "cpu-scalar");
+                !on_device_ ? "cpu-scalar"
+                : device_stages_ == 3 ? "cuda-sm80-mma-paged-s3" : "cuda-sm80-mma-paged");
+  if (cfg_.kv_chunk_tokens == 0 && (on_device_ || threads_ > 1)) {
+    info.split_target_tasks = on_device_ ? device_wave_ : threads_;
+    info.split_min_chunk_tokens = kMinAutoChunkTokens;
+  }
 }
 
 }  // namespace attn::kv

@@ -15,6 +15,7 @@
 #include <memory>
 #include <mutex>
 #include <unordered_map>
+#include <vector>
 
 #include "core/context.hpp"
 #include "kv/kv_cache.hpp"
@@ -102,6 +103,8 @@ class DecodePlan {
   // (batch, query tokens, split) may exceed its own workspace layout.
   uint64_t id() const { return id_; }
   int32_t device() const { return ctx_.device; }
+  // CUDA: stages of the decode kernel's pipeline.
+  int32_t device_stages() const { return device_stages_; }
 
   // Per-thread scratch regions (offsets in floats, each 16-float aligned).
   struct Scratch {
@@ -112,6 +115,10 @@ class DecodePlan {
  private:
   void check_cache(const KvCache& cache) const;
   DecodeWorkspace carve(void* workspace) const;
+  // The automatic split on CUDA: pages per chunk (0: no split) for a batch
+  // whose sequence i reads entries [entry_begin[i], entry_begin[i + 1]).
+  int64_t device_chunk_pages(int32_t num_seqs, const int32_t* query_lens,
+                             const std::vector<int64_t>& entry_begin) const;
   void execute_device(const KvCache& cache, const void* q, void* o, float* lse, void* workspace,
                       void* stream) const;
 
@@ -127,12 +134,14 @@ class DecodePlan {
   size_t off_partial_o_ = 0, off_partial_lse_ = 0, off_scratch_ = 0;
   size_t total_bytes_ = 0;
 
-  // CUDA: the work units that fill the device (automatic split target), the
+  // CUDA: the decode blocks resident on the device at once (one wave: the
+  // automatic split's target), the
   // pinned staging area of prepare (a cuda::DecodeStaging) and, per
   // prepared workspace, the cache and its state that the metadata describe
   // (the host cannot read the device header before launching).
   bool on_device_ = false;
-  int64_t device_target_units_ = 0;
+  int64_t device_wave_ = 0;
+  int32_t device_stages_ = 2;
   std::shared_ptr<void> staging_;
   struct Prepared {
     uintptr_t cache_id;

@@ -1814,6 +1814,55 @@ static void test_block_mask_set_blocks_errors(void **state) {
   EXPECT_OK(attn_block_mask_destroy(m));
 }
 
+/* The device-table variant on a CPU context reads host tables: the same
+ * mask as attn_block_mask_set_blocks, the same checks, and its own handle
+ * checks (the CUDA path is tested in tests/gpu/test_block_sparse_gpu.cpp). */
+static void test_block_mask_set_device_blocks_cpu(void **state) {
+  attn_block_mask_t m = small_mask(), copy = NULL;
+  bm_tables before, after;
+  int32_t num[BM_N] = {1, 0, 2}, idx[BM_N * 2] = {2, 0, 0, 0, 0, 1};
+  int32_t full_num[BM_N] = {1, 1, 0}, full_idx[BM_N] = {0, 1, 0};
+  uint8_t bits[BM_N * 2 * 2];
+  (void)state;
+  for (int i = 0; i < (int)sizeof bits; ++i) bits[i] = (uint8_t)(0x5b + 37 * i);
+  read_tables(m, &before);
+  EXPECT_FAIL(ATTN_STATUS_INVALID_HANDLE, "mask",
+              attn_block_mask_set_device_blocks(NULL, g_ctx, NULL, num, idx, 2, bits, full_num,
+                                                full_idx, 1));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_HANDLE, "ctx",
+              attn_block_mask_set_device_blocks(m, NULL, NULL, num, idx, 2, bits, full_num,
+                                                full_idx, 1));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_HANDLE, "ctx",
+              attn_block_mask_set_device_blocks(m, (attn_context_t)(void *)m, NULL, num, idx, 2,
+                                                bits, full_num, full_idx, 1));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "kv_indices",
+              attn_block_mask_set_device_blocks(m, g_ctx, NULL, num, NULL, 2, bits, full_num,
+                                                full_idx, 1));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "max_full",
+              attn_block_mask_set_device_blocks(m, g_ctx, NULL, num, idx, 2, bits, full_num,
+                                                full_idx, 0));
+  idx[5] = 3; /* key block 3 of 3 */
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "kv_indices[0][0][2][1]",
+              attn_block_mask_set_device_blocks(m, g_ctx, NULL, num, idx, 2, bits, full_num,
+                                                full_idx, 1));
+  idx[5] = 1;
+  read_tables(m, &after);
+  assert_memory_equal(&before, &after, sizeof before);
+
+  /* success: equal to the host variant on the same tables */
+  EXPECT_OK(attn_block_mask_create(1, 1, BM_L, BM_L, BM_B, BM_B, &copy));
+  EXPECT_OK(attn_block_mask_set_blocks(copy, num, idx, 2, bits, full_num, full_idx, 1));
+  EXPECT_OK(attn_block_mask_set_device_blocks(m, g_ctx, NULL, num, idx, 2, bits, full_num,
+                                              full_idx, 1));
+  read_tables(m, &after);
+  read_tables(copy, &before);
+  assert_memory_equal(&before, &after, sizeof before);
+  assert_int_equal(after.num_p[2], 2);
+  assert_int_equal(after.num_f[1], 1);
+  EXPECT_OK(attn_block_mask_destroy(copy));
+  EXPECT_OK(attn_block_mask_destroy(m));
+}
+
 static void test_block_mask_get_and_add_errors(void **state) {
   attn_block_mask_t m = small_mask();
   bm_tables t, ref;
@@ -2119,6 +2168,7 @@ int main(void) {
       cmocka_unit_test(test_window_reaching_past_every_key),
       cmocka_unit_test(test_block_mask_create_errors),
       cmocka_unit_test(test_block_mask_set_blocks_errors),
+      cmocka_unit_test(test_block_mask_set_device_blocks_cpu),
       cmocka_unit_test(test_block_mask_get_and_add_errors),
       cmocka_unit_test(test_block_mask_builder_errors),
       cmocka_unit_test(test_block_mask_plans),

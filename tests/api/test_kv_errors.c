@@ -787,6 +787,25 @@ static void test_describe(void **state) {
   assert_int_equal(info.workspace_bytes, bytes);
   assert_true(strlen(info.kernel) > 0);
   assert_true(strlen(info.algorithm) > 0);
+  /* One thread: the plan never splits by itself. */
+  assert_int_equal(info.split_target_tasks, 0);
+  assert_int_equal(info.split_min_chunk_tokens, 0);
+  {
+    /* Three threads: the automatic split aims at them. */
+    attn_context_t ctx3;
+    attn_decode_config_t d = decode_config();
+    attn_decode_plan_t plan3;
+    EXPECT_OK(attn_context_create(ATTN_BACKEND_CPU, 0, 3, &ctx3));
+    EXPECT_OK(attn_decode_plan_create(ctx3, f.cache, &d, &plan3));
+    POISON_VAR(info);
+    info.struct_size = sizeof info;
+    EXPECT_OK(attn_decode_plan_describe(plan3, &info));
+    assert_int_equal(info.num_threads, 3);
+    assert_int_equal(info.split_target_tasks, 3);
+    assert_int_equal(info.split_min_chunk_tokens, 256);
+    EXPECT_OK(attn_decode_plan_destroy(plan3));
+    EXPECT_OK(attn_context_destroy(ctx3));
+  }
   fixture_free(&f);
 }
 

@@ -109,6 +109,75 @@ std::vector<uint8_t> read_selection(const Case& c, attn_block_mask_t mask) {
   return sel;
 }
 
+// attn_block_mask_set_device_blocks: tables in device memory, written on a
+// non-blocking stream just before the call, give the mask the same host
+// tables give; host pointers are refused and leave the mask unchanged.
+bool device_tables(attn_context_t ctx) {
+  const int64_t heads = 2, lq = 300, lk = 260, bq = 64, bk = 32;
+  attn_block_mask_t src = nullptr, dst = nullptr;
+  ATTN_CHECK(attn_block_mask_create(1, heads, lq, lk, bq, bk, &src));
+  ATTN_CHECK(attn_block_mask_add_window(src, 45, 3));  // partial blocks with bits
+  ATTN_CHECK(attn_block_mask_add_random_blocks(src, 2, g_seed));
+  int32_t mp = 0, mf = 0;
+  ATTN_CHECK(attn_block_mask_get_max_blocks(src, &mp, &mf));
+  mp = std::max(mp, 1), mf = std::max(mf, 1);
+  const size_t rows = size_t(heads * ((lq + bq - 1) / bq));
+  const size_t tile_bytes = size_t(ATTN_BLOCK_MASK_TILE_BYTES(bq, bk));
+  struct Tables {
+    std::vector<int32_t> np, ip, nf, jf;
+    std::vector<uint8_t> bits;
+  };
+  auto read = [&](attn_block_mask_t m) {
+    Tables t{std::vector<int32_t>(rows), std::vector<int32_t>(rows * size_t(mp)),
+             std::vector<int32_t>(rows), std::vector<int32_t>(rows * size_t(mf)),
+             std::vector<uint8_t>(rows * size_t(mp) * tile_bytes)};
+    ATTN_CHECK(attn_block_mask_get_blocks(m, t.np.data(), t.ip.data(), mp, t.bits.data(),
+                                          t.nf.data(), t.jf.data(), mf));
+    return t;
+  };
+  const Tables host = read(src);
+  cudaStream_t stream = nullptr;
+  GPU_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  std::vector<void*> dev;
+  auto upload = [&](const auto& v) {
+    void* p = nullptr;
+    const size_t bytes = v.size() * sizeof(v[0]);
+    GPU_CHECK(cudaMalloc(&p, bytes));
+    GPU_CHECK(cudaMemcpyAsync(p, v.data(), bytes, cudaMemcpyHostToDevice, stream));
+    dev.push_back(p);
+    return p;
+  };
+  auto* d_np = static_cast<const int32_t*>(upload(host.np));
+  auto* d_ip = static_cast<const int32_t*>(upload(host.ip));
+  auto* d_bits = static_cast<const uint8_t*>(upload(host.bits));
+  auto* d_nf = static_cast<const int32_t*>(upload(host.nf));
+  auto* d_jf = static_cast<const int32_t*>(upload(host.jf));
+  ATTN_CHECK(attn_block_mask_create(1, heads, lq, lk, bq, bk, &dst));
+  ATTN_CHECK(attn_block_mask_set_device_blocks(dst, ctx, stream, d_np, d_ip, mp, d_bits, d_nf,
+                                               d_jf, mf));
+  const Tables got = read(dst);
+  bool ok = got.np == host.np && got.ip == host.ip && got.nf == host.nf && got.jf == host.jf &&
+            got.bits == host.bits;
+  // Host tables are not device memory: refused, naming the first table.
+  ATTN_CHECK(attn_block_mask_set_blocks(dst, nullptr, nullptr, 0, nullptr, nullptr, nullptr, 0));
+  const attn_status_t s = attn_block_mask_set_device_blocks(
+      dst, ctx, stream, host.np.data(), host.ip.data(), mp, host.bits.data(), host.nf.data(),
+      host.jf.data(), mf);
+  const std::string msg = attn_last_error_message();
+  int32_t after_p = -1, after_f = -1;
+  ATTN_CHECK(attn_block_mask_get_max_blocks(dst, &after_p, &after_f));
+  ok = ok && s == ATTN_STATUS_INVALID_ARGUMENT && msg.find("kv_num_blocks") == 0 &&
+       msg.find("host memory") != std::string::npos && after_p == 0 && after_f == 0;
+  std::printf("%s block mask from device tables (%zu rows, %d partial / %d full per row); host "
+              "tables: %s: %s\n",
+              ok ? "ok  " : "FAIL", rows, mp, mf, attn_status_string(s), msg.c_str());
+  for (void* p : dev) GPU_CHECK(cudaFree(p));
+  GPU_CHECK(cudaStreamDestroy(stream));
+  attn_block_mask_destroy(src);
+  attn_block_mask_destroy(dst);
+  return ok;
+}
+
 // The block mask of a case and its selection as a matrix.
 attn_block_mask_t make_mask(const Case& c, std::mt19937_64& rng, std::vector<uint8_t>& sel) {
   attn_block_mask_t mask = nullptr;
@@ -499,7 +568,7 @@ int main() {
 
   attn_context_t ctx = nullptr;
   ATTN_CHECK(attn_context_create(ATTN_BACKEND_CUDA, 0, 0, &ctx));
-  int failures = 0;
+  int failures = device_tables(ctx) ? 0 : 1;
 
   std::vector<Case> all;
   for (const Case& c : cases())

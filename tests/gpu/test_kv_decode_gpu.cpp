@@ -7,19 +7,27 @@
 // Cases: many sequences of different lengths, GQA 1/4/8, page sizes 16 and
 // 13, both page layouts, q_len 1 and 4 (4 x 8 packed rows: two row tiles),
 // window + sinks with eviction, softcap, split-KV forced on, forced off and
-// automatic, bf16 and fp16, head dims 64 and 128. Then fork + append on the
+// automatic, bf16 and fp16, head dims 64 and 128; long single sequences cut
+// into many chunks (up to ~1500, so that the combine's threads each take
+// several chunks; the automatic split must cut them), a batch of one with 8
+// query tokens (4 row tiles) and a batch mixing one long sequence with
+// short unsplit ones, and 12 query tokens per sequence (more than the
+// combine's 8 tokens in parallel). Then fork + append on the
 // device (copy-on-write of a shared partial page), CAPACITY (nothing
 // changes: lengths, pages in use and the pages' contents, checked by a
 // decode afterwards), a CUDA graph of execute replayed (bit-identical, and
 // replayed again after the next prepare), stale and unprepared workspaces
-// refused without writing O, and NOT_SUPPORTED for what the kernel lacks.
+// refused without writing O, NOT_SUPPORTED for what the kernel lacks, and
+// ATTN_CUDA_DECODE_STAGES refused unless 2 or 3.
 //
 // Tolerance (FlashAttention's rule, as the other GPU tests): max |O -
 // O_fp64| <= 2 max |O_plain - O_fp64| + atol, O_plain with scores in fp32, P
 // rounded to the dtype and the output rounded; LSE within 2e-3. Outputs
 // are poisoned (NaN) before every run and every element must be written.
 // Fresh random inputs every run (seed printed; ATTN_TEST_SEED=n repeats
-// one). Exit 77 without a CUDA device.
+// one). ATTN_GPU_TEST_QUICK=1 shortens the long sequences (for
+// compute-sanitizer); ATTN_GPU_TEST_FILTER=text runs only the cases whose
+// name contains text. Exit 77 without a CUDA device.
 
 #include <algorithm>
 #include <cinttypes>
@@ -37,6 +45,12 @@ namespace {
 
 uint64_t g_seed = 0;
 int g_failures = 0;
+bool g_quick = false;
+const char* g_filter = nullptr;
+
+bool selected(const std::string& name) {
+  return g_filter == nullptr || name.find(g_filter) != std::string::npos;
+}
 
 struct CacheShape {
   attn_dtype_t dtype = ATTN_DTYPE_BF16;
@@ -317,10 +331,13 @@ void execute(Harness& h, attn_decode_plan_t plan, Step& s) {
                                  h.stream));
 }
 
-// Decodes step (ids, qlens) with each split option; checks each.
+// Decodes step (ids, qlens) with each split option; checks each. With
+// min_auto_chunks > 0 the automatic split (chunk 0) must cut some sequence
+// into at least that many chunks, and describe() must report its target.
 void decode_and_check(Harness& h, const std::vector<int64_t>& ids,
                       const std::vector<int32_t>& qlens, DecodeOpts o,
-                      const std::vector<int64_t>& chunks, const std::string& name) {
+                      const std::vector<int64_t>& chunks, const std::string& name,
+                      int64_t min_auto_chunks = 0) {
   for (int64_t chunk : chunks) {
     o.chunk = chunk;
     attn_decode_plan_t plan = make_plan(h, o, int64_t(ids.size()));
@@ -333,12 +350,28 @@ void decode_and_check(Harness& h, const std::vector<int64_t>& ids,
     execute(h, plan, s);
     const Result r = fetch(h, s);
     char label[200];
-    std::snprintf(label, sizeof label, "%s chunk=%" PRId64 " (units %" PRId64 ", split %" PRId64 ")",
-                  name.c_str(), chunk, info.num_work_units, info.split_sequences);
+    std::snprintf(label, sizeof label,
+                  "%s chunk=%" PRId64 " (units %" PRId64 ", split %" PRId64 ", chunks %" PRId64 ")",
+                  name.c_str(), chunk, info.num_work_units, info.split_sequences,
+                  info.max_chunks);
     check(h, s, o, r, label);
     if (chunk > 0 && info.split_sequences == 0) {
       std::printf("  FAIL: chunk %" PRId64 " split nothing\n", chunk);
       ++g_failures;
+    }
+    if (chunk == 0 && min_auto_chunks > 0) {
+      attn_decode_plan_info_t pi;
+      std::memset(&pi, 0, sizeof pi);
+      pi.struct_size = sizeof pi;
+      ATTN_CHECK(attn_decode_plan_describe(plan, &pi));
+      const bool ok = info.max_chunks >= min_auto_chunks && pi.split_target_tasks > 0 &&
+                      pi.split_min_chunk_tokens > 0 &&
+                      info.kv_chunk_tokens >= pi.split_min_chunk_tokens;
+      std::printf("  auto split: %" PRId64 " chunks of %" PRId64 " tokens (target %" PRId64
+                  " tasks, chunks >= %" PRId64 " tokens) %s\n",
+                  info.max_chunks, info.kv_chunk_tokens, pi.split_target_tasks,
+                  pi.split_min_chunk_tokens, ok ? "ok" : "FAIL");
+      if (!ok) ++g_failures;
     }
     attn_decode_plan_destroy(plan);
   }
@@ -348,7 +381,8 @@ void decode_and_check(Harness& h, const std::vector<int64_t>& ids,
 // of at most `piece` tokens), then q_len new tokens each, decoded.
 void batch_case(const std::string& name, const CacheShape& cs, DecodeOpts o,
                 const std::vector<int32_t>& lengths, int32_t q_len, int32_t piece,
-                const std::vector<int64_t>& chunks) {
+                const std::vector<int64_t>& chunks, int64_t min_auto_chunks = 0) {
+  if (!selected(name)) return;
   Harness h(cs, std::hash<std::string>{}(name));
   std::vector<int64_t> ids;
   for (size_t i = 0; i < lengths.size(); ++i) {
@@ -371,10 +405,12 @@ void batch_case(const std::string& name, const CacheShape& cs, DecodeOpts o,
   }
   ATTN_CHECK(h.append(ids, std::vector<int32_t>(ids.size(), q_len)));
   o.max_q = std::max<int64_t>(o.max_q, q_len);
-  decode_and_check(h, ids, std::vector<int32_t>(ids.size(), q_len), o, chunks, name);
+  decode_and_check(h, ids, std::vector<int32_t>(ids.size(), q_len), o, chunks, name,
+                   min_auto_chunks);
 }
 
 void fork_case() {
+  if (!selected("fork")) return;
   CacheShape cs;
   cs.page_size = 16;
   cs.hkv = 2;
@@ -397,6 +433,7 @@ void fork_case() {
 }
 
 void capacity_case() {
+  if (!selected("capacity")) return;
   CacheShape cs;
   cs.page_size = 16;
   cs.num_pages = 10;
@@ -433,6 +470,7 @@ void capacity_case() {
 }
 
 void graph_case() {
+  if (!selected("graph")) return;
   CacheShape cs;
   cs.page_size = 16;
   cs.hkv = 4;
@@ -504,6 +542,7 @@ void graph_case() {
 }
 
 void not_supported_case() {
+  if (!selected("not supported")) return;
   struct Bad {
     CacheShape cs;
     const char* word;
@@ -538,13 +577,61 @@ void not_supported_case() {
   }
 }
 
+// ATTN_CUDA_DECODE_STAGES other than 2 or 3 is refused at plan creation
+// (message naming it, *plan unchanged); the variable is restored after.
+void stages_env_case() {
+  if (!selected("stages")) return;
+  const char* prev = std::getenv("ATTN_CUDA_DECODE_STAGES");
+  const std::string saved = prev != nullptr ? prev : "";
+  CacheShape cs;
+  attn_context_t ctx = nullptr;
+  ATTN_CHECK(attn_context_create(ATTN_BACKEND_CUDA, 0, 0, &ctx));
+  const attn_kv_cache_config_t cfg = cache_config(cs);
+  attn_kv_cache_t cache = nullptr;
+  ATTN_CHECK(attn_kv_cache_create(ctx, &cfg, nullptr, 0, &cache));
+  attn_decode_config_t c;
+  std::memset(&c, 0, sizeof c);
+  c.struct_size = sizeof c;
+  c.heads_q = 4;
+  c.max_batch = 2;
+  c.max_query_tokens = 1;
+  setenv("ATTN_CUDA_DECODE_STAGES", "4", 1);
+  attn_decode_plan_t plan = reinterpret_cast<attn_decode_plan_t>(&c);  // must stay as is
+  const attn_status_t st = attn_decode_plan_create(ctx, cache, &c, &plan);
+  const std::string msg = attn_last_error_message();
+  bool ok = st == ATTN_STATUS_INVALID_ARGUMENT &&
+            msg.find("ATTN_CUDA_DECODE_STAGES") != std::string::npos &&
+            plan == reinterpret_cast<attn_decode_plan_t>(&c);
+  // 3 is accepted and named by describe().
+  setenv("ATTN_CUDA_DECODE_STAGES", "3", 1);
+  attn_decode_plan_t plan3 = nullptr;
+  ATTN_CHECK(attn_decode_plan_create(ctx, cache, &c, &plan3));
+  attn_decode_plan_info_t pi;
+  std::memset(&pi, 0, sizeof pi);
+  pi.struct_size = sizeof pi;
+  ATTN_CHECK(attn_decode_plan_describe(plan3, &pi));
+  ok = ok && std::strstr(pi.kernel, "-s3") != nullptr;
+  attn_decode_plan_destroy(plan3);
+  if (prev != nullptr) setenv("ATTN_CUDA_DECODE_STAGES", saved.c_str(), 1);
+  else unsetenv("ATTN_CUDA_DECODE_STAGES");
+  std::printf("%-58s %s (%s; %s)\n", "stages: ATTN_CUDA_DECODE_STAGES=4 refused, 3 named",
+              ok ? "ok" : "FAIL", msg.c_str(), pi.kernel);
+  if (!ok) ++g_failures;
+  attn_kv_cache_destroy(cache);
+  attn_context_destroy(ctx);
+}
+
 }  // namespace
 
 int main() {
   skip_without_device();
   const char* env = std::getenv("ATTN_TEST_SEED");
   g_seed = env ? std::strtoull(env, nullptr, 10) : std::random_device{}() * 2654435761ull;
-  std::printf("seed %" PRIu64 " (ATTN_TEST_SEED=%" PRIu64 " repeats this run)\n", g_seed, g_seed);
+  const char* quick = std::getenv("ATTN_GPU_TEST_QUICK");
+  g_quick = quick != nullptr && quick[0] == '1';
+  g_filter = std::getenv("ATTN_GPU_TEST_FILTER");
+  std::printf("seed %" PRIu64 " (ATTN_TEST_SEED=%" PRIu64 " repeats this run)%s\n", g_seed, g_seed,
+              g_quick ? ", quick" : "");
 
   const std::vector<int64_t> all_splits = {-1, 0, 64};
   {
@@ -603,10 +690,57 @@ int main() {
     batch_case("fp16 NHD p16 d64 GQA8 window 64 + 16 sinks q1", cs, DecodeOpts{8, 1, 0, 0.0f, 0},
                {1, 30, 80, 700}, 1, 50, {-1, 0, 32});
   }
+  {
+    // One long sequence, as 1 x 128K decode at a small size: forced chunks
+    // of one page (~1500 chunks) and of 1000 tokens, and the automatic
+    // split, which must cut it (a batch of 1 x 2 KV heads fills no GPU).
+    const int32_t len = g_quick ? 3000 : 24000;
+    CacheShape cs;
+    cs.hkv = 2;
+    cs.num_pages = len / 16 + 16;
+    batch_case("bf16 HND p16 d128 GQA4 one long sequence, many chunks q1", cs,
+               DecodeOpts{8, 1, 0, 0.0f, 0}, {len}, 1, 4096, {0, -1, 16, 1000}, 8);
+  }
+  {
+    // A batch of one with 8 query tokens x GQA 8: 64 packed rows, 4 row
+    // tiles per unit, each token's row merged over the chunks.
+    const int32_t len = g_quick ? 2500 : 9000;
+    CacheShape cs;
+    cs.dtype = ATTN_DTYPE_FP16;
+    cs.layout = ATTN_KV_LAYOUT_NHD;
+    cs.page_size = 13;
+    cs.hkv = 1;
+    cs.d = 64;
+    cs.num_pages = len / 13 + 16;
+    batch_case("fp16 NHD p13 d64 GQA8 batch 1 q8, many chunks", cs, DecodeOpts{8, 8, 0, 0.0f, 0},
+               {len}, 8, 2048, {0, -1, 13, 500}, 4);
+  }
+  {
+    // One long sequence next to short ones: split and unsplit sequences
+    // in one batch, q 2.
+    const int32_t len = g_quick ? 3000 : 20000;
+    CacheShape cs;
+    cs.layout = ATTN_KV_LAYOUT_NHD;
+    cs.hkv = 1;
+    cs.num_pages = len / 16 + 64;
+    batch_case("bf16 NHD p16 d128 GQA8 long + short sequences q2, many chunks", cs,
+               DecodeOpts{8, 2, 0, 0.0f, 0}, {len, 5, 300, 40}, 2, 4096, {0, 32}, 4);
+  }
+  {
+    // 12 query tokens (chunked prefill): the combine's blocks take tokens
+    // t and t + 8, reusing their shared memory.
+    CacheShape cs;
+    cs.d = 64;
+    cs.hkv = 2;
+    cs.num_pages = 600;
+    batch_case("bf16 HND p16 d64 GQA2 q12, many chunks", cs, DecodeOpts{4, 12, 0, 0.0f, 0},
+               {g_quick ? 1500 : 4000, 700}, 12, 1000, {0, 64}, 2);
+  }
   fork_case();
   capacity_case();
   graph_case();
   not_supported_case();
+  stages_env_case();
   if (g_failures > 0) {
     std::printf("%d FAILED\n", g_failures);
     return 1;
