@@ -547,6 +547,8 @@ int main() {
        {20, 1, 33}, {20, 1, 33}, true, false},
       {"bf16-varlen-contiguous-full-d96", bf16, bshd, contig, 2, 1, 96, none, -1, -1, {13, 40},
        {13, 40}, true, false},
+      {"bf16-varlen-contiguous-window-left-right-d128", bf16, bshd, contig, 4, 4, 128, window, 20,
+       5, {30, 1, 9}, {30, 1, 9}, true, false},
       {"fp16-varlen-zigzag-window-left-gqa-d64", fp16, bshd, zigzag, 6, 2, 64, window, 24, -1,
        {40, 3, 1}, {40, 3, 1}, true, false},
       {"bf16-varlen-zigzag-window-causal-lq<lk-d64", bf16, bshd, zigzag, 2, 2, 64, window, 24, 0,
