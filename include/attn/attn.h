@@ -1087,7 +1087,7 @@ ATTN_API attn_status_t attn_decode_plan_describe(attn_decode_plan_t plan,
  * seqlen_kv / N, LSE [batch, heads_q, seqlen_q / N]. Masks keep their
  * global meaning (bottom-right alignment over the global lengths).
  *
- * Varlen batches (attn_plan_desc_set_varlen, CPU only): each sequence b is
+ * Varlen batches (attn_plan_desc_set_varlen): each sequence b is
  * cut alike, its own lengths Lq_b and Lk_b into N (CONTIGUOUS) or 2N
  * (ZIGZAG) equal chunks, so every Lq_b and Lk_b must be a multiple of N
  * (2N). Rank r holds, for every sequence in order, its chunk(s) of that
@@ -1166,13 +1166,12 @@ ATTN_API attn_status_t attn_comm_get_size(attn_comm_t comm, int32_t *size);
  * once if it then destroys its (in-process) communicator.
  * Supported: CPU contexts with in-process communicators (full, causal and
  * window masks, GQA, softcap, head_dim_v != head_dim_qk, every dtype, BSHD,
- * BHSD and varlen batches), and CUDA contexts with NCCL communicators for what the CUDA
- * backend runs, when every block of the ring is fully visible or aligned
- * like the whole sequence (full and causal masks with seqlen_q ==
- * seqlen_kv). Not supported (NOT_SUPPORTED): custom strides
- * (attn_plan_desc_set_tensor), varlen batches on CUDA, other CUDA rings
- * (windows, causal with seqlen_q != seqlen_kv). A communicator of the other kind than ctx's
- * backend is INVALID_ARGUMENT.
+ * BHSD and varlen batches), and CUDA contexts with NCCL communicators for
+ * the same problems where the CUDA backend runs them (fp16 and bf16, its
+ * head dimensions; see attn_plan_create). Not supported (NOT_SUPPORTED):
+ * custom strides (attn_plan_desc_set_tensor), block masks, MoBA, and what
+ * the backend rejects for a dense plan. A communicator of the other kind
+ * than ctx's backend is INVALID_ARGUMENT.
  * On success *plan owns a new plan; free it with attn_plan_destroy (it keeps
  * what it needs of comm alive).
  * Returns SUCCESS, INVALID_HANDLE (ctx, desc, comm), INVALID_ARGUMENT

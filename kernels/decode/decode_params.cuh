@@ -47,6 +47,8 @@ struct AppendRun {
   int32_t page, slot, count, pad;
 };
 constexpr int kAppendRunsPerLaunch = 96;
+// The append kernel's block size and the units each thread moves per pass.
+constexpr int kAppendThreads = 256, kAppendIlp = 4;
 
 struct AppendParams {
   const unsigned char* k_src;  // [tokens][heads_kv][dk] bytes of the element type

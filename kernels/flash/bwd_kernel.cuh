@@ -414,7 +414,7 @@ __global__ void __launch_bounds__(BwdTraits<D, V>::kThreads, 1)
   // the tile form [row_lo, row_hi] (dense_schedule's row_lo, row_hi).
   // Lengths are below 2^30 (checked at plan creation), so bounds clamped to
   // +-2^30 compare the same with any j - i.
-  const int off = lk - lq;
+  const int off = lk - lq + (p.diag_shift != nullptr ? p.diag_shift[b] : 0);
   constexpr long long kFar = 1ll << 30;
   auto clamp_far = [](long long x) { return int(x < -kFar ? -kFar : (x > kFar ? kFar : x)); };
   const int dmin = p.window_left < 0 ? int(-kFar) : clamp_far((long long)off - p.window_left);

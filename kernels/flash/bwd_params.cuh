@@ -56,9 +56,12 @@ struct BwdParams {
   // meet in dk_accum, dv_accum: without it, the blocks of a GQA backward
   // are group times longer and too few to balance a causal mask.
   int32_t group_splits;
-  // Query i sees key j when i + off - left <= j <= i + off + right, off = lk - lq;
-  // a negative bound is unbounded.
+  // Query i sees key j when i + off - left <= j <= i + off + right, off = lk - lq
+  // (+ diag_shift[b]); a negative bound is unbounded.
   int32_t window_left, window_right;
+  // Per sequence in device memory, null: 0. Ring steps run a block of a
+  // longer sequence as a dense problem that keeps that sequence's diagonal.
+  const int32_t* diag_shift;
   float scale;       // softmax scale: dQ = scale * dS K, dK = scale * dS^T Q
   float scale_log2;  // logit -> base-2 exponent: scale * log2(e), or log2(e) with softcap
   float softcap;     // cap, 0 = off: z = cap * tanh(scale * q.k / cap)

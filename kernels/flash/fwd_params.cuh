@@ -29,9 +29,12 @@ struct FwdParams {
   const int32_t* cu_kv;
   int32_t seqlen_q, seqlen_kv;  // per sequence, fixed-length batches only
   int32_t group;                // heads_q / heads_kv
-  // Query i sees key j when i + off - left <= j <= i + off + right, off = lk - lq;
-  // a negative bound is unbounded.
+  // Query i sees key j when i + off - left <= j <= i + off + right, off = lk - lq
+  // (+ diag_shift[b]); a negative bound is unbounded.
   int32_t window_left, window_right;
+  // Per sequence in device memory, null: 0. Ring steps run a block of a
+  // longer sequence as a dense problem that keeps that sequence's diagonal.
+  const int32_t* diag_shift;
   float scale_log2;  // logit -> base-2 exponent: scale * log2(e), or log2(e) with softcap
   float softcap;     // cap, 0 = off: z = cap * tanh(scale * q.k / cap)
   float softcap_in;  // 2 * log2(e) * scale / cap, so that tanh needs one exp2

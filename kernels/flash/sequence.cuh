@@ -8,12 +8,13 @@
 namespace attn::flash {
 
 // Query tile m_block (rows [r0, r0 + rows)) of sequence b. P is FwdParams
-// or BwdParams (cu_q, cu_kv, seqlen_q, seqlen_kv, window_left, window_right).
+// or BwdParams (cu_q, cu_kv, seqlen_q, seqlen_kv, window_left, window_right,
+// diag_shift).
 struct QueryTile {
   int lq, lk;             // this sequence's lengths
   int64_t q_tok, kv_tok;  // its first token (varlen), else 0
   int r0, rows;
-  int off;  // lk - lq: causal and window bounds are bottom-right aligned
+  int off;  // lk - lq (+ diag_shift[b]): causal and window bounds are bottom-right aligned
   // The tile's key range: first row [lo_first, hi_first], last row
   // [lo_last, hi_last]; no row sees a key when hi_last < lo_first.
   int lo_first, hi_first, lo_last, hi_last;
@@ -50,7 +51,7 @@ __device__ __forceinline__ bool query_tile_of(const P& p, int b, int m_block, Qu
   t.r0 = m_block * BM;
   if (t.r0 >= t.lq) return false;
   t.rows = min(BM, t.lq - t.r0);
-  t.off = t.lk - t.lq;
+  t.off = t.lk - t.lq + (p.diag_shift != nullptr ? p.diag_shift[b] : 0);
   t.lo_first = key_lo(p, t, t.r0), t.hi_first = key_hi(p, t, t.r0);
   t.lo_last = key_lo(p, t, t.r0 + t.rows - 1), t.hi_last = key_hi(p, t, t.r0 + t.rows - 1);
   return true;

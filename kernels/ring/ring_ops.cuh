@@ -94,4 +94,49 @@ __global__ void merge_kernel(float* o_acc, float* lse_acc, const T* o_part, cons
   }
 }
 
+// Row permutations of the varlen zigzag layout (one row = heads * dim
+// elements of one token): `map` gives, for each token of the chunk-major
+// order, its token in the caller's order.
+
+// dst[i] = src[map[i]], rows of `row` words W.   grid-stride over words
+template <class W>
+__global__ void gather_rows_kernel(W* dst, const W* src, const int32_t* map, int64_t n,
+                                   int64_t row) {
+  for (int64_t x = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; x < n * row;
+       x += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t i = x / row, c = x - i * row;
+    dst[x] = src[int64_t(map[i]) * row + c];
+  }
+}
+
+// dst[map[i]] = T(src[i]), rows of `row` elements; src fp32.
+template <class T>
+__global__ void scatter_store_kernel(T* dst, const float* src, const int32_t* map, int64_t n,
+                                     int64_t row) {
+  for (int64_t x = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; x < n * row;
+       x += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t i = x / row, c = x - i * row;
+    dst[int64_t(map[i]) * row + c] = from_float<T>(src[x]);
+  }
+}
+
+// LSE between the chunk-major layout, chunk c = [heads, rows] at c * heads *
+// rows, and the caller's [heads, local_total]: entry (c, h, i) is the
+// caller's (h, map[c * rows + i]). to_user: chunk-major -> caller's.
+template <class F>
+__global__ void permute_lse_kernel(F* dst, const F* src, const int32_t* map, int64_t chunks,
+                                   int64_t heads, int64_t rows, int64_t local_total, bool to_user) {
+  const int64_t n = chunks * heads * rows;
+  for (int64_t x = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; x < n;
+       x += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t i = x % rows, ch = x / rows;
+    const int64_t h = ch % heads, c = ch / heads;
+    const int64_t user = h * local_total + map[c * rows + i];
+    if (to_user)
+      dst[user] = src[x];
+    else
+      dst[x] = src[user];
+  }
+}
+
 }  // namespace attn::ring_kernels

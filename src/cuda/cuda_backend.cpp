@@ -188,13 +188,19 @@ class CudaPlan final : public BackendPlan {
     }
     m_blocks_ = int((p.seqlen_q + cfg_.block_m - 1) / cfg_.block_m);
 
-    if (p.varlen) {
-      const size_t n = size_t(p.batch) + 1;
+    // Device copies of the varlen offsets and of the diagonal shifts, in
+    // one allocation: [cu_q, cu_kv] (batch + 1 each), then [shift] (batch).
+    const bool shifted = std::any_of(p.diagonal_shift.begin(), p.diagonal_shift.end(),
+                                     [](int64_t s) { return s != 0; });
+    if (p.varlen || shifted) {
+      const size_t n = p.varlen ? size_t(p.batch) + 1 : 0;
       std::vector<int32_t> host(2 * n);
       for (size_t i = 0; i < n; ++i) {
         host[i] = int32_t(p.cu_q[i]);
         host[n + i] = int32_t(p.cu_kv[i]);
       }
+      if (shifted)
+        for (int64_t b = 0; b < p.batch; ++b) host.push_back(int32_t(p.shift(b)));
       void* dev = nullptr;
       const cudaError_t ae = cudaMalloc(&dev, host.size() * sizeof(int32_t));
       if (ae == cudaErrorMemoryAllocation) {
@@ -212,10 +218,11 @@ class CudaPlan final : public BackendPlan {
         (void)cudaFree(cu_dev_);
         throw;
       }
-      params_.cu_q = cu_dev_;
-      params_.cu_kv = cu_dev_ + n;
-      bwd_params_.cu_q = cu_dev_;
-      bwd_params_.cu_kv = cu_dev_ + n;
+      if (p.varlen) {
+        params_.cu_q = bwd_params_.cu_q = cu_dev_;
+        params_.cu_kv = bwd_params_.cu_kv = cu_dev_ + n;
+      }
+      if (shifted) params_.diag_shift = bwd_params_.diag_shift = cu_dev_ + 2 * n;
     }
 
     if (sparse) upload_tile_lists();
@@ -538,8 +545,10 @@ class CudaPlan final : public BackendPlan {
     f.seqlen_q = int32_t(p.seqlen_q);
     f.seqlen_kv = int32_t(p.seqlen_kv);
     f.group = int32_t(p.group());
-    // A reach beyond every length is the same as unbounded.
-    const int64_t reach = p.seqlen_q + p.seqlen_kv + 1;
+    // A reach beyond every length (and shift) is the same as unbounded.
+    int64_t max_shift = 0;
+    for (int64_t b = 0; b < p.batch; ++b) max_shift = std::max(max_shift, std::abs(p.shift(b)));
+    const int64_t reach = p.seqlen_q + p.seqlen_kv + max_shift + 1;
     auto bound = [&](int64_t w) { return int32_t(w < 0 || w > reach ? -1 : w); };
     f.window_left = bound(p.window.left);
     f.window_right = bound(p.window.right);

@@ -1,5 +1,6 @@
 // Instantiates and launches the paged decode kernels (fp16 and bf16, head
 // dims 64 and 128, two- and three-stage pipelines) and the KV append kernel.
+#include <algorithm>
 #include <cuda_runtime.h>
 
 #include "cuda/decode_kernels.hpp"
@@ -94,10 +95,19 @@ cudaError_t decode_kernels_launch(const decode::DecodeParams& p, bool bf16, int 
 }
 
 cudaError_t kv_append_launch(const decode::AppendParams& p, bool wide, cudaStream_t stream) {
+  // Slices per (run, side): enough for the longest run's rows, one group of
+  // threads x ILP units each (grid-strided past the grid's limit).
+  const int64_t unit = wide ? 16 : 2;
+  int64_t longest = 0;
+  for (int32_t r = 0; r < p.num_runs; ++r) longest = std::max<int64_t>(longest, p.runs[r].count);
+  const int64_t units = longest * p.heads_kv * std::max(p.k_row_bytes, p.v_row_bytes) / unit;
+  const int64_t group = int64_t(decode::kAppendThreads) * decode::kAppendIlp;
+  const dim3 grid(unsigned(p.num_runs), 2,
+                  unsigned(std::clamp<int64_t>((units + group - 1) / group, 1, 65535)));
   if (wide)
-    decode::kv_append_kernel<uint4><<<unsigned(p.num_runs), 128, 0, stream>>>(p);
+    decode::kv_append_kernel<uint4><<<grid, decode::kAppendThreads, 0, stream>>>(p);
   else
-    decode::kv_append_kernel<uint16_t><<<unsigned(p.num_runs), 128, 0, stream>>>(p);
+    decode::kv_append_kernel<uint16_t><<<grid, decode::kAppendThreads, 0, stream>>>(p);
   return cudaGetLastError();
 }
 

@@ -219,10 +219,6 @@ std::unique_ptr<Plan> create_plan(const ContextConfig& ctx, const PlanDesc& d) {
   if (!d.diagonal_shift.empty() && int64_t(d.diagonal_shift.size()) != d.batch)
     fail(ATTN_STATUS_INTERNAL_ERROR, "a diagonal shift per sequence needs one entry per batch entry");
   p.diagonal_shift = d.diagonal_shift;
-  if (std::any_of(p.diagonal_shift.begin(), p.diagonal_shift.end(),
-                  [](int64_t shift) { return shift != 0; }) &&
-      ctx.backend != ATTN_BACKEND_CPU)
-    not_supported("a shifted mask diagonal (ring steps) runs on the CPU backend only");
 
   if (d.varlen) {
     if (d.layout_set && d.layout != ATTN_LAYOUT_THD)

@@ -83,4 +83,44 @@ void device_merge(float* o_acc, float* lse_acc, const void* o_part, const float*
   check_launch("merge_kernel");
 }
 
+void device_gather_rows(void* dst, const void* src, const int32_t* map, int64_t n,
+                        int64_t row_bytes, void* stream) {
+  if (n == 0) return;
+  const auto s = static_cast<cudaStream_t>(stream);
+  const bool wide = row_bytes % 16 == 0 && reinterpret_cast<uintptr_t>(dst) % 16 == 0 &&
+                    reinterpret_cast<uintptr_t>(src) % 16 == 0;
+  if (wide) {
+    const int64_t row = row_bytes / 16;
+    rk::gather_rows_kernel<uint4><<<blocks_for(n * row), kThreads, 0, s>>>(
+        static_cast<uint4*>(dst), static_cast<const uint4*>(src), map, n, row);
+  } else {
+    const int64_t row = row_bytes / 2;
+    rk::gather_rows_kernel<uint16_t><<<blocks_for(n * row), kThreads, 0, s>>>(
+        static_cast<uint16_t*>(dst), static_cast<const uint16_t*>(src), map, n, row);
+  }
+  check_launch("gather_rows_kernel");
+}
+
+void device_scatter_store(void* dst, attn_dtype_t dtype, const float* src, const int32_t* map,
+                          int64_t n, int64_t row_elems, void* stream) {
+  if (n == 0) return;
+  by_dtype(dtype, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    rk::scatter_store_kernel<T><<<blocks_for(n * row_elems), kThreads, 0,
+                                  static_cast<cudaStream_t>(stream)>>>(static_cast<T*>(dst), src,
+                                                                       map, n, row_elems);
+  });
+  check_launch("scatter_store_kernel");
+}
+
+void device_permute_lse(float* dst, const float* src, const int32_t* map, int64_t chunks,
+                        int64_t heads, int64_t rows, int64_t local_total, bool to_user,
+                        void* stream) {
+  const int64_t n = chunks * heads * rows;
+  if (n == 0) return;
+  rk::permute_lse_kernel<float><<<blocks_for(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+      dst, src, map, chunks, heads, rows, local_total, to_user);
+  check_launch("permute_lse_kernel");
+}
+
 }  // namespace attn::ring

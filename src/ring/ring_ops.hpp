@@ -27,4 +27,18 @@ void device_accumulate(float* acc, const void* part, attn_dtype_t dtype, const D
 void device_merge(float* o_acc, float* lse_acc, const void* o_part, const float* lse_part,
                   attn_dtype_t dtype, const DeviceChunk& chunk, void* stream);
 
+// Row permutations (kernels/ring/ring_ops.cuh): rows of `row_bytes` bytes
+// (even); map[i] is the caller's row of chunk-major row i, n rows.
+// dst[i] = src[map[i]].
+void device_gather_rows(void* dst, const void* src, const int32_t* map, int64_t n,
+                        int64_t row_bytes, void* stream);
+// dst[map[i]] = dtype(src[i]), rows of row_elems elements, src fp32.
+void device_scatter_store(void* dst, attn_dtype_t dtype, const float* src, const int32_t* map,
+                          int64_t n, int64_t row_elems, void* stream);
+// LSE between chunk-major [chunks][heads][rows] and the caller's [heads,
+// local_total] (token map[c * rows + i]); to_user picks the direction.
+void device_permute_lse(float* dst, const float* src, const int32_t* map, int64_t chunks,
+                        int64_t heads, int64_t rows, int64_t local_total, bool to_user,
+                        void* stream);
+
 }  // namespace attn::ring

@@ -55,8 +55,6 @@ std::unique_ptr<Plan> create_ring_plan(const ContextConfig& ctx, const PlanDesc&
   if (ctx.device != transport->device())
     invalid_argument("comm: its ", transport->name(), " communicator is on device ",
                      transport->device(), " but ctx is on device ", ctx.device);
-  if (desc.varlen && ctx.backend != ATTN_BACKEND_CPU)
-    not_supported("desc: ring plans do not support varlen batches yet (attn_plan_desc_set_varlen)");
   if (desc.block_mask)
     not_supported("desc: ring plans do not take a block mask yet (attn_plan_desc_set_block_mask)");
   if (desc.moba_block > 0)

@@ -83,7 +83,7 @@ RingSchedule RingSchedule::build(const Problem& g, int32_t rank, int32_t size,
     const int32_t owner = (rank - t + size) % size;
     for (int32_t qc = 0; qc < s.chunks; ++qc)
       for (int32_t kc = 0; kc < s.chunks; ++kc) {
-        RingBlock blk{qc, kc, 0, {}, true};
+        RingBlock blk{qc, kc, {}, true};
         int64_t visible = 0;
         for (int64_t b = 0; b < g.batch; ++b) {
           const int64_t cq = s.cq_seq[size_t(b)], ck = s.ck_seq[size_t(b)];
@@ -104,7 +104,6 @@ RingSchedule RingSchedule::build(const Problem& g, int32_t rank, int32_t size,
         }
         ++s.blocks_computed;
         pairs += uint64_t(visible);
-        blk.shift = g.varlen ? 0 : blk.shifts[0];
         s.steps[size_t(t)].push_back(std::move(blk));
       }
   }

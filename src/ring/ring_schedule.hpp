@@ -24,8 +24,9 @@ namespace attn::ring {
 
 struct RingBlock {
   int32_t q_chunk, kv_chunk;  // local chunk indices (0, or 1 for zigzag's second)
-  int64_t shift;  // fixed-length batches: the diagonal shift of the block's dense problem
-  std::vector<int64_t> shifts;  // the same per sequence (batch entries), varlen or not
+  // The diagonal shift of the block's dense problem per sequence (batch
+  // entry), varlen or not.
+  std::vector<int64_t> shifts;
   bool full;  // every (query, key) pair of the block is visible, in every sequence
 };
 
