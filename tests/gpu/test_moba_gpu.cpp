@@ -405,21 +405,21 @@ std::vector<Case> cases() {
       make("d128-bf16-b128-top3-per-head-batch2", BF, 128, 2, 2, 2, 1000, 1000, 128, 3, false));
   v.push_back(make("d128-fp16-b128-top1-shared-gqa4/2", FP, 128, 1, 4, 2, 777, 777, 128, 1, true));
   v.push_back(
-      make("d128-bf16-b256-top2-shared-mqa4/1-lq<lk", BF, 128, 1, 4, 1, 600, 900, 256, 2, true));
+      make("d128-bf16-b256-top2-shared-mqa4/1-lq<lk", BF, 128, 1, 4, 1, 1000, 1500, 256, 2, true));
   v.push_back(
       make("d128-bf16-b512-top2-per-head-gqa2/1", BF, 128, 1, 2, 1, 2100, 2100, 512, 2, false));
   v.push_back(
-      make("d128-fp16-b128-top2-lq>lk-empty-rows", FP, 128, 1, 2, 2, 400, 300, 128, 2, false));
+      make("d128-fp16-b128-top2-lq>lk-empty-rows", FP, 128, 1, 2, 2, 800, 700, 128, 2, false));
   v.push_back(make("d128-bf16-b128-top0-own-block-only", BF, 128, 1, 2, 1, 500, 500, 128, 0, true));
   v.push_back(make("d128-bf16-b128-top100-all-past-is-causal", BF, 128, 1, 2, 2, 800, 800, 128, 100,
                    false));
   Case c =
-      make("d128-bf16-b128-top5-bhsd-padded-batch2", BF, 128, 2, 2, 1, 700, 700, 128, 5, false);
+      make("d128-bf16-b128-top5-bhsd-padded-batch2", BF, 128, 2, 2, 1, 1400, 1400, 128, 5, false);
   c.layout = ATTN_LAYOUT_BHSD, c.padded = true;
   v.push_back(c);
-  v.push_back(make("d64-fp16-b128-top8-per-head", FP, 64, 1, 2, 2, 1300, 1300, 128, 8, false));
-  v.push_back(make("d64-bf16-b256-top4-shared-gqa4/2", BF, 64, 1, 4, 2, 1111, 1111, 256, 4, true));
-  v.push_back(make("d96-bf16-b128-top4-shared-gqa2/1", BF, 96, 1, 2, 1, 900, 900, 128, 4, true));
+  v.push_back(make("d64-fp16-b128-top8-per-head", FP, 64, 1, 2, 2, 2000, 2000, 128, 8, false));
+  v.push_back(make("d64-bf16-b256-top2-shared-gqa4/2", BF, 64, 1, 4, 2, 1111, 1111, 256, 2, true));
+  v.push_back(make("d96-bf16-b128-top3-shared-gqa2/1", BF, 96, 1, 2, 1, 900, 900, 128, 3, true));
   v.push_back(make("d256-bf16-b128-top2-per-head", BF, 256, 1, 2, 2, 700, 700, 128, 2, false));
   v.push_back(make("d256-fp16-b256-top1-shared-gqa2/1", FP, 256, 1, 2, 1, 650, 650, 256, 1, true));
   return v;
