@@ -84,7 +84,13 @@ struct BwdTraits {
   // P^T off the register path; the second dS^T buffer with kPipe.
   static constexpr uint32_t kOffP = kOffDs + kTileS;
   static constexpr uint32_t kOffStat = kOffP + (kRegPath && !kPipe ? 0u : kTileS);
-  static_assert(kOffStat + uint32_t(4 * kBM * 4) == kCfg.smem_bytes(D), "layout = config");
+  // The dQ staging tile [kBM][kLdDq] fp32 (bulk_dq).
+  static constexpr bool kBulk = kCfg.bulk_dq;
+  static constexpr int kLdDq = kCfg.ld_dq(D);
+  static constexpr uint32_t kOffStage = kOffStat + uint32_t(4 * kBM * 4);
+  static_assert(!kBulk || (!kRegPath && !kPipe), "bulk dQ off the register path");
+  static_assert(kOffStage + (kBulk ? uint32_t(kBM * kLdDq * 4) : 0u) == kCfg.smem_bytes(D),
+                "layout = config");
   static_assert(kSWK * kKS == kBN && kKS % 16 == 0 && kVWK * kKK == kBN && kKK % 16 == 0 &&
                     kCfg.dq_wm * kCfg.dq_wn == kWarps && kWarps % kSWK == 0 &&
                     kWarps % kVWK == 0,
@@ -343,7 +349,7 @@ __global__ void __launch_bounds__(BwdTraits<D, V>::kThreads, 1)
     flash_bwd_dkdv_kernel(const __grid_constant__ BwdParams p) {
   using Tr = BwdTraits<D, V>;
   constexpr int BM = Tr::kBM, BN = Tr::kBN, NTH = Tr::kThreads, LD = Tr::kLd, LDS = Tr::kLdS;
-  constexpr bool REG = Tr::kRegPath, PIPE = Tr::kPipe;
+  constexpr bool REG = Tr::kRegPath, PIPE = Tr::kPipe, BULK = Tr::kBulk;
   constexpr int KS = Tr::kKS, MS = Tr::kMS, QC = Tr::kQC;
   constexpr int KK = Tr::kKK, MK = Tr::kMK, DC = Tr::kDC, ND = DC / 8;
   constexpr int DQR = Tr::kDqRows, DQC = Tr::kDqCols, MQ = DQR / 16, NQQ = DQC / 8;
@@ -540,11 +546,31 @@ __global__ void __launch_bounds__(BwdTraits<D, V>::kThreads, 1)
         }
       }
     }
+    if constexpr (BULK) {
+      // To the staging tile; bulk_issue adds it to the accumulator. (The
+      // tile's rows past trows hold zeros from dS^T's masked rows.)
+      float* stage = reinterpret_cast<float*>(smem + Tr::kOffStage);
+#pragma unroll
+      for (int mt = 0; mt < MQ; ++mt)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          float* dst = stage + (wm * DQR + mt * 16 + hh * 8 + g) * Tr::kLdDq + wn * DQC + 2 * t4;
+#pragma unroll
+          for (int nt = 0; nt < NQQ; ++nt)
+            *reinterpret_cast<float2*>(dst + nt * 8) =
+                make_float2(dq[mt][nt][2 * hh], dq[mt][nt][2 * hh + 1]);
+        }
+      fence_proxy_async_shared();  // visible to the bulk copies after the next barrier
+      (void)trows, (void)th, (void)tr0;
+      return;
+    }
     // Nsight Compute puts 13-15% of this kernel's stall samples (long
     // scoreboard) on the address computation right after each row's
-    // reductions, which rewrites the registers they read; computing every
-    // row's address first, in registers of its own, did not change the time
-    // (d = 64 and 128, H200) and spilled in variant 1 at d = 128.
+    // reductions, which rewrites the registers they read (the REDs hold
+    // them until the LSU takes them): bulk_dq avoids that where it can.
+    // Computing every row's address first, in registers of its own, did
+    // not change the time (d = 64 and 128, H200) and spilled in variant 1
+    // at d = 128.
     const int64_t acc_row = opaque(int64_t(p.heads_q) * D);
     float* acc = p.dq_accum + ((opaque(q_tok) + tr0) * p.heads_q + th) * D + wn * DQC + 2 * t4;
 #pragma unroll
@@ -569,6 +595,22 @@ __global__ void __launch_bounds__(BwdTraits<D, V>::kThreads, 1)
     dq_tile(sDs + uint32_t((it - 1) & 1) * Tr::kTileS, pr0, min(BM, lq - pr0), ph);
   };
 
+  // BULK: the staged dQ of the previous iteration's tile, one bulk
+  // reduction per valid row, issued by thread `row` (the staging writes are
+  // behind a fence and a barrier). The thread waits for the read before the
+  // barrier that lets the tile be staged again.
+  auto bulk_issue = [&](int it) {
+    const bool first = m == m_begin;
+    const int pm = first ? m_end - 1 : m - 1, ph = first ? h - 1 : h;
+    const int pr0 = q_tile(pm) * BM;
+    if (tid < min(BM, lq - pr0)) {
+      float* dst = p.dq_accum + ((opaque(q_tok) + pr0 + tid) * p.heads_q + ph) * D;
+      bulk_reduce_add_f32(dst, s0 + Tr::kOffStage + uint32_t(tid * Tr::kLdDq * 4), D * 4);
+      bulk_commit();
+    }
+    (void)it;
+  };
+
 #pragma unroll 1
   for (int it = 0; it < n_iter; ++it) {
     cp_async_wait<0>();
@@ -576,6 +618,7 @@ __global__ void __launch_bounds__(BwdTraits<D, V>::kThreads, 1)
     if (it + 1 < n_iter) load_q(it + 1);
     cp_async_commit();
     if (PIPE && accum && it > 0) dq_prev(it);
+    if (BULK && accum && it > 0) bulk_issue(it);
 
     const int r0 = q_tile(m) * BM;
     const int rows = min(BM, lq - r0);
@@ -748,6 +791,7 @@ __global__ void __launch_bounds__(BwdTraits<D, V>::kThreads, 1)
       }
     }
     if (!REG) {
+      if (BULK && accum) bulk_wait_read<0>();  // the staging tile is read before it is rewritten
       __syncthreads();  // P^T, dS^T complete
       // dV += P^T dO, dK += dS^T Q over the BM queries (k) for the warp's KK
       // keys (m) and DC columns (n).
@@ -787,6 +831,10 @@ __global__ void __launch_bounds__(BwdTraits<D, V>::kThreads, 1)
   }
   cp_async_wait<0>();
   __syncthreads();  // every warp is done with K and V
+  if (BULK && accum && n_iter > 0) {
+    bulk_issue(n_iter);  // the last tile's dQ
+    bulk_wait<0>();      // shared memory must outlive the copies
+  }
   if (PIPE && accum && n_iter > 0) {
     dq_prev(n_iter);  // the last tile's dQ
     __syncthreads();  // K is free for the epilogue

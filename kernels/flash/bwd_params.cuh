@@ -100,15 +100,25 @@ struct BwdConfig {
   // (which also completes dS^T of tile it), so that an iteration needs one
   // barrier instead of two.
   bool pipe_dq = false;
+  // sm_90+ (off the register path): a query tile's dQ goes to a staging
+  // tile in shared memory, from where one bulk reduction per row adds it to
+  // the accumulator, issued after the next iteration's first barrier.
+  bool bulk_dq = false;
   constexpr int threads() const { return warps * 32; }
   constexpr bool register_path() const { return s_wk == warps && kv_wk == warps; }
   constexpr int ld(int d) const { return d + 8; }
   constexpr int ld_s() const { return block_m + 8; }
+  // The dQ staging tile's row pitch in floats: rows stay 16-byte aligned and
+  // a warp's 8-byte stores of 8 rows x 4 columns take the minimum two
+  // wavefronts.
+  constexpr int ld_dq(int d) const { return d + 8; }
   constexpr size_t smem_bytes(int d) const {
     return size_t(2 * block_n + 4 * block_m) * size_t(ld(d)) * 2u +
            size_t(register_path() && !pipe_dq ? 1 : 2) * size_t(block_n) * size_t(ld_s()) * 2u +
-           size_t(4 * block_m) * 4u;
+           size_t(4 * block_m) * 4u + (bulk_dq ? size_t(block_m) * size_t(ld_dq(d)) * 4u : 0u);
   }
+  // The first compute capability (major) the configuration runs on.
+  constexpr int min_sm_major() const { return bulk_dq ? 9 : 8; }
 };
 
 // Variant 0 is the default; variant 1 (D = 64 and 128) is for devices with
@@ -129,7 +139,7 @@ constexpr BwdConfig bwd_config(int d, int variant = 0) {
   return d == 64    ? (variant == 0 ? BwdConfig{128, 128, 8, 8, 8, 4, 2, 2, true}
                                     : BwdConfig{128, 128, 8, 8, 8, 4, 2, 2})
          : d == 96  ? BwdConfig{64, 128, 8, 8, 8, 4, 2, 1}
-         : d == 128 ? (variant == 0 ? BwdConfig{64, 128, 8, 4, 4, 2, 4, 1}
+         : d == 128 ? (variant == 0 ? BwdConfig{64, 128, 8, 4, 4, 2, 4, 1, false, true}
                                     : BwdConfig{64, 128, 8, 8, 8, 2, 4, 1})
                     : BwdConfig{32, 64, 8, 4, 4, 2, 4, 1};
 }

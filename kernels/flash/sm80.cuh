@@ -111,6 +111,49 @@ __device__ __forceinline__ void red_add_f32x2(float* p, float a, float b) {
 #endif
 }
 
+// sm_90+ bulk reductions (the TMA unit): dst[0, bytes) += src[0, bytes) as
+// fp32, src in shared memory, both 16-byte aligned, bytes a multiple of 16.
+// The issuing thread's registers are free at once, unlike a RED's, which
+// stay locked until the LSU reads them. Generic-proxy writes to src must be
+// made visible first (fence_proxy_async_shared, then a barrier), and src
+// may be rewritten after bulk_wait_read<0> in the issuing thread. Built for
+// older devices these trap: callers use them only where the host chose a
+// configuration that needs sm_90.
+__device__ __forceinline__ void bulk_reduce_add_f32(float* dst, uint32_t src, uint32_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst),
+               "r"(src), "r"(bytes)
+               : "memory");
+#else
+  __trap();
+#endif
+}
+__device__ __forceinline__ void bulk_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+#endif
+}
+// Waits until this thread's committed bulk operations but N have read
+// their source (shared memory reusable).
+template <int N>
+__device__ __forceinline__ void bulk_wait_read() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+#endif
+}
+// Waits until this thread's committed bulk operations but N are complete.
+template <int N>
+__device__ __forceinline__ void bulk_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
+#endif
+}
+__device__ __forceinline__ void fence_proxy_async_shared() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+
 // An opaque copy of x: values derived from it are recomputed where used
 // instead of being hoisted out of the KV loop into registers.
 __device__ __forceinline__ int64_t opaque(int64_t x) {

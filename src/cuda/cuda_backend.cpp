@@ -154,15 +154,18 @@ class CudaPlan final : public BackendPlan {
     require_smem(cfg_.smem_bytes(int(d)), "forward");
     check(kernel_.prepare(), "cudaFuncSetAttribute");
     if (p.backward) {
-      // The first variant whose shared memory the device has (the last one
-      // otherwise, which then fails the check below with NOT_SUPPORTED).
+      // The first variant whose shared memory and instructions the device
+      // has (the last one otherwise, which then fails the check below with
+      // NOT_SUPPORTED).
       // ATTN_CUDA_BWD_VARIANT=n starts the search at variant n instead, so
       // that the fallbacks of small devices can be tested on large ones.
       int variant = 0;
       if (const char* env = std::getenv("ATTN_CUDA_BWD_VARIANT"))
         variant = std::clamp(std::atoi(env), 0, flash::bwd_variants(int(d)) - 1);
-      while (variant + 1 < flash::bwd_variants(int(d)) &&
-             size_t(smem_optin) < flash::bwd_config(int(d), variant).smem_bytes(int(d)))
+      auto fits = [&](const flash::BwdConfig& c) {
+        return size_t(smem_optin) >= c.smem_bytes(int(d)) && major >= c.min_sm_major();
+      };
+      while (variant + 1 < flash::bwd_variants(int(d)) && !fits(flash::bwd_config(int(d), variant)))
         ++variant;
       bwd_ = pick_bwd_kernels(d, bf16, variant, sparse, moba);
       bwd_cfg_ = flash::bwd_config(int(d), variant);
@@ -228,7 +231,8 @@ class CudaPlan final : public BackendPlan {
     if (sparse) upload_tile_lists();
 
     // The forward's kernel, then the backward's variant: "-atomic" adds dQ
-    // with fp32 atomics, "-det" computes it in a separate pass without them.
+    // with fp32 atomics, "-bulk" with bulk reductions from shared memory
+    // (sm_90), "-det" computes it in a separate pass without them.
     // Block-sparse plans say "-bsparse" and leave out warps and stages, so
     // that the name fits attn_plan_info_t's 64 characters.
     const char* kind = moba ? "moba" : "bsparse";
@@ -239,14 +243,15 @@ class CudaPlan final : public BackendPlan {
                                      "cuda-fa2-sm80-%s-d%d-%dx%d-w%d-s%d", dtype_name(p.dtype),
                                      int(d), cfg_.block_m, cfg_.block_n, cfg_.warps, cfg_.stages);
     if (p.backward && len > 0 && size_t(len) < sizeof kernel_name_) {
+      const char* dq_kind = p.deterministic ? "det" : bwd_cfg_.bulk_dq ? "bulk" : "atomic";
       if (sparse || moba)
         std::snprintf(kernel_name_ + len, sizeof kernel_name_ - size_t(len), "+bwd-%dx%d-%s-%s",
                       bwd_cfg_.block_m, bwd_cfg_.block_n, bwd_cfg_.register_path() ? "r" : "s",
-                      p.deterministic ? "det" : "atomic");
+                      dq_kind);
       else
         std::snprintf(kernel_name_ + len, sizeof kernel_name_ - size_t(len), "+bwd-%dx%d-w%d%s-%s",
                       bwd_cfg_.block_m, bwd_cfg_.block_n, bwd_cfg_.warps,
-                      bwd_cfg_.register_path() ? "r" : "s", p.deterministic ? "det" : "atomic");
+                      bwd_cfg_.register_path() ? "r" : "s", dq_kind);
     }
     len = int(std::strlen(kernel_name_));
     if (group_splits_ > 1 && size_t(len) < sizeof kernel_name_)

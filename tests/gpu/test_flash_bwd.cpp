@@ -791,7 +791,8 @@ void test_describe_and_errors(attn_context_t ctx) {
     const bool split = !det && (split_env == nullptr || std::atoi(split_env) >= 2);
     const uint64_t kv_accum = split ? 2 * uint64_t(3 * 120) * 2 * 128 * 4 : 0;
     const bool ok = info.supports_backward == 1 && std::strstr(info.kernel, "+bwd-") &&
-                    std::strstr(info.kernel, det ? "-det" : "-atomic") &&
+                    (det ? std::strstr(info.kernel, "-det") != nullptr
+                         : std::strstr(info.kernel, "-atomic") || std::strstr(info.kernel, "-bulk")) &&
                     (std::strstr(info.kernel, "-gs2") != nullptr) == split &&
                     info.workspace_bytes_forward == 0 &&
                     info.workspace_bytes_backward == 2 * delta + accum + kv_accum;
