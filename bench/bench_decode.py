@@ -30,105 +30,17 @@ import ctypes
 import datetime
 import os
 import subprocess
+import sys
 import time
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-ATTN_BACKEND_CUDA = 2
-ATTN_DTYPE_BF16 = 2
-ATTN_KV_LAYOUT_NHD, ATTN_KV_LAYOUT_HND = 0, 1
-
-
-class KvCacheConfig(ctypes.Structure):
-    _fields_ = [("struct_size", ctypes.c_uint64), ("dtype", ctypes.c_int32), ("layout", ctypes.c_int32),
-                ("page_size", ctypes.c_int64), ("num_pages", ctypes.c_int64), ("heads_kv", ctypes.c_int64),
-                ("head_dim_qk", ctypes.c_int64), ("head_dim_v", ctypes.c_int64), ("window", ctypes.c_int64),
-                ("sink_tokens", ctypes.c_int64)]
-
-
-class DecodeConfig(ctypes.Structure):
-    _fields_ = [("struct_size", ctypes.c_uint64), ("heads_q", ctypes.c_int64), ("max_batch", ctypes.c_int64),
-                ("max_query_tokens", ctypes.c_int64), ("max_kv_tokens", ctypes.c_int64),
-                ("kv_chunk_tokens", ctypes.c_int64), ("softmax_scale", ctypes.c_float),
-                ("softcap", ctypes.c_float)]
-
-
-class StepInfo(ctypes.Structure):
-    _fields_ = [("struct_size", ctypes.c_uint64), ("total_q", ctypes.c_int64),
-                ("num_work_units", ctypes.c_int64), ("split_sequences", ctypes.c_int64),
-                ("max_chunks", ctypes.c_int64), ("kv_chunk_tokens", ctypes.c_int64),
-                ("visible_pairs", ctypes.c_uint64), ("kv_bytes_read", ctypes.c_double)]
-
-
-class PlanInfo(ctypes.Structure):
-    _fields_ = [("struct_size", ctypes.c_uint64), ("backend", ctypes.c_int32), ("dtype", ctypes.c_int32),
-                ("heads_q", ctypes.c_int64), ("heads_kv", ctypes.c_int64), ("max_batch", ctypes.c_int64),
-                ("max_query_tokens", ctypes.c_int64), ("max_kv_tokens", ctypes.c_int64),
-                ("kv_chunk_tokens", ctypes.c_int64), ("num_threads", ctypes.c_int32),
-                ("reserved", ctypes.c_int32), ("workspace_bytes", ctypes.c_uint64),
-                ("algorithm", ctypes.c_char * 64), ("kernel", ctypes.c_char * 64),
-                ("split_target_tasks", ctypes.c_int64), ("split_min_chunk_tokens", ctypes.c_int64)]
-
-
-class CacheInfo(ctypes.Structure):
-    _fields_ = [("struct_size", ctypes.c_uint64), ("num_pages", ctypes.c_int64), ("pages_in_use", ctypes.c_int64),
-                ("num_sequences", ctypes.c_int64), ("page_size", ctypes.c_int64),
-                ("bytes_per_token", ctypes.c_uint64), ("memory_bytes", ctypes.c_uint64),
-                ("owns_memory", ctypes.c_int32), ("reserved", ctypes.c_int32)]
-
-
-class Lib:
-    def __init__(self, path):
-        self.dll = d = ctypes.CDLL(path)
-        vp, i32, i64, sz = ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64, ctypes.c_size_t
-        P = ctypes.POINTER
-        sig = {
-            "attn_status_string": ([i32], ctypes.c_char_p),
-            "attn_last_error_message": ([], ctypes.c_char_p),
-            "attn_context_create": ([i32, i32, i32, P(vp)], i32),
-            "attn_context_destroy": ([vp], i32),
-            "attn_kv_cache_create": ([vp, P(KvCacheConfig), vp, sz, P(vp)], i32),
-            "attn_kv_cache_destroy": ([vp], i32),
-            "attn_kv_cache_add_sequence": ([vp, i64], i32),
-            "attn_kv_cache_append": ([vp, i32, P(i64), P(i32), vp, vp, vp], i32),
-            "attn_kv_cache_get_info": ([vp, P(CacheInfo)], i32),
-            "attn_decode_plan_create": ([vp, vp, P(DecodeConfig), P(vp)], i32),
-            "attn_decode_plan_destroy": ([vp], i32),
-            "attn_decode_plan_workspace_size": ([vp, P(sz)], i32),
-            "attn_decode_plan_describe": ([vp, P(PlanInfo)], i32),
-            "attn_decode_prepare": ([vp, vp, i32, P(i64), P(i32), vp, sz, P(StepInfo), vp], i32),
-            "attn_decode_execute": ([vp, vp, vp, vp, vp, vp, sz, vp], i32),
-        }
-        for name, (args, res) in sig.items():
-            f = getattr(d, name)
-            f.argtypes, f.restype = args, res
-
-    def check(self, status, what):
-        if status != 0:
-            msg = self.dll.attn_last_error_message().decode()
-            raise RuntimeError(f"{what}: {self.dll.attn_status_string(status).decode()}: {msg}")
-
-
-def time_ms(fn, warmup, reps):
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(reps):
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        fn()
-        e1.record()
-        e1.synchronize()
-        times.append(e0.elapsed_time(e1))
-    times.sort()
-    return times[len(times) // 2]
-
-
-def rel_err(a, b):
-    a, b = a.float(), b.float()
-    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # attn_ffi, from any working directory
+from attn_ffi import (ATTN_BACKEND_CUDA, ATTN_DTYPE_BF16, ATTN_KV_LAYOUT_HND,  # noqa: E402
+                      ATTN_KV_LAYOUT_NHD, DecodeConfig, DecodePlanInfo, DecodeStepInfo, KvCacheConfig,
+                      KvCacheInfo, Lib, rel_err, sized, time_ms)
 
 
 class PagedDecode:
@@ -166,13 +78,11 @@ class PagedDecode:
         self.ws_bytes = ws.value
         self.ws = torch.empty(max(ws.value, 1), dtype=torch.uint8, device="cuda")
         self.qlens = (ctypes.c_int32 * B)(*([1] * B))
-        self.info = StepInfo()
-        self.info.struct_size = ctypes.sizeof(StepInfo)
+        self.info = sized(DecodeStepInfo)
         lib.check(dl.attn_decode_prepare(self.plan, self.cache, B, self.ids, self.qlens,
                                          ctypes.c_void_p(self.ws.data_ptr()), self.ws_bytes,
                                          ctypes.byref(self.info), stream), "prepare")
-        pi = PlanInfo()
-        pi.struct_size = ctypes.sizeof(PlanInfo)
+        pi = sized(DecodePlanInfo)
         lib.check(dl.attn_decode_plan_describe(self.plan, ctypes.byref(pi)), "describe")
         self.kernel = pi.kernel.decode()
         self.split_target = pi.split_target_tasks
@@ -201,8 +111,7 @@ def split_label(info):
 
 
 def cache_info(lib, cache):
-    ci = CacheInfo()
-    ci.struct_size = ctypes.sizeof(CacheInfo)
+    ci = sized(KvCacheInfo)
     lib.check(lib.dll.attn_kv_cache_get_info(cache, ctypes.byref(ci)), "get_info")
     return ci
 
@@ -295,8 +204,7 @@ def main():
     ap.add_argument("--quick", action="store_true")
     args = ap.parse_args()
     lib = Lib(args.lib)
-    ctx = ctypes.c_void_p()
-    lib.check(lib.dll.attn_context_create(ATTN_BACKEND_CUDA, 0, 1, ctypes.byref(ctx)), "context")
+    ctx = lib.context(ATTN_BACKEND_CUDA, 0, 1)
     hq, hkv, d, ps = 32, 8, 128, 16
     # (batch, context, layout, page size); 32 x 8K with 64-token pages says what page granularity costs.
     cases = [(32, 8192, ATTN_KV_LAYOUT_HND, ps), (32, 8192, ATTN_KV_LAYOUT_NHD, ps),

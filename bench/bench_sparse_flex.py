@@ -35,65 +35,11 @@ import sys
 
 import torch
 
-ATTN_BACKEND_CUDA = 2
-ATTN_DTYPE_BF16 = 2
-ATTN_LAYOUT_BSHD = 0
-ATTN_MASK_CAUSAL = 1
-ATTN_PASSES_FORWARD_BACKWARD = 3
-ATTN_PASS_FORWARD, ATTN_PASS_BACKWARD = 1, 2
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # attn_ffi, from any working directory
+from attn_ffi import ATTN_BACKEND_CUDA, Lib, Plan, rel_err, time_ms  # noqa: E402
 
-vp, i32, i64, u64, sz = ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64, ctypes.c_uint64, ctypes.c_size_t
+vp, i32, i64 = ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64
 P = ctypes.POINTER
-
-
-class PlanInfo(ctypes.Structure):
-    _fields_ = [
-        ("struct_size", u64), ("backend", i32), ("dtype", i32), ("tile_q", i32), ("tile_kv", i32),
-        ("num_threads", i32), ("supports_backward", i32), ("workspace_bytes_forward", u64),
-        ("workspace_bytes_backward", u64), ("visible_pairs", u64), ("flops_forward", ctypes.c_double),
-        ("flops_backward", ctypes.c_double), ("bytes_forward", ctypes.c_double),
-        ("bytes_backward", ctypes.c_double), ("algorithm", ctypes.c_char * 64),
-        ("kernel", ctypes.c_char * 64), ("visited_tile_pairs", u64), ("total_tile_pairs", u64),
-        ("block_q", i32), ("block_kv", i32),
-    ]
-
-
-class Lib:
-    def __init__(self, path):
-        self.dll = ctypes.CDLL(path)
-        sig = {
-            "attn_status_string": ([i32], ctypes.c_char_p),
-            "attn_last_error_message": ([], ctypes.c_char_p),
-            "attn_context_create": ([i32, i32, i32, P(vp)], i32),
-            "attn_plan_desc_create": ([P(vp)], i32),
-            "attn_plan_desc_destroy": ([vp], i32),
-            "attn_plan_desc_set_shape": ([vp, i64, i64, i64, i64, i64, i64, i64], i32),
-            "attn_plan_desc_set_dtype": ([vp, i32], i32),
-            "attn_plan_desc_set_layout": ([vp, i32], i32),
-            "attn_plan_desc_set_mask": ([vp, i32, i64, i64], i32),
-            "attn_plan_desc_set_passes": ([vp, i32], i32),
-            "attn_plan_desc_set_block_mask": ([vp, vp], i32),
-            "attn_plan_create": ([vp, vp, P(vp)], i32),
-            "attn_plan_destroy": ([vp], i32),
-            "attn_plan_workspace_size": ([vp, i32, P(sz)], i32),
-            "attn_plan_describe": ([vp, P(PlanInfo)], i32),
-            "attn_forward": ([vp, vp, vp, vp, vp, vp, vp, sz, vp], i32),
-            "attn_backward": ([vp] + [vp] * 9 + [vp, sz, vp], i32),
-            "attn_block_mask_create": ([i64] * 6 + [P(vp)], i32),
-            "attn_block_mask_destroy": ([vp], i32),
-            "attn_block_mask_add_window": ([vp, i64, i64], i32),
-            "attn_block_mask_add_global_keys": ([vp, P(i64), i64], i32),
-            "attn_block_mask_set_blocks": ([vp, P(i32), P(i32), i32, P(ctypes.c_uint8), P(i32),
-                                            P(i32), i32], i32),
-        }
-        for name, (args, res) in sig.items():
-            f = getattr(self.dll, name)
-            f.argtypes, f.restype = args, res
-
-    def check(self, status, what):
-        if status != 0:
-            raise RuntimeError(f"{what}: {self.dll.attn_status_string(status).decode()}: "
-                               f"{self.dll.attn_last_error_message().decode()}")
 
 
 def block_tables(kind, nb, gen):
@@ -109,47 +55,6 @@ def block_tables(kind, nb, gen):
     for r in range(nb):
         t[r, torch.randperm(nb, generator=gen)[:3]] = True
     return t & causal
-
-
-class Plan:
-    def __init__(self, lib, ctx, L, H, d, mask=None):
-        dl = lib.dll
-        self.lib = lib
-        desc = vp()
-        lib.check(dl.attn_plan_desc_create(ctypes.byref(desc)), "desc")
-        try:
-            lib.check(dl.attn_plan_desc_set_shape(desc, 1, H, H, L, L, d, d), "shape")
-            lib.check(dl.attn_plan_desc_set_dtype(desc, ATTN_DTYPE_BF16), "dtype")
-            lib.check(dl.attn_plan_desc_set_layout(desc, ATTN_LAYOUT_BSHD), "layout")
-            lib.check(dl.attn_plan_desc_set_mask(desc, ATTN_MASK_CAUSAL, -1, -1), "mask")
-            lib.check(dl.attn_plan_desc_set_passes(desc, ATTN_PASSES_FORWARD_BACKWARD), "passes")
-            if mask is not None:
-                lib.check(dl.attn_plan_desc_set_block_mask(desc, mask), "block mask")
-            self.handle = vp()
-            lib.check(dl.attn_plan_create(ctx, desc, ctypes.byref(self.handle)), "plan_create")
-        finally:
-            dl.attn_plan_desc_destroy(desc)
-        self.info = PlanInfo()
-        self.info.struct_size = ctypes.sizeof(PlanInfo)
-        lib.check(dl.attn_plan_describe(self.handle, ctypes.byref(self.info)), "describe")
-        n = sz()
-        lib.check(dl.attn_plan_workspace_size(self.handle, ATTN_PASS_BACKWARD, ctypes.byref(n)), "ws")
-        self.ws_bytes = n.value
-        self.ws = torch.empty(max(n.value, 1), dtype=torch.uint8, device="cuda")
-
-    def forward(self, q, k, v, o, lse):
-        s = torch.cuda.current_stream().cuda_stream
-        self.lib.check(self.lib.dll.attn_forward(self.handle, q.data_ptr(), k.data_ptr(), v.data_ptr(),
-                                                 o.data_ptr(), lse.data_ptr(), None, 0, s), "forward")
-
-    def backward(self, q, k, v, o, lse, do, dq, dk, dv):
-        s = torch.cuda.current_stream().cuda_stream
-        p = [t.data_ptr() for t in (q, k, v, o, lse, do, dq, dk, dv)]
-        self.lib.check(self.lib.dll.attn_backward(self.handle, *p, self.ws.data_ptr(), self.ws_bytes, s),
-                       "backward")
-
-    def close(self):
-        self.lib.dll.attn_plan_destroy(self.handle)
 
 
 def make_mask(lib, kind, L, table, block=128):
@@ -175,26 +80,6 @@ def make_mask(lib, kind, L, table, block=128):
     return m
 
 
-def time_ms(fn, warmup, reps):
-    for _ in range(warmup):
-        fn()
-    ts = []
-    for _ in range(reps):
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        fn()
-        e1.record()
-        e1.synchronize()
-        ts.append(e0.elapsed_time(e1))
-    ts.sort()
-    return ts[len(ts) // 2]
-
-
-def rel_err(a, b):
-    a, b = a.float(), b.float()
-    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--lib", required=True)
@@ -208,8 +93,7 @@ def main():
     L, H, d, B = a.seqlen, a.heads, 128, 128
     nb = (L + B - 1) // B
     lib = Lib(a.lib)
-    ctx = vp()
-    lib.check(lib.dll.attn_context_create(ATTN_BACKEND_CUDA, 0, 0, ctypes.byref(ctx)), "context")
+    ctx = lib.context(ATTN_BACKEND_CUDA, 0, 0)
 
     gen = torch.Generator(device="cuda").manual_seed(4)
     q, k, v, do = (torch.randn(1, L, H, d, device="cuda", dtype=torch.bfloat16, generator=gen)
@@ -237,7 +121,7 @@ def main():
     for kind in ("causal", "window-sinks", "random", "bigbird"):
         table = block_tables(kind, nb, cpu_gen) if kind in ("random", "bigbird") else None
         mask = None if kind == "causal" else make_mask(lib, kind, L, table)
-        plan = Plan(lib, ctx, L, H, d, mask)
+        plan = Plan(lib, ctx, 1, H, H, L, d, block_mask=mask)
         if mask is not None:
             lib.dll.attn_block_mask_destroy(mask)
         info = plan.info

@@ -19,7 +19,6 @@ Usage: compare_torch.py [--lib build/src/libattn.so] [--lib-before old/libattn.s
                         [--out results.md] [--quick] [--no-gqa]
 """
 import argparse
-import ctypes
 import datetime
 import os
 import subprocess
@@ -29,135 +28,11 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-ATTN_BACKEND_CUDA = 2
-ATTN_DTYPE_FP16, ATTN_DTYPE_BF16 = 1, 2
-ATTN_LAYOUT_BSHD = 0
-ATTN_MASK_NONE, ATTN_MASK_CAUSAL = 0, 1
-ATTN_PASSES_FORWARD, ATTN_PASSES_FORWARD_BACKWARD = 1, 3
-ATTN_PASS_FORWARD, ATTN_PASS_BACKWARD = 1, 2
-ATTN_STATUS_NOT_SUPPORTED = 3
-
-
-class PlanInfo(ctypes.Structure):
-    _fields_ = [
-        ("struct_size", ctypes.c_uint64), ("backend", ctypes.c_int32), ("dtype", ctypes.c_int32),
-        ("tile_q", ctypes.c_int32), ("tile_kv", ctypes.c_int32), ("num_threads", ctypes.c_int32),
-        ("supports_backward", ctypes.c_int32), ("workspace_bytes_forward", ctypes.c_uint64),
-        ("workspace_bytes_backward", ctypes.c_uint64), ("visible_pairs", ctypes.c_uint64),
-        ("flops_forward", ctypes.c_double), ("flops_backward", ctypes.c_double),
-        ("bytes_forward", ctypes.c_double), ("bytes_backward", ctypes.c_double),
-        ("algorithm", ctypes.c_char * 64), ("kernel", ctypes.c_char * 64),
-    ]
-
-
-class AttnError(RuntimeError):
-    def __init__(self, status, msg):
-        super().__init__(msg)
-        self.status = status
-
-
-class Lib:
-    def __init__(self, path):
-        self.dll = ctypes.CDLL(path)
-        d = self.dll
-        vp, i32, i64, sz = ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64, ctypes.c_size_t
-        sig = {
-            "attn_status_string": ([i32], ctypes.c_char_p),
-            "attn_last_error_message": ([], ctypes.c_char_p),
-            "attn_context_create": ([i32, i32, i32, ctypes.POINTER(vp)], i32),
-            "attn_context_destroy": ([vp], i32),
-            "attn_plan_desc_create": ([ctypes.POINTER(vp)], i32),
-            "attn_plan_desc_destroy": ([vp], i32),
-            "attn_plan_desc_set_shape": ([vp, i64, i64, i64, i64, i64, i64, i64], i32),
-            "attn_plan_desc_set_dtype": ([vp, i32], i32),
-            "attn_plan_desc_set_layout": ([vp, i32], i32),
-            "attn_plan_desc_set_mask": ([vp, i32, i64, i64], i32),
-            "attn_plan_desc_set_passes": ([vp, i32], i32),
-            "attn_plan_create": ([vp, vp, ctypes.POINTER(vp)], i32),
-            "attn_plan_destroy": ([vp], i32),
-            "attn_plan_workspace_size": ([vp, i32, ctypes.POINTER(sz)], i32),
-            "attn_plan_describe": ([vp, ctypes.POINTER(PlanInfo)], i32),
-            "attn_forward": ([vp, vp, vp, vp, vp, vp, vp, sz, vp], i32),
-            "attn_backward": ([vp] + [vp] * 9 + [vp, sz, vp], i32),
-        }
-        for name, (args, res) in sig.items():
-            f = getattr(d, name)
-            f.argtypes, f.restype = args, res
-
-    def check(self, status, what):
-        if status != 0:
-            msg = self.dll.attn_last_error_message().decode()
-            name = self.dll.attn_status_string(status).decode()
-            raise AttnError(status, f"{what}: {name}: {msg}")
-
-
-class Plan:
-    """A libattn plan over BSHD bf16/fp16 tensors on the current CUDA device."""
-
-    def __init__(self, lib, ctx, b, hq, hkv, L, d, dtype, causal, backward):
-        self.lib = lib
-        dl = lib.dll
-        desc = ctypes.c_void_p()
-        lib.check(dl.attn_plan_desc_create(ctypes.byref(desc)), "plan_desc_create")
-        try:
-            lib.check(dl.attn_plan_desc_set_shape(desc, b, hq, hkv, L, L, d, d), "set_shape")
-            lib.check(dl.attn_plan_desc_set_dtype(desc, ATTN_DTYPE_BF16 if dtype == torch.bfloat16
-                                                  else ATTN_DTYPE_FP16), "set_dtype")
-            lib.check(dl.attn_plan_desc_set_layout(desc, ATTN_LAYOUT_BSHD), "set_layout")
-            lib.check(dl.attn_plan_desc_set_mask(desc, ATTN_MASK_CAUSAL if causal else ATTN_MASK_NONE,
-                                                 -1, -1), "set_mask")
-            lib.check(dl.attn_plan_desc_set_passes(
-                desc, ATTN_PASSES_FORWARD_BACKWARD if backward else ATTN_PASSES_FORWARD), "set_passes")
-            self.handle = ctypes.c_void_p()
-            lib.check(dl.attn_plan_create(ctx, desc, ctypes.byref(self.handle)), "plan_create")
-        finally:
-            dl.attn_plan_desc_destroy(desc)
-        self.info = PlanInfo()
-        self.info.struct_size = ctypes.sizeof(PlanInfo)
-        lib.check(dl.attn_plan_describe(self.handle, ctypes.byref(self.info)), "describe")
-        n = ctypes.c_size_t()
-        lib.check(dl.attn_plan_workspace_size(self.handle, ATTN_PASS_FORWARD, ctypes.byref(n)), "ws")
-        nb = ctypes.c_size_t(0)
-        if backward:
-            lib.check(dl.attn_plan_workspace_size(self.handle, ATTN_PASS_BACKWARD, ctypes.byref(nb)),
-                      "ws")
-        self.ws_bytes = max(n.value, nb.value)
-        self.ws = torch.empty(max(self.ws_bytes, 1), dtype=torch.uint8, device="cuda")
-
-    def forward(self, q, k, v, o, lse):
-        s = torch.cuda.current_stream().cuda_stream
-        self.lib.check(self.lib.dll.attn_forward(self.handle, q.data_ptr(), k.data_ptr(), v.data_ptr(),
-                                                 o.data_ptr(), lse.data_ptr(), self.ws.data_ptr(),
-                                                 self.ws_bytes, s), "attn_forward")
-
-    def backward(self, q, k, v, o, lse, do, dq, dk, dv):
-        s = torch.cuda.current_stream().cuda_stream
-        p = [t.data_ptr() for t in (q, k, v, o, lse, do, dq, dk, dv)]
-        self.lib.check(self.lib.dll.attn_backward(self.handle, *p, self.ws.data_ptr(), self.ws_bytes, s),
-                       "attn_backward")
-
-    def close(self):
-        self.lib.dll.attn_plan_destroy(self.handle)
-
-
-def time_ms(fn, warmup, reps):
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(reps):
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        fn()
-        e1.record()
-        e1.synchronize()
-        times.append(e0.elapsed_time(e1))
-    times.sort()
-    return times[len(times) // 2]
-
-
-def rel_err(a, b):
-    a, b = a.float(), b.float()
-    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # attn_ffi, from any working directory
+from attn_ffi import (ATTN_BACKEND_CUDA, ATTN_DTYPE_BF16, ATTN_DTYPE_FP16,  # noqa: E402
+                      ATTN_MASK_CAUSAL, ATTN_MASK_NONE, ATTN_PASSES_FORWARD,
+                      ATTN_PASSES_FORWARD_BACKWARD, ATTN_STATUS_NOT_SUPPORTED, AttnError, Lib, Plan,
+                      rel_err, time_ms)
 
 
 def sdpa_backends():
@@ -169,12 +44,14 @@ def sdpa_backends():
 
 def make_plan(lib, ctx, b, hq, hkv, L, d, dtype, causal):
     """A forward + backward plan, or a forward one where the backward is not supported."""
+    kind = {"dtype": ATTN_DTYPE_BF16 if dtype == torch.bfloat16 else ATTN_DTYPE_FP16,
+            "mask": ATTN_MASK_CAUSAL if causal else ATTN_MASK_NONE}
     try:
-        return Plan(lib, ctx, b, hq, hkv, L, d, dtype, causal, backward=True), True
+        return Plan(lib, ctx, b, hq, hkv, L, d, passes=ATTN_PASSES_FORWARD_BACKWARD, **kind), True
     except AttnError as e:
         if e.status != ATTN_STATUS_NOT_SUPPORTED:
             raise
-        return Plan(lib, ctx, b, hq, hkv, L, d, dtype, causal, backward=False), False
+        return Plan(lib, ctx, b, hq, hkv, L, d, passes=ATTN_PASSES_FORWARD, **kind), False
 
 
 def run_case(libs, d, L, causal, hq, hkv, dtype, warmup, reps):
@@ -251,9 +128,7 @@ def main():
         if path is None:
             continue
         lib = Lib(path)
-        ctx = ctypes.c_void_p()
-        lib.check(lib.dll.attn_context_create(ATTN_BACKEND_CUDA, 0, 1, ctypes.byref(ctx)), "context")
-        libs.append((name, lib, ctx))
+        libs.append((name, lib, lib.context(ATTN_BACKEND_CUDA, 0, 1)))
     before = len(libs) > 1
     # (d, L, causal, heads_q, heads_kv): heads = 2048 / d, GQA 8 query heads per KV head.
     cases = [(d, L, c, 2048 // d, 2048 // d)
