@@ -88,7 +88,7 @@ struct BwdTraits {
   static constexpr bool kBulk = kCfg.bulk_dq;
   static constexpr int kLdDq = kCfg.ld_dq(D);
   static constexpr uint32_t kOffStage = kOffStat + uint32_t(4 * kBM * 4);
-  static_assert(!kBulk || (!kRegPath && !kPipe), "bulk dQ off the register path");
+  static_assert(!kBulk || !kPipe, "bulk dQ needs a barrier between its issue and restaging");
   static_assert(kOffStage + (kBulk ? uint32_t(kBM * kLdDq * 4) : 0u) == kCfg.smem_bytes(D),
                 "layout = config");
   static_assert(kSWK * kKS == kBN && kKS % 16 == 0 && kVWK * kKK == kBN && kKK % 16 == 0 &&
@@ -822,6 +822,7 @@ __global__ void __launch_bounds__(BwdTraits<D, V>::kThreads, 1)
 
     if (accum) {
       if (REG && !PIPE) {
+        if (BULK) bulk_wait_read<0>();  // the staging tile is read before it is rewritten
         __syncthreads();  // dS^T complete
         dk_step(da_last, (PASSES - 1) * QP);
       }

@@ -121,22 +121,23 @@ struct BwdConfig {
   constexpr int min_sm_major() const { return bulk_dq ? 9 : 8; }
 };
 
-// Variant 0 is the default; variant 1 (D = 64 and 128) is for devices with
-// less shared memory per block than variant 0 takes (D = 64: 182 KB,
-// D = 128: 173 KB; sm_80: 163 KB). dK and dV of 16 keys x D take D / 2
-// registers per thread each, so the register path holds up to D = 128 and
-// D = 256 splits D over two warps. At D = 64 a query tile of 128 rows, in
-// two passes of 64, halves the barriers per FLOP and gives dQ 32 x 32 warp
-// tiles; pipelining dQ (pipe_dq) took that backward from 224 to 234 TFLOP/s
-// (L = 8K, full, bf16, H200; 4 warps x 64 keys at 2 blocks per SM, 218,
-// and 32 x 32 score tiles through shared memory, 234 with dQ pipelined,
-// did not do better; nor did four passes of 32 queries, 240 registers
-// instead of 246: 3% slower at L = 2K to 16K). At D = 128, 32 x 32 score
-// tiles and 32 x 64 dK/dV tiles read 18% less shared memory than the
-// register path's 16 x 64 and 16 x 128 (272 TFLOP/s against 247; with dQ
-// pipelined, 268 and 249).
+// Variant 0 is the default; variant 1 (D = 64 and 128) is for devices
+// before sm_90 or with less shared memory per block than variant 0 takes
+// (D = 64: 184 KB, D = 128: 212 KB, both with the bulk dQ staging tile;
+// sm_80: 163 KB). dK and dV of 16 keys x D take D / 2 registers per thread
+// each, so the register path holds up to D = 128 and D = 256 splits D over
+// two warps. At D = 64 a query tile of 128 rows, in two passes of 64,
+// halves the barriers per FLOP and gives dQ 32 x 32 warp tiles: 224 TFLOP/s
+// (L = 8K, full, bf16, H200); pipelining dQ (pipe_dq) took it to 234 and
+// the bulk dQ reduction without the pipeline to 247 (4 warps x 64 keys at
+// 2 blocks per SM, 218, and 32 x 32 score tiles through shared memory, 234
+// with dQ pipelined, did not do better; nor did four passes of 32 queries,
+// 240 registers instead of 246: 3% slower at L = 2K to 16K). At D = 128,
+// 32 x 32 score tiles and 32 x 64 dK/dV tiles read 18% less shared memory
+// than the register path's 16 x 64 and 16 x 128 (272 TFLOP/s against 247;
+// with dQ pipelined, 268 and 249; with the bulk dQ reduction, 292).
 constexpr BwdConfig bwd_config(int d, int variant = 0) {
-  return d == 64    ? (variant == 0 ? BwdConfig{128, 128, 8, 8, 8, 4, 2, 2, true}
+  return d == 64    ? (variant == 0 ? BwdConfig{128, 128, 8, 8, 8, 4, 2, 2, false, true}
                                     : BwdConfig{128, 128, 8, 8, 8, 4, 2, 2})
          : d == 96  ? BwdConfig{64, 128, 8, 8, 8, 4, 2, 1}
          : d == 128 ? (variant == 0 ? BwdConfig{64, 128, 8, 4, 4, 2, 4, 1, false, true}
