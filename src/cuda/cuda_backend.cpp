@@ -37,6 +37,7 @@
 #include "core/dtype.hpp"
 #include "core/error.hpp"
 #include "cuda/block_sparse.hpp"
+#include "cuda/cuda_util.hpp"
 #include "cuda/flash_bwd.hpp"
 #include "cuda/flash_fwd.hpp"
 #include "cuda/moba_kernels.hpp"
@@ -46,35 +47,6 @@
 
 namespace attn::cuda {
 namespace {
-
-void check(cudaError_t e, const char* what) {
-  if (e == cudaSuccess) return;
-  (void)cudaGetLastError();  // clear it unless sticky
-  fail(ATTN_STATUS_BACKEND_ERROR, "backend CUDA: ", what, ": ", cudaGetErrorName(e), " (",
-       cudaGetErrorString(e), ")");
-}
-
-// Makes `device` current for a scope (executions may come from threads whose
-// current device is another).
-class DeviceScope {
- public:
-  explicit DeviceScope(int device) {
-    check(cudaGetDevice(&prev_), "cudaGetDevice");
-    if (prev_ != device) {
-      check(cudaSetDevice(device), "cudaSetDevice");
-      restore_ = true;
-    }
-  }
-  ~DeviceScope() {
-    if (restore_) (void)cudaSetDevice(prev_);
-  }
-  DeviceScope(const DeviceScope&) = delete;
-  DeviceScope& operator=(const DeviceScope&) = delete;
-
- private:
-  int prev_ = 0;
-  bool restore_ = false;
-};
 
 FwdKernel pick_kernel(int64_t d, bool bf16, bool sparse, bool moba) {
   if (moba) switch (d) {

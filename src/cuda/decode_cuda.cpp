@@ -13,38 +13,12 @@
 
 #include "core/dtype.hpp"
 #include "core/error.hpp"
+#include "cuda/cuda_util.hpp"
 #include "cuda/decode_kernels.hpp"
 #include "kv/decode_plan.hpp"
 
 namespace attn::cuda {
 namespace {
-
-void check(cudaError_t e, const char* what) {
-  if (e == cudaSuccess) return;
-  (void)cudaGetLastError();
-  fail(ATTN_STATUS_BACKEND_ERROR, "backend CUDA: ", what, ": ", cudaGetErrorName(e), " (",
-       cudaGetErrorString(e), ")");
-}
-
-class DeviceScope {
- public:
-  explicit DeviceScope(int device) {
-    check(cudaGetDevice(&prev_), "cudaGetDevice");
-    if (prev_ != device) {
-      check(cudaSetDevice(device), "cudaSetDevice");
-      restore_ = true;
-    }
-  }
-  ~DeviceScope() {
-    if (restore_) (void)cudaSetDevice(prev_);
-  }
-  DeviceScope(const DeviceScope&) = delete;
-  DeviceScope& operator=(const DeviceScope&) = delete;
-
- private:
-  int prev_ = 0;
-  bool restore_ = false;
-};
 
 // The kernels read the host's metadata structs through mirrors.
 static_assert(sizeof(decode::Header) == sizeof(kv::PreparedHeader));

@@ -2,7 +2,10 @@
 
 #include <cuda_runtime_api.h>
 
+#include <string>
+
 #include "core/error.hpp"
+#include "cuda/cuda_util.hpp"
 
 namespace attn::cuda {
 
@@ -14,17 +17,6 @@ int32_t device_count() noexcept {
   }
   return n;
 }
-
-namespace {
-
-void check(cudaError_t e, const char* what) {
-  if (e == cudaSuccess) return;
-  (void)cudaGetLastError();  // clear it unless sticky
-  fail(ATTN_STATUS_BACKEND_ERROR, "backend CUDA: ", what, ": ", cudaGetErrorName(e), " (",
-       cudaGetErrorString(e), ")");
-}
-
-}  // namespace
 
 void copy_device_to_host(int32_t device, void* stream, void* dst, const void* src, size_t bytes,
                          const char* what) {
@@ -42,17 +34,13 @@ void copy_device_to_host(int32_t device, void* stream, void* dst, const void* sr
                      attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged
                          ? " (it is on another device)"
                          : " (host memory: pass host tables to the host variant)");
-  int previous = 0;
-  check(cudaGetDevice(&previous), "cudaGetDevice");
-  check(cudaSetDevice(device), "cudaSetDevice");
-  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  DeviceScope scope(device);
+  const cudaStream_t s = static_cast<cudaStream_t>(stream);
   cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, s);
   if (e == cudaSuccess) e = cudaStreamSynchronize(s);
-  (void)cudaSetDevice(previous);
   if (e != cudaSuccess) {
-    (void)cudaGetLastError();
-    fail(ATTN_STATUS_BACKEND_ERROR, "backend CUDA: copying ", what, " to the host: ",
-         cudaGetErrorName(e), " (", cudaGetErrorString(e), ")");
+    const std::string step = std::string("copying ") + what + " to the host";
+    check(e, step.c_str());
   }
 }
 

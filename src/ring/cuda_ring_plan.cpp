@@ -35,7 +35,7 @@
 #include "core/error.hpp"
 #include "core/tensor.hpp"
 #include "core/workspace.hpp"
-#include "ring/cuda_device_scope.hpp"
+#include "cuda/cuda_util.hpp"
 #include "ring/ring_ops.hpp"
 #include "ring/ring_plan.hpp"
 #include "ring/ring_schedule.hpp"
@@ -43,12 +43,7 @@
 namespace attn::ring {
 namespace {
 
-void check(cudaError_t e, const char* what) {
-  if (e == cudaSuccess) return;
-  (void)cudaGetLastError();
-  fail(ATTN_STATUS_BACKEND_ERROR, "ring (CUDA): ", what, ": ", cudaGetErrorName(e), " (",
-       cudaGetErrorString(e), ")");
-}
+void check(cudaError_t e, const char* what) { cuda::check(e, what, "ring (CUDA)"); }
 
 // One local tensor, contiguous in the plan's layout: [batch, seq, heads,
 // dim] (BSHD) or [batch, heads, seq, dim] (BHSD); a varlen batch's
@@ -178,7 +173,7 @@ class CudaRingPlan final : public RingBackendPlan {
   const char* kernel() const override { return any_plan() ? any_plan()->kernel() : "none"; }
 
   void forward(const ForwardArgs& a) const override {
-    CudaDeviceScope scope(ctx_.device);
+    cuda::DeviceScope scope(ctx_.device, "ring (CUDA)");
     cudaStream_t stream = static_cast<cudaStream_t>(a.stream);
     char* ws = workspace_base(a.workspace);
     float* o_acc = reinterpret_cast<float*>(ws + fwd_.o_acc);
@@ -245,7 +240,7 @@ class CudaRingPlan final : public RingBackendPlan {
   }
 
   void backward(const BackwardArgs& a) const override {
-    CudaDeviceScope scope(ctx_.device);
+    cuda::DeviceScope scope(ctx_.device, "ring (CUDA)");
     cudaStream_t stream = static_cast<cudaStream_t>(a.stream);
     char* ws = workspace_base(a.workspace);
     float* dq_acc = reinterpret_cast<float*>(ws + bwd_.dq_acc);
@@ -447,7 +442,7 @@ class CudaRingPlan final : public RingBackendPlan {
           for (int64_t i = 0; i < len; ++i)
             host.push_back(int32_t(s_.chunks * (*cu)[b] + c * len + i));
         }
-    CudaDeviceScope scope(ctx_.device);
+    cuda::DeviceScope scope(ctx_.device, "ring (CUDA)");
     const size_t size = std::max<size_t>(host.size(), 1) * sizeof(int32_t);
     void* dev = nullptr;
     const cudaError_t ae = cudaMalloc(&dev, size);

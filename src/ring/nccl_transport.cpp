@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "core/error.hpp"
-#include "ring/cuda_device_scope.hpp"
+#include "cuda/cuda_util.hpp"
 
 namespace attn::ring {
 namespace {
@@ -41,7 +41,7 @@ class NcclTransport final : public Transport {
     check_nccl(ncclCommUserRank(comm_, &rank_), "ncclCommUserRank");
     check_nccl(ncclCommCount(comm_, &size_), "ncclCommCount");
     check_nccl(ncclCommCuDevice(comm_, &device_), "ncclCommCuDevice");
-    CudaDeviceScope scope(device_);
+    cuda::DeviceScope scope(device_, "ring (CUDA)");
     check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
     if (cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming) != cudaSuccess ||
         cudaEventCreateWithFlags(&done_, cudaEventDisableTiming) != cudaSuccess) {
@@ -63,7 +63,7 @@ class NcclTransport final : public Transport {
   // Plan creation may block: all-gather the fingerprints and compare.
   void agree(uint64_t fingerprint) override {
     check_usable();
-    CudaDeviceScope scope(device_);
+    cuda::DeviceScope scope(device_, "ring (CUDA)");
     const size_t n = size_t(size_);
     uint64_t* buf = nullptr;
     check_cuda(cudaMalloc(&buf, sizeof(uint64_t) * (n + 1)), "cudaMalloc (fingerprints)");
@@ -103,7 +103,7 @@ class NcclTransport final : public Transport {
 
   void start(const Exchange& x, void* stream) override {
     check_usable();
-    CudaDeviceScope scope(device_);
+    cuda::DeviceScope scope(device_, "ring (CUDA)");
     auto compute = static_cast<cudaStream_t>(stream);
     check_cuda(cudaEventRecord(ready_, compute), "cudaEventRecord");
     check_cuda(cudaStreamWaitEvent(stream_, ready_, 0), "cudaStreamWaitEvent");
@@ -118,7 +118,7 @@ class NcclTransport final : public Transport {
   }
 
   void finish(const Exchange&, void* stream) override {
-    CudaDeviceScope scope(device_);
+    cuda::DeviceScope scope(device_, "ring (CUDA)");
     check_cuda(cudaEventRecord(done_, stream_), "cudaEventRecord");
     check_cuda(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), done_, 0),
                "cudaStreamWaitEvent");
