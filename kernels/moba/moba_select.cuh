@@ -236,7 +236,7 @@ __device__ __forceinline__ void rows_any_all(const uint64_t* col, int r0, int n,
 // One warp per (slot, forward query tile): the blocks some row of the tile
 // selected, in increasing order (ballot compaction), flagged kMobaAllRows
 // when every row did.
-__global__ void __launch_bounds__(kListThreads)
+static __global__ void __launch_bounds__(kListThreads)
     q_list_kernel(const __grid_constant__ SelectParams p) {
   const int lane = int(threadIdx.x) & 31;
   const int64_t list = int64_t(blockIdx.x) * (kListThreads / 32) + int(threadIdx.x) / 32;
@@ -269,7 +269,7 @@ __global__ void __launch_bounds__(kListThreads)
 // (the group's shared slot, or each query head of the group) selected the
 // block, in increasing order, flagged kMobaAllRows when every row of every
 // such slot did.
-__global__ void __launch_bounds__(kListThreads)
+static __global__ void __launch_bounds__(kListThreads)
     kv_list_kernel(const __grid_constant__ SelectParams p) {
   const int lane = int(threadIdx.x) & 31;
   const int64_t list = int64_t(blockIdx.x) * (kListThreads / 32) + int(threadIdx.x) / 32;
