@@ -553,6 +553,12 @@ int main() {
        {40, 3, 1}, {40, 3, 1}, true, false},
       {"bf16-varlen-zigzag-window-causal-lq<lk-d64", bf16, bshd, zigzag, 2, 2, 64, window, 24, 0,
        {10, 3}, {16, 3}, true, true},
+      // Empty sequences: no queries (keys only), no keys (its rows see
+      // nothing: O = 0, LSE = -inf), both empty.
+      {"bf16-varlen-zigzag-window-empty-seqs-gqa-d64", bf16, bshd, zigzag, 4, 2, 64, window, 20, 0,
+       {8, 0, 16, 0, 3}, {8, 4, 0, 0, 3}, true, false},
+      {"fp16-varlen-contiguous-causal-empty-seqs-d128", fp16, bshd, contig, 2, 2, 128, causal, -1,
+       -1, {0, 24, 5}, {6, 0, 5}, true, false},
   };
   for (const Case& c : cases) run_case(c, n, comms.data());
   test_not_supported(n, comms.data());
