@@ -8,7 +8,9 @@
 //                query tiles of every query head of the group that see its
 //                keys (the transposed schedule); dK, dV stay in registers and
 //                dQ contributions are added into the accumulator with
-//                atomics (deterministic plans skip that part). A split group
+//                atomics, or (bulk_dq, sm_90) with bulk reductions from a
+//                shared-memory staging tile (deterministic plans skip that
+//                part). A split group
 //                (group_splits > 1, not deterministic) has group_splits
 //                blocks per (KV tile, KV head), each over its share of the
 //                query heads, adding dK and dV into fp32 accumulators too
@@ -89,6 +91,7 @@ struct BwdTraits {
   static constexpr int kLdDq = kCfg.ld_dq(D);
   static constexpr uint32_t kOffStage = kOffStat + uint32_t(4 * kBM * 4);
   static_assert(!kBulk || !kPipe, "bulk dQ needs a barrier between its issue and restaging");
+  static_assert(!kBulk || kThreads >= kBM, "bulk dQ: one issuing thread per row");
   static_assert(kOffStage + (kBulk ? uint32_t(kBM * kLdDq * 4) : 0u) == kCfg.smem_bytes(D),
                 "layout = config");
   static_assert(kSWK * kKS == kBN && kKS % 16 == 0 && kVWK * kKK == kBN && kKK % 16 == 0 &&

@@ -92,7 +92,8 @@ struct BwdParams {
 // go through shared memory (larger warp tiles, fewer shared-memory reads per
 // mma). Shared memory: K, V [block_n][D+8]; two stages of Q, dO
 // [block_m][D+8]; dS^T (two with pipe_dq; and P^T off the register path)
-// [block_n][block_m+8]; two stages of LSE and D rows.
+// [block_n][block_m+8]; two stages of LSE and D rows; with bulk_dq the dQ
+// staging tile [block_m][D+8] fp32.
 struct BwdConfig {
   int block_m, block_n, warps, s_wk, kv_wk, dq_wm, dq_wn, passes;
   // Register path only: dS^T double-buffered, and the dQ of query tile it
@@ -100,9 +101,10 @@ struct BwdConfig {
   // (which also completes dS^T of tile it), so that an iteration needs one
   // barrier instead of two.
   bool pipe_dq = false;
-  // sm_90+ (off the register path): a query tile's dQ goes to a staging
-  // tile in shared memory, from where one bulk reduction per row adds it to
-  // the accumulator, issued after the next iteration's first barrier.
+  // sm_90+ (not with pipe_dq): a query tile's dQ goes to a staging tile in
+  // shared memory, from where one bulk reduction per row, issued by thread
+  // `row`, adds it to the accumulator after the next iteration's first
+  // barrier.
   bool bulk_dq = false;
   constexpr int threads() const { return warps * 32; }
   constexpr bool register_path() const { return s_wk == warps && kv_wk == warps; }

@@ -134,11 +134,24 @@ class CudaPlan final : public BackendPlan {
       int variant = 0;
       if (const char* env = std::getenv("ATTN_CUDA_BWD_VARIANT"))
         variant = std::clamp(std::atoi(env), 0, flash::bwd_variants(int(d)) - 1);
-      auto fits = [&](const flash::BwdConfig& c) {
-        return size_t(smem_optin) >= c.smem_bytes(int(d)) && major >= c.min_sm_major();
+      // A configuration past sm_80 also needs its kernel compiled for that
+      // architecture: a build whose image for the device is PTX of an older
+      // one (gpu_archs without the device's, JIT-compiled on load) has the
+      // sm_90 instructions trap (flash/sm80.cuh), whatever the device.
+      auto fits = [&](int v) {
+        const flash::BwdConfig c = flash::bwd_config(int(d), v);
+        if (size_t(smem_optin) < c.smem_bytes(int(d)) || major < c.min_sm_major()) return false;
+        if (c.min_sm_major() <= 8) return true;
+        cudaFuncAttributes attrs{};
+        const cudaError_t fe =
+            cudaFuncGetAttributes(&attrs, pick_bwd_kernels(d, bf16, v, sparse, moba).dkdv_func);
+        if (fe != cudaSuccess) {
+          (void)cudaGetLastError();  // no image: the next variant (require_image reports it)
+          return false;
+        }
+        return attrs.ptxVersion >= 10 * c.min_sm_major();
       };
-      while (variant + 1 < flash::bwd_variants(int(d)) && !fits(flash::bwd_config(int(d), variant)))
-        ++variant;
+      while (variant + 1 < flash::bwd_variants(int(d)) && !fits(variant)) ++variant;
       bwd_ = pick_bwd_kernels(d, bf16, variant, sparse, moba);
       bwd_cfg_ = flash::bwd_config(int(d), variant);
       require_image(bwd_.dkdv_func);

@@ -28,6 +28,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <limits>
 #include <vector>
 
@@ -82,6 +83,19 @@ struct LocalTensor {
 };
 
 const char* bytes(const void* p) { return static_cast<const char*>(p); }
+
+// The CUDA backend's rule for tensor pointers (attn.h), checked before the
+// ring starts: the blocks' plans would find a misaligned Q, O or dO only
+// after the first exchange, which fails the whole group, and the gathers
+// and stores of the other tensors would not find it at all.
+void require_aligned(const void* p, const char* name) {
+  if (reinterpret_cast<uintptr_t>(p) % 16 != 0)
+    invalid_argument(name, ": the CUDA kernels need a 16-byte aligned device pointer, got ", p);
+}
+void require_lse_aligned(const float* lse) {
+  if (reinterpret_cast<uintptr_t>(lse) % alignof(float) != 0)
+    invalid_argument("lse: the device pointer must be 4-byte aligned");
+}
 
 using Traffic = RingSchedule::Traffic;
 
@@ -173,6 +187,11 @@ class CudaRingPlan final : public RingBackendPlan {
   const char* kernel() const override { return any_plan() ? any_plan()->kernel() : "none"; }
 
   void forward(const ForwardArgs& a) const override {
+    require_aligned(a.q, "q");
+    require_aligned(a.k, "k");
+    require_aligned(a.v, "v");
+    require_aligned(a.o, "o");
+    require_lse_aligned(a.lse);
     cuda::DeviceScope scope(ctx_.device, "ring (CUDA)");
     cudaStream_t stream = static_cast<cudaStream_t>(a.stream);
     char* ws = workspace_base(a.workspace);
@@ -240,6 +259,15 @@ class CudaRingPlan final : public RingBackendPlan {
   }
 
   void backward(const BackwardArgs& a) const override {
+    require_aligned(a.q, "q");
+    require_aligned(a.k, "k");
+    require_aligned(a.v, "v");
+    require_aligned(a.o, "o");
+    require_lse_aligned(a.lse);
+    require_aligned(a.d_o, "d_o");
+    require_aligned(a.dq, "dq");
+    require_aligned(a.dk, "dk");
+    require_aligned(a.dv, "dv");
     cuda::DeviceScope scope(ctx_.device, "ring (CUDA)");
     cudaStream_t stream = static_cast<cudaStream_t>(a.stream);
     char* ws = workspace_base(a.workspace);

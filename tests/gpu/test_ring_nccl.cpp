@@ -480,6 +480,98 @@ void test_not_supported(int n, ncclComm_t* comms) {
   if (!ok) ++g_failures;
 }
 
+// True when every byte of the device buffer still holds the 0xff poison.
+bool untouched(const void* p, size_t bytes) {
+  std::vector<unsigned char> h(bytes);
+  GPU_CHECK(cudaMemcpy(h.data(), p, bytes, cudaMemcpyDeviceToHost));
+  return std::all_of(h.begin(), h.end(), [](unsigned char b) { return b == 0xff; });
+}
+
+// Rank r of the misaligned-pointer check (see test_misaligned): appends
+// what went wrong to *fail.
+void misaligned_rank(const Case& c, const Lengths& l, int r, ncclComm_t nccl, const Geom* lq,
+                     const Geom* lk, const std::vector<uint16_t>* local_in, std::string* fail) {
+  GPU_CHECK(cudaSetDevice(r));
+  attn_context_t ctx;
+  ATTN_CHECK(attn_context_create(ATTN_BACKEND_CUDA, r, 0, &ctx));
+  attn_comm_t comm;
+  ATTN_CHECK(attn_comm_create_nccl(nccl, &comm));
+  attn_plan_desc_t desc = make_desc(c, l, c.dtype);
+  attn_plan_t plan;
+  ATTN_CHECK(attn_ring_plan_create(ctx, desc, comm, c.ring, &plan));
+  ATTN_CHECK(attn_plan_desc_destroy(desc));
+  const size_t nl = size_t(lq->cu.back() * c.hq);
+  DeviceTensors t(lq->count(), lk->count(), nl);
+  t.upload(local_in);
+  size_t fwd = 0, bwd = 0;
+  ATTN_CHECK(attn_plan_workspace_size(plan, ATTN_PASS_FORWARD, &fwd));
+  ATTN_CHECK(attn_plan_workspace_size(plan, ATTN_PASS_BACKWARD, &bwd));
+  void* ws = nullptr;
+  GPU_CHECK(cudaMalloc(&ws, std::max(fwd, bwd)));
+  auto off8 = [](void* p) { return static_cast<void*>(static_cast<char*>(p) + 8); };
+  auto expect = [&](attn_status_t got, attn_status_t want, const char* what, const char* name) {
+    const std::string msg = got == ATTN_STATUS_SUCCESS ? "" : attn_last_error_message();
+    if (got != want || (name != nullptr && msg.find(std::string(name) + ": the CUDA kernels need") == std::string::npos))
+      *fail += std::string("  rank ") + std::to_string(r) + ", " + what + ": " +
+               attn_status_string(got) + " (" + msg + ")\n";
+  };
+  // Q 8 bytes past a 16-byte boundary: refused before the ring starts.
+  expect(attn_forward(plan, off8(t.p[0]), t.p[1], t.p[2], t.p[4], t.lse(), ws, fwd, nullptr),
+         ATTN_STATUS_INVALID_ARGUMENT, "forward, misaligned q", "q");
+  GPU_CHECK(cudaDeviceSynchronize());
+  if (!untouched(t.p[4], t.bytes[4]) || !untouched(t.p[8], t.bytes[8]))
+    *fail += "  rank " + std::to_string(r) + ": the refused forward wrote O or LSE\n";
+  // The group is still usable.
+  expect(attn_forward(plan, t.p[0], t.p[1], t.p[2], t.p[4], t.lse(), ws, fwd, nullptr),
+         ATTN_STATUS_SUCCESS, "forward after the refusal", nullptr);
+  // dQ misaligned (written only at the end, by an elementwise store).
+  expect(attn_backward(plan, t.p[0], t.p[1], t.p[2], t.p[4], t.lse(), t.p[3], off8(t.p[5]),
+                       t.p[6], t.p[7], ws, bwd, nullptr),
+         ATTN_STATUS_INVALID_ARGUMENT, "backward, misaligned dq", "dq");
+  GPU_CHECK(cudaDeviceSynchronize());
+  for (int i = 5; i < 8; ++i)
+    if (!untouched(t.p[i], t.bytes[i]))
+      *fail += "  rank " + std::to_string(r) + ": the refused backward wrote dQ, dK or dV\n";
+  expect(attn_backward(plan, t.p[0], t.p[1], t.p[2], t.p[4], t.lse(), t.p[3], t.p[5], t.p[6],
+                       t.p[7], ws, bwd, nullptr),
+         ATTN_STATUS_SUCCESS, "backward after the refusal", nullptr);
+  GPU_CHECK(cudaDeviceSynchronize());
+  GPU_CHECK(cudaFree(ws));
+  ATTN_CHECK(attn_plan_destroy(plan));
+  ATTN_CHECK(attn_comm_destroy(comm));
+  ATTN_CHECK(attn_context_destroy(ctx));
+}
+
+// Misaligned device pointers on every rank (the CUDA backend needs 16-byte
+// alignment) are INVALID_ARGUMENT naming the pointer, before the first
+// exchange: nothing is written and the group stays usable.
+void test_misaligned(int n, ncclComm_t* comms) {
+  const Case c{"misaligned", ATTN_DTYPE_BF16, ATTN_LAYOUT_BSHD, ATTN_RING_LAYOUT_ZIGZAG, 2, 1, 64,
+               ATTN_MASK_CAUSAL, -1, -1, {32}, {32}, false, false};
+  const Lengths l = lengths(c, n);
+  const Geom lq = make_geom({c.chunks_q[0] * 2}, c.hq, c.d, false, false);
+  const Geom lk = make_geom({c.chunks_kv[0] * 2}, c.hkv, c.d, false, false);
+  std::mt19937_64 rng(g_seed ^ 0x6d6973616c69676eull);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<std::vector<uint16_t>> local(static_cast<size_t>(n) * 4);
+  for (size_t i = 0; i < local.size(); ++i) {
+    local[i].resize(i % 4 == 0 || i % 4 == 3 ? lq.count() : lk.count());
+    for (auto& x : local[i]) x = to_half(c.dtype, normal(rng));
+  }
+  std::vector<std::string> fails(static_cast<size_t>(n));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r)
+    threads.emplace_back(misaligned_rank, std::cref(c), std::cref(l), r, comms[r], &lq, &lk,
+                         &local[size_t(r) * 4], &fails[size_t(r)]);
+  for (auto& t : threads) t.join();
+  bool ok = true;
+  for (const std::string& f : fails)
+    if (!f.empty()) std::printf("%s", f.c_str()), ok = false;
+  std::printf("%s misaligned pointers are INVALID_ARGUMENT before the ring starts\n",
+              ok ? "ok  " : "FAIL");
+  if (!ok) ++g_failures;
+}
+
 }  // namespace
 
 int main() {
@@ -553,9 +645,16 @@ int main() {
        {40, 3, 1}, {40, 3, 1}, true, false},
       {"bf16-varlen-zigzag-window-causal-lq<lk-d64", bf16, bshd, zigzag, 2, 2, 64, window, 24, 0,
        {10, 3}, {16, 3}, true, true},
+      // Empty sequences: no queries (keys only), no keys (its rows see
+      // nothing: O = 0, LSE = -inf), both empty.
+      {"bf16-varlen-zigzag-window-empty-seqs-gqa-d64", bf16, bshd, zigzag, 4, 2, 64, window, 20, 0,
+       {8, 0, 16, 0, 3}, {8, 4, 0, 0, 3}, true, false},
+      {"fp16-varlen-contiguous-causal-empty-seqs-d128", fp16, bshd, contig, 2, 2, 128, causal, -1,
+       -1, {0, 24, 5}, {6, 0, 5}, true, false},
   };
   for (const Case& c : cases) run_case(c, n, comms.data());
   test_not_supported(n, comms.data());
+  test_misaligned(n, comms.data());
 
   for (ncclComm_t c : comms) ncclCommDestroy(c);
   std::printf("%s: %d failure(s), seed %" PRIu64 "\n", g_failures ? "FAILED" : "PASSED", g_failures,

@@ -474,6 +474,8 @@ static const int64_t kR3CQ[] = {9, 30, 3}, kR3CK[] = {9, 30, 3};
 static const int64_t kR4ZQ[] = {8, 40, 16}, kR4ZK[] = {8, 40, 24};
 static const int64_t kR4CQ[] = {4, 20, 12}, kR4CK[] = {8, 12, 4};
 static const int64_t kR4EQ[] = {16, 24}, kR4EK[] = {8, 24};
+/* Empty sequences: keys only, queries only (rows without keys), neither. */
+static const int64_t kR2EQ[] = {8, 0, 16, 0, 4}, kR2EK[] = {8, 4, 0, 0, 4};
 
 static const ring_case kVarlenCases[] = {
     /* name                               ranks layout  dtype layout B Hq Hkv Lq   Lk  dqk dv mask              l   r  cap empty lens */
@@ -485,6 +487,7 @@ static const ring_case kVarlenCases[] = {
     {"varlen-r4-zigzag-window-bf16",        4, ZIGZAG, BF16, THD, 3, 4, 2,  40,  40, 16, 16, ATTN_MASK_WINDOW,  6,  0, 0.0f, 1, kR4ZQ, kR4ZK},
     {"varlen-r4-contiguous-full-bf16",      4, CONTIG, BF16, THD, 3, 3, 1,  20,  12, 16,  8, ATTN_MASK_NONE,   -1, -1, 0.0f, 0, kR4CQ, kR4CK},
     {"varlen-r4-zigzag-causal-lq>lk-gqa",   4, ZIGZAG, F32,  THD, 2, 4, 2,  24,  24, 16, 16, ATTN_MASK_CAUSAL, -1, -1, 5.0f, 1, kR4EQ, kR4EK},
+    {"varlen-r2-zigzag-window-empty-seqs",  2, ZIGZAG, F32,  THD, 5, 4, 2,  16,   8, 16, 16, ATTN_MASK_WINDOW,  5,  0, 0.0f, 1, kR2EQ, kR2EK},
 };
 
 /* Cases drawn from the seed: new every run, reproduced by ATTN_TEST_SEED. */
