@@ -41,7 +41,13 @@
 // query tiles from a list instead (p.sparse_kv), each marked full,
 // dense-masked, or masked by a precomputed bit tile. MoBA plans (Moba) take
 // them from the list the selector wrote for the tile's block (p.moba), and
-// mask a query row that did not select the block by its selection bit.
+// mask a query row that did not select the block by its selection bit; or,
+// with p.moba.gather, walk tiles of BM of the rows that selected the block
+// (loaded by index, dQ added at each row's index), with no selection bit:
+// the list starts with the rows whose own block it is, contiguous, so that
+// a tile's causal mask is that of query rows numbered from the first row
+// of that block on, and the later rows, which see the whole block, are
+// numbered past that block's rows.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -338,6 +344,28 @@ __device__ __forceinline__ void scores_t2(float (&c)[M][N][4], uint32_t a, uint3
   }
 }
 
+// load_tile for gathered rows: row r of the tile is src + idx[r] * stride
+// (rows >= valid become zeros).
+template <int ROWS, int D, int THREADS, class T>
+__device__ __forceinline__ void load_rows(uint32_t dst, const T* src, int64_t stride,
+                                          const int32_t* idx, int valid, int tid) {
+  constexpr int kChunks = D / 8;
+  constexpr int kPitch = kChunks <= 8 ? 8 : kChunks <= 16 ? 16 : 32;
+  constexpr int kRowStep = THREADS / kPitch;
+  constexpr int kLd = D + 8;
+  static_assert(kChunks <= 32 && ROWS % kRowStep == 0, "tile rows divide among threads");
+  const int ch = tid % kPitch, r = tid / kPitch;
+  if (ch >= kChunks) return;
+  const uint32_t s = dst + uint32_t(r * kLd + ch * 8) * 2u;
+#pragma unroll
+  for (int i = 0; i < ROWS / kRowStep; ++i) {
+    const int row = r + i * kRowStep;
+    const bool ok = row < valid;
+    const T* g = ok ? src + int64_t(idx[row]) * stride + ch * 8 : src;
+    cp_async_16(s + uint32_t(i * kRowStep * kLd * 2), g, ok);
+  }
+}
+
 template <class T, int D, int V, bool Sparse = false, bool Moba = false>
 __global__ void __launch_bounds__(BwdTraits<D, V>::kThreads, 1)
     flash_bwd_dkdv_kernel(const __grid_constant__ BwdParams p) {
@@ -433,7 +461,7 @@ __global__ void __launch_bounds__(BwdTraits<D, V>::kThreads, 1)
     const MobaLists& mb = p.moba;
     const int64_t list = (int64_t(b) * (p.heads_q / p.group) + hk) * mb.num_blocks + moba_kb;
     m_begin = 0;
-    n_mt = mb.kv_count[list];
+    n_mt = mb.gather ? 0 : mb.kv_count[list];
     visits = mb.kv_tiles + list * mb.kv_cap;
   } else if constexpr (Sparse) {
     m_begin = 0;
@@ -448,15 +476,75 @@ __global__ void __launch_bounds__(BwdTraits<D, V>::kThreads, 1)
     if constexpr (Moba) return visits[mm] & kMobaIndexMask;
     else return Sparse ? visits[2 * mm] : mm;
   };
-  const int n_iter = n_mt * heads_per;
+  // MoBA gather: the rows of query head hh that selected the block (its
+  // slot's list), and how many.
+  auto moba_rows = [&](int hh, int& count) {
+    const MobaLists& mb = p.moba;
+    const int64_t slot = int64_t(b) * mb.sel_heads + (mb.per_query_head ? hh : hk);
+    const int32_t* at = mb.kv_count + slot * (mb.num_blocks + 1) + moba_kb;
+    const int first = at[0];
+    count = at[1] - first;
+    return mb.kv_tiles + slot * int64_t(mb.kv_cap) + first;
+  };
+  const int h_end = h_first + heads_per;
+  // MoBA gather: (hh, mm) -> the next (head, tile of BM rows) with rows.
+  auto moba_next = [&](int& hh, int& mm) {
+    ++mm;
+    while (hh < h_end) {
+      int count;
+      moba_rows(hh, count);
+      if (mm * BM < count) break;
+      mm = 0;
+      ++hh;
+    }
+  };
+  // The query row the mask numbers the first gathered row of the block with.
+  const int moba_row0 = Moba ? max(0, moba_kb * p.moba.block - off) : 0;
+  const int n_iter = [&] {
+    if constexpr (Moba) {
+      if (p.moba.gather) {
+        int n = 0;
+        for (int hh = h_first; hh < h_end; ++hh) {
+          int count;
+          moba_rows(hh, count);
+          n += (count + BM - 1) / BM;
+        }
+        return n;
+      }
+    }
+    return n_mt * heads_per;
+  }();
 
   // Iteration it: query head h_first + it / n_mt, query tile m_begin + it % n_mt,
   // tracked by counters (no division). (Addresses are rebuilt from the
   // parameters each time: registers are scarce.)
   const int m_end = m_begin + n_mt;
   int ld_h = h_first, ld_m = m_begin;  // the next tile to load
+  if constexpr (Moba) {
+    if (p.moba.gather) ld_m = -1, moba_next(ld_h, ld_m);
+  }
   auto load_q = [&](int it) {
     const int h = ld_h;
+    if constexpr (Moba) {
+      if (p.moba.gather) {
+        int count;
+        const int32_t* idx = moba_rows(h, count) + ld_m * BM;
+        const int rows = min(BM, count - ld_m * BM);
+        moba_next(ld_h, ld_m);
+        const uint32_t st = uint32_t(it & 1);
+        const int64_t qs = opaque(p.q_seq), ds = opaque(p.do_seq);
+        const T* gQb = static_cast<const T*>(p.q) + b * p.q_batch + h * p.q_head;
+        const T* gDob = static_cast<const T*>(p.d_o) + b * p.do_batch + h * p.do_head;
+        load_rows<BM, D, NTH>(sQ + st * Tr::kTileQ, gQb, qs, idx, rows, tid);
+        load_rows<BM, D, NTH>(sDo + st * Tr::kTileQ, gDob, ds, idx, rows, tid);
+        if (tid < 2 * BM) {
+          const int r = tid % BM;
+          const float* src = (tid < BM ? p.lse2 : p.delta) + b * p.lse_batch + h * p.lse_head;
+          cp_async_4(sStat + (st * 2 * BM + tid) * 4u, r < rows ? src + idx[r] : src, r < rows);
+        }
+        return;
+      }
+    }
     const int r0 = q_tile(ld_m) * BM;
     if (++ld_m == m_end) ld_m = m_begin, ++ld_h;
     const int rows = min(BM, lq - r0);
@@ -513,9 +601,13 @@ __global__ void __launch_bounds__(BwdTraits<D, V>::kThreads, 1)
   const bool accum = p.dq_accum != nullptr;
   const bool capped = p.softcap > 0.0f;
   int h = h_first, m = m_begin;  // the tile of this iteration
+  if constexpr (Moba) {
+    if (p.moba.gather) m = -1, moba_next(h, m);
+  }
   // dQ (BM x D) += dS K for the query tile at row tr0 (trows valid) of head
   // th, dS^T at ds_buf: warp (wm, wn) owns DQR rows x DQC columns.
-  auto dq_tile = [&](uint32_t ds_buf, int tr0, int trows, int th) {
+  // MoBA gather: tidx, the tile's row indices (else null, rows from tr0).
+  auto dq_tile = [&](uint32_t ds_buf, int tr0, int trows, int th, const int32_t* tidx) {
     float dq[MQ][NQQ][4];
 #pragma unroll
     for (int mt = 0; mt < MQ; ++mt)
@@ -546,6 +638,24 @@ __global__ void __launch_bounds__(BwdTraits<D, V>::kThreads, 1)
     // row's address first, in registers of its own, did not change the time
     // (d = 64 and 128, H200) and spilled in variant 1 at d = 128.
     const int64_t acc_row = opaque(int64_t(p.heads_q) * D);
+    if constexpr (Moba) {
+      if (tidx != nullptr) {
+        float* acc = p.dq_accum + (opaque(q_tok) * p.heads_q + th) * D + wn * DQC + 2 * t4;
+#pragma unroll
+        for (int mt = 0; mt < MQ; ++mt)
+#pragma unroll
+          for (int hh = 0; hh < 2; ++hh) {
+            const int row = wm * DQR + mt * 16 + hh * 8 + g;
+            if (row < trows) {
+              float* dst = acc + tidx[row] * acc_row;
+#pragma unroll
+              for (int nt = 0; nt < NQQ; ++nt)
+                red_add_f32x2(dst + nt * 8, dq[mt][nt][2 * hh], dq[mt][nt][2 * hh + 1]);
+            }
+          }
+        return;
+      }
+    }
     float* acc = p.dq_accum + ((opaque(q_tok) + tr0) * p.heads_q + th) * D + wn * DQC + 2 * t4;
 #pragma unroll
     for (int mt = 0; mt < MQ; ++mt)
@@ -562,11 +672,21 @@ __global__ void __launch_bounds__(BwdTraits<D, V>::kThreads, 1)
   };
   // With PIPE: the dQ of the previous iteration's tile, from the other dS^T
   // buffer (complete: a barrier separates it from its writers).
+  int moba_prev_h = 0, moba_prev_m = 0;  // MoBA gather: the previous tile
   auto dq_prev = [&](int it) {
+    if constexpr (Moba) {
+      if (p.moba.gather) {
+        int count;
+        const int32_t* idx = moba_rows(moba_prev_h, count) + moba_prev_m * BM;
+        dq_tile(sDs + uint32_t((it - 1) & 1) * Tr::kTileS, 0, min(BM, count - moba_prev_m * BM),
+                moba_prev_h, idx);
+        return;
+      }
+    }
     const bool first = m == m_begin;
     const int pm = first ? m_end - 1 : m - 1, ph = first ? h - 1 : h;
     const int pr0 = q_tile(pm) * BM;
-    dq_tile(sDs + uint32_t((it - 1) & 1) * Tr::kTileS, pr0, min(BM, lq - pr0), ph);
+    dq_tile(sDs + uint32_t((it - 1) & 1) * Tr::kTileS, pr0, min(BM, lq - pr0), ph, nullptr);
   };
 
 #pragma unroll 1
@@ -577,8 +697,22 @@ __global__ void __launch_bounds__(BwdTraits<D, V>::kThreads, 1)
     cp_async_commit();
     if (PIPE && accum && it > 0) dq_prev(it);
 
-    const int r0 = q_tile(m) * BM;
-    const int rows = min(BM, lq - r0);
+    int r0, rows;
+    const int32_t* tile_idx = nullptr;  // MoBA gather: the tile's row indices
+    if constexpr (Moba) {
+      if (p.moba.gather) {
+        int count;
+        tile_idx = moba_rows(h, count) + m * BM;
+        r0 = moba_row0 + m * BM;
+        rows = min(BM, count - m * BM);
+      } else {
+        r0 = q_tile(m) * BM;
+        rows = min(BM, lq - r0);
+      }
+    } else {
+      r0 = q_tile(m) * BM;
+      rows = min(BM, lq - r0);
+    }
     const uint32_t st = uint32_t(it & 1);
     const uint32_t q_st = sQ + st * Tr::kTileQ, do_st = sDo + st * Tr::kTileQ;
     const float* lse_s = stat + st * 2 * BM;
@@ -594,7 +728,9 @@ __global__ void __launch_bounds__(BwdTraits<D, V>::kThreads, 1)
       full = kind == kVisitFull;
     } else {
       full = c0 + BN <= lk && c0 - r1 >= dmin && c0 + BN - 1 - r0 <= dmax;
-      if constexpr (Moba) full = full && (visits[m] & kMobaAllRows) != 0;
+      if constexpr (Moba) {
+        if (!p.moba.gather) full = full && (visits[m] & kMobaAllRows) != 0;
+      }
     }
     // MoBA: the column of the block's selection bits of this head's slot.
     const uint64_t* moba_sel = nullptr;
@@ -676,7 +812,11 @@ __global__ void __launch_bounds__(BwdTraits<D, V>::kThreads, 1)
             const int jl = sk * KS + mt * 16 + g + hh * 8;
             vis[hh] = Interval::of(jl - hi_rel - q0, jl < kv_valid ? jl - lo_rel - q0 : -BN - BM);
           }
-          if constexpr (Moba) {
+          if (Moba && tile_idx != nullptr) {
+            // Gathered rows: every one selected the block.
+            apply_mask(s[mt], dp[mt],
+                       [&](int nt, int e) { return vis[e >> 1].outside(nt * 8 + 2 * t4 + (e & 1)); });
+          } else if constexpr (Moba) {
             // The pass's QP queries (r0 + q0 is a multiple of QP, which
             // divides 64) lie in one word of the selection column.
             static_assert(!Moba || (QP <= 64 && 64 % QP == 0), "a pass within one word");
@@ -781,7 +921,14 @@ __global__ void __launch_bounds__(BwdTraits<D, V>::kThreads, 1)
         __syncthreads();  // dS^T complete
         dk_step(da_last, (PASSES - 1) * QP);
       }
-      if (!PIPE) dq_tile(sDs, r0, rows, h);
+      if (!PIPE) dq_tile(sDs, r0, rows, h, tile_idx);
+    }
+    if constexpr (Moba) {
+      if (p.moba.gather) {
+        moba_prev_h = h, moba_prev_m = m;
+        moba_next(h, m);
+        continue;
+      }
     }
     if (++m == m_end) m = m_begin, ++h;
   }

@@ -19,6 +19,13 @@
 //              query tiles (kv_tile_rows rows) in which some row of some
 //              query head of the group selected the block, increasing, with
 //              kMobaAllRows when every row of every such head did.
+//   row lists  (gather = 1, instead of the kv lists) per (slot, block) the
+//              query rows that selected the block, increasing: the dK/dV
+//              kernel walks tiles of these rows, so that its work follows
+//              the selected (row, block) pairs, not the union over a tile.
+//              Rows whose own block is kb come first and are contiguous
+//              (every row selects its own block; a row never selects a
+//              later one), which the kernel's causal mask relies on.
 #pragma once
 
 #include <cstdint>
@@ -32,6 +39,10 @@ struct MobaLists {
   const uint64_t* selected;  // [slots][num_blocks][q_words]
   const int32_t* q_count;    // [slots][q_tiles]
   const int32_t* q_blocks;   // [slots][q_tiles][q_cap]
+  // gather = 0: kv lists. gather = 1: the row lists, kv_count holding
+  // [slots][num_blocks + 1] offsets (list (slot, kb) is entries
+  // [kv_count[kb], kv_count[kb + 1]) of the slot's part) and kv_tiles
+  // [slots][kv_cap] row indices (kv_cap: a slot's most entries).
   const int32_t* kv_count;   // [batch * heads_kv][num_blocks]
   const int32_t* kv_tiles;   // [batch * heads_kv][num_blocks][kv_cap]
   int32_t block;             // keys per MoBA block, a multiple of every kernel's KV tile
@@ -42,7 +53,11 @@ struct MobaLists {
   int32_t q_cap, kv_cap;     // list capacities (entries)
   int32_t sel_heads;         // heads_kv when shared, else heads_q
   int32_t per_query_head;    // 1: slots count query heads
+  // 1: the dK/dV kernel walks the row lists. (It fills the struct's tail
+  // padding, so that the kernels' parameter layout is unchanged.)
+  int32_t gather;
 };
+static_assert(sizeof(MobaLists) == 80, "MobaLists: the parameter layout the kernels were built for");
 
 }  // namespace attn::flash
 
@@ -61,6 +76,9 @@ struct SelectParams {
   int32_t* q_blocks;
   int32_t* kv_count;  // flash::MobaLists (null: the kv lists are not built)
   int32_t* kv_tiles;
+  int32_t* row_offsets;  // gathered row lists (null: not built): flash::MobaLists
+  int32_t* rows;         // kv_count and kv_tiles with gather = 1
+  int32_t rows_cap;      // entries per slot: seqlen_q x min(top_k + 1, num_blocks)
   int32_t batch, heads_q, heads_kv, group, seqlen_q, seqlen_kv, d;
   int32_t block, num_blocks, top_k, shared;
   int32_t sel_heads, q_words;

@@ -20,6 +20,9 @@
 // workspace of each pass, behind what the pass needs otherwise
 // (cuda/moba_plan.hpp); the backward pass selects again, with the same
 // launches, and so sees the forward's selection bit for bit.
+// ATTN_CUDA_MOBA_GATHER=1 makes the backward's dK/dV kernel walk, per KV
+// tile, the rows that selected its block (gathered row lists) instead of
+// the query tiles in which some row did; "-moba-gather" in the kernel name.
 #include "cuda/cuda_backend.hpp"
 
 #include <cuda_runtime_api.h>
@@ -174,7 +177,9 @@ class CudaPlan final : public BackendPlan {
     if (moba) {
       require_smem(moba::select_smem_bytes(int(d)), "MoBA selection");
       check(moba_select_prepare(int(d)), "cudaFuncSetAttribute");
-      moba_.emplace(p, cfg_.block_m, p.backward ? bwd_cfg_.block_m : 0);
+      const char* gather_env = std::getenv("ATTN_CUDA_MOBA_GATHER");
+      const bool gather = gather_env != nullptr && std::atoi(gather_env) != 0;
+      moba_.emplace(p, cfg_.block_m, p.backward ? bwd_cfg_.block_m : 0, gather);
     }
 
     fill_params();
@@ -231,7 +236,7 @@ class CudaPlan final : public BackendPlan {
     // with fp32 atomics, "-det" computes it in a separate pass without them.
     // Block-sparse plans say "-bsparse" and leave out warps and stages, so
     // that the name fits attn_plan_info_t's 64 characters.
-    const char* kind = moba ? "moba" : "bsparse";
+    const char* kind = !moba ? "bsparse" : moba_->gathers() ? "moba-gather" : "moba";
     int len = sparse || moba ? std::snprintf(kernel_name_, sizeof kernel_name_,
                                      "cuda-fa2-sm80-%s-d%d-%s-%dx%d", dtype_name(p.dtype),
                                      int(d), kind, cfg_.block_m, cfg_.block_n)

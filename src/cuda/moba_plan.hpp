@@ -9,7 +9,11 @@
 //   forward (and the deterministic backward): q lists, int32
 //             [slots][q_tiles] counts and [slots][q_tiles][q_cap] entries
 //   backward: kv lists, int32 [batch][heads_kv][num_blocks] counts and
-//             [batch][heads_kv][num_blocks][kv_q_tiles] entries
+//             [batch][heads_kv][num_blocks][kv_q_tiles] entries; or, when
+//             the dK/dV kernel gathers rows, the row lists: int32
+//             [slots][num_blocks + 1] offsets and [slots][rows_cap] rows,
+//             rows_cap = seqlen_q x min(top_k + 1, num_blocks) (each row
+//             selects its own block and at most top_k others)
 // slots = batch x (heads_kv when shared, else heads_q). A q list holds at
 // most q_cap = min(num_blocks, tile_rows * top_k + 2) blocks: each row adds
 // top_k past blocks and the tile's rows have at most two own blocks (a
@@ -69,7 +73,9 @@ class MobaSchedule {
  public:
   // q_tile_rows: the forward kernel's block_m; kv_tile_rows: the dK/dV
   // kernel's block_m (0 for forward-only plans).
-  MobaSchedule(const Problem& p, int q_tile_rows, int kv_tile_rows) : p_(p) {
+  // gather: the dK/dV kernel walks the gathered row lists instead of the kv
+  // lists (when a slot's row list fits 32-bit offsets; gathers() says).
+  MobaSchedule(const Problem& p, int q_tile_rows, int kv_tile_rows, bool gather) : p_(p) {
     lists_.block = int32_t(p.moba_block);
     lists_.num_blocks = int32_t(p.moba_num_blocks());
     lists_.q_words = int32_t((p.seqlen_q + 63) / 64);
@@ -81,6 +87,13 @@ class MobaSchedule {
     kv_tile_rows_ = kv_tile_rows;
     kv_q_tiles_ = kv_tile_rows > 0 ? int32_t((p.seqlen_q + kv_tile_rows - 1) / kv_tile_rows) : 0;
     lists_.kv_cap = kv_q_tiles_;
+    const int64_t rows_cap =
+        p.seqlen_q * std::min<int64_t>(std::min<int64_t>(p.moba_top_k, INT32_MAX) + 1,
+                                       p.moba_num_blocks());
+    if (gather && kv_tile_rows > 0 && rows_cap < INT32_MAX) {
+      lists_.gather = 1;
+      lists_.kv_cap = int32_t(rows_cap);
+    }
     lists_.sel_heads = int32_t(p.moba_heads());
     lists_.per_query_head = p.moba_shared ? 0 : 1;
   }
@@ -104,7 +117,10 @@ class MobaSchedule {
       l.q_count = take(slots * size_t(lists_.q_tiles) * sizeof(int32_t));
       l.q_blocks = take(slots * size_t(lists_.q_tiles) * size_t(lists_.q_cap) * sizeof(int32_t));
     }
-    if (kv_lists) {
+    if (kv_lists && gathers()) {
+      l.kv_count = take(slots * (nb + 1) * sizeof(int32_t));
+      l.kv_tiles = take(slots * size_t(lists_.kv_cap) * sizeof(int32_t));
+    } else if (kv_lists) {
       l.kv_count = take(bh * nb * sizeof(int32_t));
       l.kv_tiles = take(bh * nb * size_t(lists_.kv_cap) * sizeof(int32_t));
     }
@@ -129,7 +145,11 @@ class MobaSchedule {
       s.q_count = reinterpret_cast<int32_t*>(ws + l.q_count);
       s.q_blocks = reinterpret_cast<int32_t*>(ws + l.q_blocks);
     }
-    if (kv_lists) {
+    if (kv_lists && gathers()) {
+      s.row_offsets = reinterpret_cast<int32_t*>(ws + l.kv_count);
+      s.rows = reinterpret_cast<int32_t*>(ws + l.kv_tiles);
+      s.rows_cap = lists_.kv_cap;
+    } else if (kv_lists) {
       s.kv_count = reinterpret_cast<int32_t*>(ws + l.kv_count);
       s.kv_tiles = reinterpret_cast<int32_t*>(ws + l.kv_tiles);
     }
@@ -150,9 +170,14 @@ class MobaSchedule {
     flash::MobaLists m = lists_;
     m.selected = s.selected;
     m.q_count = s.q_count, m.q_blocks = s.q_blocks;
-    m.kv_count = s.kv_count, m.kv_tiles = s.kv_tiles;
+    if (gathers())
+      m.kv_count = s.row_offsets, m.kv_tiles = s.rows;
+    else
+      m.kv_count = s.kv_count, m.kv_tiles = s.kv_tiles;
     return m;
   }
+
+  bool gathers() const { return lists_.gather != 0; }
 
  private:
   Problem p_;

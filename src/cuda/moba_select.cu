@@ -41,6 +41,14 @@ cudaError_t launch_t(const moba::SelectParams& p, cudaStream_t stream) {
   if (p.kv_count != nullptr && kv_lists > 0)
     moba::kv_list_kernel<<<unsigned((kv_lists + per_block - 1) / per_block), moba::kListThreads, 0,
                            stream>>>(p);
+  const int64_t row_lists = slots * p.num_blocks;
+  if (p.row_offsets != nullptr && row_lists > 0) {
+    const unsigned list_blocks = unsigned((row_lists + per_block - 1) / per_block);
+    moba::row_count_kernel<<<list_blocks, moba::kListThreads, 0, stream>>>(p);
+    moba::row_scan_kernel<<<unsigned((slots + per_block - 1) / per_block), moba::kListThreads, 0,
+                            stream>>>(p);
+    moba::row_scatter_kernel<<<list_blocks, moba::kListThreads, 0, stream>>>(p);
+  }
   return cudaGetLastError();
 }
 
