@@ -344,28 +344,6 @@ __device__ __forceinline__ void scores_t2(float (&c)[M][N][4], uint32_t a, uint3
   }
 }
 
-// load_tile for gathered rows: row r of the tile is src + idx[r] * stride
-// (rows >= valid become zeros).
-template <int ROWS, int D, int THREADS, class T>
-__device__ __forceinline__ void load_rows(uint32_t dst, const T* src, int64_t stride,
-                                          const int32_t* idx, int valid, int tid) {
-  constexpr int kChunks = D / 8;
-  constexpr int kPitch = kChunks <= 8 ? 8 : kChunks <= 16 ? 16 : 32;
-  constexpr int kRowStep = THREADS / kPitch;
-  constexpr int kLd = D + 8;
-  static_assert(kChunks <= 32 && ROWS % kRowStep == 0, "tile rows divide among threads");
-  const int ch = tid % kPitch, r = tid / kPitch;
-  if (ch >= kChunks) return;
-  const uint32_t s = dst + uint32_t(r * kLd + ch * 8) * 2u;
-#pragma unroll
-  for (int i = 0; i < ROWS / kRowStep; ++i) {
-    const int row = r + i * kRowStep;
-    const bool ok = row < valid;
-    const T* g = ok ? src + int64_t(idx[row]) * stride + ch * 8 : src;
-    cp_async_16(s + uint32_t(i * kRowStep * kLd * 2), g, ok);
-  }
-}
-
 template <class T, int D, int V, bool Sparse = false, bool Moba = false>
 __global__ void __launch_bounds__(BwdTraits<D, V>::kThreads, 1)
     flash_bwd_dkdv_kernel(const __grid_constant__ BwdParams p) {
@@ -737,7 +715,7 @@ __global__ void __launch_bounds__(BwdTraits<D, V>::kThreads, 1)
     if constexpr (Moba) {
       const MobaLists& mb = p.moba;
       const int64_t slot = int64_t(b) * mb.sel_heads + (mb.per_query_head ? h : hk);
-      moba_sel = mb.selected + (slot * mb.num_blocks + moba_kb) * int64_t(mb.q_words);
+      moba_sel = mb.selected + (slot * mb.num_blocks + moba_kb) * int64_t((p.seqlen_q + 63) / 64);
     }
     auto clampi = [](long long x) {
       return int(x < -(BM + 1) ? -(BM + 1) : (x > BN + 1 ? BN + 1 : x));

@@ -36,7 +36,7 @@ constexpr int32_t kMobaAllRows = int32_t(1) << 30;  // list entry flag
 constexpr int32_t kMobaIndexMask = kMobaAllRows - 1;
 
 struct MobaLists {
-  const uint64_t* selected;  // [slots][num_blocks][q_words]
+  const uint64_t* selected;  // [slots][num_blocks][ceil(seqlen_q / 64)]
   const int32_t* q_count;    // [slots][q_tiles]
   const int32_t* q_blocks;   // [slots][q_tiles][q_cap]
   // gather = 0: kv lists. gather = 1: the row lists, kv_count holding
@@ -45,18 +45,22 @@ struct MobaLists {
   // [slots][kv_cap] row indices (kv_cap: a slot's most entries).
   const int32_t* kv_count;   // [batch * heads_kv][num_blocks]
   const int32_t* kv_tiles;   // [batch * heads_kv][num_blocks][kv_cap]
+  // Gathered forward: per (sequence, query head, row) the softmax state of
+  // the blocks done so far, O (normalised, fp32) [batch][heads_q][seqlen_q][d]
+  // then its LSE [batch][heads_q][seqlen_q].
+  float* state;
   int32_t block;             // keys per MoBA block, a multiple of every kernel's KV tile
   int32_t num_blocks;        // ceil(seqlen_kv / block)
-  int32_t q_words;           // ceil(seqlen_q / 64)
-  int32_t q_tiles;           // ceil(seqlen_q / q_tile_rows)
-  int32_t q_tile_rows;       // the forward kernel's block_m
+  int32_t q_tiles;           // ceil(seqlen_q / the forward kernel's block_m)
   int32_t q_cap, kv_cap;     // list capacities (entries)
   int32_t sel_heads;         // heads_kv when shared, else heads_q
-  int32_t per_query_head;    // 1: slots count query heads
-  // 1: the dK/dV kernel walks the row lists. (It fills the struct's tail
-  // padding, so that the kernels' parameter layout is unchanged.)
-  int32_t gather;
+  int32_t fwd_block;         // gathered forward: the block this launch computes
+  int16_t per_query_head;    // 1: slots count query heads
+  // 1: the kernels walk the row lists (the forward one block per launch).
+  int16_t gather;
 };
+// The size it had before the gathered lists: the parameter layout of every
+// kernel (dense ones included) stays the same.
 static_assert(sizeof(MobaLists) == 80, "MobaLists: the parameter layout the kernels were built for");
 
 }  // namespace attn::flash
@@ -84,6 +88,16 @@ struct SelectParams {
   int32_t sel_heads, q_words;
   int32_t q_tiles, q_tile_rows, q_cap;       // forward query tiles
   int32_t kv_q_tiles, kv_tile_rows, kv_cap;  // the dK/dV kernel's query tiles
+};
+
+// The gathered forward's last launch (moba/moba_select.cuh finish_kernel):
+// O and LSE from the rows' softmax states (flash::MobaLists::state).
+struct FinishParams {
+  const float* state;  // O [batch][heads_q][seqlen_q][d], then LSE [batch][heads_q][seqlen_q]
+  void* o;             // [batch, seqlen_q, heads_q, d] with the strides below
+  float* lse;          // may be null
+  int64_t o_batch, o_seq, o_head, lse_batch, lse_head;
+  int32_t batch, heads_q, seqlen_q, seqlen_kv, d;
 };
 
 // The selector's tiling: query rows and past blocks per step of the gate

@@ -20,9 +20,10 @@
 // workspace of each pass, behind what the pass needs otherwise
 // (cuda/moba_plan.hpp); the backward pass selects again, with the same
 // launches, and so sees the forward's selection bit for bit.
-// ATTN_CUDA_MOBA_GATHER=1 makes the backward's dK/dV kernel walk, per KV
-// tile, the rows that selected its block (gathered row lists) instead of
-// the query tiles in which some row did; "-moba-gather" in the kernel name.
+// ATTN_CUDA_MOBA_GATHER=1 makes the kernels walk, per block, the rows that
+// selected it (gathered row lists) instead of the query tiles in which some
+// row did: the forward one launch per block merging into per-row softmax
+// states, the dK/dV kernel per KV tile; "-moba-gather" in the kernel name.
 #include "cuda/cuda_backend.hpp"
 
 #include <cuda_runtime_api.h>
@@ -79,7 +80,13 @@ class DeviceScope {
   bool restore_ = false;
 };
 
-FwdKernel pick_kernel(int64_t d, bool bf16, bool sparse, bool moba) {
+FwdKernel pick_kernel(int64_t d, bool bf16, bool sparse, bool moba, bool moba_gather) {
+  if (moba_gather) switch (d) {
+      case 64: return fwd_kernel_moba_gather_d64(bf16);
+      case 96: return fwd_kernel_moba_gather_d96(bf16);
+      case 128: return fwd_kernel_moba_gather_d128(bf16);
+      default: return fwd_kernel_moba_gather_d256(bf16);
+    }
   if (moba) switch (d) {
       case 64: return fwd_kernel_moba_d64(bf16);
       case 96: return fwd_kernel_moba_d96(bf16);
@@ -122,8 +129,11 @@ class CudaPlan final : public BackendPlan {
     const bool bf16 = p.dtype == ATTN_DTYPE_BF16;
     const bool sparse = p.block_mask != nullptr;
     const bool moba = p.moba_block > 0;
+    const char* gather_env = std::getenv("ATTN_CUDA_MOBA_GATHER");
+    const bool gather =
+        moba && gather_env != nullptr && std::atoi(gather_env) != 0 && moba_rows_fit(p);
     cfg_ = flash::fwd_config(int(d));
-    kernel_ = pick_kernel(d, bf16, sparse, moba);
+    kernel_ = pick_kernel(d, bf16, sparse, moba, gather);
 
     DeviceScope scope(device_);
     int major = 0, minor = 0, smem_optin = 0, sm_count = 0;
@@ -177,8 +187,6 @@ class CudaPlan final : public BackendPlan {
     if (moba) {
       require_smem(moba::select_smem_bytes(int(d)), "MoBA selection");
       check(moba_select_prepare(int(d)), "cudaFuncSetAttribute");
-      const char* gather_env = std::getenv("ATTN_CUDA_MOBA_GATHER");
-      const bool gather = gather_env != nullptr && std::atoi(gather_env) != 0;
       moba_.emplace(p, cfg_.block_m, p.backward ? bwd_cfg_.block_m : 0, gather);
     }
 
@@ -297,11 +305,27 @@ class CudaPlan final : public BackendPlan {
     if (moba_) {
       require_aligned(a.workspace, "workspace");
       const MobaLayout l = moba_forward_layout();
-      const moba::SelectParams sp =
-          moba_->select_params(a.q, a.k, static_cast<char*>(a.workspace), l, true, false);
-      check(moba_select_launch(sp, p.dtype == ATTN_DTYPE_BF16, static_cast<cudaStream_t>(a.stream)),
-            "MoBA selection launch");
+      const bool gather = moba_->gathers(), bf16 = p.dtype == ATTN_DTYPE_BF16;
+      const auto stream = static_cast<cudaStream_t>(a.stream);
+      char* ws = static_cast<char*>(a.workspace);
+      const moba::SelectParams sp = moba_->select_params(a.q, a.k, ws, l, !gather, gather);
+      check(moba_select_launch(sp, bf16, stream), "MoBA selection launch");
       prm.moba = moba_->lists(sp);
+      if (gather) {
+        // One launch per block, the last first (see flash/fwd_kernel.cuh),
+        // then O and LSE from the rows' states.
+        prm.moba.state = reinterpret_cast<float*>(ws + l.state);
+        for (int64_t kb = p.moba_num_blocks() - 1; kb >= 0; --kb) {
+          const int64_t tiles = moba_->gather_tiles(kb, cfg_.block_m);
+          if (tiles == 0) continue;
+          prm.moba.fwd_block = int32_t(kb);
+          check(kernel_.launch(prm, int(tiles), int(p.heads_q), int(p.batch), stream),
+                "forward kernel launch");
+        }
+        check(moba_finish_launch(moba_->finish_params(prm.moba.state, a.o, a.lse), bf16, stream),
+              "MoBA forward finish launch");
+        return;
+      }
     }
     check(kernel_.launch(prm, m_blocks_, int(p.heads_q), int(p.batch),
                          static_cast<cudaStream_t>(a.stream)),
@@ -623,7 +647,10 @@ class CudaPlan final : public BackendPlan {
     return group;
   }
 
-  MobaLayout moba_forward_layout() const { return moba_->layout(0, true, false); }
+  MobaLayout moba_forward_layout() const {
+    const bool gather = moba_->gathers();
+    return moba_->layout(0, !gather, gather, gather);
+  }
   MobaLayout moba_backward_layout() const {
     return moba_->layout(2 * delta_bytes() + dq_accum_bytes() + 2 * kv_accum_bytes(),
                          problem_.deterministic, true);

@@ -12,6 +12,11 @@ FwdKernel fwd_kernel_moba_d64(bool bf16);
 FwdKernel fwd_kernel_moba_d96(bool bf16);
 FwdKernel fwd_kernel_moba_d128(bool bf16);
 FwdKernel fwd_kernel_moba_d256(bool bf16);
+// The gathered forward (flash_fwd_moba_gather_kernel): one block per launch.
+FwdKernel fwd_kernel_moba_gather_d64(bool bf16);
+FwdKernel fwd_kernel_moba_gather_d96(bool bf16);
+FwdKernel fwd_kernel_moba_gather_d128(bool bf16);
+FwdKernel fwd_kernel_moba_gather_d256(bool bf16);
 
 // variant: see flash::bwd_config.
 BwdKernels bwd_kernels_moba_d64(bool bf16, int variant);

@@ -18,4 +18,8 @@ cudaError_t moba_select_prepare(int d);
 // Returns the first launch error.
 cudaError_t moba_select_launch(const moba::SelectParams& p, bool bf16, cudaStream_t stream);
 
+// Enqueues the gathered forward's last step: O and LSE from the rows'
+// softmax states.
+cudaError_t moba_finish_launch(const moba::FinishParams& p, bool bf16, cudaStream_t stream);
+
 }  // namespace attn::cuda

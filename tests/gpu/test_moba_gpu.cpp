@@ -19,8 +19,10 @@
 // key), batch > 1, BHSD and padded strides, d = 64, 96, 128, 256, bf16 and
 // fp16; independent random query rows, and "coherent" ones (runs of equal
 // rows, which select alike, as neighbouring tokens of real text tend to).
-// With ATTN_CUDA_MOBA_GATHER=1 (meson test moba_gpu_gather) the backward's
-// dK/dV kernel walks the gathered row lists, and describe must say so. Each runs the forward, the backward with dQ by atomics and the
+// With ATTN_CUDA_MOBA_GATHER=1 (meson tests moba_gpu_gather*) the forward
+// and the dK/dV kernel walk the gathered row lists (the forward merging one
+// block per launch into fp32 row states in the workspace), and describe
+// must say so. Each runs the forward, the backward with dQ by atomics and the
 // deterministic backward (three times: bit-identical). Tolerance as
 // test_block_sparse_gpu (FlashAttention's rule): max |X - X_fp64| <=
 // 2 * max |X_plain - X_fp64| + atol, X_plain from ref_lowp_* (every op
@@ -65,7 +67,7 @@ constexpr int64_t kCoherentRun = 96;
 using Problem = CaseProblem<Case>;
 
 uint64_t g_seed = 0;
-bool g_gather = false;  // ATTN_CUDA_MOBA_GATHER: the backward gathers rows
+bool g_gather = false;  // ATTN_CUDA_MOBA_GATHER: the kernels gather rows
 
 struct Err {
   double err = 0, plain = 0, ref_max = 0;
@@ -527,7 +529,7 @@ int main() {
   const char* filter = std::getenv("ATTN_GPU_TEST_FILTER");
   const char* gather_env = std::getenv("ATTN_CUDA_MOBA_GATHER");
   g_gather = gather_env != nullptr && std::atoi(gather_env) != 0;
-  if (g_gather) std::printf("ATTN_CUDA_MOBA_GATHER: the backward gathers the selecting rows\n");
+  if (g_gather) std::printf("ATTN_CUDA_MOBA_GATHER: the kernels gather the selecting rows\n");
 
   attn_context_t ctx = nullptr;
   ATTN_CHECK(attn_context_create(ATTN_BACKEND_CUDA, 0, 0, &ctx));
