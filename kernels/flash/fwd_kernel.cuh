@@ -66,7 +66,7 @@ struct FwdTraits {
 // inlined: inlined, it made the d = 128 kernel spill 88 bytes (sm_90a).
 template <int BM, int D, int NTH>
 __device__ __noinline__ void moba_merge_tile(const FwdParams& p, const float* sO, const float* sL,
-                                             int rows, int diag0, int tid) {
+                                             int m_block, int rows, int diag0, int tid) {
   constexpr int LO = D + 4;
   const MobaLists& mb = p.moba;
   const int b = int(blockIdx.z), h = int(blockIdx.y), lq = p.seqlen_q;
@@ -74,8 +74,7 @@ __device__ __noinline__ void moba_merge_tile(const FwdParams& p, const float* sO
   const int64_t head_rows = (int64_t(b) * gridDim.y + h) * lq;
   const int64_t slot = int64_t(b) * mb.sel_heads + (mb.per_query_head ? h : h / p.group);
   const int32_t* idx = mb.kv_tiles + slot * int64_t(mb.kv_cap) +
-                       mb.kv_count[slot * (mb.num_blocks + 1) + mb.fwd_block] +
-                       (int(gridDim.x) - 1 - int(blockIdx.x)) * BM;
+                       mb.kv_count[slot * (mb.num_blocks + 1) + mb.fwd_block] + m_block * BM;
   const int own_end = (mb.fwd_block + 1) * mb.block;  // rows before it: own block
   // The weights of local row r's state and tile, and the merged LSE. A row
   // whose own block this is starts its state here.
@@ -113,9 +112,9 @@ __device__ __noinline__ void moba_merge_tile(const FwdParams& p, const float* sO
 }
 
 // The kernels' body. Gather (with Moba): MoBA's gathered rows, one block
-// per launch (flash_fwd_moba_gather_kernel).
+// per launch (flash_fwd_moba_gather_kernel), tile gather_tile of the list.
 template <class T, int D, bool Sparse, bool Moba, bool Gather>
-__device__ __forceinline__ void flash_fwd_tile(const FwdParams& p) {
+__device__ __forceinline__ void flash_fwd_tile(const FwdParams& p, int gather_tile) {
   using Tr = FwdTraits<D>;
   constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN, ST = Tr::kStages, NTH = Tr::kThreads;
   constexpr int R = Tr::kRows, MT = R / 16, NT = BN / 8, DT = D / 8, LD = Tr::kLd;
@@ -132,7 +131,7 @@ __device__ __forceinline__ void flash_fwd_tile(const FwdParams& p) {
   const int g = lane >> 2, t4 = lane & 3;
   const int b = blockIdx.z, h = blockIdx.y;
   // Last query tiles first: under a causal mask they are the longest.
-  const int m_block = int(gridDim.x) - 1 - int(blockIdx.x);
+  const int m_block = Gather ? gather_tile : int(gridDim.x) - 1 - int(blockIdx.x);
 
   QueryTile qt;
   if (!query_tile_of<BM>(p, b, m_block, qt)) return;
@@ -144,8 +143,7 @@ __device__ __forceinline__ void flash_fwd_tile(const FwdParams& p) {
     const int64_t slot = int64_t(blockIdx.z) * mb.sel_heads +
                          (mb.per_query_head ? int(blockIdx.y) : int(blockIdx.y) / p.group);
     return mb.kv_tiles + slot * int64_t(mb.kv_cap) +
-           mb.kv_count[slot * (mb.num_blocks + 1) + mb.fwd_block] +
-           (int(gridDim.x) - 1 - int(blockIdx.x)) * BM;
+           mb.kv_count[slot * (mb.num_blocks + 1) + mb.fwd_block] + m_block * BM;
   };
   if constexpr (Gather) {
     const MobaLists& mb = p.moba;
@@ -522,7 +520,7 @@ __device__ __forceinline__ void flash_fwd_tile(const FwdParams& p) {
           sL[row] = l > 0.0f ? row_max[mt][hh] * scale_log2 * kLn2 + logf(l) : -INFINITY;
       }
     __syncthreads();
-    moba_merge_tile<BM, D, NTH>(p, sO, sL, rows, r0 + qt.off, tid);
+    moba_merge_tile<BM, D, NTH>(p, sO, sL, m_block, rows, r0 + qt.off, tid);
     return;
   }
 
@@ -560,15 +558,26 @@ __device__ __forceinline__ void flash_fwd_tile(const FwdParams& p) {
 template <class T, int D, bool Sparse = false, bool Moba = false>
 __global__ void __launch_bounds__(FwdTraits<D>::kThreads, FwdTraits<D>::kMinBlocks)
     flash_fwd_kernel(const __grid_constant__ FwdParams p) {
-  flash_fwd_tile<T, D, Sparse, Moba, false>(p);
+  flash_fwd_tile<T, D, Sparse, Moba, false>(p, 0);
 }
 
-// MoBA's gathered forward: grid (tiles of the block's row list, heads_q,
-// batch) for block p.moba.fwd_block.
+// MoBA's gathered forward for block p.moba.fwd_block: grid (x, heads_q,
+// batch), block x taking tiles x, x + gridDim.x, ... of its (sequence,
+// head)'s row list, whose length only the device knows (the host sizes
+// the grid to fill the GPU, not to the longest possible list).
 template <class T, int D>
 __global__ void __launch_bounds__(FwdTraits<D>::kThreads, FwdTraits<D>::kMinBlocks)
     flash_fwd_moba_gather_kernel(const __grid_constant__ FwdParams p) {
-  flash_fwd_tile<T, D, false, true, true>(p);
+  const MobaLists& mb = p.moba;
+  const int h = int(blockIdx.y);
+  const int64_t slot =
+      int64_t(blockIdx.z) * mb.sel_heads + (mb.per_query_head ? h : h / p.group);
+  const int32_t* at = mb.kv_count + slot * (mb.num_blocks + 1) + mb.fwd_block;
+  const int count = at[1] - at[0];
+  for (int m = int(blockIdx.x); m * FwdTraits<D>::kBlockM < count; m += int(gridDim.x)) {
+    flash_fwd_tile<T, D, false, true, true>(p, m);
+    __syncthreads();  // the next tile reuses shared memory
+  }
 }
 
 }  // namespace attn::flash

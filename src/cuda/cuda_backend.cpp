@@ -188,6 +188,8 @@ class CudaPlan final : public BackendPlan {
       require_smem(moba::select_smem_bytes(int(d)), "MoBA selection");
       check(moba_select_prepare(int(d)), "cudaFuncSetAttribute");
       moba_.emplace(p, cfg_.block_m, p.backward ? bwd_cfg_.block_m : 0, gather);
+      check(cudaDeviceGetAttribute(&moba_sm_count_, cudaDevAttrMultiProcessorCount, device_),
+            "cudaDeviceGetAttribute");
     }
 
     fill_params();
@@ -313,10 +315,14 @@ class CudaPlan final : public BackendPlan {
       prm.moba = moba_->lists(sp);
       if (gather) {
         // One launch per block, the last first (see flash/fwd_kernel.cuh),
-        // then O and LSE from the rows' states.
+        // then O and LSE from the rows' states. A list's length is known on
+        // the device only: each (sequence, head) gets at most 8 thread
+        // blocks per SM over all of them, which loop over its tiles.
         prm.moba.state = reinterpret_cast<float*>(ws + l.state);
+        const int64_t heads = p.heads_q * p.batch;
+        const int64_t per_head = std::max<int64_t>(1, (8 * int64_t(moba_sm_count_) + heads - 1) / heads);
         for (int64_t kb = p.moba_num_blocks() - 1; kb >= 0; --kb) {
-          const int64_t tiles = moba_->gather_tiles(kb, cfg_.block_m);
+          const int64_t tiles = std::min(moba_->gather_tiles(kb, cfg_.block_m), per_head);
           if (tiles == 0) continue;
           prm.moba.fwd_block = int32_t(kb);
           check(kernel_.launch(prm, int(tiles), int(p.heads_q), int(p.batch), stream),
@@ -673,6 +679,7 @@ class CudaPlan final : public BackendPlan {
   int device_;
   int group_splits_ = 1;
   int sm_count_ = 0;
+  int moba_sm_count_ = 0;  // MoBA: sizes the gathered forward's grids
   int kv_items_ = 0;             // block-sparse: the dK/dV kernel's blocks per slot
   bool kv_lists_split_ = false;  // block-sparse: some dK/dV list is cut into several items
   flash::FwdConfig cfg_{};
