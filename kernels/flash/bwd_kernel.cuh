@@ -42,8 +42,9 @@
 // dense-masked, or masked by a precomputed bit tile. MoBA plans (Moba) take
 // them from the list the selector wrote for the tile's block (p.moba), and
 // mask a query row that did not select the block by its selection bit; or,
-// with p.moba.gather, walk tiles of BM of the rows that selected the block
-// (loaded by index, dQ added at each row's index), with no selection bit:
+// in flash_bwd_dkdv_moba_gather_kernel (the body's Gather), walk tiles of
+// BM of the rows that selected the block (loaded by index, dQ added at
+// each row's index), with no selection bit:
 // the list starts with the rows whose own block it is, contiguous, so that
 // a tile's causal mask is that of query rows numbered from the first row
 // of that block on, and the later rows, which see the whole block, are
@@ -344,9 +345,9 @@ __device__ __forceinline__ void scores_t2(float (&c)[M][N][4], uint32_t a, uint3
   }
 }
 
-template <class T, int D, int V, bool Sparse = false, bool Moba = false>
-__global__ void __launch_bounds__(BwdTraits<D, V>::kThreads, 1)
-    flash_bwd_dkdv_kernel(const __grid_constant__ BwdParams p) {
+// The dK/dV kernels' body. Gather (with Moba): MoBA's gathered rows.
+template <class T, int D, int V, bool Sparse, bool Moba, bool Gather>
+__device__ __forceinline__ void flash_bwd_dkdv_tile(const BwdParams& p) {
   using Tr = BwdTraits<D, V>;
   constexpr int BM = Tr::kBM, BN = Tr::kBN, NTH = Tr::kThreads, LD = Tr::kLd, LDS = Tr::kLdS;
   constexpr bool REG = Tr::kRegPath, PIPE = Tr::kPipe;
@@ -439,7 +440,7 @@ __global__ void __launch_bounds__(BwdTraits<D, V>::kThreads, 1)
     const MobaLists& mb = p.moba;
     const int64_t list = (int64_t(b) * (p.heads_q / p.group) + hk) * mb.num_blocks + moba_kb;
     m_begin = 0;
-    n_mt = mb.gather ? 0 : mb.kv_count[list];
+    n_mt = Gather ? 0 : mb.kv_count[list];
     visits = mb.kv_tiles + list * mb.kv_cap;
   } else if constexpr (Sparse) {
     m_begin = 0;
@@ -477,18 +478,16 @@ __global__ void __launch_bounds__(BwdTraits<D, V>::kThreads, 1)
     }
   };
   // The query row the mask numbers the first gathered row of the block with.
-  const int moba_row0 = Moba ? max(0, moba_kb * p.moba.block - off) : 0;
+  const int moba_row0 = Gather ? max(0, moba_kb * p.moba.block - off) : 0;
   const int n_iter = [&] {
-    if constexpr (Moba) {
-      if (p.moba.gather) {
-        int n = 0;
-        for (int hh = h_first; hh < h_end; ++hh) {
-          int count;
-          moba_rows(hh, count);
-          n += (count + BM - 1) / BM;
-        }
-        return n;
+    if constexpr (Gather) {
+      int n = 0;
+      for (int hh = h_first; hh < h_end; ++hh) {
+        int count;
+        moba_rows(hh, count);
+        n += (count + BM - 1) / BM;
       }
+      return n;
     }
     return n_mt * heads_per;
   }();
@@ -498,30 +497,26 @@ __global__ void __launch_bounds__(BwdTraits<D, V>::kThreads, 1)
   // parameters each time: registers are scarce.)
   const int m_end = m_begin + n_mt;
   int ld_h = h_first, ld_m = m_begin;  // the next tile to load
-  if constexpr (Moba) {
-    if (p.moba.gather) ld_m = -1, moba_next(ld_h, ld_m);
-  }
+  if constexpr (Gather) ld_m = -1, moba_next(ld_h, ld_m);
   auto load_q = [&](int it) {
     const int h = ld_h;
-    if constexpr (Moba) {
-      if (p.moba.gather) {
-        int count;
-        const int32_t* idx = moba_rows(h, count) + ld_m * BM;
-        const int rows = min(BM, count - ld_m * BM);
-        moba_next(ld_h, ld_m);
-        const uint32_t st = uint32_t(it & 1);
-        const int64_t qs = opaque(p.q_seq), ds = opaque(p.do_seq);
-        const T* gQb = static_cast<const T*>(p.q) + b * p.q_batch + h * p.q_head;
-        const T* gDob = static_cast<const T*>(p.d_o) + b * p.do_batch + h * p.do_head;
-        load_rows<BM, D, NTH>(sQ + st * Tr::kTileQ, gQb, qs, idx, rows, tid);
-        load_rows<BM, D, NTH>(sDo + st * Tr::kTileQ, gDob, ds, idx, rows, tid);
-        if (tid < 2 * BM) {
-          const int r = tid % BM;
-          const float* src = (tid < BM ? p.lse2 : p.delta) + b * p.lse_batch + h * p.lse_head;
-          cp_async_4(sStat + (st * 2 * BM + tid) * 4u, r < rows ? src + idx[r] : src, r < rows);
-        }
-        return;
+    if constexpr (Gather) {
+      int count;
+      const int32_t* idx = moba_rows(h, count) + ld_m * BM;
+      const int rows = min(BM, count - ld_m * BM);
+      moba_next(ld_h, ld_m);
+      const uint32_t st = uint32_t(it & 1);
+      const int64_t qs = opaque(p.q_seq), ds = opaque(p.do_seq);
+      const T* gQb = static_cast<const T*>(p.q) + b * p.q_batch + h * p.q_head;
+      const T* gDob = static_cast<const T*>(p.d_o) + b * p.do_batch + h * p.do_head;
+      load_rows<BM, D, NTH>(sQ + st * Tr::kTileQ, gQb, qs, idx, rows, tid);
+      load_rows<BM, D, NTH>(sDo + st * Tr::kTileQ, gDob, ds, idx, rows, tid);
+      if (tid < 2 * BM) {
+        const int r = tid % BM;
+        const float* src = (tid < BM ? p.lse2 : p.delta) + b * p.lse_batch + h * p.lse_head;
+        cp_async_4(sStat + (st * 2 * BM + tid) * 4u, r < rows ? src + idx[r] : src, r < rows);
       }
+      return;
     }
     const int r0 = q_tile(ld_m) * BM;
     if (++ld_m == m_end) ld_m = m_begin, ++ld_h;
@@ -579,12 +574,10 @@ __global__ void __launch_bounds__(BwdTraits<D, V>::kThreads, 1)
   const bool accum = p.dq_accum != nullptr;
   const bool capped = p.softcap > 0.0f;
   int h = h_first, m = m_begin;  // the tile of this iteration
-  if constexpr (Moba) {
-    if (p.moba.gather) m = -1, moba_next(h, m);
-  }
+  if constexpr (Gather) m = -1, moba_next(h, m);
   // dQ (BM x D) += dS K for the query tile at row tr0 (trows valid) of head
   // th, dS^T at ds_buf: warp (wm, wn) owns DQR rows x DQC columns.
-  // MoBA gather: tidx, the tile's row indices (else null, rows from tr0).
+  // Gather: tidx, the tile's row indices (else null, rows from tr0).
   auto dq_tile = [&](uint32_t ds_buf, int tr0, int trows, int th, const int32_t* tidx) {
     float dq[MQ][NQQ][4];
 #pragma unroll
@@ -616,23 +609,21 @@ __global__ void __launch_bounds__(BwdTraits<D, V>::kThreads, 1)
     // row's address first, in registers of its own, did not change the time
     // (d = 64 and 128, H200) and spilled in variant 1 at d = 128.
     const int64_t acc_row = opaque(int64_t(p.heads_q) * D);
-    if constexpr (Moba) {
-      if (tidx != nullptr) {
-        float* acc = p.dq_accum + (opaque(q_tok) * p.heads_q + th) * D + wn * DQC + 2 * t4;
+    if constexpr (Gather) {
+      float* acc = p.dq_accum + (opaque(q_tok) * p.heads_q + th) * D + wn * DQC + 2 * t4;
 #pragma unroll
-        for (int mt = 0; mt < MQ; ++mt)
+      for (int mt = 0; mt < MQ; ++mt)
 #pragma unroll
-          for (int hh = 0; hh < 2; ++hh) {
-            const int row = wm * DQR + mt * 16 + hh * 8 + g;
-            if (row < trows) {
-              float* dst = acc + tidx[row] * acc_row;
+        for (int hh = 0; hh < 2; ++hh) {
+          const int row = wm * DQR + mt * 16 + hh * 8 + g;
+          if (row < trows) {
+            float* dst = acc + tidx[row] * acc_row;
 #pragma unroll
-              for (int nt = 0; nt < NQQ; ++nt)
-                red_add_f32x2(dst + nt * 8, dq[mt][nt][2 * hh], dq[mt][nt][2 * hh + 1]);
-            }
+            for (int nt = 0; nt < NQQ; ++nt)
+              red_add_f32x2(dst + nt * 8, dq[mt][nt][2 * hh], dq[mt][nt][2 * hh + 1]);
           }
-        return;
-      }
+        }
+      return;
     }
     float* acc = p.dq_accum + ((opaque(q_tok) + tr0) * p.heads_q + th) * D + wn * DQC + 2 * t4;
 #pragma unroll
@@ -652,14 +643,12 @@ __global__ void __launch_bounds__(BwdTraits<D, V>::kThreads, 1)
   // buffer (complete: a barrier separates it from its writers).
   int moba_prev_h = 0, moba_prev_m = 0;  // MoBA gather: the previous tile
   auto dq_prev = [&](int it) {
-    if constexpr (Moba) {
-      if (p.moba.gather) {
-        int count;
-        const int32_t* idx = moba_rows(moba_prev_h, count) + moba_prev_m * BM;
-        dq_tile(sDs + uint32_t((it - 1) & 1) * Tr::kTileS, 0, min(BM, count - moba_prev_m * BM),
-                moba_prev_h, idx);
-        return;
-      }
+    if constexpr (Gather) {
+      int count;
+      const int32_t* idx = moba_rows(moba_prev_h, count) + moba_prev_m * BM;
+      dq_tile(sDs + uint32_t((it - 1) & 1) * Tr::kTileS, 0, min(BM, count - moba_prev_m * BM),
+              moba_prev_h, idx);
+      return;
     }
     const bool first = m == m_begin;
     const int pm = first ? m_end - 1 : m - 1, ph = first ? h - 1 : h;
@@ -677,16 +666,11 @@ __global__ void __launch_bounds__(BwdTraits<D, V>::kThreads, 1)
 
     int r0, rows;
     const int32_t* tile_idx = nullptr;  // MoBA gather: the tile's row indices
-    if constexpr (Moba) {
-      if (p.moba.gather) {
-        int count;
-        tile_idx = moba_rows(h, count) + m * BM;
-        r0 = moba_row0 + m * BM;
-        rows = min(BM, count - m * BM);
-      } else {
-        r0 = q_tile(m) * BM;
-        rows = min(BM, lq - r0);
-      }
+    if constexpr (Gather) {
+      int count;
+      tile_idx = moba_rows(h, count) + m * BM;
+      r0 = moba_row0 + m * BM;
+      rows = min(BM, count - m * BM);
     } else {
       r0 = q_tile(m) * BM;
       rows = min(BM, lq - r0);
@@ -706,9 +690,7 @@ __global__ void __launch_bounds__(BwdTraits<D, V>::kThreads, 1)
       full = kind == kVisitFull;
     } else {
       full = c0 + BN <= lk && c0 - r1 >= dmin && c0 + BN - 1 - r0 <= dmax;
-      if constexpr (Moba) {
-        if (!p.moba.gather) full = full && (visits[m] & kMobaAllRows) != 0;
-      }
+      if constexpr (Moba && !Gather) full = full && (visits[m] & kMobaAllRows) != 0;
     }
     // MoBA: the column of the block's selection bits of this head's slot.
     const uint64_t* moba_sel = nullptr;
@@ -790,7 +772,7 @@ __global__ void __launch_bounds__(BwdTraits<D, V>::kThreads, 1)
             const int jl = sk * KS + mt * 16 + g + hh * 8;
             vis[hh] = Interval::of(jl - hi_rel - q0, jl < kv_valid ? jl - lo_rel - q0 : -BN - BM);
           }
-          if (Moba && tile_idx != nullptr) {
+          if constexpr (Gather) {
             // Gathered rows: every one selected the block.
             apply_mask(s[mt], dp[mt],
                        [&](int nt, int e) { return vis[e >> 1].outside(nt * 8 + 2 * t4 + (e & 1)); });
@@ -901,12 +883,10 @@ __global__ void __launch_bounds__(BwdTraits<D, V>::kThreads, 1)
       }
       if (!PIPE) dq_tile(sDs, r0, rows, h, tile_idx);
     }
-    if constexpr (Moba) {
-      if (p.moba.gather) {
-        moba_prev_h = h, moba_prev_m = m;
-        moba_next(h, m);
-        continue;
-      }
+    if constexpr (Gather) {
+      moba_prev_h = h, moba_prev_m = m;
+      moba_next(h, m);
+      continue;
     }
     if (++m == m_end) m = m_begin, ++h;
   }
@@ -972,6 +952,20 @@ __global__ void __launch_bounds__(BwdTraits<D, V>::kThreads, 1)
           *reinterpret_cast<const uint4*>(sVp + r * LD + ch * 8);
     }
   }
+}
+
+template <class T, int D, int V, bool Sparse = false, bool Moba = false>
+__global__ void __launch_bounds__(BwdTraits<D, V>::kThreads, 1)
+    flash_bwd_dkdv_kernel(const __grid_constant__ BwdParams p) {
+  flash_bwd_dkdv_tile<T, D, V, Sparse, Moba, false>(p);
+}
+
+// MoBA's dK/dV kernel over the rows that selected each block (the row
+// lists, p.moba.gather); grid as flash_bwd_dkdv_kernel's.
+template <class T, int D, int V>
+__global__ void __launch_bounds__(BwdTraits<D, V>::kThreads, 1)
+    flash_bwd_dkdv_moba_gather_kernel(const __grid_constant__ BwdParams p) {
+  flash_bwd_dkdv_tile<T, D, V, false, true, true>(p);
 }
 
 }  // namespace attn::flash

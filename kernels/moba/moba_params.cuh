@@ -39,7 +39,7 @@ struct MobaLists {
   const uint64_t* selected;  // [slots][num_blocks][ceil(seqlen_q / 64)]
   const int32_t* q_count;    // [slots][q_tiles]
   const int32_t* q_blocks;   // [slots][q_tiles][q_cap]
-  // gather = 0: kv lists. gather = 1: the row lists, kv_count holding
+  // gather = 0: the kv lists. gather = 1: the row lists, kv_count holding
   // [slots][num_blocks + 1] offsets (list (slot, kb) is entries
   // [kv_count[kb], kv_count[kb + 1]) of the slot's part) and kv_tiles
   // [slots][kv_cap] row indices (kv_cap: a slot's most entries).
@@ -56,7 +56,8 @@ struct MobaLists {
   int32_t sel_heads;         // heads_kv when shared, else heads_q
   int32_t fwd_block;         // gathered forward: the block this launch computes
   int16_t per_query_head;    // 1: slots count query heads
-  // 1: the kernels walk the row lists (the forward one block per launch).
+  // 1: kv_count and kv_tiles are the row lists (the gathered kernels,
+  // flash_fwd_moba_gather_kernel and flash_bwd_dkdv_moba_gather_kernel).
   int16_t gather;
 };
 // The size it had before the gathered lists: the parameter layout of every

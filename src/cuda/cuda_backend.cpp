@@ -101,12 +101,13 @@ FwdKernel pick_kernel(int64_t d, bool bf16, bool sparse, bool moba, bool moba_ga
   }
 }
 
-BwdKernels pick_bwd_kernels(int64_t d, bool bf16, int variant, bool sparse, bool moba) {
+BwdKernels pick_bwd_kernels(int64_t d, bool bf16, int variant, bool sparse, bool moba,
+                            bool moba_gather) {
   if (moba) switch (d) {
-      case 64: return bwd_kernels_moba_d64(bf16, variant);
-      case 96: return bwd_kernels_moba_d96(bf16, variant);
-      case 128: return bwd_kernels_moba_d128(bf16, variant);
-      default: return bwd_kernels_moba_d256(bf16, variant);
+      case 64: return bwd_kernels_moba_d64(bf16, variant, moba_gather);
+      case 96: return bwd_kernels_moba_d96(bf16, variant, moba_gather);
+      case 128: return bwd_kernels_moba_d128(bf16, variant, moba_gather);
+      default: return bwd_kernels_moba_d256(bf16, variant, moba_gather);
     }
   switch (d) {
     case 64: return bwd_kernels_d64(bf16, variant, sparse);
@@ -177,7 +178,7 @@ class CudaPlan final : public BackendPlan {
       while (variant + 1 < flash::bwd_variants(int(d)) &&
              size_t(smem_optin) < flash::bwd_config(int(d), variant).smem_bytes(int(d)))
         ++variant;
-      bwd_ = pick_bwd_kernels(d, bf16, variant, sparse, moba);
+      bwd_ = pick_bwd_kernels(d, bf16, variant, sparse, moba, gather);
       bwd_cfg_ = flash::bwd_config(int(d), variant);
       require_image(bwd_.dkdv_func);
       require_smem(bwd_cfg_.smem_bytes(int(d)), "backward");
