@@ -774,8 +774,9 @@ __device__ __forceinline__ void flash_bwd_dkdv_tile(const BwdParams& p) {
           }
           if constexpr (Gather) {
             // Gathered rows: every one selected the block.
-            apply_mask(s[mt], dp[mt],
-                       [&](int nt, int e) { return vis[e >> 1].outside(nt * 8 + 2 * t4 + (e & 1)); });
+            apply_mask(s[mt], dp[mt], [&](int nt, int e) {
+              return vis[e >> 1].outside(nt * 8 + 2 * t4 + (e & 1));
+            });
           } else if constexpr (Moba) {
             // The pass's QP queries (r0 + q0 is a multiple of QP, which
             // divides 64) lie in one word of the selection column.

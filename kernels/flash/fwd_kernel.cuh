@@ -20,14 +20,13 @@
 // (p.moba, written into the workspace at run time) and visit every KV tile
 // of each, the last one up to the diagonal; a tile some row did not select
 // gets a predicate of one selection bit per row on top of the causal one.
-// MoBA's gathered forward (flash_fwd_moba_gather_kernel, ATTN_CUDA_MOBA_GATHER)
-// has a launch compute one block (p.moba.fwd_block) for
-// tiles of the rows that selected it (the selector's row list, loaded by
-// index; the tile's causal mask as the dK/dV kernel's: rows numbered from
-// the block's first own row on) and merges each row's result into its
-// softmax state in the workspace (p.moba.state) by the (O, LSE) rule; the
-// launches go from the last block to the first, so that a row meets its
-// own block first and that write starts its state.
+// MoBA's gathered forward (flash_fwd_moba_gather_kernel) computes one block
+// (p.moba.fwd_block) per launch for tiles of the rows that selected it (the
+// selector's row list, loaded by index; the tile's causal mask as the dK/dV
+// kernel's: rows numbered from the block's first own row on) and merges
+// each row's result into its softmax state in the workspace (p.moba.state)
+// by the (O, LSE) rule; the launches go from the last block to the first,
+// so that a row meets its own block first and that write starts its state.
 // Softmax statistics are fp32: m (running max of the raw or softcapped
 // logit) and l (sum of exp2, kept per thread and reduced over the 4 threads
 // of a row at the end). A row that sees no key ends with l = 0 and gives
@@ -369,8 +368,8 @@ __device__ __forceinline__ void flash_fwd_tile(const FwdParams& p, int gather_ti
         // Gathered rows all selected it (row: the mask's numbering).
         const MobaLists& mb = p.moba;
         constexpr bool gathered = Gather;
-        const uint64_t* sel =
-            mb.selected + (moba_slot() * mb.num_blocks + n / moba_tpb()) * int64_t((p.seqlen_q + 63) / 64);
+        const uint64_t* sel = mb.selected + (moba_slot() * mb.num_blocks + n / moba_tpb()) *
+                                                int64_t((p.seqlen_q + 63) / 64);
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll

@@ -62,7 +62,7 @@ struct MobaLists {
 };
 // The size it had before the gathered lists: the parameter layout of every
 // kernel (dense ones included) stays the same.
-static_assert(sizeof(MobaLists) == 80, "MobaLists: the parameter layout the kernels were built for");
+static_assert(sizeof(MobaLists) == 80, "MobaLists: the kernels' parameter layout");
 
 }  // namespace attn::flash
 

@@ -373,7 +373,8 @@ __global__ void __launch_bounds__(kListThreads)
   const int64_t slot = list / p.num_blocks;
   const int kb = int(list - slot * p.num_blocks);
   const uint64_t* col = p.selected + list * int64_t(p.q_words);
-  int32_t* out = p.rows + slot * int64_t(p.rows_cap) + p.row_offsets[slot * (p.num_blocks + 1) + kb];
+  int32_t* out =
+      p.rows + slot * int64_t(p.rows_cap) + p.row_offsets[slot * (p.num_blocks + 1) + kb];
   int count = 0;
   for (int w0 = first_row_of_block(p, kb) / 64; w0 < p.q_words; w0 += 32) {
     const int w = w0 + lane;

@@ -321,7 +321,8 @@ class CudaPlan final : public BackendPlan {
         // blocks per SM over all of them, which loop over its tiles.
         prm.moba.state = reinterpret_cast<float*>(ws + l.state);
         const int64_t heads = p.heads_q * p.batch;
-        const int64_t per_head = std::max<int64_t>(1, (8 * int64_t(moba_sm_count_) + heads - 1) / heads);
+        const int64_t per_head =
+            std::max<int64_t>(1, (8 * int64_t(moba_sm_count_) + heads - 1) / heads);
         for (int64_t kb = p.moba_num_blocks() - 1; kb >= 0; --kb) {
           const int64_t tiles = std::min(moba_->gather_tiles(kb, cfg_.block_m), per_head);
           if (tiles == 0) continue;

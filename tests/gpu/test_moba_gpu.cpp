@@ -439,7 +439,8 @@ std::vector<Case> cases() {
   // length; top_k up to 12 of 16 past blocks.
   v.push_back(make("d128-bf16-b128-top12-per-head-gqa4/1", BF, 128, 1, 4, 1, 2100, 2100, 128, 12,
                    false));
-  v.push_back(make("d64-fp16-b128-top6-per-head-gqa4/2", FP, 64, 1, 4, 2, 1700, 1700, 128, 6, false));
+  v.push_back(
+      make("d64-fp16-b128-top6-per-head-gqa4/2", FP, 64, 1, 4, 2, 1700, 1700, 128, 6, false));
   c = make("d128-bf16-b128-top4-per-head-coherent", BF, 128, 1, 2, 2, 1900, 1900, 128, 4, false);
   c.coherent = true;
   v.push_back(c);
