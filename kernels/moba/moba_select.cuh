@@ -18,6 +18,9 @@
 //   finish_kernel   (gathered forward, after its per-block launches) O and
 //                   LSE from each row's softmax state
 //
+// The kernels that are not templates are static: their host stubs stay out
+// of the library's global symbols (tests/ffi/check_exports.py).
+//
 // Every launch is deterministic (the bits are ORed, which commutes), so the
 // backward pass, which runs the same launches on the same inputs, sees the
 // selection of the forward bit for bit. The gates are fp32 like the CPU
@@ -243,7 +246,7 @@ __device__ __forceinline__ void rows_any_all(const uint64_t* col, int r0, int n,
 // One warp per (slot, forward query tile): the blocks some row of the tile
 // selected, in increasing order (ballot compaction), flagged kMobaAllRows
 // when every row did.
-__global__ void __launch_bounds__(kListThreads)
+static __global__ void __launch_bounds__(kListThreads)
     q_list_kernel(const __grid_constant__ SelectParams p) {
   const int lane = int(threadIdx.x) & 31;
   const int64_t list = int64_t(blockIdx.x) * (kListThreads / 32) + int(threadIdx.x) / 32;
@@ -276,7 +279,7 @@ __global__ void __launch_bounds__(kListThreads)
 // (the group's shared slot, or each query head of the group) selected the
 // block, in increasing order, flagged kMobaAllRows when every row of every
 // such slot did.
-__global__ void __launch_bounds__(kListThreads)
+static __global__ void __launch_bounds__(kListThreads)
     kv_list_kernel(const __grid_constant__ SelectParams p) {
   const int lane = int(threadIdx.x) & 31;
   const int64_t list = int64_t(blockIdx.x) * (kListThreads / 32) + int(threadIdx.x) / 32;
@@ -322,7 +325,7 @@ __device__ __forceinline__ int first_row_of_block(const SelectParams& p, int kb)
 
 // One warp per (slot, block): the number of rows that selected the block,
 // into row_offsets[slot][kb + 1] (row_scan_kernel turns them into offsets).
-__global__ void __launch_bounds__(kListThreads)
+static __global__ void __launch_bounds__(kListThreads)
     row_count_kernel(const __grid_constant__ SelectParams p) {
   const int lane = int(threadIdx.x) & 31;
   const int64_t list = int64_t(blockIdx.x) * (kListThreads / 32) + int(threadIdx.x) / 32;
@@ -340,7 +343,7 @@ __global__ void __launch_bounds__(kListThreads)
 
 // One warp per slot: row_offsets[slot][0] = 0 and the inclusive prefix sums
 // of the counts after it, 32 at a time in block order.
-__global__ void __launch_bounds__(kListThreads)
+static __global__ void __launch_bounds__(kListThreads)
     row_scan_kernel(const __grid_constant__ SelectParams p) {
   const int lane = int(threadIdx.x) & 31;
   const int64_t slot = int64_t(blockIdx.x) * (kListThreads / 32) + int(threadIdx.x) / 32;
@@ -365,7 +368,7 @@ __global__ void __launch_bounds__(kListThreads)
 // block, increasing, at rows[slot][row_offsets[slot][kb] ...]. Lane l takes
 // word w0 + l of each 32-word step and writes its bits after the set bits
 // of the lower lanes' words: the order is fixed, whatever the scheduling.
-__global__ void __launch_bounds__(kListThreads)
+static __global__ void __launch_bounds__(kListThreads)
     row_scatter_kernel(const __grid_constant__ SelectParams p) {
   const int lane = int(threadIdx.x) & 31;
   const int64_t list = int64_t(blockIdx.x) * (kListThreads / 32) + int(threadIdx.x) / 32;
