@@ -440,8 +440,11 @@ __device__ __forceinline__ void flash_bwd_dkdv_tile(const BwdParams& p) {
     const MobaLists& mb = p.moba;
     const int64_t list = (int64_t(b) * (p.heads_q / p.group) + hk) * mb.num_blocks + moba_kb;
     m_begin = 0;
-    n_mt = Gather ? 0 : mb.kv_count[list];
-    visits = mb.kv_tiles + list * mb.kv_cap;
+    n_mt = 0;  // Gather: see moba_rows
+    if constexpr (!Gather) {
+      n_mt = mb.kv_count[list];
+      visits = mb.kv_tiles + list * mb.kv_cap;
+    }
   } else if constexpr (Sparse) {
     m_begin = 0;
     n_mt = item_end - item_begin;
