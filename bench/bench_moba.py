@@ -19,13 +19,19 @@ nearly every past block; --coherent adds to Q a component that is constant
 over runs of 256 tokens (and to K one per 256 tokens), so that neighbouring
 rows pick the same blocks, as the queries of trained models tend to.
 
+Each MoBA configuration runs once per backward schedule (--schedules):
+"union", the dK/dV kernel visits the query tiles in which some row chose
+the block; "gather", it visits tiles of the rows that chose it
+(ATTN_CUDA_MOBA_GATHER=1 at plan creation; the kernel name says
+"-moba-gather"). The forward is the same in both.
+
 A plan whose top_k covers every past block computes plain causal attention:
 its "err" column is the largest relative L2 difference of O, dQ, dK and dV
 from the dense plan (a check that the run-time path is right on this GPU).
 
 Usage: bench_moba.py --lib build/src/libattn.so [--out results.md] [--reps 5]
                      [--seqlens 32768,131072] [--heads-q 16 --heads-kv 16] [--shared]
-                     [--coherent]
+                     [--coherent] [--schedules union,gather]
 """
 import argparse
 import ctypes
@@ -169,6 +175,8 @@ def main():
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--coherent", action="store_true",
                     help="Q and K with a component shared by runs of 256 tokens")
+    ap.add_argument("--schedules", default="union,gather",
+                    help="backward schedules to time: union, gather or both")
     ap.add_argument("--commit", default=os.environ.get("ATTN_COMMIT", "unknown"))
     a = ap.parse_args()
     hq, hkv, d = a.heads_q, a.heads_kv, 128
@@ -210,14 +218,17 @@ def main():
         print(rows[-1], flush=True)
         dense.close()
 
-        for block, top_k in combos.get(L, [(512, 3), (4096, 3)]):
+        for (block, top_k), sched in ((c, s) for c in combos.get(L, [(512, 3), (4096, 3)])
+                                      for s in a.schedules.split(",")):
+            # Read by the library at plan creation.
+            os.environ["ATTN_CUDA_MOBA_GATHER"] = "1" if sched == "gather" else "0"
             plan = Plan(lib, ctx, L, hq, hkv, d, block, top_k, a.shared)
             fwd = lambda: plan.forward(q, k, v, o, lse)
             bwd = lambda: plan.backward(q, k, v, o, lse, do, dq, dk, dv)
             fwd()
             bwd()
             torch.cuda.synchronize()
-            row = {"L": L, "cfg": f"block {block} top {top_k}", "pairs": plan.info.visible_pairs / causal_pairs,
+            row = {"L": L, "cfg": f"block {block} top {top_k} {sched}", "pairs": plan.info.visible_pairs / causal_pairs,
                    "kernel": plan.info.kernel.decode(), "dense_f": d_f, "dense_b": d_b,
                    "ws": max(plan.ws[ATTN_PASS_FORWARD][1], plan.ws[ATTN_PASS_BACKWARD][1])}
             if top_k >= (L + block - 1) // block - 1:

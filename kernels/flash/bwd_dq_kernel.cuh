@@ -17,9 +17,16 @@
 #pragma once
 
 #include "flash/bwd_kernel.cuh"
+#include "flash/fwd_params.cuh"
 #include "flash/sequence.cuh"
 
 namespace attn::flash {
+
+// The forward kernel's query tile rows (those of MoBA's q lists).
+template <int D>
+struct FwdRows {
+  static constexpr int kRows = fwd_config(D).block_m;
+};
 
 template <class T, int D, bool Sparse = false, bool Moba = false>
 __global__ void __launch_bounds__(DqTraits<D>::kThreads, 2)
@@ -77,7 +84,7 @@ __global__ void __launch_bounds__(DqTraits<D>::kThreads, 2)
   if constexpr (Moba) {
     const MobaLists& mb = p.moba;
     const int64_t slot = int64_t(b) * mb.sel_heads + (mb.per_query_head ? h : hk);
-    const int64_t list = slot * mb.q_tiles + r0 / mb.q_tile_rows;
+    const int64_t list = slot * mb.q_tiles + r0 / FwdRows<D>::kRows;
     int count = mb.q_count[list];
     moba_blocks = mb.q_blocks + list * mb.q_cap;
     n_tiles = 0;
@@ -213,7 +220,7 @@ __global__ void __launch_bounds__(DqTraits<D>::kThreads, 2)
         const MobaLists& mb = p.moba;
         const int64_t slot = int64_t(b) * mb.sel_heads + (mb.per_query_head ? h : hk);
         const uint64_t* sel =
-            mb.selected + (slot * mb.num_blocks + n / moba_tpb()) * int64_t(mb.q_words);
+            mb.selected + (slot * mb.num_blocks + n / moba_tpb()) * int64_t((p.seqlen_q + 63) / 64);
         bool on[2];
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {

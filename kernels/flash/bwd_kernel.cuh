@@ -43,7 +43,14 @@
 // query tiles from a list instead (p.sparse_kv), each marked full,
 // dense-masked, or masked by a precomputed bit tile. MoBA plans (Moba) take
 // them from the list the selector wrote for the tile's block (p.moba), and
-// mask a query row that did not select the block by its selection bit.
+// mask a query row that did not select the block by its selection bit; or,
+// in flash_bwd_dkdv_moba_gather_kernel (the body's Gather), walk tiles of
+// BM of the rows that selected the block (loaded by index, dQ added at
+// each row's index), with no selection bit:
+// the list starts with the rows whose own block it is, contiguous, so that
+// a tile's causal mask is that of query rows numbered from the first row
+// of that block on, and the later rows, which see the whole block, are
+// numbered past that block's rows.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -347,9 +354,9 @@ __device__ __forceinline__ void scores_t2(float (&c)[M][N][4], uint32_t a, uint3
   }
 }
 
-template <class T, int D, int V, bool Sparse = false, bool Moba = false>
-__global__ void __launch_bounds__(BwdTraits<D, V>::kThreads, 1)
-    flash_bwd_dkdv_kernel(const __grid_constant__ BwdParams p) {
+// The dK/dV kernels' body. Gather (with Moba): MoBA's gathered rows.
+template <class T, int D, int V, bool Sparse, bool Moba, bool Gather>
+__device__ __forceinline__ void flash_bwd_dkdv_tile(const BwdParams& p) {
   using Tr = BwdTraits<D, V>;
   constexpr int BM = Tr::kBM, BN = Tr::kBN, NTH = Tr::kThreads, LD = Tr::kLd, LDS = Tr::kLdS;
   constexpr bool REG = Tr::kRegPath, PIPE = Tr::kPipe, BULK = Tr::kBulk;
@@ -442,8 +449,11 @@ __global__ void __launch_bounds__(BwdTraits<D, V>::kThreads, 1)
     const MobaLists& mb = p.moba;
     const int64_t list = (int64_t(b) * (p.heads_q / p.group) + hk) * mb.num_blocks + moba_kb;
     m_begin = 0;
-    n_mt = mb.kv_count[list];
-    visits = mb.kv_tiles + list * mb.kv_cap;
+    n_mt = 0;  // Gather: see moba_rows
+    if constexpr (!Gather) {
+      n_mt = mb.kv_count[list];
+      visits = mb.kv_tiles + list * mb.kv_cap;
+    }
   } else if constexpr (Sparse) {
     m_begin = 0;
     n_mt = item_end - item_begin;
@@ -457,15 +467,69 @@ __global__ void __launch_bounds__(BwdTraits<D, V>::kThreads, 1)
     if constexpr (Moba) return visits[mm] & kMobaIndexMask;
     else return Sparse ? visits[2 * mm] : mm;
   };
-  const int n_iter = n_mt * heads_per;
+  // MoBA gather: the rows of query head hh that selected the block (its
+  // slot's list), and how many.
+  auto moba_rows = [&](int hh, int& count) {
+    const MobaLists& mb = p.moba;
+    const int64_t slot = int64_t(b) * mb.sel_heads + (mb.per_query_head ? hh : hk);
+    const int32_t* at = mb.kv_count + slot * (mb.num_blocks + 1) + moba_kb;
+    const int first = at[0];
+    count = at[1] - first;
+    return mb.kv_tiles + slot * int64_t(mb.kv_cap) + first;
+  };
+  const int h_end = h_first + heads_per;
+  // MoBA gather: (hh, mm) -> the next (head, tile of BM rows) with rows.
+  auto moba_next = [&](int& hh, int& mm) {
+    ++mm;
+    while (hh < h_end) {
+      int count;
+      moba_rows(hh, count);
+      if (mm * BM < count) break;
+      mm = 0;
+      ++hh;
+    }
+  };
+  // The query row the mask numbers the first gathered row of the block with.
+  const int moba_row0 = Gather ? max(0, moba_kb * p.moba.block - off) : 0;
+  const int n_iter = [&] {
+    if constexpr (Gather) {
+      int n = 0;
+      for (int hh = h_first; hh < h_end; ++hh) {
+        int count;
+        moba_rows(hh, count);
+        n += (count + BM - 1) / BM;
+      }
+      return n;
+    }
+    return n_mt * heads_per;
+  }();
 
   // Iteration it: query head h_first + it / n_mt, query tile m_begin + it % n_mt,
   // tracked by counters (no division). (Addresses are rebuilt from the
   // parameters each time: registers are scarce.)
   const int m_end = m_begin + n_mt;
   int ld_h = h_first, ld_m = m_begin;  // the next tile to load
+  if constexpr (Gather) ld_m = -1, moba_next(ld_h, ld_m);
   auto load_q = [&](int it) {
     const int h = ld_h;
+    if constexpr (Gather) {
+      int count;
+      const int32_t* idx = moba_rows(h, count) + ld_m * BM;
+      const int rows = min(BM, count - ld_m * BM);
+      moba_next(ld_h, ld_m);
+      const uint32_t st = uint32_t(it & 1);
+      const int64_t qs = opaque(p.q_seq), ds = opaque(p.do_seq);
+      const T* gQb = static_cast<const T*>(p.q) + b * p.q_batch + h * p.q_head;
+      const T* gDob = static_cast<const T*>(p.d_o) + b * p.do_batch + h * p.do_head;
+      load_rows<BM, D, NTH>(sQ + st * Tr::kTileQ, gQb, qs, idx, rows, tid);
+      load_rows<BM, D, NTH>(sDo + st * Tr::kTileQ, gDob, ds, idx, rows, tid);
+      if (tid < 2 * BM) {
+        const int r = tid % BM;
+        const float* src = (tid < BM ? p.lse2 : p.delta) + b * p.lse_batch + h * p.lse_head;
+        cp_async_4(sStat + (st * 2 * BM + tid) * 4u, r < rows ? src + idx[r] : src, r < rows);
+      }
+      return;
+    }
     const int r0 = q_tile(ld_m) * BM;
     if (++ld_m == m_end) ld_m = m_begin, ++ld_h;
     const int rows = min(BM, lq - r0);
@@ -522,9 +586,11 @@ __global__ void __launch_bounds__(BwdTraits<D, V>::kThreads, 1)
   const bool accum = p.dq_accum != nullptr;
   const bool capped = p.softcap > 0.0f;
   int h = h_first, m = m_begin;  // the tile of this iteration
+  if constexpr (Gather) m = -1, moba_next(h, m);
   // dQ (BM x D) += dS K for the query tile at row tr0 (trows valid) of head
   // th, dS^T at ds_buf: warp (wm, wn) owns DQR rows x DQC columns.
-  auto dq_tile = [&](uint32_t ds_buf, int tr0, int trows, int th) {
+  // Gather: tidx, the tile's row indices (else null, rows from tr0).
+  auto dq_tile = [&](uint32_t ds_buf, int tr0, int trows, int th, const int32_t* tidx) {
     float dq[MQ][NQQ][4];
 #pragma unroll
     for (int mt = 0; mt < MQ; ++mt)
@@ -575,6 +641,22 @@ __global__ void __launch_bounds__(BwdTraits<D, V>::kThreads, 1)
     // not change the time (d = 64 and 128, H200) and spilled in variant 1
     // at d = 128.
     const int64_t acc_row = opaque(int64_t(p.heads_q) * D);
+    if constexpr (Gather) {
+      float* acc = p.dq_accum + (opaque(q_tok) * p.heads_q + th) * D + wn * DQC + 2 * t4;
+#pragma unroll
+      for (int mt = 0; mt < MQ; ++mt)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const int row = wm * DQR + mt * 16 + hh * 8 + g;
+          if (row < trows) {
+            float* dst = acc + tidx[row] * acc_row;
+#pragma unroll
+            for (int nt = 0; nt < NQQ; ++nt)
+              red_add_f32x2(dst + nt * 8, dq[mt][nt][2 * hh], dq[mt][nt][2 * hh + 1]);
+          }
+        }
+      return;
+    }
     float* acc = p.dq_accum + ((opaque(q_tok) + tr0) * p.heads_q + th) * D + wn * DQC + 2 * t4;
 #pragma unroll
     for (int mt = 0; mt < MQ; ++mt)
@@ -591,11 +673,19 @@ __global__ void __launch_bounds__(BwdTraits<D, V>::kThreads, 1)
   };
   // With PIPE: the dQ of the previous iteration's tile, from the other dS^T
   // buffer (complete: a barrier separates it from its writers).
+  int moba_prev_h = 0, moba_prev_m = 0;  // MoBA gather: the previous tile
   auto dq_prev = [&](int it) {
+    if constexpr (Gather) {
+      int count;
+      const int32_t* idx = moba_rows(moba_prev_h, count) + moba_prev_m * BM;
+      dq_tile(sDs + uint32_t((it - 1) & 1) * Tr::kTileS, 0, min(BM, count - moba_prev_m * BM),
+              moba_prev_h, idx);
+      return;
+    }
     const bool first = m == m_begin;
     const int pm = first ? m_end - 1 : m - 1, ph = first ? h - 1 : h;
     const int pr0 = q_tile(pm) * BM;
-    dq_tile(sDs + uint32_t((it - 1) & 1) * Tr::kTileS, pr0, min(BM, lq - pr0), ph);
+    dq_tile(sDs + uint32_t((it - 1) & 1) * Tr::kTileS, pr0, min(BM, lq - pr0), ph, nullptr);
   };
 
   // BULK: the staged dQ of the previous iteration's tile, one bulk
@@ -623,8 +713,17 @@ __global__ void __launch_bounds__(BwdTraits<D, V>::kThreads, 1)
     if (PIPE && accum && it > 0) dq_prev(it);
     if (BULK && accum && it > 0) bulk_issue(it);
 
-    const int r0 = q_tile(m) * BM;
-    const int rows = min(BM, lq - r0);
+    int r0, rows;
+    const int32_t* tile_idx = nullptr;  // MoBA gather: the tile's row indices
+    if constexpr (Gather) {
+      int count;
+      tile_idx = moba_rows(h, count) + m * BM;
+      r0 = moba_row0 + m * BM;
+      rows = min(BM, count - m * BM);
+    } else {
+      r0 = q_tile(m) * BM;
+      rows = min(BM, lq - r0);
+    }
     const uint32_t st = uint32_t(it & 1);
     const uint32_t q_st = sQ + st * Tr::kTileQ, do_st = sDo + st * Tr::kTileQ;
     const float* lse_s = stat + st * 2 * BM;
@@ -640,14 +739,14 @@ __global__ void __launch_bounds__(BwdTraits<D, V>::kThreads, 1)
       full = kind == kVisitFull;
     } else {
       full = c0 + BN <= lk && c0 - r1 >= dmin && c0 + BN - 1 - r0 <= dmax;
-      if constexpr (Moba) full = full && (visits[m] & kMobaAllRows) != 0;
+      if constexpr (Moba && !Gather) full = full && (visits[m] & kMobaAllRows) != 0;
     }
     // MoBA: the column of the block's selection bits of this head's slot.
     const uint64_t* moba_sel = nullptr;
     if constexpr (Moba) {
       const MobaLists& mb = p.moba;
       const int64_t slot = int64_t(b) * mb.sel_heads + (mb.per_query_head ? h : hk);
-      moba_sel = mb.selected + (slot * mb.num_blocks + moba_kb) * int64_t(mb.q_words);
+      moba_sel = mb.selected + (slot * mb.num_blocks + moba_kb) * int64_t((p.seqlen_q + 63) / 64);
     }
     auto clampi = [](long long x) {
       return int(x < -(BM + 1) ? -(BM + 1) : (x > BN + 1 ? BN + 1 : x));
@@ -722,7 +821,12 @@ __global__ void __launch_bounds__(BwdTraits<D, V>::kThreads, 1)
             const int jl = sk * KS + mt * 16 + g + hh * 8;
             vis[hh] = Interval::of(jl - hi_rel - q0, jl < kv_valid ? jl - lo_rel - q0 : -BN - BM);
           }
-          if constexpr (Moba) {
+          if constexpr (Gather) {
+            // Gathered rows: every one selected the block.
+            apply_mask(s[mt], dp[mt], [&](int nt, int e) {
+              return vis[e >> 1].outside(nt * 8 + 2 * t4 + (e & 1));
+            });
+          } else if constexpr (Moba) {
             // The pass's QP queries (r0 + q0 is a multiple of QP, which
             // divides 64) lie in one word of the selection column.
             static_assert(!Moba || (QP <= 64 && 64 % QP == 0), "a pass within one word");
@@ -829,7 +933,12 @@ __global__ void __launch_bounds__(BwdTraits<D, V>::kThreads, 1)
         __syncthreads();  // dS^T complete
         dk_step(da_last, (PASSES - 1) * QP);
       }
-      if (!PIPE) dq_tile(sDs, r0, rows, h);
+      if (!PIPE) dq_tile(sDs, r0, rows, h, tile_idx);
+    }
+    if constexpr (Gather) {
+      moba_prev_h = h, moba_prev_m = m;
+      moba_next(h, m);
+      continue;
     }
     if (++m == m_end) m = m_begin, ++h;
   }
@@ -899,6 +1008,20 @@ __global__ void __launch_bounds__(BwdTraits<D, V>::kThreads, 1)
           *reinterpret_cast<const uint4*>(sVp + r * LD + ch * 8);
     }
   }
+}
+
+template <class T, int D, int V, bool Sparse = false, bool Moba = false>
+__global__ void __launch_bounds__(BwdTraits<D, V>::kThreads, 1)
+    flash_bwd_dkdv_kernel(const __grid_constant__ BwdParams p) {
+  flash_bwd_dkdv_tile<T, D, V, Sparse, Moba, false>(p);
+}
+
+// MoBA's dK/dV kernel over the rows that selected each block (the row
+// lists, p.moba.gather); grid as flash_bwd_dkdv_kernel's.
+template <class T, int D, int V>
+__global__ void __launch_bounds__(BwdTraits<D, V>::kThreads, 1)
+    flash_bwd_dkdv_moba_gather_kernel(const __grid_constant__ BwdParams p) {
+  flash_bwd_dkdv_tile<T, D, V, false, true, true>(p);
 }
 
 }  // namespace attn::flash

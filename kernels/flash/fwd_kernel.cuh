@@ -20,6 +20,13 @@
 // (p.moba, written into the workspace at run time) and visit every KV tile
 // of each, the last one up to the diagonal; a tile some row did not select
 // gets a predicate of one selection bit per row on top of the causal one.
+// MoBA's gathered forward (flash_fwd_moba_gather_kernel) computes one block
+// (p.moba.fwd_block) per launch for tiles of the rows that selected it (the
+// selector's row list, loaded by index; the tile's causal mask as the dK/dV
+// kernel's: rows numbered from the block's first own row on) and merges
+// each row's result into its softmax state in the workspace (p.moba.state)
+// by the (O, LSE) rule; the launches go from the last block to the first,
+// so that a row meets its own block first and that write starts its state.
 // Softmax statistics are fp32: m (running max of the raw or softcapped
 // logit) and l (sum of exp2, kept per thread and reduced over the 4 threads
 // of a row at the end). A row that sees no key ends with l = 0 and gives
@@ -52,9 +59,61 @@ struct FwdTraits {
   static_assert(D % 16 == 0 && kBlockN % 16 == 0 && kRows % 16 == 0, "whole mma tiles");
 };
 
-template <class T, int D, bool Sparse = false, bool Moba = false>
-__global__ void __launch_bounds__(FwdTraits<D>::kThreads, FwdTraits<D>::kMinBlocks)
-    flash_fwd_kernel(const __grid_constant__ FwdParams p) {
+// MoBA gather, the forward's end: merges the tile's normalised O (sO, fp32
+// [BM][D + 4]) and LSE (sL) into the listed rows' states (see below);
+// diag0 = the tile's first row number (as the mask counts) + lk - lq. Not
+// inlined: inlined, it made the d = 128 kernel spill 88 bytes (sm_90a).
+template <int BM, int D, int NTH>
+__device__ __noinline__ void moba_merge_tile(const FwdParams& p, const float* sO, const float* sL,
+                                             int m_block, int rows, int diag0, int tid) {
+  constexpr int LO = D + 4;
+  const MobaLists& mb = p.moba;
+  const int b = int(blockIdx.z), h = int(blockIdx.y), lq = p.seqlen_q;
+  const int64_t rows_all = int64_t(gridDim.z) * gridDim.y * lq;
+  const int64_t head_rows = (int64_t(b) * gridDim.y + h) * lq;
+  const int64_t slot = int64_t(b) * mb.sel_heads + (mb.per_query_head ? h : h / p.group);
+  const int32_t* idx = mb.kv_tiles + slot * int64_t(mb.kv_cap) +
+                       mb.kv_count[slot * (mb.num_blocks + 1) + mb.fwd_block] + m_block * BM;
+  const int own_end = (mb.fwd_block + 1) * mb.block;  // rows before it: own block
+  // The weights of local row r's state and tile, and the merged LSE. A row
+  // whose own block this is starts its state here.
+  auto weights = [&](int r, float& w_s, float& w_t) {
+    const float lse_t = sL[r];
+    const bool fresh = diag0 + r < own_end;
+    const float lse_s = fresh ? -INFINITY : mb.state[rows_all * D + head_rows + idx[r]];
+    const float mx = fmaxf(lse_t, lse_s);
+    w_s = w_t = 0.0f;
+    if (mx == -INFINITY) return -INFINITY;
+    const float e_s = expf(lse_s - mx), e_t = expf(lse_t - mx), sum = e_s + e_t;
+    w_s = e_s / sum, w_t = e_t / sum;
+    return mx + logf(sum);
+  };
+  constexpr int C4 = D / 4;
+  for (int c = tid; c < BM * C4; c += NTH) {
+    const int r = c / C4, ch = c - r * C4;
+    if (r >= rows) break;
+    float w_s, w_t;
+    weights(r, w_s, w_t);
+    float4* so = reinterpret_cast<float4*>(mb.state + (head_rows + idx[r]) * D) + ch;
+    const float4 t = *reinterpret_cast<const float4*>(sO + r * LO + ch * 4);
+    float4 x = w_s > 0.0f ? *so : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    x.x = x.x * w_s + t.x * w_t;
+    x.y = x.y * w_s + t.y * w_t;
+    x.z = x.z * w_s + t.z * w_t;
+    x.w = x.w * w_s + t.w * w_t;
+    *so = x;
+  }
+  __syncthreads();  // every read of the old LSE is done
+  for (int r = tid; r < rows; r += NTH) {
+    float w_s, w_t;
+    mb.state[rows_all * D + head_rows + idx[r]] = weights(r, w_s, w_t);
+  }
+}
+
+// The kernels' body. Gather (with Moba): MoBA's gathered rows, one block
+// per launch (flash_fwd_moba_gather_kernel), tile gather_tile of the list.
+template <class T, int D, bool Sparse, bool Moba, bool Gather>
+__device__ __forceinline__ void flash_fwd_tile(const FwdParams& p, int gather_tile) {
   using Tr = FwdTraits<D>;
   constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN, ST = Tr::kStages, NTH = Tr::kThreads;
   constexpr int R = Tr::kRows, MT = R / 16, NT = BN / 8, DT = D / 8, LD = Tr::kLd;
@@ -71,10 +130,32 @@ __global__ void __launch_bounds__(FwdTraits<D>::kThreads, FwdTraits<D>::kMinBloc
   const int g = lane >> 2, t4 = lane & 3;
   const int b = blockIdx.z, h = blockIdx.y;
   // Last query tiles first: under a causal mask they are the longest.
-  const int m_block = int(gridDim.x) - 1 - int(blockIdx.x);
+  const int m_block = Gather ? gather_tile : int(gridDim.x) - 1 - int(blockIdx.x);
 
   QueryTile qt;
   if (!query_tile_of<BM>(p, b, m_block, qt)) return;
+  // MoBA gather: the tile is rows [m_block BM, +BM) of the block's list
+  // (moba_rows(), recomputed where used: registers are scarce), numbered
+  // (qt.r0) from the first row whose own block it is.
+  auto moba_rows = [&] {
+    const MobaLists& mb = p.moba;
+    const int64_t slot = int64_t(blockIdx.z) * mb.sel_heads +
+                         (mb.per_query_head ? int(blockIdx.y) : int(blockIdx.y) / p.group);
+    return mb.kv_tiles + slot * int64_t(mb.kv_cap) +
+           mb.kv_count[slot * (mb.num_blocks + 1) + mb.fwd_block] + m_block * BM;
+  };
+  if constexpr (Gather) {
+    const MobaLists& mb = p.moba;
+    const int kb = mb.fwd_block;
+    const int64_t slot = int64_t(b) * mb.sel_heads + (mb.per_query_head ? h : h / p.group);
+    const int32_t* at = mb.kv_count + slot * (mb.num_blocks + 1) + kb;
+    const int count = at[1] - at[0];
+    if (m_block * BM >= count) return;
+    qt.r0 = max(0, kb * mb.block - qt.off) + m_block * BM;
+    qt.rows = min(BM, count - m_block * BM);
+    qt.lo_first = 0, qt.hi_first = key_hi(p, qt, qt.r0);
+    qt.lo_last = 0, qt.hi_last = key_hi(p, qt, qt.r0 + qt.rows - 1);
+  }
   const int lk = qt.lk, r0 = qt.r0, rows = qt.rows;
   const bool varlen = p.cu_q != nullptr;
   const int64_t q_tok = qt.q_tok, kv_tok = qt.kv_tok;
@@ -112,13 +193,19 @@ __global__ void __launch_bounds__(FwdTraits<D>::kThreads, FwdTraits<D>::kMinBloc
   };
   if constexpr (Moba) {
     const MobaLists& mb = p.moba;
-    const int64_t list = moba_slot() * mb.q_tiles + m_block;
-    const int count = mb.q_count[list];
-    moba_blocks = mb.q_blocks + list * mb.q_cap;
     n_tiles = 0;
-    if (count > 0)
-      n_tiles = (count - 1) * moba_tpb() + hi_last / BN -
-                (moba_blocks[count - 1] & kMobaIndexMask) * moba_tpb() + 1;
+    if constexpr (Gather) {
+      // The block's KV tiles up to the tile's last diagonal.
+      const int kb = mb.fwd_block;
+      n_tiles = min(hi_last, (kb + 1) * mb.block - 1) / BN - kb * moba_tpb() + 1;
+    } else {
+      const int64_t list = moba_slot() * mb.q_tiles + m_block;
+      const int count = mb.q_count[list];
+      moba_blocks = mb.q_blocks + list * mb.q_cap;
+      if (count > 0)
+        n_tiles = (count - 1) * moba_tpb() + hi_last / BN -
+                  (moba_blocks[count - 1] & kMobaIndexMask) * moba_tpb() + 1;
+    }
   } else if constexpr (Sparse) {
     const TileLists& sp = p.sparse;
     const int list = ((sp.mask_batch > 1 ? b : 0) * sp.mask_heads + (sp.mask_heads > 1 ? hk : 0)) *
@@ -134,12 +221,16 @@ __global__ void __launch_bounds__(FwdTraits<D>::kThreads, FwdTraits<D>::kMinBloc
   auto tile_of = [&](int it) {
     if constexpr (Moba) {
       const int v = n_tiles - 1 - it, tpb = moba_tpb();
+      if constexpr (Gather) return p.moba.fwd_block * tpb + v;
       return (moba_blocks[v / tpb] & kMobaIndexMask) * tpb + v % tpb;
     } else {
       return Sparse ? visits[2 * (n_tiles - 1 - it)] : n_end - 1 - it;
     }
   };
 
+  if constexpr (Gather) {
+    if (n_tiles <= 0) return;  // (every listed row sees a key of the block)
+  }
   if (n_tiles == 0) {  // no row of the tile sees a key
     for (int c = tid; c < BM * DT; c += NTH) {
       const int r = c / DT, ch = c % DT;
@@ -173,7 +264,11 @@ __global__ void __launch_bounds__(FwdTraits<D>::kThreads, FwdTraits<D>::kMinBloc
     }
     cp_async_commit();
   };
-  load_tile<BM, D, NTH>(sQa, gQ, p.q_seq, rows, tid);
+  if constexpr (Gather)
+    load_rows<BM, D, NTH>(sQa, static_cast<const T*>(p.q) + b * p.q_batch + h * p.q_head, p.q_seq,
+                          moba_rows(), rows, tid);
+  else
+    load_tile<BM, D, NTH>(sQa, gQ, p.q_seq, rows, tid);
   load_k(0);
 #pragma unroll
   for (int s = 1; s < ST; ++s) {
@@ -257,8 +352,9 @@ __global__ void __launch_bounds__(FwdTraits<D>::kThreads, FwdTraits<D>::kMinBloc
     if constexpr (Moba) {
       // Every row of the tile selected the block, and the causal mask
       // shows the whole KV tile to every row.
-      const int entry = moba_blocks[(n_tiles - 1 - it) / moba_tpb()];
-      full = (entry & kMobaAllRows) != 0 && c0 + BN <= lk && c0 + BN - 1 <= hi_first;
+      const bool all_rows =
+          Gather || (moba_blocks[(n_tiles - 1 - it) / moba_tpb()] & kMobaAllRows) != 0;
+      full = all_rows && c0 + BN <= lk && c0 + BN - 1 <= hi_first;
     } else if constexpr (Sparse) {
       kind = visits[2 * (n_tiles - 1 - it) + 1];
       full = kind == kVisitFull;
@@ -269,15 +365,17 @@ __global__ void __launch_bounds__(FwdTraits<D>::kThreads, FwdTraits<D>::kMinBloc
       if (!full) {
         // Row i sees the tile's keys up to its diagonal if it selected the
         // tile's block (bit i of the block's column), else none.
+        // Gathered rows all selected it (row: the mask's numbering).
         const MobaLists& mb = p.moba;
-        const uint64_t* sel =
-            mb.selected + (moba_slot() * mb.num_blocks + n / moba_tpb()) * int64_t(mb.q_words);
+        constexpr bool gathered = Gather;
+        const uint64_t* sel = mb.selected + (moba_slot() * mb.num_blocks + n / moba_tpb()) *
+                                                int64_t((p.seqlen_q + 63) / 64);
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
           for (int hh = 0; hh < 2; ++hh) {
             const int row = r0 + warp * R + mt * 16 + hh * 8 + g;
-            const bool on = row < qt.lq && ((sel[row >> 6] >> (row & 63)) & 1u);
+            const bool on = gathered || (row < qt.lq && ((sel[row >> 6] >> (row & 63)) & 1u));
             const int hi = on ? key_hi(row) : -1;
 #pragma unroll
             for (int nt = 0; nt < NT; ++nt)
@@ -391,6 +489,40 @@ __global__ void __launch_bounds__(FwdTraits<D>::kThreads, FwdTraits<D>::kMinBloc
   }
   cp_async_wait<0>();
 
+  if constexpr (Gather) {
+    // Merge (O_tile, LSE_tile) of each listed row into its state: the
+    // row's own block (the first launch that lists it) writes the state,
+    // later launches (earlier blocks) combine with it. The tile goes
+    // through shared memory (fp32 [BM][D + 4], then LSE [BM]; the Q and
+    // K/V buffers are free once every warp is past the loop), so that
+    // the state is read and written a row at a time, and the
+    // accumulators are dead before the merge needs registers.
+    constexpr int LO = D + 4;
+    static_assert(BM * (LO + 1) * 4 <= (BM + 2 * ST * BN) * LD * 2, "the fp32 tile fits");
+    float* sO = reinterpret_cast<float*>(smem);
+    float* sL = sO + BM * LO;
+    __syncthreads();
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        float l = row_sum[mt][hh];
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+        const int row = warp * R + mt * 16 + hh * 8 + g;
+#pragma unroll
+        for (int dt = 0; dt < DT; ++dt)
+          *reinterpret_cast<float2*>(sO + row * LO + dt * 8 + 2 * t4) =
+              make_float2(acc_o[mt][dt][hh * 2] * inv, acc_o[mt][dt][hh * 2 + 1] * inv);
+        if (t4 == 0)
+          sL[row] = l > 0.0f ? row_max[mt][hh] * scale_log2 * kLn2 + logf(l) : -INFINITY;
+      }
+    __syncthreads();
+    moba_merge_tile<BM, D, NTH>(p, sO, sL, m_block, rows, r0 + qt.off, tid);
+    return;
+  }
+
   // Epilogue: O = acc / l and LSE = m * scale_log2 * ln2 + ln l. The warp
   // stages its rows in its own part of the Q tile (no other warp reads it),
   // then writes them with 16-byte stores.
@@ -419,6 +551,31 @@ __global__ void __launch_bounds__(FwdTraits<D>::kThreads, FwdTraits<D>::kMinBloc
     if (r < rows)
       *reinterpret_cast<uint4*>(gO + r * p.o_seq + ch * 8) =
           *reinterpret_cast<const uint4*>(sQ + r * LD + ch * 8);
+  }
+}
+
+template <class T, int D, bool Sparse = false, bool Moba = false>
+__global__ void __launch_bounds__(FwdTraits<D>::kThreads, FwdTraits<D>::kMinBlocks)
+    flash_fwd_kernel(const __grid_constant__ FwdParams p) {
+  flash_fwd_tile<T, D, Sparse, Moba, false>(p, 0);
+}
+
+// MoBA's gathered forward for block p.moba.fwd_block: grid (x, heads_q,
+// batch), block x taking tiles x, x + gridDim.x, ... of its (sequence,
+// head)'s row list, whose length only the device knows (the host sizes
+// the grid to fill the GPU, not to the longest possible list).
+template <class T, int D>
+__global__ void __launch_bounds__(FwdTraits<D>::kThreads, FwdTraits<D>::kMinBlocks)
+    flash_fwd_moba_gather_kernel(const __grid_constant__ FwdParams p) {
+  const MobaLists& mb = p.moba;
+  const int h = int(blockIdx.y);
+  const int64_t slot =
+      int64_t(blockIdx.z) * mb.sel_heads + (mb.per_query_head ? h : h / p.group);
+  const int32_t* at = mb.kv_count + slot * (mb.num_blocks + 1) + mb.fwd_block;
+  const int count = at[1] - at[0];
+  for (int m = int(blockIdx.x); m * FwdTraits<D>::kBlockM < count; m += int(gridDim.x)) {
+    flash_fwd_tile<T, D, false, true, true>(p, m);
+    __syncthreads();  // the next tile reuses shared memory
   }
 }
 

@@ -186,4 +186,26 @@ __device__ __forceinline__ void load_tile(uint32_t dst, const T* src, int64_t st
   }
 }
 
+// load_tile for gathered rows: row r of the tile is src + idx[r] * stride
+// (rows >= valid become zeros).
+template <int ROWS, int D, int THREADS, class T>
+__device__ __forceinline__ void load_rows(uint32_t dst, const T* src, int64_t stride,
+                                          const int32_t* idx, int valid, int tid) {
+  constexpr int kChunks = D / 8;
+  constexpr int kPitch = kChunks <= 8 ? 8 : kChunks <= 16 ? 16 : 32;
+  constexpr int kRowStep = THREADS / kPitch;
+  constexpr int kLd = D + 8;
+  static_assert(kChunks <= 32 && ROWS % kRowStep == 0, "tile rows divide among threads");
+  const int ch = tid % kPitch, r = tid / kPitch;
+  if (ch >= kChunks) return;
+  const uint32_t s = dst + uint32_t(r * kLd + ch * 8) * 2u;
+#pragma unroll
+  for (int i = 0; i < ROWS / kRowStep; ++i) {
+    const int row = r + i * kRowStep;
+    const bool ok = row < valid;
+    const T* g = ok ? src + int64_t(idx[row]) * stride + ch * 8 : src;
+    cp_async_16(s + uint32_t(i * kRowStep * kLd * 2), g, ok);
+  }
+}
+
 }  // namespace attn::flash

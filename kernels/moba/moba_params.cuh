@@ -19,6 +19,13 @@
 //              query tiles (kv_tile_rows rows) in which some row of some
 //              query head of the group selected the block, increasing, with
 //              kMobaAllRows when every row of every such head did.
+//   row lists  (gather = 1, instead of the kv lists) per (slot, block) the
+//              query rows that selected the block, increasing: the dK/dV
+//              kernel walks tiles of these rows, so that its work follows
+//              the selected (row, block) pairs, not the union over a tile.
+//              Rows whose own block is kb come first and are contiguous
+//              (every row selects its own block; a row never selects a
+//              later one), which the kernel's causal mask relies on.
 #pragma once
 
 #include <cstdint>
@@ -29,20 +36,33 @@ constexpr int32_t kMobaAllRows = int32_t(1) << 30;  // list entry flag
 constexpr int32_t kMobaIndexMask = kMobaAllRows - 1;
 
 struct MobaLists {
-  const uint64_t* selected;  // [slots][num_blocks][q_words]
+  const uint64_t* selected;  // [slots][num_blocks][ceil(seqlen_q / 64)]
   const int32_t* q_count;    // [slots][q_tiles]
   const int32_t* q_blocks;   // [slots][q_tiles][q_cap]
+  // gather = 0: the kv lists. gather = 1: the row lists, kv_count holding
+  // [slots][num_blocks + 1] offsets (list (slot, kb) is entries
+  // [kv_count[kb], kv_count[kb + 1]) of the slot's part) and kv_tiles
+  // [slots][kv_cap] row indices (kv_cap: a slot's most entries).
   const int32_t* kv_count;   // [batch * heads_kv][num_blocks]
   const int32_t* kv_tiles;   // [batch * heads_kv][num_blocks][kv_cap]
+  // Gathered forward: per (sequence, query head, row) the softmax state of
+  // the blocks done so far, O (normalised, fp32) [batch][heads_q][seqlen_q][d]
+  // then its LSE [batch][heads_q][seqlen_q].
+  float* state;
   int32_t block;             // keys per MoBA block, a multiple of every kernel's KV tile
   int32_t num_blocks;        // ceil(seqlen_kv / block)
-  int32_t q_words;           // ceil(seqlen_q / 64)
-  int32_t q_tiles;           // ceil(seqlen_q / q_tile_rows)
-  int32_t q_tile_rows;       // the forward kernel's block_m
+  int32_t q_tiles;           // ceil(seqlen_q / the forward kernel's block_m)
   int32_t q_cap, kv_cap;     // list capacities (entries)
   int32_t sel_heads;         // heads_kv when shared, else heads_q
-  int32_t per_query_head;    // 1: slots count query heads
+  int32_t fwd_block;         // gathered forward: the block this launch computes
+  int16_t per_query_head;    // 1: slots count query heads
+  // 1: kv_count and kv_tiles are the row lists (the gathered kernels,
+  // flash_fwd_moba_gather_kernel and flash_bwd_dkdv_moba_gather_kernel).
+  int16_t gather;
 };
+// The size it had before the gathered lists: the parameter layout of every
+// kernel (dense ones included) stays the same.
+static_assert(sizeof(MobaLists) == 80, "MobaLists: the kernels' parameter layout");
 
 }  // namespace attn::flash
 
@@ -61,11 +81,24 @@ struct SelectParams {
   int32_t* q_blocks;
   int32_t* kv_count;  // flash::MobaLists (null: the kv lists are not built)
   int32_t* kv_tiles;
+  int32_t* row_offsets;  // gathered row lists (null: not built): flash::MobaLists
+  int32_t* rows;         // kv_count and kv_tiles with gather = 1
+  int32_t rows_cap;      // entries per slot: seqlen_q x min(top_k + 1, num_blocks)
   int32_t batch, heads_q, heads_kv, group, seqlen_q, seqlen_kv, d;
   int32_t block, num_blocks, top_k, shared;
   int32_t sel_heads, q_words;
   int32_t q_tiles, q_tile_rows, q_cap;       // forward query tiles
   int32_t kv_q_tiles, kv_tile_rows, kv_cap;  // the dK/dV kernel's query tiles
+};
+
+// The gathered forward's last launch (moba/moba_select.cuh finish_kernel):
+// O and LSE from the rows' softmax states (flash::MobaLists::state).
+struct FinishParams {
+  const float* state;  // O [batch][heads_q][seqlen_q][d], then LSE [batch][heads_q][seqlen_q]
+  void* o;             // [batch, seqlen_q, heads_q, d] with the strides below
+  float* lse;          // may be null
+  int64_t o_batch, o_seq, o_head, lse_batch, lse_head;
+  int32_t batch, heads_q, seqlen_q, seqlen_kv, d;
 };
 
 // The selector's tiling: query rows and past blocks per step of the gate

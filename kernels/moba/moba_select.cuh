@@ -11,6 +11,15 @@
 //   q_list_kernel   per (slot, forward query tile) the blocks its rows chose
 //   kv_list_kernel  per (sequence, KV head, block) the dK/dV kernel's query
 //                   tiles with a row that chose it
+//   row_count_kernel, row_scan_kernel, row_scatter_kernel
+//                   (gathered rows, instead of kv_list_kernel) per (slot,
+//                   block) the rows that chose it: counts, their prefix sums
+//                   per slot, then the row indices in increasing order
+//   finish_kernel   (gathered forward, after its per-block launches) O and
+//                   LSE from each row's softmax state
+//
+// The kernels that are not templates are static: their host stubs stay out
+// of the library's global symbols (tests/ffi/check_exports.py).
 //
 // Every launch is deterministic (the bits are ORed, which commutes), so the
 // backward pass, which runs the same launches on the same inputs, sees the
@@ -24,6 +33,7 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <cstring>
 
 #include "moba/moba_params.cuh"
 
@@ -305,6 +315,137 @@ static __global__ void __launch_bounds__(kListThreads)
     count += __popc(m);
   }
   if (lane == 0) p.kv_count[list] = min(count, p.kv_cap);
+}
+
+// The gathered row lists (flash::MobaLists with gather = 1). The rows that
+// can select block kb start at the first row whose diagonal reaches it.
+__device__ __forceinline__ int first_row_of_block(const SelectParams& p, int kb) {
+  return max(0, kb * p.block - (p.seqlen_kv - p.seqlen_q));
+}
+
+// One warp per (slot, block): the number of rows that selected the block,
+// into row_offsets[slot][kb + 1] (row_scan_kernel turns them into offsets).
+static __global__ void __launch_bounds__(kListThreads)
+    row_count_kernel(const __grid_constant__ SelectParams p) {
+  const int lane = int(threadIdx.x) & 31;
+  const int64_t list = int64_t(blockIdx.x) * (kListThreads / 32) + int(threadIdx.x) / 32;
+  if (list >= int64_t(p.batch) * p.sel_heads * p.num_blocks) return;
+  const int64_t slot = list / p.num_blocks;
+  const int kb = int(list - slot * p.num_blocks);
+  const uint64_t* col = p.selected + list * int64_t(p.q_words);
+  int count = 0;
+  for (int w = first_row_of_block(p, kb) / 64 + lane; w < p.q_words; w += 32)
+    count += __popcll(col[w]);
+#pragma unroll
+  for (int s = 16; s > 0; s >>= 1) count += __shfl_xor_sync(0xffffffffu, count, s);
+  if (lane == 0) p.row_offsets[slot * (p.num_blocks + 1) + kb + 1] = count;
+}
+
+// One warp per slot: row_offsets[slot][0] = 0 and the inclusive prefix sums
+// of the counts after it, 32 at a time in block order.
+static __global__ void __launch_bounds__(kListThreads)
+    row_scan_kernel(const __grid_constant__ SelectParams p) {
+  const int lane = int(threadIdx.x) & 31;
+  const int64_t slot = int64_t(blockIdx.x) * (kListThreads / 32) + int(threadIdx.x) / 32;
+  if (slot >= int64_t(p.batch) * p.sel_heads) return;
+  int32_t* off = p.row_offsets + slot * (p.num_blocks + 1);
+  if (lane == 0) off[0] = 0;
+  int carry = 0;
+  for (int k0 = 1; k0 <= p.num_blocks; k0 += 32) {
+    const int k = k0 + lane;
+    int x = k <= p.num_blocks ? off[k] : 0;
+#pragma unroll
+    for (int s = 1; s < 32; s <<= 1) {
+      const int y = __shfl_up_sync(0xffffffffu, x, s);
+      if (lane >= s) x += y;
+    }
+    if (k <= p.num_blocks) off[k] = carry + x;
+    carry += __shfl_sync(0xffffffffu, x, 31);
+  }
+}
+
+// One warp per (slot, block): the indices of the rows that selected the
+// block, increasing, at rows[slot][row_offsets[slot][kb] ...]. Lane l takes
+// word w0 + l of each 32-word step and writes its bits after the set bits
+// of the lower lanes' words: the order is fixed, whatever the scheduling.
+static __global__ void __launch_bounds__(kListThreads)
+    row_scatter_kernel(const __grid_constant__ SelectParams p) {
+  const int lane = int(threadIdx.x) & 31;
+  const int64_t list = int64_t(blockIdx.x) * (kListThreads / 32) + int(threadIdx.x) / 32;
+  if (list >= int64_t(p.batch) * p.sel_heads * p.num_blocks) return;
+  const int64_t slot = list / p.num_blocks;
+  const int kb = int(list - slot * p.num_blocks);
+  const uint64_t* col = p.selected + list * int64_t(p.q_words);
+  int32_t* out =
+      p.rows + slot * int64_t(p.rows_cap) + p.row_offsets[slot * (p.num_blocks + 1) + kb];
+  int count = 0;
+  for (int w0 = first_row_of_block(p, kb) / 64; w0 < p.q_words; w0 += 32) {
+    const int w = w0 + lane;
+    uint64_t bits = w < p.q_words ? col[w] : 0ull;
+    const int n = __popcll(bits);
+    int below = n;  // inclusive prefix sum of the lanes' counts
+#pragma unroll
+    for (int s = 1; s < 32; s <<= 1) {
+      const int y = __shfl_up_sync(0xffffffffu, below, s);
+      if (lane >= s) below += y;
+    }
+    int at = count + below - n;
+    while (bits != 0ull) {
+      const int bit = __ffsll(static_cast<long long>(bits)) - 1;
+      out[at++] = w * 64 + bit;
+      bits &= bits - 1ull;
+    }
+    count += __shfl_sync(0xffffffffu, below, 31);
+  }
+}
+
+// Two floats as the 32 bits of two T (low half first), rounded to nearest.
+template <class T>
+__device__ __forceinline__ uint32_t packed_pair(float a, float b);
+template <>
+__device__ __forceinline__ uint32_t packed_pair<__half>(float a, float b) {
+  const __half2 x = __floats2half2_rn(a, b);
+  uint32_t u;
+  memcpy(&u, &x, 4);
+  return u;
+}
+template <>
+__device__ __forceinline__ uint32_t packed_pair<__nv_bfloat16>(float a, float b) {
+  const __nv_bfloat162 x = __floats2bfloat162_rn(a, b);
+  uint32_t u;
+  memcpy(&u, &x, 4);
+  return u;
+}
+
+// One thread per 8 channels of a (sequence, query head, row): O in T and
+// LSE from the row's state; a row that sees no key (before the first key's
+// diagonal), which no list holds, gets O = 0 and LSE = -inf.
+template <class T>
+__global__ void __launch_bounds__(kListThreads)
+    finish_kernel(const __grid_constant__ FinishParams p) {
+  const int chunks = p.d / 8;
+  const int64_t rows = int64_t(p.batch) * p.heads_q * p.seqlen_q;
+  const int64_t t = int64_t(blockIdx.x) * kListThreads + int(threadIdx.x);
+  if (t >= rows * chunks) return;
+  const int64_t row = t / chunks;
+  const int ch = int(t - row * chunks);
+  const int64_t bh = row / p.seqlen_q;
+  const int i = int(row - bh * p.seqlen_q);
+  const int b = int(bh / p.heads_q), h = int(bh - int64_t(b) * p.heads_q);
+  const bool sees = i + (p.seqlen_kv - p.seqlen_q) >= 0;
+  float x[8];
+  const float* so = p.state + row * p.d + ch * 8;
+#pragma unroll
+  for (int e = 0; e < 8; ++e) x[e] = sees ? so[e] : 0.0f;
+  uint4 out;
+  out.x = packed_pair<T>(x[0], x[1]);
+  out.y = packed_pair<T>(x[2], x[3]);
+  out.z = packed_pair<T>(x[4], x[5]);
+  out.w = packed_pair<T>(x[6], x[7]);
+  *reinterpret_cast<uint4*>(static_cast<T*>(p.o) + b * p.o_batch + int64_t(i) * p.o_seq +
+                            h * p.o_head + ch * 8) = out;
+  if (ch == 0 && p.lse != nullptr)
+    p.lse[b * p.lse_batch + h * p.lse_head + i] = sees ? p.state[rows * p.d + row] : -INFINITY;
 }
 
 }  // namespace attn::moba

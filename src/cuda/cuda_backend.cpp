@@ -20,6 +20,10 @@
 // workspace of each pass, behind what the pass needs otherwise
 // (cuda/moba_plan.hpp); the backward pass selects again, with the same
 // launches, and so sees the forward's selection bit for bit.
+// ATTN_CUDA_MOBA_GATHER=1 makes the kernels walk, per block, the rows that
+// selected it (gathered row lists) instead of the query tiles in which some
+// row did: the forward one launch per block merging into per-row softmax
+// states, the dK/dV kernel per KV tile; "-moba-gather" in the kernel name.
 #include "cuda/cuda_backend.hpp"
 
 #include <cuda_runtime_api.h>
@@ -48,7 +52,13 @@
 namespace attn::cuda {
 namespace {
 
-FwdKernel pick_kernel(int64_t d, bool bf16, bool sparse, bool moba) {
+FwdKernel pick_kernel(int64_t d, bool bf16, bool sparse, bool moba, bool moba_gather) {
+  if (moba_gather) switch (d) {
+      case 64: return fwd_kernel_moba_gather_d64(bf16);
+      case 96: return fwd_kernel_moba_gather_d96(bf16);
+      case 128: return fwd_kernel_moba_gather_d128(bf16);
+      default: return fwd_kernel_moba_gather_d256(bf16);
+    }
   if (moba) switch (d) {
       case 64: return fwd_kernel_moba_d64(bf16);
       case 96: return fwd_kernel_moba_d96(bf16);
@@ -63,12 +73,13 @@ FwdKernel pick_kernel(int64_t d, bool bf16, bool sparse, bool moba) {
   }
 }
 
-BwdKernels pick_bwd_kernels(int64_t d, bool bf16, int variant, bool sparse, bool moba) {
+BwdKernels pick_bwd_kernels(int64_t d, bool bf16, int variant, bool sparse, bool moba,
+                            bool moba_gather) {
   if (moba) switch (d) {
-      case 64: return bwd_kernels_moba_d64(bf16, variant);
-      case 96: return bwd_kernels_moba_d96(bf16, variant);
-      case 128: return bwd_kernels_moba_d128(bf16, variant);
-      default: return bwd_kernels_moba_d256(bf16, variant);
+      case 64: return bwd_kernels_moba_d64(bf16, variant, moba_gather);
+      case 96: return bwd_kernels_moba_d96(bf16, variant, moba_gather);
+      case 128: return bwd_kernels_moba_d128(bf16, variant, moba_gather);
+      default: return bwd_kernels_moba_d256(bf16, variant, moba_gather);
     }
   switch (d) {
     case 64: return bwd_kernels_d64(bf16, variant, sparse);
@@ -91,8 +102,11 @@ class CudaPlan final : public BackendPlan {
     const bool bf16 = p.dtype == ATTN_DTYPE_BF16;
     const bool sparse = p.block_mask != nullptr;
     const bool moba = p.moba_block > 0;
+    const char* gather_env = std::getenv("ATTN_CUDA_MOBA_GATHER");
+    const bool gather =
+        moba && gather_env != nullptr && std::atoi(gather_env) != 0 && moba_rows_fit(p);
     cfg_ = flash::fwd_config(int(d));
-    kernel_ = pick_kernel(d, bf16, sparse, moba);
+    kernel_ = pick_kernel(d, bf16, sparse, moba, gather);
 
     DeviceScope scope(device_);
     int major = 0, minor = 0, smem_optin = 0, sm_count = 0;
@@ -144,7 +158,8 @@ class CudaPlan final : public BackendPlan {
         if (c.min_sm_major() <= 8) return true;
         cudaFuncAttributes attrs{};
         const cudaError_t fe =
-            cudaFuncGetAttributes(&attrs, pick_bwd_kernels(d, bf16, v, sparse, moba).dkdv_func);
+            cudaFuncGetAttributes(&attrs, pick_bwd_kernels(d, bf16, v, sparse, moba, gather)
+                                              .dkdv_func);
         if (fe != cudaSuccess) {
           (void)cudaGetLastError();  // no image: the next variant (require_image reports it)
           return false;
@@ -152,7 +167,7 @@ class CudaPlan final : public BackendPlan {
         return attrs.ptxVersion >= 10 * c.min_sm_major();
       };
       while (variant + 1 < flash::bwd_variants(int(d)) && !fits(variant)) ++variant;
-      bwd_ = pick_bwd_kernels(d, bf16, variant, sparse, moba);
+      bwd_ = pick_bwd_kernels(d, bf16, variant, sparse, moba, gather);
       bwd_cfg_ = flash::bwd_config(int(d), variant);
       require_image(bwd_.dkdv_func);
       require_smem(bwd_cfg_.smem_bytes(int(d)), "backward");
@@ -162,7 +177,9 @@ class CudaPlan final : public BackendPlan {
     if (moba) {
       require_smem(moba::select_smem_bytes(int(d)), "MoBA selection");
       check(moba_select_prepare(int(d)), "cudaFuncSetAttribute");
-      moba_.emplace(p, cfg_.block_m, p.backward ? bwd_cfg_.block_m : 0);
+      moba_.emplace(p, cfg_.block_m, p.backward ? bwd_cfg_.block_m : 0, gather);
+      check(cudaDeviceGetAttribute(&moba_sm_count_, cudaDevAttrMultiProcessorCount, device_),
+            "cudaDeviceGetAttribute");
     }
 
     fill_params();
@@ -220,7 +237,7 @@ class CudaPlan final : public BackendPlan {
     // (sm_90), "-det" computes it in a separate pass without them.
     // Block-sparse plans say "-bsparse" and leave out warps and stages, so
     // that the name fits attn_plan_info_t's 64 characters.
-    const char* kind = moba ? "moba" : "bsparse";
+    const char* kind = !moba ? "bsparse" : moba_->gathers() ? "moba-gather" : "moba";
     int len = sparse || moba ? std::snprintf(kernel_name_, sizeof kernel_name_,
                                      "cuda-fa2-sm80-%s-d%d-%s-%dx%d", dtype_name(p.dtype),
                                      int(d), kind, cfg_.block_m, cfg_.block_n)
@@ -228,7 +245,9 @@ class CudaPlan final : public BackendPlan {
                                      "cuda-fa2-sm80-%s-d%d-%dx%d-w%d-s%d", dtype_name(p.dtype),
                                      int(d), cfg_.block_m, cfg_.block_n, cfg_.warps, cfg_.stages);
     if (p.backward && len > 0 && size_t(len) < sizeof kernel_name_) {
-      const char* dq_kind = p.deterministic ? "det" : bwd_cfg_.bulk_dq ? "bulk" : "atomic";
+      const char* dq_kind = p.deterministic             ? "det"
+                            : bwd_cfg_.bulk_dq && !gather ? "bulk"
+                                                          : "atomic";
       if (sparse || moba)
         std::snprintf(kernel_name_ + len, sizeof kernel_name_ - size_t(len), "+bwd-%dx%d-%s-%s",
                       bwd_cfg_.block_m, bwd_cfg_.block_n, bwd_cfg_.register_path() ? "r" : "s",
@@ -282,11 +301,32 @@ class CudaPlan final : public BackendPlan {
     if (moba_) {
       require_aligned(a.workspace, "workspace");
       const MobaLayout l = moba_forward_layout();
-      const moba::SelectParams sp =
-          moba_->select_params(a.q, a.k, static_cast<char*>(a.workspace), l, true, false);
-      check(moba_select_launch(sp, p.dtype == ATTN_DTYPE_BF16, static_cast<cudaStream_t>(a.stream)),
-            "MoBA selection launch");
+      const bool gather = moba_->gathers(), bf16 = p.dtype == ATTN_DTYPE_BF16;
+      const auto stream = static_cast<cudaStream_t>(a.stream);
+      char* ws = static_cast<char*>(a.workspace);
+      const moba::SelectParams sp = moba_->select_params(a.q, a.k, ws, l, !gather, gather);
+      check(moba_select_launch(sp, bf16, stream), "MoBA selection launch");
       prm.moba = moba_->lists(sp);
+      if (gather) {
+        // One launch per block, the last first (see flash/fwd_kernel.cuh),
+        // then O and LSE from the rows' states. A list's length is known on
+        // the device only: each (sequence, head) gets at most 8 thread
+        // blocks per SM over all of them, which loop over its tiles.
+        prm.moba.state = reinterpret_cast<float*>(ws + l.state);
+        const int64_t heads = p.heads_q * p.batch;
+        const int64_t per_head =
+            std::max<int64_t>(1, (8 * int64_t(moba_sm_count_) + heads - 1) / heads);
+        for (int64_t kb = p.moba_num_blocks() - 1; kb >= 0; --kb) {
+          const int64_t tiles = std::min(moba_->gather_tiles(kb, cfg_.block_m), per_head);
+          if (tiles == 0) continue;
+          prm.moba.fwd_block = int32_t(kb);
+          check(kernel_.launch(prm, int(tiles), int(p.heads_q), int(p.batch), stream),
+                "forward kernel launch");
+        }
+        check(moba_finish_launch(moba_->finish_params(prm.moba.state, a.o, a.lse), bf16, stream),
+              "MoBA forward finish launch");
+        return;
+      }
     }
     check(kernel_.launch(prm, m_blocks_, int(p.heads_q), int(p.batch),
                          static_cast<cudaStream_t>(a.stream)),
@@ -608,7 +648,10 @@ class CudaPlan final : public BackendPlan {
     return group;
   }
 
-  MobaLayout moba_forward_layout() const { return moba_->layout(0, true, false); }
+  MobaLayout moba_forward_layout() const {
+    const bool gather = moba_->gathers();
+    return moba_->layout(0, !gather, gather, gather);
+  }
   MobaLayout moba_backward_layout() const {
     return moba_->layout(2 * delta_bytes() + dq_accum_bytes() + 2 * kv_accum_bytes(),
                          problem_.deterministic, true);
@@ -631,6 +674,7 @@ class CudaPlan final : public BackendPlan {
   int device_;
   int group_splits_ = 1;
   int sm_count_ = 0;
+  int moba_sm_count_ = 0;  // MoBA: sizes the gathered forward's grids
   int kv_items_ = 0;             // block-sparse: the dK/dV kernel's blocks per slot
   bool kv_lists_split_ = false;  // block-sparse: some dK/dV list is cut into several items
   flash::FwdConfig cfg_{};

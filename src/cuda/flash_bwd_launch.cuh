@@ -96,16 +96,61 @@ BwdKernels make_bwd_kernels(bool bf16, int variant, bool sparse) {
   return make_bwd_kernels_v<D, 0>(bf16, sparse);
 }
 
-// MoBA's instantiations (run-time lists from the workspace).
-template <int D>
-BwdKernels make_bwd_kernels_moba(bool bf16, int variant) {
-  if constexpr (flash::bwd_variants(D) > 1) {
-    if (variant == 1)
-      return bf16 ? make_bwd_kernels_t<__nv_bfloat16, D, 1, false, true>()
-                  : make_bwd_kernels_t<__half, D, 1, false, true>();
+// MoBA's dK/dV kernel over gathered rows, with the MoBA dQ kernel.
+template <class T, int D, int V>
+cudaError_t bwd_gather_prepare() {
+  cudaError_t e = cudaFuncSetAttribute(flash::flash_bwd_dkdv_moba_gather_kernel<T, D, V>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       int(flash::bwd_config(D, V).smem_bytes(D)));
+  if (e != cudaSuccess) return e;
+  return cudaFuncSetAttribute(flash::flash_bwd_dq_kernel<T, D, false, true>,
+                              cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              int(flash::dq_config(D).smem_bytes(D)));
+}
+
+template <class T, int D, int V>
+cudaError_t bwd_gather_dkdv(const flash::BwdParams& p, int n_blocks, int heads_kv, int batch,
+                            cudaStream_t stream) {
+  constexpr flash::BwdConfig cfg = flash::bwd_config(D, V);
+  const dim3 grid{unsigned(n_blocks), unsigned(heads_kv), unsigned(batch)};
+  flash::flash_bwd_dkdv_moba_gather_kernel<T, D, V>
+      <<<grid, cfg.threads(), cfg.smem_bytes(D), stream>>>(p);
+  return cudaGetLastError();
+}
+
+template <class T, int D, int V, bool Gather>
+BwdKernels make_bwd_kernels_moba_t() {
+  if constexpr (!Gather) {
+    return make_bwd_kernels_t<T, D, V, false, true>();
+  } else {
+    return {&bwd_gather_prepare<T, D, V>,
+            &bwd_preprocess<T, D>,
+            &bwd_gather_dkdv<T, D, V>,
+            &bwd_dq<T, D, false, true>,
+            &bwd_convert<T, D>,
+            &bwd_convert_dkdv<T, D>,
+            reinterpret_cast<const void*>(&flash::flash_bwd_dkdv_moba_gather_kernel<T, D, V>),
+            reinterpret_cast<const void*>(&flash::flash_bwd_dq_kernel<T, D, false, true>)};
   }
-  return bf16 ? make_bwd_kernels_t<__nv_bfloat16, D, 0, false, true>()
-              : make_bwd_kernels_t<__half, D, 0, false, true>();
+}
+
+template <int D, int V>
+BwdKernels make_bwd_kernels_moba_v(bool bf16, bool gather) {
+  if (gather)
+    return bf16 ? make_bwd_kernels_moba_t<__nv_bfloat16, D, V, true>()
+                : make_bwd_kernels_moba_t<__half, D, V, true>();
+  return bf16 ? make_bwd_kernels_moba_t<__nv_bfloat16, D, V, false>()
+              : make_bwd_kernels_moba_t<__half, D, V, false>();
+}
+
+// MoBA's instantiations (run-time lists from the workspace; gather: the
+// dK/dV kernel over the rows that selected each block).
+template <int D>
+BwdKernels make_bwd_kernels_moba(bool bf16, int variant, bool gather) {
+  if constexpr (flash::bwd_variants(D) > 1) {
+    if (variant == 1) return make_bwd_kernels_moba_v<D, 1>(bf16, gather);
+  }
+  return make_bwd_kernels_moba_v<D, 0>(bf16, gather);
 }
 
 }  // namespace attn::cuda

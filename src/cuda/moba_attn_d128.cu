@@ -5,7 +5,8 @@
 
 namespace attn::cuda {
 FwdKernel fwd_kernel_moba_d128(bool bf16) { return make_fwd_kernel_moba<128>(bf16); }
-BwdKernels bwd_kernels_moba_d128(bool bf16, int variant) {
-  return make_bwd_kernels_moba<128>(bf16, variant);
+FwdKernel fwd_kernel_moba_gather_d128(bool bf16) { return make_fwd_kernel_moba_gather<128>(bf16); }
+BwdKernels bwd_kernels_moba_d128(bool bf16, int variant, bool gather) {
+  return make_bwd_kernels_moba<128>(bf16, variant, gather);
 }
 }  // namespace attn::cuda

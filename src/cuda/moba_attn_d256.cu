@@ -5,7 +5,8 @@
 
 namespace attn::cuda {
 FwdKernel fwd_kernel_moba_d256(bool bf16) { return make_fwd_kernel_moba<256>(bf16); }
-BwdKernels bwd_kernels_moba_d256(bool bf16, int variant) {
-  return make_bwd_kernels_moba<256>(bf16, variant);
+FwdKernel fwd_kernel_moba_gather_d256(bool bf16) { return make_fwd_kernel_moba_gather<256>(bf16); }
+BwdKernels bwd_kernels_moba_d256(bool bf16, int variant, bool gather) {
+  return make_bwd_kernels_moba<256>(bf16, variant, gather);
 }
 }  // namespace attn::cuda

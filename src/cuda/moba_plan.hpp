@@ -10,6 +10,13 @@
 //             [slots][q_tiles] counts and [slots][q_tiles][q_cap] entries
 //   backward: kv lists, int32 [batch][heads_kv][num_blocks] counts and
 //             [batch][heads_kv][num_blocks][kv_q_tiles] entries
+// or, when the kernels gather rows (both passes; then no q lists except for
+// the deterministic backward's dQ kernel, and no kv lists):
+//   row lists int32 [slots][num_blocks + 1] offsets and [slots][rows_cap]
+//             rows, rows_cap = seqlen_q x min(top_k + 1, num_blocks) (each
+//             row selects its own block and at most top_k others)
+//   forward:  the rows' softmax states, fp32 O [batch][heads_q][seqlen_q]
+//             [head_dim] and LSE [batch][heads_q][seqlen_q]
 // slots = batch x (heads_kv when shared, else heads_q). A q list holds at
 // most q_cap = min(num_blocks, tile_rows * top_k + 2) blocks: each row adds
 // top_k past blocks and the tile's rows have at most two own blocks (a
@@ -60,8 +67,18 @@ inline void validate_moba(const Problem& p) {
                   moba::kMaxTopK, " (or at least num_blocks - 1 = ", nb - 1, ", every past block)");
 }
 
+// A selecting slot's most (row, block) pairs: each row selects its own
+// block and at most top_k others.
+inline int64_t moba_rows_cap(const Problem& p) {
+  return p.seqlen_q *
+         std::min<int64_t>(std::min<int64_t>(p.moba_top_k, INT32_MAX) + 1, p.moba_num_blocks());
+}
+// The kernels can gather rows when a slot's row list has 32-bit offsets.
+inline bool moba_rows_fit(const Problem& p) { return moba_rows_cap(p) < INT32_MAX; }
+
 struct MobaLayout {
   size_t pooled = 0, selected = 0, q_count = 0, q_blocks = 0, kv_count = 0, kv_tiles = 0;
+  size_t state = 0;  // gathered forward
   size_t end = 0;  // bytes from the workspace start
 };
 
@@ -69,11 +86,14 @@ class MobaSchedule {
  public:
   // q_tile_rows: the forward kernel's block_m; kv_tile_rows: the dK/dV
   // kernel's block_m (0 for forward-only plans).
-  MobaSchedule(const Problem& p, int q_tile_rows, int kv_tile_rows) : p_(p) {
+  // gather: the kernels walk the gathered row lists instead of the q lists
+  // (forward) and the kv lists (dK/dV), when a slot's row list fits 32-bit
+  // offsets (gathers() says).
+  MobaSchedule(const Problem& p, int q_tile_rows, int kv_tile_rows, bool gather) : p_(p) {
     lists_.block = int32_t(p.moba_block);
     lists_.num_blocks = int32_t(p.moba_num_blocks());
-    lists_.q_words = int32_t((p.seqlen_q + 63) / 64);
-    lists_.q_tile_rows = q_tile_rows;
+    q_words_ = int32_t((p.seqlen_q + 63) / 64);
+    q_tile_rows_ = q_tile_rows;
     lists_.q_tiles = int32_t((p.seqlen_q + q_tile_rows - 1) / q_tile_rows);
     lists_.q_cap = int32_t(std::min<int64_t>(
         p.moba_num_blocks(),
@@ -81,12 +101,17 @@ class MobaSchedule {
     kv_tile_rows_ = kv_tile_rows;
     kv_q_tiles_ = kv_tile_rows > 0 ? int32_t((p.seqlen_q + kv_tile_rows - 1) / kv_tile_rows) : 0;
     lists_.kv_cap = kv_q_tiles_;
+    if (gather && moba_rows_fit(p)) {
+      lists_.gather = 1;
+      lists_.kv_cap = int32_t(moba_rows_cap(p));
+    }
     lists_.sel_heads = int32_t(p.moba_heads());
-    lists_.per_query_head = p.moba_shared ? 0 : 1;
+    lists_.per_query_head = int16_t(p.moba_shared ? 0 : 1);
   }
 
-  // The layout from `base` with the q lists and/or the kv lists.
-  MobaLayout layout(size_t base, bool q_lists, bool kv_lists) const {
+  // The layout from `base` with the q lists and/or the kv lists (the row
+  // lists when gathering), and the rows' states (gathered forward).
+  MobaLayout layout(size_t base, bool q_lists, bool kv_lists, bool state = false) const {
     const Problem& p = p_;
     auto align = [](size_t x) { return (x + 255) / 256 * 256; };
     const size_t nb = size_t(lists_.num_blocks), slots = size_t(p.batch * p.moba_heads());
@@ -99,15 +124,21 @@ class MobaSchedule {
       return here;
     };
     l.pooled = take(bh * nb * size_t(p.head_dim_qk) * sizeof(float));
-    l.selected = take(slots * nb * size_t(lists_.q_words) * sizeof(uint64_t));
+    l.selected = take(slots * nb * size_t(q_words_) * sizeof(uint64_t));
     if (q_lists) {
       l.q_count = take(slots * size_t(lists_.q_tiles) * sizeof(int32_t));
       l.q_blocks = take(slots * size_t(lists_.q_tiles) * size_t(lists_.q_cap) * sizeof(int32_t));
     }
-    if (kv_lists) {
+    if (kv_lists && gathers()) {
+      l.kv_count = take(slots * (nb + 1) * sizeof(int32_t));
+      l.kv_tiles = take(slots * size_t(lists_.kv_cap) * sizeof(int32_t));
+    } else if (kv_lists) {
       l.kv_count = take(bh * nb * sizeof(int32_t));
       l.kv_tiles = take(bh * nb * size_t(lists_.kv_cap) * sizeof(int32_t));
     }
+    if (state)
+      l.state = take(size_t(p.batch * p.heads_q * p.seqlen_q) * size_t(p.head_dim_qk + 1) *
+                     sizeof(float));
     l.end = at;
     return l;
   }
@@ -129,7 +160,11 @@ class MobaSchedule {
       s.q_count = reinterpret_cast<int32_t*>(ws + l.q_count);
       s.q_blocks = reinterpret_cast<int32_t*>(ws + l.q_blocks);
     }
-    if (kv_lists) {
+    if (kv_lists && gathers()) {
+      s.row_offsets = reinterpret_cast<int32_t*>(ws + l.kv_count);
+      s.rows = reinterpret_cast<int32_t*>(ws + l.kv_tiles);
+      s.rows_cap = lists_.kv_cap;
+    } else if (kv_lists) {
       s.kv_count = reinterpret_cast<int32_t*>(ws + l.kv_count);
       s.kv_tiles = reinterpret_cast<int32_t*>(ws + l.kv_tiles);
     }
@@ -140,8 +175,8 @@ class MobaSchedule {
     s.block = lists_.block, s.num_blocks = lists_.num_blocks;
     s.top_k = int32_t(std::min<int64_t>(p.moba_top_k, INT32_MAX));
     s.shared = p.moba_shared ? 1 : 0;
-    s.sel_heads = lists_.sel_heads, s.q_words = lists_.q_words;
-    s.q_tiles = lists_.q_tiles, s.q_tile_rows = lists_.q_tile_rows, s.q_cap = lists_.q_cap;
+    s.sel_heads = lists_.sel_heads, s.q_words = q_words_;
+    s.q_tiles = lists_.q_tiles, s.q_tile_rows = q_tile_rows_, s.q_cap = lists_.q_cap;
     s.kv_q_tiles = kv_q_tiles_, s.kv_tile_rows = kv_tile_rows_, s.kv_cap = lists_.kv_cap;
     return s;
   }
@@ -150,14 +185,40 @@ class MobaSchedule {
     flash::MobaLists m = lists_;
     m.selected = s.selected;
     m.q_count = s.q_count, m.q_blocks = s.q_blocks;
-    m.kv_count = s.kv_count, m.kv_tiles = s.kv_tiles;
+    if (gathers())
+      m.kv_count = s.row_offsets, m.kv_tiles = s.rows;
+    else
+      m.kv_count = s.kv_count, m.kv_tiles = s.kv_tiles;
     return m;
+  }
+
+  bool gathers() const { return lists_.gather != 0; }
+
+  // The gathered forward's launch for block kb has one query tile per
+  // tile_rows of the rows that can select it (the list is no longer).
+  int64_t gather_tiles(int64_t kb, int tile_rows) const {
+    const int64_t first = std::max<int64_t>(0, kb * p_.moba_block - (p_.seqlen_kv - p_.seqlen_q));
+    return first >= p_.seqlen_q ? 0 : (p_.seqlen_q - first + tile_rows - 1) / tile_rows;
+  }
+
+  moba::FinishParams finish_params(const float* state, void* o, float* lse) const {
+    const Problem& p = p_;
+    const TensorStrides& so = p.strides[ATTN_TENSOR_O];
+    moba::FinishParams f{};
+    f.state = state, f.o = o, f.lse = lse;
+    f.o_batch = so.batch, f.o_seq = so.seq, f.o_head = so.head;
+    f.lse_batch = p.heads_q * p.seqlen_q, f.lse_head = p.seqlen_q;
+    f.batch = int32_t(p.batch), f.heads_q = int32_t(p.heads_q);
+    f.seqlen_q = int32_t(p.seqlen_q), f.seqlen_kv = int32_t(p.seqlen_kv);
+    f.d = int32_t(p.head_dim_qk);
+    return f;
   }
 
  private:
   Problem p_;
   flash::MobaLists lists_{};
   int32_t kv_tile_rows_ = 0, kv_q_tiles_ = 0;
+  int32_t q_words_ = 0, q_tile_rows_ = 0;
 };
 
 }  // namespace attn::cuda

@@ -41,6 +41,14 @@ cudaError_t launch_t(const moba::SelectParams& p, cudaStream_t stream) {
   if (p.kv_count != nullptr && kv_lists > 0)
     moba::kv_list_kernel<<<unsigned((kv_lists + per_block - 1) / per_block), moba::kListThreads, 0,
                            stream>>>(p);
+  const int64_t row_lists = slots * p.num_blocks;
+  if (p.row_offsets != nullptr && row_lists > 0) {
+    const unsigned list_blocks = unsigned((row_lists + per_block - 1) / per_block);
+    moba::row_count_kernel<<<list_blocks, moba::kListThreads, 0, stream>>>(p);
+    moba::row_scan_kernel<<<unsigned((slots + per_block - 1) / per_block), moba::kListThreads, 0,
+                            stream>>>(p);
+    moba::row_scatter_kernel<<<list_blocks, moba::kListThreads, 0, stream>>>(p);
+  }
   return cudaGetLastError();
 }
 
@@ -48,6 +56,17 @@ cudaError_t launch_t(const moba::SelectParams& p, cudaStream_t stream) {
 
 cudaError_t moba_select_launch(const moba::SelectParams& p, bool bf16, cudaStream_t stream) {
   return bf16 ? launch_t<__nv_bfloat16>(p, stream) : launch_t<__half>(p, stream);
+}
+
+cudaError_t moba_finish_launch(const moba::FinishParams& p, bool bf16, cudaStream_t stream) {
+  const int64_t threads = int64_t(p.batch) * p.heads_q * p.seqlen_q * (p.d / 8);
+  if (threads == 0) return cudaSuccess;
+  const unsigned blocks = unsigned((threads + moba::kListThreads - 1) / moba::kListThreads);
+  if (bf16)
+    moba::finish_kernel<__nv_bfloat16><<<blocks, moba::kListThreads, 0, stream>>>(p);
+  else
+    moba::finish_kernel<__half><<<blocks, moba::kListThreads, 0, stream>>>(p);
+  return cudaGetLastError();
 }
 
 }  // namespace attn::cuda

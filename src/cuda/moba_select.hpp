@@ -13,8 +13,13 @@ namespace attn::cuda {
 cudaError_t moba_select_prepare(int d);
 
 // Enqueues the selection on stream: zeroes p.selected, pools the keys,
-// selects, then builds the q lists when p.q_count is set and the kv lists
-// when p.kv_count is set. Returns the first launch error.
+// selects, then builds the q lists when p.q_count is set, the kv lists
+// when p.kv_count is set and the gathered row lists when p.row_offsets is.
+// Returns the first launch error.
 cudaError_t moba_select_launch(const moba::SelectParams& p, bool bf16, cudaStream_t stream);
+
+// Enqueues the gathered forward's last step: O and LSE from the rows'
+// softmax states.
+cudaError_t moba_finish_launch(const moba::FinishParams& p, bool bf16, cudaStream_t stream);
 
 }  // namespace attn::cuda

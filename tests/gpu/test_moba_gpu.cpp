@@ -14,10 +14,15 @@
 // normal.
 //
 // Cases: block sizes 128, 256 and 512 (lengths not multiples of them),
-// top_k 0..8 and one above the number of blocks (plain causal), per-head and
+// top_k 0..12 and one above the number of blocks (plain causal), per-head and
 // GQA-shared selection, MHA/GQA/MQA, lq < lk and lq > lk (rows that see no
 // key), batch > 1, BHSD and padded strides, d = 64, 96, 128, 256, bf16 and
-// fp16. Each runs the forward, the backward with dQ by atomics and the
+// fp16; independent random query rows, and "coherent" ones (runs of equal
+// rows, which select alike, as neighbouring tokens of real text tend to).
+// With ATTN_CUDA_MOBA_GATHER=1 (meson tests moba_gpu_gather*) the forward
+// and the dK/dV kernel walk the gathered row lists (the forward merging one
+// block per launch into fp32 row states in the workspace), and describe
+// must say so. Each runs the forward, the backward with dQ by atomics and the
 // deterministic backward (three times: bit-identical). Tolerance as
 // test_block_sparse_gpu (FlashAttention's rule): max |X - X_fp64| <=
 // 2 * max |X_plain - X_fp64| + atol, X_plain from ref_lowp_* (every op
@@ -56,10 +61,13 @@ namespace {
 struct Case : CaseShape {
   int64_t block = 128, top_k = 2;
   bool shared = false;
+  bool coherent = false;  // query rows equal in runs of kCoherentRun
 };
+constexpr int64_t kCoherentRun = 96;
 using Problem = CaseProblem<Case>;
 
 uint64_t g_seed = 0;
+bool g_gather = false;  // ATTN_CUDA_MOBA_GATHER: the kernels gather rows
 
 struct Err {
   double err = 0, plain = 0, ref_max = 0;
@@ -124,7 +132,9 @@ Run run_device(const Case& c0, attn_context_t ctx) {
     for (int64_t s = 0; s < c.lq; ++s)
       for (int64_t h = 0; h < c.hq; ++h)
         for (int64_t x = 0; x < c.d; ++x) {
-          r.q[size_t(p.off_q(b, s, h) + x)] = to_half(c.dtype, small_ints[pick(rng)]);
+          const bool copy = c.coherent && s % kCoherentRun != 0;
+          r.q[size_t(p.off_q(b, s, h) + x)] = copy ? r.q[size_t(p.off_q(b, s - 1, h) + x)]
+                                                   : to_half(c.dtype, small_ints[pick(rng)]);
           r.d_o[size_t(p.off_q(b, s, h) + x)] = to_half(c.dtype, nd(rng));
         }
     for (int64_t s = 0; s < c.lk; ++s)
@@ -143,6 +153,9 @@ Run run_device(const Case& c0, attn_context_t ctx) {
     ATTN_CHECK(attn_plan_workspace_size(plan, ATTN_PASS_FORWARD, &fws));
     if (std::strstr(info.kernel, "moba") == nullptr)
       r.describe_error += std::string(" kernel '") + info.kernel + "' does not say moba;";
+    if ((std::strstr(info.kernel, "moba-gather") != nullptr) != g_gather)
+      r.describe_error += std::string(" kernel '") + info.kernel + "' with ATTN_CUDA_MOBA_GATHER " +
+                          (g_gather ? "set" : "unset") + ";";
     if (std::strcmp(info.algorithm, "flash-moba-online-softmax") != 0)
       r.describe_error += std::string(" algorithm '") + info.algorithm + "';";
     if (fws == 0 || info.workspace_bytes_forward != fws)
@@ -422,6 +435,22 @@ std::vector<Case> cases() {
   v.push_back(make("d96-bf16-b128-top3-shared-gqa2/1", BF, 96, 1, 2, 1, 900, 900, 128, 3, true));
   v.push_back(make("d256-bf16-b128-top2-per-head", BF, 256, 1, 2, 2, 700, 700, 128, 2, false));
   v.push_back(make("d256-fp16-b256-top1-shared-gqa2/1", FP, 256, 1, 2, 1, 650, 650, 256, 1, true));
+  // Per-head selection in a group of 4: the heads' row lists differ in
+  // length; top_k up to 12 of 16 past blocks.
+  v.push_back(
+      make("d64-bf16-b128-top12-per-head-gqa4/1", BF, 64, 1, 4, 1, 2100, 2100, 128, 12, false));
+  v.push_back(
+      make("d128-fp16-b128-top6-per-head-gqa4/2", FP, 128, 1, 4, 2, 1300, 1300, 128, 6, false));
+  c = make("d128-bf16-b128-top4-per-head-coherent", BF, 128, 1, 2, 2, 1900, 1900, 128, 4, false);
+  c.coherent = true;
+  v.push_back(c);
+  c = make("d64-fp16-b256-top3-shared-gqa2/1-coherent", FP, 64, 1, 2, 1, 2000, 2000, 256, 3, true);
+  c.coherent = true;
+  v.push_back(c);
+  c = make("d256-bf16-b128-top10-per-head-coherent-lq<lk", BF, 256, 1, 2, 2, 900, 1700, 128, 10,
+           false);
+  c.coherent = true;
+  v.push_back(c);
   return v;
 }
 
@@ -499,6 +528,9 @@ int main() {
   g_seed = env ? std::strtoull(env, nullptr, 10) : std::random_device{}() * 2654435761ull;
   std::printf("seed %" PRIu64 " (ATTN_TEST_SEED=%" PRIu64 " repeats this run)\n", g_seed, g_seed);
   const char* filter = std::getenv("ATTN_GPU_TEST_FILTER");
+  const char* gather_env = std::getenv("ATTN_CUDA_MOBA_GATHER");
+  g_gather = gather_env != nullptr && std::atoi(gather_env) != 0;
+  if (g_gather) std::printf("ATTN_CUDA_MOBA_GATHER: the kernels gather the selecting rows\n");
 
   attn_context_t ctx = nullptr;
   ATTN_CHECK(attn_context_create(ATTN_BACKEND_CUDA, 0, 0, &ctx));
