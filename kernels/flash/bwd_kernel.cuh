@@ -29,9 +29,9 @@
 // tiles and dK/dV tiles can be laid out independently (32 x 32 and 32 x 64
 // warp tiles at D = 128, which read less shared memory per mma). dS^T is
 // stored to shared memory in both cases, from where dQ = dS K is computed
-// by all warps: after a second barrier, or (pipe_dq, register path) with
-// dS^T double-buffered, in the next iteration after the barrier that starts
-// it, so that an iteration has one barrier.
+// by all warps after a second barrier. (Pipelining dQ into the next
+// iteration, with dS^T double-buffered and one barrier per iteration, was
+// the d = 64 default until the bulk dQ reduction beat it: bwd_params.cuh.)
 //
 // Probabilities are recomputed from LSE: P = 2^(z log2(e) - LSE log2(e)),
 // z the (softcapped) logit; dS = P (dP - D), times dz/du = 1 - (z/cap)^2
@@ -71,8 +71,6 @@ struct BwdTraits {
   static constexpr int kWarps = kCfg.warps;
   static constexpr int kThreads = kWarps * 32;
   static constexpr bool kRegPath = kCfg.register_path();
-  static constexpr bool kPipe = kCfg.pipe_dq;
-  static_assert(!kPipe || kRegPath, "dQ pipelining on the register path only");
   // S^T phase: warps kSWK (keys) x kSWQ (queries), tiles of kKS keys (kMS
   // m-tiles) x kQC queries.
   static constexpr int kSWK = kCfg.s_wk, kSWQ = kWarps / kSWK;
@@ -90,14 +88,13 @@ struct BwdTraits {
   static constexpr uint32_t kOffDo = kOffQ + 2 * kTileQ;
   static constexpr uint32_t kOffDs = kOffDo + 2 * kTileQ;
   static constexpr uint32_t kTileS = uint32_t(kBN * kLdS * 2);
-  // P^T off the register path; the second dS^T buffer with kPipe.
+  // P^T off the register path.
   static constexpr uint32_t kOffP = kOffDs + kTileS;
-  static constexpr uint32_t kOffStat = kOffP + (kRegPath && !kPipe ? 0u : kTileS);
+  static constexpr uint32_t kOffStat = kOffP + (kRegPath ? 0u : kTileS);
   // The dQ staging tile [kBM][kLdDq] fp32 (bulk_dq).
   static constexpr bool kBulk = kCfg.bulk_dq;
   static constexpr int kLdDq = kCfg.ld_dq(D);
   static constexpr uint32_t kOffStage = kOffStat + uint32_t(4 * kBM * 4);
-  static_assert(!kBulk || !kPipe, "bulk dQ needs a barrier between its issue and restaging");
   static_assert(!kBulk || kThreads >= kBM, "bulk dQ: one issuing thread per row");
   static_assert(kOffStage + (kBulk ? uint32_t(kBM * kLdDq * 4) : 0u) == kCfg.smem_bytes(D),
                 "layout = config");
@@ -359,7 +356,8 @@ template <class T, int D, int V, bool Sparse, bool Moba, bool Gather>
 __device__ __forceinline__ void flash_bwd_dkdv_tile(const BwdParams& p) {
   using Tr = BwdTraits<D, V>;
   constexpr int BM = Tr::kBM, BN = Tr::kBN, NTH = Tr::kThreads, LD = Tr::kLd, LDS = Tr::kLdS;
-  constexpr bool REG = Tr::kRegPath, PIPE = Tr::kPipe, BULK = Tr::kBulk;
+  // Gathered rows are not consecutive: their dQ goes row by row with REDs.
+  constexpr bool REG = Tr::kRegPath, BULK = Tr::kBulk && !Gather;
   constexpr int KS = Tr::kKS, MS = Tr::kMS, QC = Tr::kQC;
   constexpr int KK = Tr::kKK, MK = Tr::kMK, DC = Tr::kDC, ND = DC / 8;
   constexpr int DQR = Tr::kDqRows, DQC = Tr::kDqCols, MQ = DQR / 16, NQQ = DQC / 8;
@@ -671,22 +669,6 @@ __device__ __forceinline__ void flash_bwd_dkdv_tile(const BwdParams& p) {
         }
       }
   };
-  // With PIPE: the dQ of the previous iteration's tile, from the other dS^T
-  // buffer (complete: a barrier separates it from its writers).
-  int moba_prev_h = 0, moba_prev_m = 0;  // MoBA gather: the previous tile
-  auto dq_prev = [&](int it) {
-    if constexpr (Gather) {
-      int count;
-      const int32_t* idx = moba_rows(moba_prev_h, count) + moba_prev_m * BM;
-      dq_tile(sDs + uint32_t((it - 1) & 1) * Tr::kTileS, 0, min(BM, count - moba_prev_m * BM),
-              moba_prev_h, idx);
-      return;
-    }
-    const bool first = m == m_begin;
-    const int pm = first ? m_end - 1 : m - 1, ph = first ? h - 1 : h;
-    const int pr0 = q_tile(pm) * BM;
-    dq_tile(sDs + uint32_t((it - 1) & 1) * Tr::kTileS, pr0, min(BM, lq - pr0), ph, nullptr);
-  };
 
   // BULK: the staged dQ of the previous iteration's tile, one bulk
   // reduction per valid row, issued by thread `row` (the staging writes are
@@ -710,7 +692,6 @@ __device__ __forceinline__ void flash_bwd_dkdv_tile(const BwdParams& p) {
     __syncthreads();  // tile `it` landed; iteration it-1 is done with the other stage and dS^T
     if (it + 1 < n_iter) load_q(it + 1);
     cp_async_commit();
-    if (PIPE && accum && it > 0) dq_prev(it);
     if (BULK && accum && it > 0) bulk_issue(it);
 
     int r0, rows;
@@ -856,7 +837,7 @@ __device__ __forceinline__ void flash_bwd_dkdv_tile(const BwdParams& p) {
         for (int mt = 0; mt < MS; ++mt) {
           const int row = sk * KS + mt * 16 + g;
           uint32_t* ds_row = reinterpret_cast<uint32_t*>(
-                                 smem + Tr::kOffDs + (PIPE ? (it & 1) * Tr::kTileS : 0u)) +
+                                 smem + Tr::kOffDs) +
                              (row * LDS + q0 + 2 * t4) / 2;
           uint32_t* p_row = reinterpret_cast<uint32_t*>(smem + Tr::kOffP) + (row * LDS + q0 + 2 * t4) / 2;
 #pragma unroll
@@ -887,7 +868,7 @@ __device__ __forceinline__ void flash_bwd_dkdv_tile(const BwdParams& p) {
             mma_16816<T>(acc_dv[0][2 * np], pa[0][kk], bo[0], bo[1]);
             mma_16816<T>(acc_dv[0][2 * np + 1], pa[0][kk], bo[2], bo[3]);
           }
-        if (ps + 1 < PASSES || !accum || PIPE) {
+        if (ps + 1 < PASSES || !accum) {
           dk_step(da[0], q0);
         } else {
 #pragma unroll
@@ -928,15 +909,14 @@ __device__ __forceinline__ void flash_bwd_dkdv_tile(const BwdParams& p) {
     }
 
     if (accum) {
-      if (REG && !PIPE) {
+      if (REG) {
         if (BULK) bulk_wait_read<0>();  // the staging tile is read before it is rewritten
         __syncthreads();  // dS^T complete
         dk_step(da_last, (PASSES - 1) * QP);
       }
-      if (!PIPE) dq_tile(sDs, r0, rows, h, tile_idx);
+      dq_tile(sDs, r0, rows, h, tile_idx);
     }
     if constexpr (Gather) {
-      moba_prev_h = h, moba_prev_m = m;
       moba_next(h, m);
       continue;
     }
@@ -947,10 +927,6 @@ __device__ __forceinline__ void flash_bwd_dkdv_tile(const BwdParams& p) {
   if (BULK && accum && n_iter > 0) {
     bulk_issue(n_iter);  // the last tile's dQ
     bulk_wait<0>();      // shared memory must outlive the copies
-  }
-  if (PIPE && accum && n_iter > 0) {
-    dq_prev(n_iter);  // the last tile's dQ
-    __syncthreads();  // K is free for the epilogue
   }
 
   if (p.dk_accum != nullptr) {

@@ -91,17 +91,12 @@ struct BwdParams {
 // queries taken in `passes` passes, to bound the registers); otherwise they
 // go through shared memory (larger warp tiles, fewer shared-memory reads per
 // mma). Shared memory: K, V [block_n][D+8]; two stages of Q, dO
-// [block_m][D+8]; dS^T (two with pipe_dq; and P^T off the register path)
+// [block_m][D+8]; dS^T (and P^T off the register path)
 // [block_n][block_m+8]; two stages of LSE and D rows; with bulk_dq the dQ
 // staging tile [block_m][D+8] fp32.
 struct BwdConfig {
   int block_m, block_n, warps, s_wk, kv_wk, dq_wm, dq_wn, passes;
-  // Register path only: dS^T double-buffered, and the dQ of query tile it
-  // computed in iteration it + 1, right after the barrier that starts it
-  // (which also completes dS^T of tile it), so that an iteration needs one
-  // barrier instead of two.
-  bool pipe_dq = false;
-  // sm_90+ (not with pipe_dq): a query tile's dQ goes to a staging tile in
+  // sm_90+: a query tile's dQ goes to a staging tile in
   // shared memory, from where one bulk reduction per row, issued by thread
   // `row`, adds it to the accumulator after the next iteration's first
   // barrier.
@@ -116,7 +111,7 @@ struct BwdConfig {
   constexpr int ld_dq(int d) const { return d + 8; }
   constexpr size_t smem_bytes(int d) const {
     return size_t(2 * block_n + 4 * block_m) * size_t(ld(d)) * 2u +
-           size_t(register_path() && !pipe_dq ? 1 : 2) * size_t(block_n) * size_t(ld_s()) * 2u +
+           size_t(register_path() ? 1 : 2) * size_t(block_n) * size_t(ld_s()) * 2u +
            size_t(4 * block_m) * 4u + (bulk_dq ? size_t(block_m) * size_t(ld_dq(d)) * 4u : 0u);
   }
   // The first compute capability (major) the configuration runs on.
@@ -130,8 +125,8 @@ struct BwdConfig {
 // each, so the register path holds up to D = 128 and D = 256 splits D over
 // two warps. At D = 64 a query tile of 128 rows, in two passes of 64,
 // halves the barriers per FLOP and gives dQ 32 x 32 warp tiles: 224 TFLOP/s
-// (L = 8K, full, bf16, H200); pipelining dQ (pipe_dq) took it to 234 and
-// the bulk dQ reduction without the pipeline to 247 (4 warps x 64 keys at
+// (L = 8K, full, bf16, H200); pipelining dQ into the next iteration took it
+// to 234 and the bulk dQ reduction without the pipeline to 247 (4 warps x 64 keys at
 // 2 blocks per SM, 218, and 32 x 32 score tiles through shared memory, 234
 // with dQ pipelined, did not do better; nor did four passes of 32 queries,
 // 240 registers instead of 246: 3% slower at L = 2K to 16K). At D = 128,
@@ -139,10 +134,10 @@ struct BwdConfig {
 // than the register path's 16 x 64 and 16 x 128 (272 TFLOP/s against 247;
 // with dQ pipelined, 268 and 249; with the bulk dQ reduction, 292).
 constexpr BwdConfig bwd_config(int d, int variant = 0) {
-  return d == 64    ? (variant == 0 ? BwdConfig{128, 128, 8, 8, 8, 4, 2, 2, false, true}
+  return d == 64    ? (variant == 0 ? BwdConfig{128, 128, 8, 8, 8, 4, 2, 2, true}
                                     : BwdConfig{128, 128, 8, 8, 8, 4, 2, 2})
          : d == 96  ? BwdConfig{64, 128, 8, 8, 8, 4, 2, 1}
-         : d == 128 ? (variant == 0 ? BwdConfig{64, 128, 8, 4, 4, 2, 4, 1, false, true}
+         : d == 128 ? (variant == 0 ? BwdConfig{64, 128, 8, 4, 4, 2, 4, 1, true}
                                     : BwdConfig{64, 128, 8, 8, 8, 2, 4, 1})
                     : BwdConfig{32, 64, 8, 4, 4, 2, 4, 1};
 }
