@@ -128,6 +128,9 @@ struct Harness {
     GPU_CHECK(cudaMalloc(&vd, std::max<size_t>(kh.size() * 2, 16)));
     GPU_CHECK(cudaMemcpy(kd, kh.data(), kh.size() * 2, cudaMemcpyHostToDevice));
     GPU_CHECK(cudaMemcpy(vd, vh.data(), vh.size() * 2, cudaMemcpyHostToDevice));
+    // A pageable upload may still be in flight when cudaMemcpy returns, and
+    // the legacy stream does not order the non-blocking one.
+    GPU_CHECK(cudaDeviceSynchronize());
     const attn_status_t st = attn_kv_cache_append(cache, int32_t(ids.size()), ids.data(),
                                                   counts.data(), kd, vd, stream);
     GPU_CHECK(cudaStreamSynchronize(stream));  // before freeing the sources
@@ -205,12 +208,14 @@ void make_step(Harness& h, attn_decode_plan_t plan, int64_t hq, Step& s) {
   GPU_CHECK(cudaMemcpy(s.q_dev, qh.data(), n * 2, cudaMemcpyHostToDevice));
   ATTN_CHECK(attn_decode_plan_workspace_size(plan, &s.ws_bytes));
   GPU_CHECK(cudaMalloc(&s.ws, std::max<size_t>(s.ws_bytes, 1)));
+  GPU_CHECK(cudaDeviceSynchronize());  // the uploads before work on the non-blocking stream
 }
 
 void poison(const Harness& h, Step& s) {
   std::vector<uint16_t> p(s.o_elems, poison_half(h.shape.dtype));
   GPU_CHECK(cudaMemcpy(s.o_dev, p.data(), p.size() * 2, cudaMemcpyHostToDevice));
   GPU_CHECK(cudaMemset(s.lse_dev, 0xff, s.o_elems / size_t(h.shape.d) * 4));  // NaN
+  GPU_CHECK(cudaDeviceSynchronize());  // before work on the non-blocking stream
 }
 
 struct Result {
