@@ -732,8 +732,9 @@ ATTN_API attn_status_t attn_plan_desc_set_block_mask(attn_plan_desc_t desc,
  * rounding of each other. attn_plan_describe's visible_pairs and
  * visited_tile_pairs are then upper bounds, since the selection depends on
  * the data; the workspace holds the pooled keys and the selection (on the
- * CUDA backend's gathered schedule, see README, also the rows that chose
- * each block and, in the forward, an fp32 softmax state per query row). */
+ * CUDA backend, whose default schedule gathers per block the rows that
+ * chose it (see README), also those rows and, in the forward, an fp32
+ * softmax state per query row). */
 ATTN_API attn_status_t attn_plan_desc_set_moba(attn_plan_desc_t desc, int64_t block_size,
                                                int64_t top_k, int32_t shared_per_group);
 

@@ -20,10 +20,13 @@
 // workspace of each pass, behind what the pass needs otherwise
 // (cuda/moba_plan.hpp); the backward pass selects again, with the same
 // launches, and so sees the forward's selection bit for bit.
-// ATTN_CUDA_MOBA_GATHER=1 makes the kernels walk, per block, the rows that
-// selected it (gathered row lists) instead of the query tiles in which some
-// row did: the forward one launch per block merging into per-row softmax
-// states, the dK/dV kernel per KV tile; "-moba-gather" in the kernel name.
+// By default the kernels walk, per block, the rows that selected it
+// (gathered row lists): the forward one launch per block merging into
+// per-row softmax states, the dK/dV kernel per KV tile; "-moba-gather" in
+// the kernel name. ATTN_CUDA_MOBA_GATHER=0 (a test and tuning hook) takes
+// the tile-union schedule instead: the query tiles in which some row
+// selected the block ("-moba"), which is also the path of plans whose row
+// lists would not fit 32-bit offsets.
 #include "cuda/cuda_backend.hpp"
 
 #include <cuda_runtime_api.h>
@@ -104,7 +107,7 @@ class CudaPlan final : public BackendPlan {
     const bool moba = p.moba_block > 0;
     const char* gather_env = std::getenv("ATTN_CUDA_MOBA_GATHER");
     const bool gather =
-        moba && gather_env != nullptr && std::atoi(gather_env) != 0 && moba_rows_fit(p);
+        moba && (gather_env == nullptr || std::atoi(gather_env) != 0) && moba_rows_fit(p);
     cfg_ = flash::fwd_config(int(d));
     kernel_ = pick_kernel(d, bf16, sparse, moba, gather);
 

@@ -19,10 +19,10 @@
 // key), batch > 1, BHSD and padded strides, d = 64, 96, 128, 256, bf16 and
 // fp16; independent random query rows, and "coherent" ones (runs of equal
 // rows, which select alike, as neighbouring tokens of real text tend to).
-// With ATTN_CUDA_MOBA_GATHER=1 (meson tests moba_gpu_gather*) the forward
-// and the dK/dV kernel walk the gathered row lists (the forward merging one
-// block per launch into fp32 row states in the workspace), and describe
-// must say so. Each runs the forward, the backward with dQ by atomics and the
+// By default the forward and the dK/dV kernel walk the gathered row lists
+// (the forward merging one block per launch into fp32 row states in the
+// workspace); with ATTN_CUDA_MOBA_GATHER=0 (meson tests moba_gpu_union*)
+// they walk the tile-union lists; describe must say which. Each runs the forward, the backward with dQ by atomics and the
 // deterministic backward (three times: bit-identical). Tolerance as
 // test_block_sparse_gpu (FlashAttention's rule): max |X - X_fp64| <=
 // 2 * max |X_plain - X_fp64| + atol, X_plain from ref_lowp_* (every op
@@ -67,7 +67,7 @@ constexpr int64_t kCoherentRun = 96;
 using Problem = CaseProblem<Case>;
 
 uint64_t g_seed = 0;
-bool g_gather = false;  // ATTN_CUDA_MOBA_GATHER: the kernels gather rows
+bool g_gather = true;  // unless ATTN_CUDA_MOBA_GATHER=0: the kernels gather rows
 
 struct Err {
   double err = 0, plain = 0, ref_max = 0;
@@ -155,7 +155,7 @@ Run run_device(const Case& c0, attn_context_t ctx) {
       r.describe_error += std::string(" kernel '") + info.kernel + "' does not say moba;";
     if ((std::strstr(info.kernel, "moba-gather") != nullptr) != g_gather)
       r.describe_error += std::string(" kernel '") + info.kernel + "' with ATTN_CUDA_MOBA_GATHER " +
-                          (g_gather ? "set" : "unset") + ";";
+                          (g_gather ? "unset" : "=0") + ";";
     if (std::strcmp(info.algorithm, "flash-moba-online-softmax") != 0)
       r.describe_error += std::string(" algorithm '") + info.algorithm + "';";
     if (fws == 0 || info.workspace_bytes_forward != fws)
@@ -529,8 +529,9 @@ int main() {
   std::printf("seed %" PRIu64 " (ATTN_TEST_SEED=%" PRIu64 " repeats this run)\n", g_seed, g_seed);
   const char* filter = std::getenv("ATTN_GPU_TEST_FILTER");
   const char* gather_env = std::getenv("ATTN_CUDA_MOBA_GATHER");
-  g_gather = gather_env != nullptr && std::atoi(gather_env) != 0;
-  if (g_gather) std::printf("ATTN_CUDA_MOBA_GATHER: the kernels gather the selecting rows\n");
+  g_gather = gather_env == nullptr || std::atoi(gather_env) != 0;
+  std::printf("%s\n", g_gather ? "gathered schedule (the default)"
+                               : "ATTN_CUDA_MOBA_GATHER=0: tile-union schedule");
 
   attn_context_t ctx = nullptr;
   ATTN_CHECK(attn_context_create(ATTN_BACKEND_CUDA, 0, 0, &ctx));
