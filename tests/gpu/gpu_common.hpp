@@ -1,7 +1,7 @@
 // Helpers shared by the GPU tests and the GPU timing programs: fp16/bf16
-// conversion on the host, CUDA error checks, the test cases' strided
-// tensors, lengths and plans, and the timing programs' shapes, inputs and
-// event timer.
+// conversion on the host, CUDA error checks, device buffers, the test
+// cases' strided tensors, lengths and plans, and the timing programs'
+// shapes, inputs and event timer.
 #pragma once
 
 #include <attn/attn.h>
@@ -115,6 +115,19 @@ inline void skip_without_device() {
   }
   attn_context_destroy(ctx);
 }
+
+// A device allocation of `bytes` (at least 16 allocated, so that a size of
+// 0 still gives a valid pointer), copied whole to and from the host.
+struct DeviceBuf {
+  void* p = nullptr;
+  size_t bytes = 0;
+  explicit DeviceBuf(size_t n) : bytes(n) { GPU_CHECK(cudaMalloc(&p, std::max<size_t>(n, 16))); }
+  ~DeviceBuf() { cudaFree(p); }
+  DeviceBuf(const DeviceBuf&) = delete;
+  DeviceBuf& operator=(const DeviceBuf&) = delete;
+  void upload(const void* h) { GPU_CHECK(cudaMemcpy(p, h, bytes, cudaMemcpyHostToDevice)); }
+  void download(void* h) const { GPU_CHECK(cudaMemcpy(h, p, bytes, cudaMemcpyDeviceToHost)); }
+};
 
 // ---- Test cases (test_flash_fwd, test_flash_bwd) -----------------------------
 

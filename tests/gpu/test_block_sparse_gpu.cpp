@@ -229,17 +229,6 @@ struct Run {
   std::string describe_error;
 };
 
-struct DeviceBuf {
-  void* p = nullptr;
-  size_t bytes = 0;
-  explicit DeviceBuf(size_t n) : bytes(n) { GPU_CHECK(cudaMalloc(&p, std::max<size_t>(n, 16))); }
-  ~DeviceBuf() { cudaFree(p); }
-  DeviceBuf(const DeviceBuf&) = delete;
-  DeviceBuf& operator=(const DeviceBuf&) = delete;
-  void upload(const void* h) { GPU_CHECK(cudaMemcpy(p, h, bytes, cudaMemcpyHostToDevice)); }
-  void download(void* h) const { GPU_CHECK(cudaMemcpy(h, p, bytes, cudaMemcpyDeviceToHost)); }
-};
-
 attn_plan_t build_plan(const Problem& p, attn_context_t ctx, attn_block_mask_t mask,
                        bool deterministic) {
   attn_plan_desc_t pd = case_plan_desc(p, ATTN_TENSOR_DV + 1);

@@ -85,17 +85,6 @@ double atol_for(attn_dtype_t t) {
   return t == ATTN_DTYPE_BF16 ? 0.5 * std::ldexp(1.0, -10) : 0.5 * std::ldexp(1.0, -13);
 }
 
-struct DeviceBuf {
-  void* p = nullptr;
-  size_t bytes = 0;
-  explicit DeviceBuf(size_t n) : bytes(n) { GPU_CHECK(cudaMalloc(&p, std::max<size_t>(n, 16))); }
-  ~DeviceBuf() { cudaFree(p); }
-  DeviceBuf(const DeviceBuf&) = delete;
-  DeviceBuf& operator=(const DeviceBuf&) = delete;
-  void upload(const void* h) { GPU_CHECK(cudaMemcpy(p, h, bytes, cudaMemcpyHostToDevice)); }
-  void download(void* h) const { GPU_CHECK(cudaMemcpy(h, p, bytes, cudaMemcpyDeviceToHost)); }
-};
-
 // The three gradients, as dtype bits with the tensors' strides.
 struct Grads {
   std::vector<uint16_t> dq, dk, dv;

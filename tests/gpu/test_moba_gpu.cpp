@@ -89,17 +89,6 @@ struct Run {
   std::string describe_error;
 };
 
-struct DeviceBuf {
-  void* p = nullptr;
-  size_t bytes = 0;
-  explicit DeviceBuf(size_t n) : bytes(n) { GPU_CHECK(cudaMalloc(&p, std::max<size_t>(n, 16))); }
-  ~DeviceBuf() { cudaFree(p); }
-  DeviceBuf(const DeviceBuf&) = delete;
-  DeviceBuf& operator=(const DeviceBuf&) = delete;
-  void upload(const void* h) { GPU_CHECK(cudaMemcpy(p, h, bytes, cudaMemcpyHostToDevice)); }
-  void download(void* h) const { GPU_CHECK(cudaMemcpy(h, p, bytes, cudaMemcpyDeviceToHost)); }
-};
-
 attn_plan_desc_t moba_desc(const Problem& p, bool deterministic) {
   attn_plan_desc_t pd = case_plan_desc(p, ATTN_TENSOR_DV + 1);
   ATTN_CHECK(attn_plan_desc_set_passes(pd, ATTN_PASSES_FORWARD_BACKWARD));
