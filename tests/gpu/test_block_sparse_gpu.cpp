@@ -28,18 +28,12 @@
 // text. Exit 77 without a CUDA device.
 
 #include <algorithm>
-#include <atomic>
-#include <chrono>
-#include <cinttypes>
 #include <functional>
-#include <mutex>
 #include <random>
 #include <string>
-#include <thread>
 #include <vector>
 
-#include "gpu_common.hpp"
-#include "reference.h"
+#include "sparse_common.hpp"
 
 using namespace gpu_test;
 
@@ -207,26 +201,9 @@ attn_block_mask_t make_mask(const Case& c, std::mt19937_64& rng, std::vector<uin
   return mask;
 }
 
-// One tensor kind's comparison with the reference.
-struct Err {
-  double err = 0, plain = 0, ref_max = 0;
-  int64_t bad = 0;  // non-finite, unwritten, or nonzero where exactly zero is required
-};
-
-struct Outcome {
-  std::string line;
-  bool ok = true;
-};
-
-// What phase one (the device) leaves for phase two (the host reference).
-struct Run {
-  Problem p;
+// What phase one (the device) leaves for phase two, with the selection.
+struct Run : SparseRun<Case> {
   std::vector<uint8_t> sel;
-  std::vector<uint16_t> q, k, v, d_o, o;  // dtype bits
-  std::vector<float> lse;
-  std::vector<uint16_t> grads[2][3];      // atomic, det: dQ, dK, dV
-  bool det_repeatable = true;
-  std::string describe_error;
 };
 
 attn_plan_t build_plan(const Problem& p, attn_context_t ctx, attn_block_mask_t mask,
@@ -248,24 +225,9 @@ Run run_device(const Case& c0, attn_context_t ctx) {
   const Case& c = p.c;
   attn_block_mask_t mask = make_mask(c, rng, r.sel);
 
-  const uint16_t poison = poison_half(c.dtype);
   std::normal_distribution<float> nd(0.0f, 1.0f);
-  r.q.assign(p.tq.elems, poison), r.d_o.assign(p.tq.elems, poison);
-  r.k.assign(p.tk.elems, poison), r.v.assign(p.tk.elems, poison);
-  for (int64_t b = 0; b < c.batch; ++b) {
-    for (int64_t s = 0; s < c.lq; ++s)
-      for (int64_t h = 0; h < c.hq; ++h)
-        for (int64_t x = 0; x < c.d; ++x) {
-          r.q[size_t(p.off_q(b, s, h) + x)] = to_half(c.dtype, nd(rng));
-          r.d_o[size_t(p.off_q(b, s, h) + x)] = to_half(c.dtype, nd(rng));
-        }
-    for (int64_t s = 0; s < c.lk; ++s)
-      for (int64_t h = 0; h < c.hkv; ++h)
-        for (int64_t x = 0; x < c.d; ++x) {
-          r.k[size_t(p.off_k(b, s, h) + x)] = to_half(c.dtype, nd(rng));
-          r.v[size_t(p.off_k(b, s, h) + x)] = to_half(c.dtype, nd(rng));
-        }
-  }
+  auto normal = [&](int64_t, int64_t, int64_t, int64_t) { return to_half(c.dtype, nd(rng)); };
+  fill_inputs(r, normal, normal, normal, normal);
 
   attn_plan_t plans[2] = {build_plan(p, ctx, mask, false), build_plan(p, ctx, mask, true)};
   ATTN_CHECK(attn_block_mask_destroy(mask));
@@ -278,215 +240,24 @@ Run run_device(const Case& c0, attn_context_t ctx) {
       r.describe_error += " visited/total tile pairs or block sizes wrong;";
   }
 
-  DeviceBuf q(p.tq.elems * 2), k(p.tk.elems * 2), v(p.tk.elems * 2), o(p.tq.elems * 2),
-      d_o(p.tq.elems * 2), lse(size_t(p.lse_elems()) * 4 + 16), dq(p.tq.elems * 2),
-      dk(p.tk.elems * 2), dv(p.tk.elems * 2);
-  q.upload(r.q.data()), k.upload(r.k.data()), v.upload(r.v.data()), d_o.upload(r.d_o.data());
-  const std::vector<uint16_t> pq(p.tq.elems, poison), pk(p.tk.elems, poison);
-  const std::vector<float> plse(size_t(p.lse_elems()) + 4, NAN);
-  o.upload(pq.data());
-  GPU_CHECK(cudaMemcpy(lse.p, plse.data(), plse.size() * 4, cudaMemcpyHostToDevice));
-  GPU_CHECK(cudaDeviceSynchronize());
-  cudaStream_t stream;
-  GPU_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  ATTN_CHECK(attn_forward(plans[0], q.p, k.p, v.p, o.p, static_cast<float*>(lse.p), nullptr, 0,
-                          stream));
-  GPU_CHECK(cudaStreamSynchronize(stream));
-  GPU_CHECK(cudaGetLastError());
-  r.o.resize(p.tq.elems);
-  o.download(r.o.data());
-  r.lse.resize(size_t(p.lse_elems()));
-  GPU_CHECK(cudaMemcpy(r.lse.data(), lse.p, r.lse.size() * 4, cudaMemcpyDeviceToHost));
-
-  for (int det = 0; det < 2; ++det) {
-    size_t wsb = 0;
-    ATTN_CHECK(attn_plan_workspace_size(plans[det], ATTN_PASS_BACKWARD, &wsb));
-    DeviceBuf ws(wsb);
-    for (int rep = 0; rep < (det ? 3 : 1); ++rep) {
-      dq.upload(pq.data()), dk.upload(pk.data()), dv.upload(pk.data());
-      GPU_CHECK(cudaMemset(ws.p, 0xff, std::max<size_t>(wsb, 16)));  // NaN everywhere
-      GPU_CHECK(cudaDeviceSynchronize());
-      ATTN_CHECK(attn_backward(plans[det], q.p, k.p, v.p, o.p, static_cast<const float*>(lse.p),
-                               d_o.p, dq.p, dk.p, dv.p, wsb ? ws.p : nullptr, wsb, stream));
-      GPU_CHECK(cudaStreamSynchronize(stream));
-      GPU_CHECK(cudaGetLastError());
-      std::vector<uint16_t> g[3] = {std::vector<uint16_t>(p.tq.elems),
-                                    std::vector<uint16_t>(p.tk.elems),
-                                    std::vector<uint16_t>(p.tk.elems)};
-      dq.download(g[0].data()), dk.download(g[1].data()), dv.download(g[2].data());
-      if (rep == 0) {
-        for (int t = 0; t < 3; ++t) r.grads[det][t] = std::move(g[t]);
-      } else {
-        for (int t = 0; t < 3; ++t)
-          if (g[t] != r.grads[det][t]) r.det_repeatable = false;
-      }
-    }
-  }
-  GPU_CHECK(cudaStreamDestroy(stream));
+  run_passes(r, plans);
   attn_plan_destroy(plans[0]);
   attn_plan_destroy(plans[1]);
   return r;
-}
-
-ref_strides strides_of(const Tensor& t) { return {t.sb, t.ss, t.sh}; }
-
-std::vector<double> to_double(const Problem& p, const std::vector<uint16_t>& x) {
-  std::vector<double> y(x.size());
-  for (size_t i = 0; i < x.size(); ++i) y[i] = from_half(p.c.dtype, x[i]);
-  return y;
 }
 
 // Phase two: the reference and the verdict of one case.
 Outcome judge(const Run& r) {
   const Problem& p = r.p;
   const Case& c = p.c;
-  const double u = c.dtype == ATTN_DTYPE_BF16 ? std::ldexp(1.0, -8) : std::ldexp(1.0, -11);
-  // As test_flash_fwd and test_flash_bwd.
-  const double atol_f = c.dtype == ATTN_DTYPE_BF16 ? 2.0 * std::ldexp(1.0, -10) : 2.0 * std::ldexp(1.0, -13);
-  const double atol_b = atol_f / 4.0;
-
-  ref_problem rp{};
-  rp.batch = c.batch, rp.heads_q = c.hq, rp.heads_kv = c.hkv;
-  rp.head_dim_qk = rp.head_dim_v = c.d;
-  rp.cu_q = p.cu_q.data(), rp.cu_kv = p.cu_kv.data();
-  rp.varlen = 0;
-  rp.scale = p.scale;
-  rp.softcap = c.softcap;
+  ref_problem rp = base_ref_problem(p);
   rp.window_left = c.mask == ATTN_MASK_WINDOW ? c.wl : -1;
   rp.window_right = c.mask == ATTN_MASK_WINDOW ? c.wr : c.mask == ATTN_MASK_CAUSAL ? 0 : -1;
-  rp.key_filter = nullptr;
-  rp.q = rp.o = rp.d_o = rp.dq = strides_of(p.tq);
-  rp.k = rp.v = rp.dk = rp.dv = strides_of(p.tk);
   rp.pair_mask = r.sel.data();
   rp.pair_mask_batch = c.mask_batch;
   // The reference's rule: 1, heads_q (per query head) or else per KV head.
   rp.pair_mask_heads = c.mask_heads;
-
-  const std::vector<double> q = to_double(p, r.q), k = to_double(p, r.k), v = to_double(p, r.v),
-                            d_o = to_double(p, r.d_o);
-  const size_t nq = p.tq.elems, nk = p.tk.elems, nl = size_t(p.lse_elems());
-  std::vector<double> o64(nq, 0.0), ol(nq, 0.0), lse64(nl), lsel(nl);
-  ref_forward(&rp, q.data(), k.data(), v.data(), o64.data(), lse64.data());
-  ref_lowp_forward(&rp, c.dtype, q.data(), k.data(), v.data(), ol.data(), lsel.data());
-  std::vector<double> g64[3] = {std::vector<double>(nq, 0.0), std::vector<double>(nk, 0.0),
-                                std::vector<double>(nk, 0.0)};
-  std::vector<double> gl[3] = {std::vector<double>(nq, 0.0), std::vector<double>(nk, 0.0),
-                               std::vector<double>(nk, 0.0)};
-  ref_backward(&rp, q.data(), k.data(), v.data(), d_o.data(), g64[0].data(), g64[1].data(),
-               g64[2].data());
-  ref_lowp_backward(&rp, c.dtype, q.data(), k.data(), v.data(), d_o.data(), gl[0].data(),
-                    gl[1].data(), gl[2].data());
-  std::vector<double> fq(nq, 0.0), fk(nk, 0.0);
-  ref_backward_o_rounding_floor(&rp, u, q.data(), k.data(), v.data(), d_o.data(), fq.data(),
-                                fk.data());
-
-  // Rows that see no key and keys no row sees.
-  std::vector<uint8_t> row_any(size_t(c.batch * c.hq * c.lq)), key_any(size_t(c.batch * c.hkv * c.lk));
-  for (int64_t b = 0; b < c.batch; ++b) {
-    for (int64_t h = 0; h < c.hq; ++h)
-      for (int64_t i = 0; i < c.lq; ++i)
-        row_any[size_t((b * c.hq + h) * c.lq + i)] = uint8_t(ref_row_sees_any_head(&rp, b, h, i));
-    for (int64_t h = 0; h < c.hkv; ++h)
-      for (int64_t j = 0; j < c.lk; ++j)
-        key_any[size_t((b * c.hkv + h) * c.lk + j)] = uint8_t(ref_key_seen_head(&rp, b, h, j));
-  }
-
-  // Compares tensor `got` (dtype bits) over its rows; `zero(b, s, h)`: the
-  // row must be exactly 0.
-  auto compare = [&](const std::vector<uint16_t>& got, const std::vector<double>& ref,
-                     const std::vector<double>& plain, bool q_side, auto&& zero) {
-    Err e;
-    const int64_t heads = q_side ? c.hq : c.hkv, len = q_side ? c.lq : c.lk;
-    std::vector<uint8_t> inside(got.size(), 0);
-    for (int64_t b = 0; b < c.batch; ++b)
-      for (int64_t s = 0; s < len; ++s)
-        for (int64_t h = 0; h < heads; ++h) {
-          const int64_t at = q_side ? p.off_q(b, s, h) : p.off_k(b, s, h);
-          const bool z = zero(b, s, h);
-          for (int64_t x = 0; x < c.d; ++x) {
-            const size_t i = size_t(at + x);
-            inside[i] = 1;
-            const double g = from_half(c.dtype, got[i]);
-            if (!std::isfinite(g) || (z && g != 0.0)) ++e.bad;
-            e.err = std::max(e.err, std::isfinite(g) ? std::fabs(g - ref[i]) : double(INFINITY));
-            e.plain = std::max(e.plain, std::fabs(plain[i] - ref[i]));
-            e.ref_max = std::max(e.ref_max, std::fabs(ref[i]));
-          }
-        }
-    const uint16_t poison = poison_half(c.dtype);
-    for (size_t i = 0; i < got.size(); ++i)
-      if (!inside[i] && got[i] != poison) ++e.bad;  // padding clobbered
-    return e;
-  };
-  auto row_empty = [&](int64_t b, int64_t s, int64_t h) {
-    return !row_any[size_t((b * c.hq + h) * c.lq + s)];
-  };
-  auto key_unseen = [&](int64_t b, int64_t s, int64_t h) {
-    return !key_any[size_t((b * c.hkv + h) * c.lk + s)];
-  };
-
-  Outcome out;
-  char buf[256];
-  int64_t empty_rows = 0;
-  for (uint8_t x : row_any) empty_rows += x == 0;
-  const Err eo = compare(r.o, o64, ol, true, row_empty);
-  double lse_err = 0;
-  int64_t lse_bad = 0;
-  for (int64_t b = 0; b < c.batch; ++b)
-    for (int64_t h = 0; h < c.hq; ++h)
-      for (int64_t i = 0; i < c.lq; ++i) {
-        const size_t at = size_t(p.lse_off(b, h, i));
-        const double l = r.lse[at];
-        if (row_empty(b, i, h)) {
-          if (l != -INFINITY) ++lse_bad;
-        } else if (!std::isfinite(l)) {
-          ++lse_bad;
-        } else {
-          lse_err = std::max(lse_err, std::fabs(l - lse64[at]));
-        }
-      }
-  const double tol_o = 2.0 * eo.plain + atol_f;
-  const bool ok_o = eo.err <= tol_o && eo.bad == 0 && lse_err <= 2e-3 && lse_bad == 0;
-  out.ok = ok_o;
-  std::snprintf(buf, sizeof buf, "\n     fwd    O %.2e/%.2e%s LSE %.1e%s (empty rows %" PRId64 ")",
-                eo.err, tol_o, eo.bad ? "(BAD)" : ok_o ? "" : "(!)", lse_err,
-                lse_bad ? "(BAD)" : "", empty_rows);
-  out.line += buf;
-
-  double floor_q = 0, floor_k = 0;
-  for (double x : fq) floor_q = std::max(floor_q, x);
-  for (double x : fk) floor_k = std::max(floor_k, x);
-  const char* names[3] = {"dQ", "dK", "dV"};
-  const double floors[3] = {floor_q, floor_k, 0.0};
-  for (int det = 0; det < 2; ++det) {
-    int n = std::snprintf(buf, sizeof buf, "\n     %-6s", det ? "det" : "atomic");
-    double magnitude = 0;
-    Err e[3];
-    for (int t = 0; t < 3; ++t) {
-      e[t] = t == 0 ? compare(r.grads[det][t], g64[t], gl[t], true, row_empty)
-                    : compare(r.grads[det][t], g64[t], gl[t], false, key_unseen);
-      magnitude = std::max(magnitude, e[t].ref_max);
-    }
-    for (int t = 0; t < 3; ++t) {
-      const double tol = 2.0 * e[t].plain + atol_b * std::max(1.0, magnitude) + 2.0 * floors[t];
-      const bool ok = e[t].err <= tol && e[t].bad == 0;
-      out.ok = out.ok && ok;
-      n += std::snprintf(buf + n, sizeof buf - size_t(n), " %s %.2e/%.2e%s", names[t], e[t].err,
-                         tol, e[t].bad ? "(BAD)" : ok ? "" : "(!)");
-    }
-    if (det && !r.det_repeatable) {
-      out.ok = false;
-      std::snprintf(buf + n, sizeof buf - size_t(n), " NOT bit-identical over 3 runs");
-    } else if (det) {
-      std::snprintf(buf + n, sizeof buf - size_t(n), " (3 runs bit-identical)");
-    }
-    out.line += buf;
-  }
-  if (!r.describe_error.empty()) {
-    out.ok = false;
-    out.line += "\n     describe:" + r.describe_error;
-  }
-  return out;
+  return judge_run(r, rp, inputs64(r), "");
 }
 
 Case make(const std::string& name, attn_dtype_t dt, int64_t d, int64_t batch, int64_t hq,
@@ -550,52 +321,15 @@ std::vector<Case> cases() {
 
 int main() {
   skip_without_device();
-  const char* env = std::getenv("ATTN_TEST_SEED");
-  g_seed = env ? std::strtoull(env, nullptr, 10) : std::random_device{}() * 2654435761ull;
-  std::printf("seed %" PRIu64 " (ATTN_TEST_SEED=%" PRIu64 " repeats this run)\n", g_seed, g_seed);
-  const char* filter = std::getenv("ATTN_GPU_TEST_FILTER");
+  g_seed = test_seed();
 
   attn_context_t ctx = nullptr;
   ATTN_CHECK(attn_context_create(ATTN_BACKEND_CUDA, 0, 0, &ctx));
   int failures = device_tables(ctx) ? 0 : 1;
 
-  std::vector<Case> all;
-  for (const Case& c : cases())
-    if (filter == nullptr || c.name.find(filter) != std::string::npos) all.push_back(c);
-  // Device runs one case after another; the references (the slow part) in
-  // parallel, one case per thread.
-  std::vector<Run> runs;
-  runs.reserve(all.size());
-  for (const Case& c : all) runs.push_back(run_device(c, ctx));
-  std::printf("device runs done (%zu cases); references:\n", runs.size());
-  std::fflush(stdout);
-  std::atomic<size_t> next{0};
-  std::atomic<int> failed{0};
-  std::mutex print;
-  std::vector<std::thread> pool;
-  const unsigned nt = std::max(1u, std::min<unsigned>(std::thread::hardware_concurrency(), 16u));
-  // Largest cases first; each verdict is printed as soon as it is known.
-  std::vector<size_t> order(runs.size());
-  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-    auto cost = [&](size_t i) { return all[i].hq * all[i].lq * all[i].lk * all[i].d; };
-    return cost(a) > cost(b);
-  });
-  for (unsigned t = 0; t < nt; ++t)
-    pool.emplace_back([&] {
-      for (size_t k; (k = next.fetch_add(1)) < runs.size();) {
-        const auto t0 = std::chrono::steady_clock::now();
-        const Outcome o = judge(runs[order[k]]);
-        const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        std::lock_guard<std::mutex> lock(print);
-        std::printf("%s %s (%.1fs)%s\n", o.ok ? "ok  " : "FAIL", all[order[k]].name.c_str(), secs,
-                    o.line.c_str());
-        std::fflush(stdout);
-        if (!o.ok) ++failed;
-      }
-    });
-  for (auto& th : pool) th.join();
-  failures += failed.load();
+  failures += run_and_judge(
+      filtered(cases()), [&](const Case& c) { return run_device(c, ctx); }, judge,
+      [](const Case& c) { return c.hq * c.lq * c.lk * c.d; });
   attn_context_destroy(ctx);
   std::printf("%d failure(s)\n", failures);
   return failures == 0 ? 0 : 1;
