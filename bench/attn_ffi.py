@@ -300,7 +300,9 @@ class Plan:
                        "attn_backward")
 
     def close(self):
+        """Destroys the plan and lets its workspace go now, not when the Plan object does."""
         self.lib.dll.attn_plan_destroy(self.handle)
+        self.ws = None
 
 
 # --- Measurement -------------------------------------------------------------

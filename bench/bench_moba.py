@@ -8,7 +8,8 @@ timed end to end: the selector (pooled keys, gates, top-k, block lists,
 written into the workspace) and the attention kernel, as attn_forward and
 attn_backward run them (the backward selects again). The dense causal plan
 of the same shape runs on the very same tensors. Libattn is called through
-ctypes on PyTorch's current stream; CUDA events, warm-up, median.
+attn_ffi.py (ctypes) on PyTorch's current stream; CUDA events, warm-up,
+median.
 
 "pairs" is the share of the causal (query, key) pairs MoBA's rule keeps at
 most (attn_plan_describe's visible_pairs, an upper bound: the selection
@@ -34,134 +35,14 @@ Usage: bench_moba.py --lib build/src/libattn.so [--out results.md] [--reps 5]
                      [--coherent] [--schedules union,gather]
 """
 import argparse
-import ctypes
 import datetime
 import os
 import sys
 
 import torch
 
-ATTN_BACKEND_CUDA = 2
-ATTN_DTYPE_BF16 = 2
-ATTN_LAYOUT_BSHD = 0
-ATTN_MASK_CAUSAL = 1
-ATTN_PASSES_FORWARD_BACKWARD = 3
-ATTN_PASS_FORWARD, ATTN_PASS_BACKWARD = 1, 2
-
-vp, i32, i64, u64, sz = ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64, ctypes.c_uint64, ctypes.c_size_t
-P = ctypes.POINTER
-
-
-class PlanInfo(ctypes.Structure):
-    _fields_ = [
-        ("struct_size", u64), ("backend", i32), ("dtype", i32), ("tile_q", i32), ("tile_kv", i32),
-        ("num_threads", i32), ("supports_backward", i32), ("workspace_bytes_forward", u64),
-        ("workspace_bytes_backward", u64), ("visible_pairs", u64), ("flops_forward", ctypes.c_double),
-        ("flops_backward", ctypes.c_double), ("bytes_forward", ctypes.c_double),
-        ("bytes_backward", ctypes.c_double), ("algorithm", ctypes.c_char * 64),
-        ("kernel", ctypes.c_char * 64), ("visited_tile_pairs", u64), ("total_tile_pairs", u64),
-        ("block_q", i32), ("block_kv", i32),
-    ]
-
-
-class Lib:
-    def __init__(self, path):
-        self.dll = ctypes.CDLL(path)
-        sig = {
-            "attn_status_string": ([i32], ctypes.c_char_p),
-            "attn_last_error_message": ([], ctypes.c_char_p),
-            "attn_context_create": ([i32, i32, i32, P(vp)], i32),
-            "attn_context_destroy": ([vp], i32),
-            "attn_plan_desc_create": ([P(vp)], i32),
-            "attn_plan_desc_destroy": ([vp], i32),
-            "attn_plan_desc_set_shape": ([vp, i64, i64, i64, i64, i64, i64, i64], i32),
-            "attn_plan_desc_set_dtype": ([vp, i32], i32),
-            "attn_plan_desc_set_layout": ([vp, i32], i32),
-            "attn_plan_desc_set_mask": ([vp, i32, i64, i64], i32),
-            "attn_plan_desc_set_passes": ([vp, i32], i32),
-            "attn_plan_desc_set_moba": ([vp, i64, i64, i32], i32),
-            "attn_plan_create": ([vp, vp, P(vp)], i32),
-            "attn_plan_destroy": ([vp], i32),
-            "attn_plan_workspace_size": ([vp, i32, P(sz)], i32),
-            "attn_plan_describe": ([vp, P(PlanInfo)], i32),
-            "attn_forward": ([vp, vp, vp, vp, vp, vp, vp, sz, vp], i32),
-            "attn_backward": ([vp] + [vp] * 9 + [vp, sz, vp], i32),
-        }
-        for name, (args, res) in sig.items():
-            f = getattr(self.dll, name)
-            f.argtypes, f.restype = args, res
-
-    def check(self, status, what):
-        if status != 0:
-            raise RuntimeError(f"{what}: {self.dll.attn_status_string(status).decode()}: "
-                               f"{self.dll.attn_last_error_message().decode()}")
-
-
-class Plan:
-    """A causal bf16 BSHD plan, MoBA when block > 0, with its two workspaces."""
-
-    def __init__(self, lib, ctx, L, hq, hkv, d, block=0, top_k=0, shared=False):
-        dl = lib.dll
-        self.lib = lib
-        desc = vp()
-        lib.check(dl.attn_plan_desc_create(ctypes.byref(desc)), "desc")
-        try:
-            lib.check(dl.attn_plan_desc_set_shape(desc, 1, hq, hkv, L, L, d, d), "shape")
-            lib.check(dl.attn_plan_desc_set_dtype(desc, ATTN_DTYPE_BF16), "dtype")
-            lib.check(dl.attn_plan_desc_set_layout(desc, ATTN_LAYOUT_BSHD), "layout")
-            lib.check(dl.attn_plan_desc_set_mask(desc, ATTN_MASK_CAUSAL, -1, -1), "mask")
-            lib.check(dl.attn_plan_desc_set_passes(desc, ATTN_PASSES_FORWARD_BACKWARD), "passes")
-            if block > 0:
-                lib.check(dl.attn_plan_desc_set_moba(desc, block, top_k, 1 if shared else 0), "moba")
-            self.handle = vp()
-            lib.check(dl.attn_plan_create(ctx, desc, ctypes.byref(self.handle)), "plan_create")
-        finally:
-            dl.attn_plan_desc_destroy(desc)
-        self.info = PlanInfo()
-        self.info.struct_size = ctypes.sizeof(PlanInfo)
-        lib.check(dl.attn_plan_describe(self.handle, ctypes.byref(self.info)), "describe")
-        self.ws = {}
-        for p in (ATTN_PASS_FORWARD, ATTN_PASS_BACKWARD):
-            n = sz()
-            lib.check(dl.attn_plan_workspace_size(self.handle, p, ctypes.byref(n)), "ws")
-            self.ws[p] = (torch.empty(max(n.value, 1), dtype=torch.uint8, device="cuda"), n.value)
-
-    def forward(self, q, k, v, o, lse):
-        s = torch.cuda.current_stream().cuda_stream
-        ws, n = self.ws[ATTN_PASS_FORWARD]
-        self.lib.check(self.lib.dll.attn_forward(self.handle, q.data_ptr(), k.data_ptr(), v.data_ptr(),
-                                                 o.data_ptr(), lse.data_ptr(), ws.data_ptr(), n, s),
-                       "forward")
-
-    def backward(self, q, k, v, o, lse, do, dq, dk, dv):
-        s = torch.cuda.current_stream().cuda_stream
-        ws, n = self.ws[ATTN_PASS_BACKWARD]
-        p = [t.data_ptr() for t in (q, k, v, o, lse, do, dq, dk, dv)]
-        self.lib.check(self.lib.dll.attn_backward(self.handle, *p, ws.data_ptr(), n, s), "backward")
-
-    def close(self):
-        self.lib.dll.attn_plan_destroy(self.handle)
-        self.ws.clear()
-
-
-def time_ms(fn, warmup, reps):
-    for _ in range(warmup):
-        fn()
-    ts = []
-    for _ in range(reps):
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        fn()
-        e1.record()
-        e1.synchronize()
-        ts.append(e0.elapsed_time(e1))
-    ts.sort()
-    return ts[len(ts) // 2]
-
-
-def rel_err(a, b):
-    a, b = a.float(), b.float()
-    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # attn_ffi, from any working directory
+from attn_ffi import ATTN_BACKEND_CUDA, Lib, Plan, rel_err, time_ms  # noqa: E402
 
 
 def main():
@@ -181,8 +62,7 @@ def main():
     a = ap.parse_args()
     hq, hkv, d = a.heads_q, a.heads_kv, 128
     lib = Lib(a.lib)
-    ctx = vp()
-    lib.check(lib.dll.attn_context_create(ATTN_BACKEND_CUDA, 0, 0, ctypes.byref(ctx)), "context")
+    ctx = lib.context(ATTN_BACKEND_CUDA)
     # (block, top_k) per length; at 32K, block 4096 with top_k 12 covers all
     # 7 past blocks: plain causal, checked against the dense plan.
     combos = {32768: [(512, 3), (512, 12), (4096, 3), (4096, 12)],
@@ -204,7 +84,7 @@ def main():
         lse = torch.empty(1, hq, L, device="cuda", dtype=torch.float32)
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
-        dense = Plan(lib, ctx, L, hq, hkv, d)
+        dense = Plan(lib, ctx, 1, hq, hkv, L, d)
         dense.forward(q, k, v, o, lse)
         dense.backward(q, k, v, o, lse, do, dq, dk, dv)
         torch.cuda.synchronize()
@@ -214,7 +94,7 @@ def main():
         causal_pairs = dense.info.visible_pairs
         rows.append({"L": L, "cfg": "dense causal", "pairs": 1.0, "fwd": d_f, "bwd": d_b,
                      "dense_f": d_f, "dense_b": d_b, "kernel": dense.info.kernel.decode(),
-                     "ws": dense.ws[ATTN_PASS_BACKWARD][1]})
+                     "ws": dense.ws_bytes})
         print(rows[-1], flush=True)
         dense.close()
 
@@ -222,7 +102,7 @@ def main():
                                       for s in a.schedules.split(",")):
             # Read by the library at plan creation.
             os.environ["ATTN_CUDA_MOBA_GATHER"] = "1" if sched == "gather" else "0"
-            plan = Plan(lib, ctx, L, hq, hkv, d, block, top_k, a.shared)
+            plan = Plan(lib, ctx, 1, hq, hkv, L, d, moba=(block, top_k, a.shared))
             fwd = lambda: plan.forward(q, k, v, o, lse)
             bwd = lambda: plan.backward(q, k, v, o, lse, do, dq, dk, dv)
             fwd()
@@ -230,7 +110,7 @@ def main():
             torch.cuda.synchronize()
             row = {"L": L, "cfg": f"block {block} top {top_k} {sched}", "pairs": plan.info.visible_pairs / causal_pairs,
                    "kernel": plan.info.kernel.decode(), "dense_f": d_f, "dense_b": d_b,
-                   "ws": max(plan.ws[ATTN_PASS_FORWARD][1], plan.ws[ATTN_PASS_BACKWARD][1])}
+                   "ws": plan.ws_bytes}
             if top_k >= (L + block - 1) // block - 1:
                 row["err"] = max(rel_err(x, y) for x, y in zip((o, dq, dk, dv), ref))
             row["fwd"] = time_ms(fwd, 2, a.reps)
