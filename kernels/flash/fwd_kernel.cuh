@@ -59,6 +59,21 @@ struct FwdTraits {
   static_assert(D % 16 == 0 && kBlockN % 16 == 0 && kRows % 16 == 0, "whole mma tiles");
 };
 
+// A row's softmax sum l over the four lanes of its quad (each holds a
+// quarter of the row's columns).
+__device__ __forceinline__ float quad_sum(float l) {
+  l += __shfl_xor_sync(0xffffffffu, l, 1);
+  l += __shfl_xor_sync(0xffffffffu, l, 2);
+  return l;
+}
+
+// A row's LSE (natural log) from its max m, in the units of the logits
+// before scale_log2, and its sum l: -inf for a row that saw no key.
+__device__ __forceinline__ float row_lse(float m, float l, float scale_log2) {
+  constexpr float kLn2 = 0.69314718055994531f;
+  return l > 0.0f ? m * scale_log2 * kLn2 + logf(l) : -INFINITY;
+}
+
 // MoBA gather, the forward's end: merges the tile's normalised O (sO, fp32
 // [BM][D + 4]) and LSE (sL) into the listed rows' states (see below);
 // diag0 = the tile's first row number (as the mask counts) + lk - lq. Not
@@ -118,7 +133,6 @@ __device__ __forceinline__ void flash_fwd_tile(const FwdParams& p, int gather_ti
   constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN, ST = Tr::kStages, NTH = Tr::kThreads;
   constexpr int R = Tr::kRows, MT = R / 16, NT = BN / 8, DT = D / 8, LD = Tr::kLd;
   constexpr uint32_t kKvStageBytes = uint32_t(BN * LD * 2);
-  constexpr float kLn2 = 0.69314718055994531f;
 
   extern __shared__ __align__(16) unsigned char smem[];
   T* sQ = reinterpret_cast<T*>(smem);  // [BM][LD], reused for the O tile at the end
@@ -506,9 +520,7 @@ __device__ __forceinline__ void flash_fwd_tile(const FwdParams& p, int gather_ti
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
-        float l = row_sum[mt][hh];
-        l += __shfl_xor_sync(0xffffffffu, l, 1);
-        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        const float l = quad_sum(row_sum[mt][hh]);
         const float inv = l > 0.0f ? 1.0f / l : 0.0f;
         const int row = warp * R + mt * 16 + hh * 8 + g;
 #pragma unroll
@@ -516,7 +528,7 @@ __device__ __forceinline__ void flash_fwd_tile(const FwdParams& p, int gather_ti
           *reinterpret_cast<float2*>(sO + row * LO + dt * 8 + 2 * t4) =
               make_float2(acc_o[mt][dt][hh * 2] * inv, acc_o[mt][dt][hh * 2 + 1] * inv);
         if (t4 == 0)
-          sL[row] = l > 0.0f ? row_max[mt][hh] * scale_log2 * kLn2 + logf(l) : -INFINITY;
+          sL[row] = row_lse(row_max[mt][hh], l, scale_log2);
       }
     __syncthreads();
     moba_merge_tile<BM, D, NTH>(p, sO, sL, m_block, rows, r0 + qt.off, tid);
@@ -531,9 +543,7 @@ __device__ __forceinline__ void flash_fwd_tile(const FwdParams& p, int gather_ti
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
-      float l = row_sum[mt][hh];
-      l += __shfl_xor_sync(0xffffffffu, l, 1);
-      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      const float l = quad_sum(row_sum[mt][hh]);
       const float inv = l > 0.0f ? 1.0f / l : 0.0f;
       const int row = warp * R + mt * 16 + hh * 8 + g;
       uint32_t* dst = reinterpret_cast<uint32_t*>(sQ + row * LD) + t4;
@@ -541,7 +551,7 @@ __device__ __forceinline__ void flash_fwd_tile(const FwdParams& p, int gather_ti
       for (int dt = 0; dt < DT; ++dt)
         dst[dt * 4] = pack2<T>(acc_o[mt][dt][hh * 2] * inv, acc_o[mt][dt][hh * 2 + 1] * inv);
       if (gL != nullptr && t4 == 0 && row < rows)
-        gL[row] = l > 0.0f ? row_max[mt][hh] * scale_log2 * kLn2 + logf(l) : -INFINITY;
+        gL[row] = row_lse(row_max[mt][hh], l, scale_log2);
     }
   __syncwarp();
 #pragma unroll
