@@ -323,6 +323,16 @@ __device__ __forceinline__ int first_row_of_block(const SelectParams& p, int kb)
   return max(0, kb * p.block - (p.seqlen_kv - p.seqlen_q));
 }
 
+// The inclusive prefix sum of x over the lanes of the warp, lane 0 first.
+__device__ __forceinline__ int warp_inclusive_sum(int x, int lane) {
+#pragma unroll
+  for (int s = 1; s < 32; s <<= 1) {
+    const int y = __shfl_up_sync(0xffffffffu, x, s);
+    if (lane >= s) x += y;
+  }
+  return x;
+}
+
 // One warp per (slot, block): the number of rows that selected the block,
 // into row_offsets[slot][kb + 1] (row_scan_kernel turns them into offsets).
 static __global__ void __launch_bounds__(kListThreads)
@@ -353,12 +363,7 @@ static __global__ void __launch_bounds__(kListThreads)
   int carry = 0;
   for (int k0 = 1; k0 <= p.num_blocks; k0 += 32) {
     const int k = k0 + lane;
-    int x = k <= p.num_blocks ? off[k] : 0;
-#pragma unroll
-    for (int s = 1; s < 32; s <<= 1) {
-      const int y = __shfl_up_sync(0xffffffffu, x, s);
-      if (lane >= s) x += y;
-    }
+    const int x = warp_inclusive_sum(k <= p.num_blocks ? off[k] : 0, lane);
     if (k <= p.num_blocks) off[k] = carry + x;
     carry += __shfl_sync(0xffffffffu, x, 31);
   }
@@ -383,12 +388,7 @@ static __global__ void __launch_bounds__(kListThreads)
     const int w = w0 + lane;
     uint64_t bits = w < p.q_words ? col[w] : 0ull;
     const int n = __popcll(bits);
-    int below = n;  // inclusive prefix sum of the lanes' counts
-#pragma unroll
-    for (int s = 1; s < 32; s <<= 1) {
-      const int y = __shfl_up_sync(0xffffffffu, below, s);
-      if (lane >= s) below += y;
-    }
+    const int below = warp_inclusive_sum(n, lane);  // of the lanes' counts
     int at = count + below - n;
     while (bits != 0ull) {
       const int bit = __ffsll(static_cast<long long>(bits)) - 1;
