@@ -161,6 +161,18 @@ __device__ __forceinline__ int64_t opaque(int64_t x) {
   return x;
 }
 
+// How load_tile and load_rows share a [ROWS][D] tile among THREADS threads:
+// thread tid copies 16-byte column chunk tid % kPitch (if < kChunks) of
+// rows tid / kPitch + i * kRowStep into shared rows of pitch kLd elements.
+template <int ROWS, int D, int THREADS>
+struct TileCopy {
+  static constexpr int kChunks = D / 8;
+  static constexpr int kPitch = kChunks <= 8 ? 8 : kChunks <= 16 ? 16 : 32;
+  static constexpr int kRowStep = THREADS / kPitch;
+  static constexpr int kLd = D + 8;
+  static_assert(kChunks <= 32 && ROWS % kRowStep == 0, "tile rows divide among threads");
+};
+
 // Copies a [ROWS][D] tile (row r at src + r * stride) into shared memory at
 // dst with row pitch D + 8; rows >= valid become zeros (so that masked keys
 // multiply finite values). Each thread copies one 16-byte column chunk of
@@ -168,13 +180,10 @@ __device__ __forceinline__ int64_t opaque(int64_t x) {
 template <int ROWS, int D, int THREADS, class T>
 __device__ __forceinline__ void load_tile(uint32_t dst, const T* src, int64_t stride, int valid,
                                           int tid) {
-  constexpr int kChunks = D / 8;
-  constexpr int kPitch = kChunks <= 8 ? 8 : kChunks <= 16 ? 16 : 32;
-  constexpr int kRowStep = THREADS / kPitch;
-  constexpr int kLd = D + 8;
-  static_assert(kChunks <= 32 && ROWS % kRowStep == 0, "tile rows divide among threads");
-  const int ch = tid % kPitch, r = tid / kPitch;
-  if (ch >= kChunks) return;
+  using C = TileCopy<ROWS, D, THREADS>;
+  constexpr int kRowStep = C::kRowStep, kLd = C::kLd;
+  const int ch = tid % C::kPitch, r = tid / C::kPitch;
+  if (ch >= C::kChunks) return;
   const T* g = src + r * stride + ch * 8;
   const int64_t step = kRowStep * stride;
   const uint32_t s = dst + uint32_t(r * kLd + ch * 8) * 2u;
@@ -191,13 +200,10 @@ __device__ __forceinline__ void load_tile(uint32_t dst, const T* src, int64_t st
 template <int ROWS, int D, int THREADS, class T>
 __device__ __forceinline__ void load_rows(uint32_t dst, const T* src, int64_t stride,
                                           const int32_t* idx, int valid, int tid) {
-  constexpr int kChunks = D / 8;
-  constexpr int kPitch = kChunks <= 8 ? 8 : kChunks <= 16 ? 16 : 32;
-  constexpr int kRowStep = THREADS / kPitch;
-  constexpr int kLd = D + 8;
-  static_assert(kChunks <= 32 && ROWS % kRowStep == 0, "tile rows divide among threads");
-  const int ch = tid % kPitch, r = tid / kPitch;
-  if (ch >= kChunks) return;
+  using C = TileCopy<ROWS, D, THREADS>;
+  constexpr int kRowStep = C::kRowStep, kLd = C::kLd;
+  const int ch = tid % C::kPitch, r = tid / C::kPitch;
+  if (ch >= C::kChunks) return;
   const uint32_t s = dst + uint32_t(r * kLd + ch * 8) * 2u;
 #pragma unroll
   for (int i = 0; i < ROWS / kRowStep; ++i) {
