@@ -639,35 +639,29 @@ __device__ __forceinline__ void flash_bwd_dkdv_tile(const BwdParams& p) {
     // not change the time (d = 64 and 128, H200) and spilled in variant 1
     // at d = 128.
     const int64_t acc_row = opaque(int64_t(p.heads_q) * D);
-    if constexpr (Gather) {
-      float* acc = p.dq_accum + (opaque(q_tok) * p.heads_q + th) * D + wn * DQC + 2 * t4;
+    // Adds the warp's rows of dQ (those < trows) into the accumulator, tile
+    // row `row` at acc + at(row) * acc_row.
+    auto red_rows = [&](float* acc, auto&& at) {
 #pragma unroll
       for (int mt = 0; mt < MQ; ++mt)
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
           const int row = wm * DQR + mt * 16 + hh * 8 + g;
           if (row < trows) {
-            float* dst = acc + tidx[row] * acc_row;
+            float* dst = acc + at(row) * acc_row;
 #pragma unroll
             for (int nt = 0; nt < NQQ; ++nt)
               red_add_f32x2(dst + nt * 8, dq[mt][nt][2 * hh], dq[mt][nt][2 * hh + 1]);
           }
         }
+    };
+    if constexpr (Gather) {
+      red_rows(p.dq_accum + (opaque(q_tok) * p.heads_q + th) * D + wn * DQC + 2 * t4,
+               [&](int row) { return tidx[row]; });
       return;
     }
-    float* acc = p.dq_accum + ((opaque(q_tok) + tr0) * p.heads_q + th) * D + wn * DQC + 2 * t4;
-#pragma unroll
-    for (int mt = 0; mt < MQ; ++mt)
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        const int row = wm * DQR + mt * 16 + hh * 8 + g;
-        if (row < trows) {
-          float* dst = acc + row * acc_row;
-#pragma unroll
-          for (int nt = 0; nt < NQQ; ++nt)
-            red_add_f32x2(dst + nt * 8, dq[mt][nt][2 * hh], dq[mt][nt][2 * hh + 1]);
-        }
-      }
+    red_rows(p.dq_accum + ((opaque(q_tok) + tr0) * p.heads_q + th) * D + wn * DQC + 2 * t4,
+             [](int row) { return row; });
   };
 
   // BULK: the staged dQ of the previous iteration's tile, one bulk
