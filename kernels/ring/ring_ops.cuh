@@ -98,26 +98,33 @@ __global__ void merge_kernel(float* o_acc, float* lse_acc, const T* o_part, cons
 // elements of one token): `map` gives, for each token of the chunk-major
 // order, its token in the caller's order.
 
-// dst[i] = src[map[i]], rows of `row` words W.   grid-stride over words
-template <class W>
-__global__ void gather_rows_kernel(W* dst, const W* src, const int32_t* map, int64_t n,
-                                   int64_t row) {
+// f(x, i, c) for every element x = i * row + c of n rows of `row`
+// elements, grid-stride over the elements.
+template <class F>
+__device__ __forceinline__ void for_each_row_element(int64_t n, int64_t row, F&& f) {
   for (int64_t x = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; x < n * row;
        x += int64_t(gridDim.x) * blockDim.x) {
     const int64_t i = x / row, c = x - i * row;
-    dst[x] = src[int64_t(map[i]) * row + c];
+    f(x, i, c);
   }
+}
+
+// dst[i] = src[map[i]], rows of `row` words W.
+template <class W>
+__global__ void gather_rows_kernel(W* dst, const W* src, const int32_t* map, int64_t n,
+                                   int64_t row) {
+  for_each_row_element(n, row, [&](int64_t x, int64_t i, int64_t c) {
+    dst[x] = src[int64_t(map[i]) * row + c];
+  });
 }
 
 // dst[map[i]] = T(src[i]), rows of `row` elements; src fp32.
 template <class T>
 __global__ void scatter_store_kernel(T* dst, const float* src, const int32_t* map, int64_t n,
                                      int64_t row) {
-  for (int64_t x = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; x < n * row;
-       x += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t i = x / row, c = x - i * row;
+  for_each_row_element(n, row, [&](int64_t x, int64_t i, int64_t c) {
     dst[int64_t(map[i]) * row + c] = from_float<T>(src[x]);
-  }
+  });
 }
 
 // LSE between the chunk-major layout, chunk c = [heads, rows] at c * heads *
