@@ -336,29 +336,15 @@ class CpuRingPlan final : public RingBackendPlan {
   // One dense plan for the fully visible blocks (no mask) and one per
   // distinct set of diagonal shifts of the others; blocks point at theirs.
   void build_blocks() {
+    const auto plans = block_plans(sched_, [&](bool full, const std::vector<int64_t>& shifts) {
+      sub_plans_.push_back(make_block_plan(full, shifts));
+      return static_cast<const BackendPlan*>(sub_plans_.back()->impl.get());
+    });
     blocks_.resize(sched_.steps.size());
-    const BackendPlan* full = nullptr;
-    std::vector<std::pair<std::vector<int64_t>, const BackendPlan*>> by_shifts;
     for (size_t t = 0; t < sched_.steps.size(); ++t)
-      for (const RingBlock& rb : sched_.steps[t]) {
-        const BackendPlan* plan = nullptr;
-        if (rb.full) {
-          if (full == nullptr) {
-            sub_plans_.push_back(make_block_plan(true, {}));
-            full = sub_plans_.back()->impl.get();
-          }
-          plan = full;
-        } else {
-          for (const auto& e : by_shifts)
-            if (e.first == rb.shifts) plan = e.second;
-          if (plan == nullptr) {
-            sub_plans_.push_back(make_block_plan(false, rb.shifts));
-            plan = sub_plans_.back()->impl.get();
-            by_shifts.push_back({rb.shifts, plan});
-          }
-        }
-        blocks_[t].push_back(Block{rb.q_chunk, rb.kv_chunk, plan});
-      }
+      for (size_t i = 0; i < sched_.steps[t].size(); ++i)
+        blocks_[t].push_back(
+            Block{sched_.steps[t][i].q_chunk, sched_.steps[t][i].kv_chunk, plans[t][i]});
     fill_facts(facts, sched_, tr_->name());
   }
 

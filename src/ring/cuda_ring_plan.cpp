@@ -137,29 +137,14 @@ class CudaRingPlan final : public RingBackendPlan {
     // of diagonal shifts of the others. Ranks' block plans differ only in
     // their shifts, which the CUDA kernels take whatever they are, so every
     // rank reaches the same verdict.
+    const auto plans = block_plans(s_, [&](bool full, const std::vector<int64_t>& shifts) {
+      plans_.push_back(make_block_plan(full, shifts));
+      return static_cast<const BackendPlan*>(plans_.back()->impl.get());
+    });
     blocks_.resize(s_.steps.size());
-    const BackendPlan* full = nullptr;
-    std::vector<std::pair<std::vector<int64_t>, const BackendPlan*>> by_shifts;
     for (size_t t = 0; t < s_.steps.size(); ++t)
-      for (const RingBlock& rb : s_.steps[t]) {
-        const BackendPlan* plan = nullptr;
-        if (rb.full) {
-          if (full == nullptr) {
-            plans_.push_back(make_block_plan(true, {}));
-            full = plans_.back()->impl.get();
-          }
-          plan = full;
-        } else {
-          for (const auto& e : by_shifts)
-            if (e.first == rb.shifts) plan = e.second;
-          if (plan == nullptr) {
-            plans_.push_back(make_block_plan(false, rb.shifts));
-            plan = plans_.back()->impl.get();
-            by_shifts.push_back({rb.shifts, plan});
-          }
-        }
-        blocks_[t].push_back(Block{rb.q_chunk, rb.kv_chunk, plan});
-      }
+      for (size_t i = 0; i < s_.steps[t].size(); ++i)
+        blocks_[t].push_back(Block{s_.steps[t][i].q_chunk, s_.steps[t][i].kv_chunk, plans[t][i]});
     fill_facts(facts, s_, tr_->name());
     build_workspace();
     if (permuted_) upload_token_maps();

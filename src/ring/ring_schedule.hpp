@@ -15,6 +15,7 @@
 #include <attn/attn.h>
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "plan/plan.hpp"
@@ -56,5 +57,33 @@ struct RingSchedule {
 };
 
 const char* ring_layout_name(attn_ring_layout_t layout);
+
+// The dense plan each block of `s` runs as, per step: one for the fully
+// visible blocks and one per distinct set of diagonal shifts of the others.
+// make(full, shifts) creates a plan the caller keeps and returns its
+// BackendPlan.
+template <class Make>
+std::vector<std::vector<const BackendPlan*>> block_plans(const RingSchedule& s, Make&& make) {
+  std::vector<std::vector<const BackendPlan*>> out(s.steps.size());
+  const BackendPlan* full = nullptr;
+  std::vector<std::pair<std::vector<int64_t>, const BackendPlan*>> by_shifts;
+  for (size_t t = 0; t < s.steps.size(); ++t)
+    for (const RingBlock& rb : s.steps[t]) {
+      const BackendPlan* plan = nullptr;
+      if (rb.full) {
+        if (full == nullptr) full = make(true, std::vector<int64_t>{});
+        plan = full;
+      } else {
+        for (const auto& e : by_shifts)
+          if (e.first == rb.shifts) plan = e.second;
+        if (plan == nullptr) {
+          plan = make(false, rb.shifts);
+          by_shifts.push_back({rb.shifts, plan});
+        }
+      }
+      out[t].push_back(plan);
+    }
+  return out;
+}
 
 }  // namespace attn::ring
