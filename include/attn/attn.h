@@ -723,10 +723,13 @@ ATTN_API attn_status_t attn_plan_desc_set_block_mask(attn_plan_desc_t desc,
  *
  * block_size 0 turns MoBA off (the default); otherwise 1..65536, top_k >= 0,
  * shared_per_group 0 or 1. Checked at plan creation: the mask, no block mask
- * and no varlen batch at the same time (NOT_SUPPORTED). The CUDA backend
- * (forward and backward, the passes' workspaces holding the selection) also
- * needs block_size a multiple of 128 and top_k <= 32 unless top_k covers
- * every past block (top_k >= ceil(seqlen_kv / block_size) - 1), else
+ * and no varlen batch at the same time (NOT_SUPPORTED). A top_k that covers
+ * every past block (top_k >= ceil(seqlen_kv / block_size) - 1) selects the
+ * whole causal mask: that plan runs as the dense causal plan on either
+ * backend (attn_plan_describe's algorithm then starts with
+ * "moba-keeps-every-block:"), and the CUDA limits below do not apply. The
+ * CUDA backend (forward and backward, the passes' workspaces holding the
+ * selection) needs block_size a multiple of 128 and top_k <= 32, else
  * NOT_SUPPORTED; its fp32 gates are summed in another order than the CPU
  * backend's, so the two may pick differently between gates within fp32
  * rounding of each other. attn_plan_describe's visible_pairs and

@@ -147,8 +147,8 @@ __global__ void __launch_bounds__(kSelectThreads)
   const bool row_thread = tid < kSelectRows;
   const int my_d = r0 + tid + off;
   const int my_own = row_thread && tid < rows && my_d >= 0 ? my_d / p.block : -1;
-  // A row with at most top_k past blocks takes them all, without gates; the
-  // plan allows larger top_k only when every row is such a row.
+  // A row with at most top_k past blocks takes them all, without gates (the
+  // plan keeps top_k <= kMaxTopK).
   const bool all_past = my_own <= p.top_k;
   const int top_k = min(p.top_k, kMaxTopK);
   int kept = 0;

@@ -61,10 +61,13 @@ inline void validate_moba(const Problem& p) {
                   " on the CUDA backend: it must be a "
                   "multiple of ",
                   kMobaBlockMultiple, " (the kernels' KV tiles)");
+  // (A top_k of num_blocks - 1 or more keeps every block: such a plan runs
+  // as the dense causal plan and never reaches this check.)
   const int64_t nb = p.moba_num_blocks();
-  if (p.moba_top_k > moba::kMaxTopK && p.moba_top_k < nb - 1)
+  if (p.moba_top_k > moba::kMaxTopK)
     not_supported("desc: MoBA top_k ", p.moba_top_k, " on the CUDA backend: at most ",
-                  moba::kMaxTopK, " (or at least num_blocks - 1 = ", nb - 1, ", every past block)");
+                  moba::kMaxTopK, " (or at least num_blocks - 1 = ", nb - 1,
+                  ", every past block, which runs as the dense causal plan)");
 }
 
 // A selecting slot's most (row, block) pairs: each row selects its own

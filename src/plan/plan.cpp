@@ -274,6 +274,7 @@ std::unique_ptr<Plan> create_plan(const ContextConfig& ctx, const PlanDesc& d) {
     p.block_mask = d.block_mask;
   }
 
+  bool moba_keeps_every_block = false;
   if (d.moba_block > 0) {
     if (p.block_mask) not_supported("desc: MoBA together with a block mask: not supported");
     if (p.varlen) not_supported("desc: MoBA with a varlen batch: not supported");
@@ -282,6 +283,14 @@ std::unique_ptr<Plan> create_plan(const ContextConfig& ctx, const PlanDesc& d) {
     p.moba_block = d.moba_block;
     p.moba_top_k = d.moba_top_k;
     p.moba_shared = d.moba_shared;
+    // A top_k that covers every past block selects the whole causal mask:
+    // the plan is the dense causal one (the same function, without the
+    // selection stage and at the dense kernels' speed); describe() says so.
+    if (p.moba_top_k >= p.moba_num_blocks() - 1) {
+      moba_keeps_every_block = true;
+      p.moba_block = p.moba_top_k = 0;
+      p.moba_shared = false;
+    }
   }
 
   auto plan = std::make_unique<Plan>();
@@ -326,6 +335,7 @@ std::unique_ptr<Plan> create_plan(const ContextConfig& ctx, const PlanDesc& d) {
                      "); call attn_plan_desc_set_allow_empty_rows if that is intended");
 
   plan->context = ctx;
+  plan->moba_keeps_every_block = moba_keeps_every_block;
   switch (ctx.backend) {
     case ATTN_BACKEND_CPU: plan->impl = cpu::make_plan(p, ctx); break;
     case ATTN_BACKEND_CUDA:
@@ -366,7 +376,8 @@ void Plan::describe(attn_plan_info_t& info) const {
   info.bytes_forward = q_bytes + k_bytes + v_bytes + o_bytes + lse_bytes;
   // read Q K V O dO LSE, write dQ dK dV
   info.bytes_backward = 2.0 * (q_bytes + k_bytes + v_bytes) + 2.0 * o_bytes + lse_bytes;
-  std::snprintf(info.algorithm, sizeof info.algorithm, "%s", impl->algorithm());
+  std::snprintf(info.algorithm, sizeof info.algorithm, "%s%s",
+                moba_keeps_every_block ? "moba-keeps-every-block:" : "", impl->algorithm());
   std::snprintf(info.kernel, sizeof info.kernel, "%s", impl->kernel());
   info.visited_tile_pairs = visited_tile_pairs;
   info.total_tile_pairs = total_tile_pairs;

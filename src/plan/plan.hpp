@@ -45,6 +45,8 @@ struct Plan {
   std::unique_ptr<BackendPlan> impl;
   uint64_t visible_pairs = 0;
   uint64_t visited_tile_pairs = 0, total_tile_pairs = 0;
+  // A MoBA plan whose top_k keeps every past block, run as the causal plan.
+  bool moba_keeps_every_block = false;
 
   void describe(attn_plan_info_t& info) const;  // fills a full-size struct
 };

@@ -2096,7 +2096,18 @@ static void test_moba_errors(void **state) {
   EXPECT_OK(attn_plan_describe(plan, &info));
   assert_int_equal(info.visible_pairs, 2 * 4 * 17);
   assert_true(strstr(info.algorithm, "moba") != NULL);
+  assert_null(strstr(info.algorithm, "every-block"));
   EXPECT_OK(attn_plan_destroy(plan));
+
+  /* top 3 of 4 blocks of 2: every past block of every row, the causal mask
+   * itself; the plan is the dense causal one and says so */
+  EXPECT_OK(attn_plan_desc_set_moba(d, 2, 3, 1));
+  EXPECT_OK(attn_plan_create(g_ctx, d, &plan));
+  EXPECT_OK(attn_plan_describe(plan, &info));
+  assert_int_equal(info.visible_pairs, 200);
+  assert_true(strncmp(info.algorithm, "moba-keeps-every-block:", 23) == 0);
+  EXPECT_OK(attn_plan_destroy(plan));
+  EXPECT_OK(attn_plan_desc_set_moba(d, 2, 1, 0));
 
   /* the mask must be causal */
   EXPECT_OK(attn_plan_desc_set_mask(d, ATTN_MASK_NONE, -1, -1));

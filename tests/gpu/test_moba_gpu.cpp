@@ -98,16 +98,21 @@ Run run_device(const Case& c0, attn_context_t ctx) {
 
   attn_plan_t plans[2] = {plan_or_exit(ctx, moba_desc(p, false), c.name),
                           plan_or_exit(ctx, moba_desc(p, true), c.name)};
+  // A top_k that keeps every past block runs as the dense causal plan.
+  const bool every_block = c.top_k >= (c.lk + c.block - 1) / c.block - 1;
   for (attn_plan_t plan : plans) {
     const attn_plan_info_t info = describe(plan);
     size_t fws = 0;
     ATTN_CHECK(attn_plan_workspace_size(plan, ATTN_PASS_FORWARD, &fws));
-    if (std::strstr(info.kernel, "moba") == nullptr)
-      r.describe_error += std::string(" kernel '") + info.kernel + "' does not say moba;";
-    if ((std::strstr(info.kernel, "moba-gather") != nullptr) != g_gather)
+    if ((std::strstr(info.kernel, "moba") == nullptr) != every_block)
+      r.describe_error += std::string(" kernel '") + info.kernel + "' for top_k " +
+                          std::to_string(c.top_k) + ";";
+    if (!every_block && (std::strstr(info.kernel, "moba-gather") != nullptr) != g_gather)
       r.describe_error += std::string(" kernel '") + info.kernel + "' with ATTN_CUDA_MOBA_GATHER " +
                           (g_gather ? "unset" : "=0") + ";";
-    if (std::strcmp(info.algorithm, "flash-moba-online-softmax") != 0)
+    const char* algorithm = every_block ? "moba-keeps-every-block:flash-tiled-online-softmax"
+                                        : "flash-moba-online-softmax";
+    if (std::strcmp(info.algorithm, algorithm) != 0)
       r.describe_error += std::string(" algorithm '") + info.algorithm + "';";
     if (fws == 0 || info.workspace_bytes_forward != fws)
       r.describe_error += " forward workspace 0 or not what attn_plan_workspace_size says;";
