@@ -86,10 +86,12 @@ struct FwdSm90Config {
 };
 
 // d = 64: three warpgroups (192 rows) so that a block keeps 12 warps busy
-// at one block per SM; d = 128: two (the accumulators of O and S take 128
-// registers per thread).
+// at one block per SM, and 3 stages (loads two KV tiles ahead: a tile's
+// GEMMs are short); d = 128: two warpgroups (the accumulators of O and S
+// take 128 registers per thread), 2 stages (3 would leave no room in the
+// 227 KB of shared memory).
 constexpr FwdSm90Config fwd_sm90_config(int d) {
-  return d == 64 ? FwdSm90Config{192, 128, 3, 2} : FwdSm90Config{128, 128, 2, 2};
+  return d == 64 ? FwdSm90Config{192, 128, 3, 3} : FwdSm90Config{128, 128, 2, 2};
 }
 
 }  // namespace attn::flash

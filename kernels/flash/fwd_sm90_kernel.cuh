@@ -12,9 +12,11 @@
 // The dense forward of flash/fwd_kernel.cuh otherwise: the same KV tile
 // interval and element mask (flash/sequence.cuh), tiles visited from the
 // last to the first, the same online softmax and the same (O, LSE) for rows
-// that see no key. Every thread loads (cp.async, as the sm_80 kernel's
-// pipeline: commit groups K_0, V_0, K_1, ...), fences the async proxy and
-// meets the others at a barrier before the tensor cores read the tile.
+// that see no key. Every thread loads (cp.async, `stages` - 1 KV tiles
+// ahead), fences the async proxy and meets the others at one barrier per
+// KV tile before the tensor cores read it. Each warpgroup issues the next
+// S GEMM together with the current P V GEMM and runs the softmax while the
+// latter is in flight.
 // Softcap plans run the sm_80 kernel (the host does not pick this one).
 //
 // Built only for sm_90a (ATTN_SM90_WGMMA); other targets get an empty
@@ -96,36 +98,33 @@ __device__ __forceinline__ void flash_fwd_sm90_tile(const FwdParams& p) {
     return;
   }
 
-  // Pipeline (as flash_fwd_tile's): at the top of iteration i, K_i is
-  // needed and V_{i+ST-1} is issued into the V buffer iteration i-1 read;
-  // in the middle, V_i is needed and K_{i+ST} is issued into the K buffer
-  // S_i read. Each wait leaves 2 ST - 2 younger groups in flight; every
-  // wgmma has completed (wait_group 0) before the barrier that follows it.
-  auto load_k = [&](int it) {
-    if (it < n_tiles) {
-      const int n = n_end - 1 - it;
-      sm90::load_tile_swizzled<BN, D, NTH>(sKa + uint32_t(it % ST) * kKvBytes,
+  // Pipeline. Iteration j (0 <= j <= n_tiles) issues S_j = Q K_j and
+  // O += P_{j-1} V_{j-1} together, then computes the softmax of S_j while
+  // the tensor cores run the second GEMM; O is rescaled by S_j's alpha once
+  // that GEMM is done. Loads run ST - 1 iterations ahead: commit group g_p
+  // holds K_p and V_{p-1} (g_0 also Q); g_0 .. g_{ST-2} before the loop,
+  // g_{j+ST-1} at iteration j, after the barrier, into the K buffer S_{j-1}
+  // read and the V buffer O's GEMM of iteration j-1 read (each wgmma has
+  // completed before its warpgroup reaches the next barrier). Iteration j
+  // needs g_j: ST - 2 younger groups may stay in flight.
+  auto load_group = [&](int grp) {
+    if (grp < n_tiles) {
+      const int n = n_end - 1 - grp;
+      sm90::load_tile_swizzled<BN, D, NTH>(sKa + uint32_t(grp % ST) * kKvBytes,
                                            gK + int64_t(n) * BN * p.k_seq, p.k_seq, lk - n * BN,
                                            tid);
     }
-    cp_async_commit();
-  };
-  auto load_v = [&](int it) {
-    if (it < n_tiles) {
-      const int n = n_end - 1 - it;
-      sm90::load_tile_swizzled<BN, D, NTH>(sVa + uint32_t(it % ST) * kKvBytes,
+    if (grp >= 1 && grp - 1 < n_tiles) {
+      const int n = n_end - grp;
+      sm90::load_tile_swizzled<BN, D, NTH>(sVa + uint32_t((grp - 1) % ST) * kKvBytes,
                                            gV + int64_t(n) * BN * p.v_seq, p.v_seq, lk - n * BN,
                                            tid);
     }
     cp_async_commit();
   };
   sm90::load_tile_swizzled<BM, D, NTH>(sQa, gQ, p.q_seq, rows, tid);
-  load_k(0);
 #pragma unroll
-  for (int s = 1; s < ST; ++s) {
-    load_v(s - 1);
-    load_k(s);
-  }
+  for (int grp = 0; grp < ST - 1; ++grp) load_group(grp);
 
   // This thread's two rows of the tile (accumulator rows g and g + 8 of
   // its warp's 16).
@@ -137,78 +136,81 @@ __device__ __forceinline__ void flash_fwd_sm90_tile(const FwdParams& p) {
   for (int i = 0; i < NO; ++i) acc_o[i] = 0.0f;
   float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
   const float scale_log2 = p.scale_log2;
+  uint32_t pa[BN / 16][4];  // P_{j-1} in T: the A fragments of O += P V
+  float s[NS];
 
-#pragma unroll 1
-  for (int it = 0; it < n_tiles; ++it) {
-    const int n = n_end - 1 - it;
-    const uint32_t stage_off = uint32_t(it % ST) * kKvBytes;
-    cp_async_wait<2 * ST - 2>();
+  // The top of iteration j: g_j has landed for every thread; the next group
+  // goes out.
+  auto tile_ready = [&](int j) {
+    cp_async_wait<ST - 2>();
     sm90::fence_proxy_async();
     __syncthreads();
-    load_v(it + ST - 1);
-
-    // S = Q K^T: [64][BN] for this warpgroup.
-    float s[NS];
-#pragma unroll
-    for (int i = 0; i < NS; ++i) s[i] = 0.0f;
-    sm90::wgmma_fence();
+    load_group(j + ST - 1);
+  };
+  // S = Q K_j^T: [64][BN] for this warpgroup (committed as one group).
+  auto issue_s = [&](int j) {
+    const uint32_t k_tile = sKa + uint32_t(j % ST) * kKvBytes;
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk)
       sm90::Wgmma<T, BN>::ss(s, sm90::desc_k_major(q_rows, BM, kk),
-                             sm90::desc_k_major(sKa + stage_off, BN, kk), kk > 0);
+                             sm90::desc_k_major(k_tile, BN, kk), kk > 0);
     sm90::wgmma_commit();
-    sm90::wgmma_wait<0>();
-    sm90::reg_fence(s);
-
-    const int c0 = n * BN;
+  };
+  // O += P_{j-1} V_{j-1} (one group).
+  auto issue_pv = [&](int j) {
+    const uint32_t v_tile = sVa + uint32_t((j - 1) % ST) * kKvBytes;
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk)
+      sm90::Wgmma<T, D>::rs(acc_o, pa[kk], sm90::desc_mn_major(v_tile, BN, kk), true);
+    sm90::wgmma_commit();
+  };
+  // Mask and online softmax of S_j in place (P_j in fp32); alpha: the
+  // factor that takes O to S_j's row maxima. Each row lives in the 4 lanes
+  // of a quad.
+  auto softmax = [&](int j, float (&alpha)[2]) {
+    const int c0 = (n_end - 1 - j) * BN;
     if (!dense_tile_full<BN>(qt, c0)) {
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
         const int row = r0 + row0 + hh * 8;
         const int lo = key_lo(p, qt, row), hi = key_hi(p, qt, row);
 #pragma unroll
-        for (int j = 0; j < BN / 8; ++j)
+        for (int jj = 0; jj < BN / 8; ++jj)
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
-            const int col = c0 + j * 8 + t4 * 2 + e;
-            if (col < lo || col > hi) s[j * 4 + hh * 2 + e] = -INFINITY;
+            const int col = c0 + jj * 8 + t4 * 2 + e;
+            if (col < lo || col > hi) s[jj * 4 + hh * 2 + e] = -INFINITY;
           }
       }
     }
-
-    // Online softmax; each row lives in the 4 lanes of a quad.
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
       float mx = row_max[hh];
 #pragma unroll
-      for (int j = 0; j < BN / 8; ++j) mx = fmaxf(mx, fmaxf(s[j * 4 + hh * 2], s[j * 4 + hh * 2 + 1]));
+      for (int jj = 0; jj < BN / 8; ++jj)
+        mx = fmaxf(mx, fmaxf(s[jj * 4 + hh * 2], s[jj * 4 + hh * 2 + 1]));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
       // A row masked so far keeps mx = -inf: subtract 0 so that
       // exp2(-inf - 0) = 0 instead of NaN.
       const float m_scaled = mx == -INFINITY ? 0.0f : mx * scale_log2;
-      const float alpha = fast_exp2(row_max[hh] * scale_log2 - m_scaled);
+      alpha[hh] = fast_exp2(row_max[hh] * scale_log2 - m_scaled);
       row_max[hh] = mx;
       float sum = 0.0f;
 #pragma unroll
-      for (int j = 0; j < BN / 8; ++j)
+      for (int jj = 0; jj < BN / 8; ++jj)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-          const float pe = fast_exp2(fmaf(s[j * 4 + hh * 2 + e], scale_log2, -m_scaled));
-          s[j * 4 + hh * 2 + e] = pe;
+          const float pe = fast_exp2(fmaf(s[jj * 4 + hh * 2 + e], scale_log2, -m_scaled));
+          s[jj * 4 + hh * 2 + e] = pe;
           sum += pe;
         }
-      row_sum[hh] = row_sum[hh] * alpha + sum;
-#pragma unroll
-      for (int j = 0; j < D / 8; ++j) {
-        acc_o[j * 4 + hh * 2] *= alpha;
-        acc_o[j * 4 + hh * 2 + 1] *= alpha;
-      }
+      row_sum[hh] = row_sum[hh] * alpha[hh] + sum;
     }
-
-    // P in T: accumulator columns [16 kk, 16 kk + 16) are the A fragment of
-    // k-step kk.
-    uint32_t pa[BN / 16][4];
+  };
+  // P_j in T replaces P_{j-1}: accumulator columns [16 kk, 16 kk + 16) are
+  // the A fragment of k-step kk.
+  auto pack_p = [&] {
 #pragma unroll
     for (int kk = 0; kk < BN / 16; ++kk) {
       pa[kk][0] = pack2<T>(s[8 * kk + 0], s[8 * kk + 1]);
@@ -216,21 +218,38 @@ __device__ __forceinline__ void flash_fwd_sm90_tile(const FwdParams& p) {
       pa[kk][2] = pack2<T>(s[8 * kk + 4], s[8 * kk + 5]);
       pa[kk][3] = pack2<T>(s[8 * kk + 6], s[8 * kk + 7]);
     }
+  };
 
-    cp_async_wait<2 * ST - 2>();
-    sm90::fence_proxy_async();
-    __syncthreads();
-    load_k(it + ST);
-
-    // O += P V
+  // j = 0: S_0 alone (O is still 0).
+  float alpha[2];
+  tile_ready(0);
+  sm90::wgmma_fence();
+  issue_s(0);
+  sm90::wgmma_wait<0>();
+  sm90::reg_fence(s);
+  softmax(0, alpha);
+  pack_p();
+#pragma unroll 1
+  for (int j = 1; j < n_tiles; ++j) {
+    tile_ready(j);
     sm90::wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < BN / 16; ++kk)
-      sm90::Wgmma<T, D>::rs(acc_o, pa[kk], sm90::desc_mn_major(sVa + stage_off, BN, kk), true);
-    sm90::wgmma_commit();
+    issue_s(j);
+    issue_pv(j);
+    sm90::wgmma_wait<1>();  // S_j done; P_{j-1} V_{j-1} runs on under the softmax
+    sm90::reg_fence(s);
+    softmax(j, alpha);
     sm90::wgmma_wait<0>();
     sm90::reg_fence(acc_o);
+#pragma unroll
+    for (int i = 0; i < NO; ++i) acc_o[i] *= alpha[(i >> 1) & 1];
+    pack_p();
   }
+  // The last P V.
+  tile_ready(n_tiles);
+  sm90::wgmma_fence();
+  issue_pv(n_tiles);
+  sm90::wgmma_wait<0>();
+  sm90::reg_fence(acc_o);
   cp_async_wait<0>();
 
   // Epilogue: O = acc / l, LSE = m * scale_log2 * ln2 + ln l. The warpgroup
