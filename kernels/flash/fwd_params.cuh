@@ -72,4 +72,26 @@ constexpr FwdConfig fwd_config(int d) {
   return d <= 128 ? FwdConfig{128, 64, 4, 2} : FwdConfig{128, 64, 8, 1};
 }
 
+// The sm_90a forward (flash/fwd_sm90_kernel.cuh): block_m = 64 query rows
+// per consumer warpgroup, KV tiles of block_n keys in `stages` buffers.
+// Shared memory holds Q [block_m][D] and K, V [block_n][D] per stage, in
+// 128-byte swizzled panels without padding, plus 1024 bytes to align the
+// first panel to the swizzle atom.
+struct FwdSm90Config {
+  int block_m, block_n, warpgroups, stages;
+  constexpr int threads() const { return warpgroups * 128; }
+  constexpr size_t smem_bytes(int d) const {
+    return size_t(block_m + 2 * stages * block_n) * size_t(d) * 2u + 1024u;
+  }
+};
+
+// d = 64: three warpgroups (192 rows) so that a block keeps 12 warps busy
+// at one block per SM, and 3 stages (loads two KV tiles ahead: a tile's
+// GEMMs are short); d = 128: two warpgroups (the accumulators of O and S
+// take 128 registers per thread), 2 stages (3 would leave no room in the
+// 227 KB of shared memory).
+constexpr FwdSm90Config fwd_sm90_config(int d) {
+  return d == 64 ? FwdSm90Config{192, 128, 3, 3} : FwdSm90Config{128, 128, 2, 2};
+}
+
 }  // namespace attn::flash

@@ -57,4 +57,19 @@ __device__ __forceinline__ bool query_tile_of(const P& p, int b, int m_block, Qu
   return true;
 }
 
+// The dense KV tiles of BN keys the tile's rows see: tiles [end - count,
+// end), count returned (0: no row sees a key).
+template <int BN>
+__device__ __forceinline__ int dense_kv_tiles(const QueryTile& t, int& end) {
+  end = t.hi_last / BN + 1;
+  return t.hi_last < t.lo_first ? 0 : end - t.lo_first / BN;
+}
+
+// True when every row of the tile sees every key of the KV tile that starts
+// at key c0 (no element predicate needed).
+template <int BN>
+__device__ __forceinline__ bool dense_tile_full(const QueryTile& t, int c0) {
+  return c0 + BN <= t.lk && c0 >= t.lo_last && c0 + BN - 1 <= t.hi_first;
+}
+
 }  // namespace attn::flash

@@ -139,8 +139,9 @@ class CudaPlan final : public BackendPlan {
         not_supported("backend CUDA: head_dim ", d, " needs ", smem, " bytes of shared memory per ",
                       "block for the ", pass, " pass; device ", device_, " allows ", smem_optin);
     };
+    pick_sm90_forward(p, major, minor, size_t(smem_optin));
     require_image(kernel_.func);
-    require_smem(cfg_.smem_bytes(int(d)), "forward");
+    require_smem(sm90_ ? sm90_cfg_.smem_bytes(int(d)) : cfg_.smem_bytes(int(d)), "forward");
     check(kernel_.prepare(), "cudaFuncSetAttribute");
     if (p.backward) {
       // The first variant whose shared memory and instructions the device
@@ -194,7 +195,7 @@ class CudaPlan final : public BackendPlan {
       bwd_params_.group_splits = group_splits_;
       sm_count_ = sm_count;
     }
-    m_blocks_ = int((p.seqlen_q + cfg_.block_m - 1) / cfg_.block_m);
+    m_blocks_ = int((p.seqlen_q + tile_q() - 1) / tile_q());
 
     // Device copies of the varlen offsets and of the diagonal shifts, in
     // one allocation: [cu_q, cu_kv] (batch + 1 each), then [shift] (batch).
@@ -244,9 +245,13 @@ class CudaPlan final : public BackendPlan {
     int len = sparse || moba ? std::snprintf(kernel_name_, sizeof kernel_name_,
                                      "cuda-fa2-sm80-%s-d%d-%s-%dx%d", dtype_name(p.dtype),
                                      int(d), kind, cfg_.block_m, cfg_.block_n)
-                     : std::snprintf(kernel_name_, sizeof kernel_name_,
-                                     "cuda-fa2-sm80-%s-d%d-%dx%d-w%d-s%d", dtype_name(p.dtype),
-                                     int(d), cfg_.block_m, cfg_.block_n, cfg_.warps, cfg_.stages);
+              : sm90_ ? std::snprintf(kernel_name_, sizeof kernel_name_,
+                                      "cuda-sm90-wgmma-%s-d%d-%dx%d-s%d", dtype_name(p.dtype),
+                                      int(d), sm90_cfg_.block_m, sm90_cfg_.block_n,
+                                      sm90_cfg_.stages)
+                      : std::snprintf(kernel_name_, sizeof kernel_name_,
+                                      "cuda-fa2-sm80-%s-d%d-%dx%d-w%d-s%d", dtype_name(p.dtype),
+                                      int(d), cfg_.block_m, cfg_.block_n, cfg_.warps, cfg_.stages);
     if (p.backward && len > 0 && size_t(len) < sizeof kernel_name_) {
       const char* dq_kind = p.deterministic             ? "det"
                             : bwd_cfg_.bulk_dq && !gather ? "bulk"
@@ -409,8 +414,8 @@ class CudaPlan final : public BackendPlan {
     }
   }
 
-  int32_t tile_q() const override { return cfg_.block_m; }
-  int32_t tile_kv() const override { return cfg_.block_n; }
+  int32_t tile_q() const override { return sm90_ ? sm90_cfg_.block_m : cfg_.block_m; }
+  int32_t tile_kv() const override { return sm90_ ? sm90_cfg_.block_n : cfg_.block_n; }
   int32_t num_threads() const override { return 1; }
   const char* algorithm() const override {
     return moba_ ? "flash-moba-online-softmax" : "flash-tiled-online-softmax";
@@ -451,6 +456,32 @@ class CudaPlan final : public BackendPlan {
                       ": strides must be multiples of 8 elements (16-byte vector loads); got batch ",
                       s.batch, ", seq ", s.seq, ", head ", s.head);
     }
+  }
+
+  // The sm_90a (wgmma) forward replaces the sm_80 one for dense plans at
+  // d = 64 and 128 without softcap, on sm_90 devices whose image of it was
+  // compiled for sm_90a (ptxVersion 90: built for other targets its body is
+  // empty). ATTN_CUDA_FWD_SM90=0 keeps the sm_80 kernel (read at plan
+  // creation; any other value, or none, takes the sm_90a one where it applies).
+  void pick_sm90_forward(const Problem& p, int major, int minor, size_t smem_optin) {
+    const char* env = std::getenv("ATTN_CUDA_FWD_SM90");
+    if (env != nullptr && std::strcmp(env, "0") == 0) return;
+    const int64_t d = p.head_dim_qk;
+    if (p.block_mask != nullptr || p.moba_block > 0 || p.softcap > 0.0f || (d != 64 && d != 128) ||
+        major != 9 || minor != 0)
+      return;
+    const bool bf16 = p.dtype == ATTN_DTYPE_BF16;
+    const FwdKernel k = d == 64 ? fwd_kernel_sm90_d64(bf16) : fwd_kernel_sm90_d128(bf16);
+    const flash::FwdSm90Config c = flash::fwd_sm90_config(int(d));
+    cudaFuncAttributes attrs{};
+    if (cudaFuncGetAttributes(&attrs, k.func) != cudaSuccess) {
+      (void)cudaGetLastError();  // no image: the sm_80 kernel
+      return;
+    }
+    if (attrs.ptxVersion < 90 || smem_optin < c.smem_bytes(int(d))) return;
+    kernel_ = k;
+    sm90_cfg_ = c;
+    sm90_ = true;
   }
 
   static void require_aligned(const void* ptr, const char* name) {
@@ -682,6 +713,8 @@ class CudaPlan final : public BackendPlan {
   bool kv_lists_split_ = false;  // block-sparse: some dK/dV list is cut into several items
   flash::FwdConfig cfg_{};
   FwdKernel kernel_{};
+  bool sm90_ = false;  // kernel_ is the sm_90a forward (sm90_cfg_), else the sm_80 one (cfg_)
+  flash::FwdSm90Config sm90_cfg_{};
   flash::FwdParams params_{};
   flash::BwdConfig bwd_cfg_{};
   BwdKernels bwd_{};

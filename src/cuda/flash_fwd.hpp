@@ -24,4 +24,10 @@ FwdKernel fwd_kernel_d96(bool bf16, bool sparse);
 FwdKernel fwd_kernel_d128(bool bf16, bool sparse);
 FwdKernel fwd_kernel_d256(bool bf16, bool sparse);
 
+// The sm_90a (wgmma) dense forward, d = 64 and 128 (flash/fwd_sm90_kernel.cuh).
+// Its image holds code only where the build targeted sm_90a: the caller
+// checks cudaFuncGetAttributes' ptxVersion (90) before choosing it.
+FwdKernel fwd_kernel_sm90_d64(bool bf16);
+FwdKernel fwd_kernel_sm90_d128(bool bf16);
+
 }  // namespace attn::cuda

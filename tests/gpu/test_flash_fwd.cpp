@@ -14,6 +14,11 @@
 // Also: CUDA graph capture and replay give the same bits as a direct run,
 // attn_plan_describe names the kernel and its tile, and unsupported requests
 // fail at plan creation with NOT_SUPPORTED.
+// Kernel choice: on an sm_90 device, dense plans at d = 64 and 128 without
+// softcap must run the sm_90a (wgmma) forward, unless ATTN_CUDA_FWD_SM90=0,
+// under which every plan must run the sm_80 one; each case checks the name
+// attn_plan_describe gives (the build must include sm_90a, as
+// scripts/gpu-check.sh's does).
 // ATTN_GPU_TEST_QUICK=1 runs only small cases (for compute-sanitizer);
 // ATTN_GPU_TEST_FILTER=text only the cases whose name contains text.
 // Exit 77 without a CUDA device.
@@ -39,6 +44,12 @@ uint64_t g_seed = 0;
 bool g_quick = false;
 const char* g_filter = nullptr;
 int g_failures = 0;
+bool g_sm90 = false;  // sm_90 device and ATTN_CUDA_FWD_SM90 != 0
+
+// The forward kernel a plan of case c must run.
+bool expects_sm90(const CaseShape& c) {
+  return g_sm90 && (c.d == 64 || c.d == 128) && c.softcap == 0.0f;
+}
 
 struct Case : CaseShape {
   bool vs_cpu = false;  // also compare every row with the CPU backend
@@ -222,6 +233,12 @@ void run_case(const Case& c0, attn_context_t cuda_ctx, attn_context_t cpu_ctx) {
   fill_inputs(p, rng, h);
 
   attn_plan_t plan = build_plan(p, cuda_ctx);
+  const char* want_kernel = expects_sm90(c) ? "cuda-sm90-wgmma-" : "cuda-fa2-sm80-";
+  const attn_plan_info_t info = describe(plan);
+  if (std::strstr(info.kernel, want_kernel) != info.kernel) {
+    std::printf("FAIL %s: runs %s, expected %s...\n", c.name.c_str(), info.kernel, want_kernel);
+    ++g_failures;
+  }
   size_t ws = 1;
   ATTN_CHECK(attn_plan_workspace_size(plan, ATTN_PASS_FORWARD, &ws));
   if (ws != 0) {
@@ -481,6 +498,11 @@ std::vector<Case> cases() {
         x.name = std::string(lay == ATTN_LAYOUT_BSHD ? "bshd" : "bhsd") + (pad ? "-padded" : "") +
                  "-" + dn[t] + "-d" + std::to_string(x.d);
         add(x);
+        // d = 64 (the sm_90a kernel's 192-row tile), full mask.
+        x.d = 64, x.mask = ATTN_MASK_NONE, x.lq = 400, x.lk = 130;
+        x.name = std::string(lay == ATTN_LAYOUT_BSHD ? "bshd" : "bhsd") + (pad ? "-padded" : "") +
+                 "-" + dn[t] + "-d64-none-400x130";
+        add(x);
       }
   // Larger shapes: sampled rows against fp64, every row against the CPU backend.
   {
@@ -494,6 +516,12 @@ std::vector<Case> cases() {
     add(x);
     x.name = "big-none-4Kx3K-bf16-d256", x.lq = 4096, x.lk = 3000, x.d = 256, x.hq = 1, x.hkv = 1,
     x.dtype = ATTN_DTYPE_BF16, x.mask = ATTN_MASK_NONE;
+    add(x);
+    x.name = "big-none-L4K-b2-gqa2-bf16-d64", x.lq = x.lk = 4096, x.d = 64, x.batch = 2, x.hq = 2,
+    x.hkv = 1;
+    add(x);
+    x.name = "big-causal-3000x5000-fp16-d128", x.lq = 3000, x.lk = 5000, x.d = 128, x.batch = 1,
+    x.dtype = ATTN_DTYPE_FP16, x.mask = ATTN_MASK_CAUSAL;
     add(x);
   }
   return v;
@@ -582,11 +610,15 @@ void test_describe(attn_context_t ctx) {
   char line[600];
   ATTN_CHECK(attn_plan_summary(plan, line, sizeof line, nullptr));
   std::printf("     %s\n", line);
-  const bool ok = info.backend == ATTN_BACKEND_CUDA && std::strstr(info.kernel, "cuda-fa2") &&
-                  std::strstr(info.kernel, "bf16-d128") && std::strstr(info.kernel, "128x64") &&
-                  info.tile_q == 128 && info.tile_kv == 64 && info.workspace_bytes_forward == 0 &&
+  const bool sm90 = expects_sm90(c);
+  const bool ok = info.backend == ATTN_BACKEND_CUDA &&
+                  std::strstr(info.kernel, sm90 ? "cuda-sm90-wgmma" : "cuda-fa2") &&
+                  std::strstr(info.kernel, "bf16-d128") &&
+                  std::strstr(info.kernel, sm90 ? "128x128" : "128x64") && info.tile_q == 128 &&
+                  info.tile_kv == (sm90 ? 128 : 64) && info.workspace_bytes_forward == 0 &&
                   info.visible_pairs == 100 * 100 && info.supports_backward == 0;
-  expect(ok, "attn_plan_describe names the CUDA kernel and its 128x64 tile");
+  expect(ok, sm90 ? "attn_plan_describe names the sm_90a kernel and its 128x128 tile"
+                  : "attn_plan_describe names the sm_80 kernel and its 128x64 tile");
   attn_plan_destroy(plan);
 }
 
@@ -653,6 +685,13 @@ int main() {
   g_filter = std::getenv("ATTN_GPU_TEST_FILTER");
   std::printf("seed %" PRIu64 " (ATTN_TEST_SEED=%" PRIu64 " repeats this run)%s\n", g_seed, g_seed,
               g_quick ? ", quick" : "");
+
+  cudaDeviceProp prop{};
+  GPU_CHECK(cudaGetDeviceProperties(&prop, 0));
+  const char* sm90_env = std::getenv("ATTN_CUDA_FWD_SM90");
+  g_sm90 = prop.major == 9 && prop.minor == 0 && !(sm90_env && std::strcmp(sm90_env, "0") == 0);
+  std::printf("device sm_%d%d: d = 64/128 plans expected on the %s forward\n", prop.major,
+              prop.minor, g_sm90 ? "sm_90a (wgmma)" : "sm_80");
 
   attn_context_t cuda_ctx = nullptr, cpu_ctx = nullptr;
   ATTN_CHECK(attn_context_create(ATTN_BACKEND_CUDA, 0, 0, &cuda_ctx));

@@ -77,16 +77,16 @@ int main(int argc, char** argv) {
     char line[256];
     std::snprintf(line, sizeof line,
                   "%4" PRId64 " %6" PRId64 " %-6s %5" PRId64 " %5" PRId64
-                  " %8.3f %7.1f %8.3f %7.1f %8.3f %7.1f",
+                  " %8.3f %7.1f %8.3f %7.1f %8.3f %7.1f  %s",
                   c.d, c.l, c.causal ? "causal" : "full", c.batch(), c.heads(), fwd_ms, tf,
-                  bwd_ms[0], tb, bwd_ms[1], td);
+                  bwd_ms[0], tb, bwd_ms[1], td, info.kernel);
     lines.push_back(line);
     std::fflush(stdout);
   }
   std::printf("\nbf16 backward, batch*seqlen = 16K, heads = 2048/d, median of %d runs (ms, TFLOP/s)\n",
               reps);
-  std::printf("%4s %6s %-6s %5s %5s %8s %7s %8s %7s %8s %7s\n", "d", "L", "mask", "batch", "heads",
-              "fwd", "TF/s", "bwd", "TF/s", "bwd-det", "TF/s");
+  std::printf("%4s %6s %-6s %5s %5s %8s %7s %8s %7s %8s %7s  %s\n", "d", "L", "mask", "batch",
+              "heads", "fwd", "TF/s", "bwd", "TF/s", "bwd-det", "TF/s", "kernels (forward+bwd)");
   for (const auto& l : lines) std::printf("%s\n", l.c_str());
   cudaFree(ws);
   attn_context_destroy(ctx);

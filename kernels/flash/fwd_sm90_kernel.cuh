@@ -1,0 +1,290 @@
+// FlashAttention forward on sm_90a warpgroup MMA (wgmma). One thread block
+// computes one query tile of one head with `warpgroups` warpgroups of 64
+// query rows each (flash::fwd_sm90_config):
+//
+//   Q tile  [BM][D]    cp.async -> shared (swizzled panels, flash/sm90.cuh)
+//   K, V    [BN][D]    streamed through `stages` shared buffers each
+//   S = Q K^T          wgmma m64nBNk16, A (Q) and B (K) K-major from shared;
+//                      [64][BN] fp32 per warpgroup in registers
+//   P = exp2(S - m)    rounded to T in registers, the A operand of P V
+//   O += P V           wgmma m64nDk16, B (V) MN-major from shared
+//
+// The dense forward of flash/fwd_kernel.cuh otherwise: the same KV tile
+// interval and element mask (flash/sequence.cuh), tiles visited from the
+// last to the first, the same online softmax and the same (O, LSE) for rows
+// that see no key. Every thread loads (cp.async, `stages` - 1 KV tiles
+// ahead), fences the async proxy and meets the others at one barrier per
+// KV tile before the tensor cores read it. Each warpgroup issues the next
+// S GEMM together with the current P V GEMM and runs the softmax while the
+// latter is in flight.
+// Softcap plans run the sm_80 kernel (the host does not pick this one).
+//
+// Built only for sm_90a (ATTN_SM90_WGMMA); other targets get an empty
+// kernel, which the host never launches (it checks the image's PTX version).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "flash/fwd_kernel.cuh"
+#include "flash/fwd_params.cuh"
+#include "flash/sequence.cuh"
+#include "flash/sm80.cuh"
+#include "flash/sm90.cuh"
+
+namespace attn::flash {
+
+template <int D>
+struct FwdSm90Traits {
+  static constexpr FwdSm90Config kCfg = fwd_sm90_config(D);
+  static constexpr int kBlockM = kCfg.block_m;
+  static constexpr int kBlockN = kCfg.block_n;
+  static constexpr int kStages = kCfg.stages;
+  static constexpr int kThreads = kCfg.threads();
+  static_assert(kBlockM == 64 * kCfg.warpgroups, "64 rows per warpgroup");
+  static_assert((D == 64 || D == 128) && kBlockN == 128, "the wgmma shapes instantiated");
+};
+
+template <class T, int D>
+__device__ __forceinline__ void flash_fwd_sm90_tile(const FwdParams& p) {
+  using Tr = FwdSm90Traits<D>;
+  constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN, ST = Tr::kStages, NTH = Tr::kThreads;
+  constexpr int NS = BN / 2, NO = D / 2;  // accumulators per thread: S, O
+  constexpr uint32_t kQBytes = uint32_t(BM * D * 2), kKvBytes = uint32_t(BN * D * 2);
+
+  extern __shared__ __align__(16) unsigned char smem[];
+  // Panels start on a 1024-byte boundary (the swizzle atom).
+  const uint32_t raw = smem_u32(smem);
+  const uint32_t sQa = (raw + 1023u) & ~1023u;        // [BM][D], then the O tile
+  const uint32_t sKa = sQa + kQBytes;                 // [ST][BN][D]
+  const uint32_t sVa = sKa + uint32_t(ST) * kKvBytes;  // [ST][BN][D]
+  unsigned char* const sQ = smem + (sQa - raw);
+
+  const int tid = threadIdx.x, wg = tid >> 7, wtid = tid & 127;
+  const int lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+  const int b = blockIdx.z, h = blockIdx.y;
+  // Last query tiles first: under a causal mask they are the longest.
+  const int m_block = int(gridDim.x) - 1 - int(blockIdx.x);
+
+  QueryTile qt;
+  if (!query_tile_of<BM>(p, b, m_block, qt)) return;
+  const int lk = qt.lk, r0 = qt.r0, rows = qt.rows;
+  const bool varlen = p.cu_q != nullptr;
+  const int hk = h / p.group;
+  const T* gQ = static_cast<const T*>(p.q) + (varlen ? qt.q_tok * p.q_seq : b * p.q_batch) +
+                h * p.q_head + r0 * p.q_seq;
+  const T* gK = static_cast<const T*>(p.k) + (varlen ? qt.kv_tok * p.k_seq : b * p.k_batch) +
+                hk * p.k_head;
+  const T* gV = static_cast<const T*>(p.v) + (varlen ? qt.kv_tok * p.v_seq : b * p.v_batch) +
+                hk * p.v_head;
+  T* gO = static_cast<T*>(p.o) + (varlen ? qt.q_tok * p.o_seq : b * p.o_batch) + h * p.o_head +
+          r0 * p.o_seq;
+  float* gL = p.lse == nullptr
+                  ? nullptr
+                  : p.lse + (varlen ? qt.q_tok : b * p.lse_batch) + h * p.lse_head + r0;
+
+  int n_end;
+  const int n_tiles = dense_kv_tiles<BN>(qt, n_end);
+  if (n_tiles == 0) {  // no row of the tile sees a key
+    constexpr int DT = D / 8;
+    for (int c = tid; c < BM * DT; c += NTH) {
+      const int r = c / DT, ch = c % DT;
+      if (r < rows) *reinterpret_cast<uint4*>(gO + r * p.o_seq + ch * 8) = make_uint4(0, 0, 0, 0);
+    }
+    if (gL != nullptr)
+      for (int r = tid; r < rows; r += NTH) gL[r] = -INFINITY;
+    return;
+  }
+
+  // Pipeline. Iteration j (0 <= j <= n_tiles) issues S_j = Q K_j and
+  // O += P_{j-1} V_{j-1} together, then computes the softmax of S_j while
+  // the tensor cores run the second GEMM; O is rescaled by S_j's alpha once
+  // that GEMM is done. Loads run ST - 1 iterations ahead: commit group g_p
+  // holds K_p and V_{p-1} (g_0 also Q); g_0 .. g_{ST-2} before the loop,
+  // g_{j+ST-1} at iteration j, after the barrier, into the K buffer S_{j-1}
+  // read and the V buffer O's GEMM of iteration j-1 read (each wgmma has
+  // completed before its warpgroup reaches the next barrier). Iteration j
+  // needs g_j: ST - 2 younger groups may stay in flight.
+  auto load_group = [&](int grp) {
+    if (grp < n_tiles) {
+      const int n = n_end - 1 - grp;
+      sm90::load_tile_swizzled<BN, D, NTH>(sKa + uint32_t(grp % ST) * kKvBytes,
+                                           gK + int64_t(n) * BN * p.k_seq, p.k_seq, lk - n * BN,
+                                           tid);
+    }
+    if (grp >= 1 && grp - 1 < n_tiles) {
+      const int n = n_end - grp;
+      sm90::load_tile_swizzled<BN, D, NTH>(sVa + uint32_t((grp - 1) % ST) * kKvBytes,
+                                           gV + int64_t(n) * BN * p.v_seq, p.v_seq, lk - n * BN,
+                                           tid);
+    }
+    cp_async_commit();
+  };
+  sm90::load_tile_swizzled<BM, D, NTH>(sQa, gQ, p.q_seq, rows, tid);
+#pragma unroll
+  for (int grp = 0; grp < ST - 1; ++grp) load_group(grp);
+
+  // This thread's two rows of the tile (accumulator rows g and g + 8 of
+  // its warp's 16).
+  const int row0 = wg * 64 + ((wtid >> 5) << 4) + g;
+  const uint32_t q_rows = sQa + uint32_t(wg * 64 * 128);  // the warpgroup's rows, panel 0
+
+  float acc_o[NO];
+#pragma unroll
+  for (int i = 0; i < NO; ++i) acc_o[i] = 0.0f;
+  float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
+  const float scale_log2 = p.scale_log2;
+  uint32_t pa[BN / 16][4];  // P_{j-1} in T: the A fragments of O += P V
+  float s[NS];
+
+  // The top of iteration j: g_j has landed for every thread; the next group
+  // goes out.
+  auto tile_ready = [&](int j) {
+    cp_async_wait<ST - 2>();
+    sm90::fence_proxy_async();
+    __syncthreads();
+    load_group(j + ST - 1);
+  };
+  // S = Q K_j^T: [64][BN] for this warpgroup (committed as one group).
+  auto issue_s = [&](int j) {
+    const uint32_t k_tile = sKa + uint32_t(j % ST) * kKvBytes;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk)
+      sm90::Wgmma<T, BN>::ss(s, sm90::desc_k_major(q_rows, BM, kk),
+                             sm90::desc_k_major(k_tile, BN, kk), kk > 0);
+    sm90::wgmma_commit();
+  };
+  // O += P_{j-1} V_{j-1} (one group).
+  auto issue_pv = [&](int j) {
+    const uint32_t v_tile = sVa + uint32_t((j - 1) % ST) * kKvBytes;
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk)
+      sm90::Wgmma<T, D>::rs(acc_o, pa[kk], sm90::desc_mn_major(v_tile, BN, kk), true);
+    sm90::wgmma_commit();
+  };
+  // Mask and online softmax of S_j in place (P_j in fp32); alpha: the
+  // factor that takes O to S_j's row maxima. Each row lives in the 4 lanes
+  // of a quad.
+  auto softmax = [&](int j, float (&alpha)[2]) {
+    const int c0 = (n_end - 1 - j) * BN;
+    if (!dense_tile_full<BN>(qt, c0)) {
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int row = r0 + row0 + hh * 8;
+        const int lo = key_lo(p, qt, row), hi = key_hi(p, qt, row);
+#pragma unroll
+        for (int jj = 0; jj < BN / 8; ++jj)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int col = c0 + jj * 8 + t4 * 2 + e;
+            if (col < lo || col > hi) s[jj * 4 + hh * 2 + e] = -INFINITY;
+          }
+      }
+    }
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      float mx = row_max[hh];
+#pragma unroll
+      for (int jj = 0; jj < BN / 8; ++jj)
+        mx = fmaxf(mx, fmaxf(s[jj * 4 + hh * 2], s[jj * 4 + hh * 2 + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      // A row masked so far keeps mx = -inf: subtract 0 so that
+      // exp2(-inf - 0) = 0 instead of NaN.
+      const float m_scaled = mx == -INFINITY ? 0.0f : mx * scale_log2;
+      alpha[hh] = fast_exp2(row_max[hh] * scale_log2 - m_scaled);
+      row_max[hh] = mx;
+      float sum = 0.0f;
+#pragma unroll
+      for (int jj = 0; jj < BN / 8; ++jj)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float pe = fast_exp2(fmaf(s[jj * 4 + hh * 2 + e], scale_log2, -m_scaled));
+          s[jj * 4 + hh * 2 + e] = pe;
+          sum += pe;
+        }
+      row_sum[hh] = row_sum[hh] * alpha[hh] + sum;
+    }
+  };
+  // P_j in T replaces P_{j-1}: accumulator columns [16 kk, 16 kk + 16) are
+  // the A fragment of k-step kk.
+  auto pack_p = [&] {
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) {
+      pa[kk][0] = pack2<T>(s[8 * kk + 0], s[8 * kk + 1]);
+      pa[kk][1] = pack2<T>(s[8 * kk + 2], s[8 * kk + 3]);
+      pa[kk][2] = pack2<T>(s[8 * kk + 4], s[8 * kk + 5]);
+      pa[kk][3] = pack2<T>(s[8 * kk + 6], s[8 * kk + 7]);
+    }
+  };
+
+  // j = 0: S_0 alone (O is still 0).
+  float alpha[2];
+  tile_ready(0);
+  sm90::wgmma_fence();
+  issue_s(0);
+  sm90::wgmma_wait<0>();
+  sm90::reg_fence(s);
+  softmax(0, alpha);
+  pack_p();
+#pragma unroll 1
+  for (int j = 1; j < n_tiles; ++j) {
+    tile_ready(j);
+    sm90::wgmma_fence();
+    issue_s(j);
+    issue_pv(j);
+    sm90::wgmma_wait<1>();  // S_j done; P_{j-1} V_{j-1} runs on under the softmax
+    sm90::reg_fence(s);
+    softmax(j, alpha);
+    sm90::wgmma_wait<0>();
+    sm90::reg_fence(acc_o);
+#pragma unroll
+    for (int i = 0; i < NO; ++i) acc_o[i] *= alpha[(i >> 1) & 1];
+    pack_p();
+  }
+  // The last P V.
+  tile_ready(n_tiles);
+  sm90::wgmma_fence();
+  issue_pv(n_tiles);
+  sm90::wgmma_wait<0>();
+  sm90::reg_fence(acc_o);
+  cp_async_wait<0>();
+
+  // Epilogue: O = acc / l, LSE = m * scale_log2 * ln2 + ln l. The warpgroup
+  // stages its 64 rows in its own rows of the Q tile (same swizzled layout:
+  // the quad's stores of a column group hit 8 distinct chunks), then writes
+  // them with 16-byte stores.
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const float l = quad_sum(row_sum[hh]);
+    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+    const int row = row0 + hh * 8;
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j)
+      *reinterpret_cast<uint32_t*>(sQ + sm90::swizzled_offset(BM, row, j * 8 + t4 * 2)) =
+          pack2<T>(acc_o[j * 4 + hh * 2] * inv, acc_o[j * 4 + hh * 2 + 1] * inv);
+    if (gL != nullptr && t4 == 0 && row < rows) gL[row] = row_lse(row_max[hh], l, scale_log2);
+  }
+  sm90::named_barrier(1 + wg, 128);
+  constexpr int DT = D / 8;
+#pragma unroll
+  for (int i = 0; i < 64 * DT / 128; ++i) {
+    const int c = wtid + i * 128;
+    const int r = wg * 64 + c / DT, ch = c % DT;
+    if (r < rows)
+      *reinterpret_cast<uint4*>(gO + r * p.o_seq + ch * 8) =
+          *reinterpret_cast<const uint4*>(sQ + sm90::swizzled_offset(BM, r, ch * 8));
+  }
+}
+
+template <class T, int D>
+__global__ void __launch_bounds__(FwdSm90Traits<D>::kThreads, 1)
+    flash_fwd_sm90_kernel(const __grid_constant__ FwdParams p) {
+#if ATTN_SM90_WGMMA
+  flash_fwd_sm90_tile<T, D>(p);
+#endif
+}
+
+}  // namespace attn::flash
