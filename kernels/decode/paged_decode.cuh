@@ -15,7 +15,9 @@
 // dependent global load.
 //
 // Units of a split sequence write fp32 partial (O, LSE) states, merged by
-// decode_combine_kernel (the chunks of a row in parallel).
+// decode_combine_kernel (the chunks of a row in parallel). The online
+// softmax step and the warps' merge are shared with the sm_90 bulk-copy
+// variant (paged_decode_sm90.cuh).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -51,6 +53,132 @@ struct Smem {
   static_assert(kMergeBytes <= kKvBytes, "merge area fits");
   static constexpr int kBytes = kKvBytes + kPosBytes + kEntryBytes + kQBytes;
 };
+
+// One tile's scores to probabilities for this thread's two rows (i0 =
+// lane / 4 and i0 + 8): s[nt][e] (row i0 + 8 * (e / 2), key column
+// c = 2 * (lane % 4) + (e & 1) of n-tile nt) is scaled (or capped), masked
+// by position (key_pos(nt, c): the key's position, -1 for none; qpos[h]:
+// the row's query position, -1 for a padding row) and exponentiated
+// against the updated running max m (log2 units); l and acc are rescaled
+// and l gains the row sums. a receives P as the A fragment of P V.
+template <class T, int D, class KeyPos>
+__device__ __forceinline__ void online_softmax_step(float (&s)[2][4], const KeyPos& key_pos,
+                                                    const long long (&qpos)[2],
+                                                    const DecodeParams& p, float scale2,
+                                                    float (&m)[2], float (&l)[2],
+                                                    float (&acc)[D / 8][4], uint32_t (&a)[4]) {
+  constexpr float kLog2e = 1.4426950408889634f;
+  const int lane = threadIdx.x % 32;
+  const bool capped = p.softcap > 0.0f;
+  float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+  for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int h = e / 2;
+      const long long kp = key_pos(nt, 2 * (lane % 4) + (e & 1));  // -1: no key
+      const long long qp = qpos[h];
+      const bool visible = kp >= 0 && kp <= qp &&
+                           (p.window == 0 || kp >= qp - p.window + 1 || kp < p.sinks);
+      float x = s[nt][e];
+      if (capped) x = p.softcap * tanhf(x * p.scale / p.softcap) * kLog2e;
+      else x *= scale2;
+      x = visible ? x : -INFINITY;
+      s[nt][e] = x;
+      mx[h] = fmaxf(mx[h], x);
+    }
+  float corr[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+    mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+    const float m_new = fmaxf(m[h], mx[h]);
+    const float m_use = m_new == -INFINITY ? 0.0f : m_new;  // no key yet: keep zeros
+    corr[h] = flash::fast_exp2(m[h] - m_use);
+    m[h] = m_new;
+    l[h] *= corr[h];
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int e = 2 * h; e < 2 * h + 2; ++e) {
+        s[nt][e] = flash::fast_exp2(s[nt][e] - m_use);
+        l[h] += s[nt][e];
+      }
+  }
+#pragma unroll
+  for (int j = 0; j < D / 8; ++j) {
+    acc[j][0] *= corr[0];
+    acc[j][1] *= corr[0];
+    acc[j][2] *= corr[1];
+    acc[j][3] *= corr[1];
+  }
+  a[0] = flash::pack2<T>(s[0][0], s[0][1]);
+  a[1] = flash::pack2<T>(s[0][2], s[0][3]);
+  a[2] = flash::pack2<T>(s[1][0], s[1][1]);
+  a[3] = flash::pack2<T>(s[1][2], s[1][3]);
+}
+
+// The end of a block: merges the kWarps warps' states (m, l, acc of rows
+// i0 and i0 + 8 of each warp) through shared memory `smem` (kWarps * 16 *
+// (D + 2) floats; the caller's barrier before ensures it is free) and
+// writes the 16-row tile's rows below `rows`: O and LSE, or the fp32
+// partial state of unit u.
+template <class T, int D>
+__device__ __forceinline__ void merge_and_store(unsigned char* smem, const DecodeParams& p,
+                                                const WorkUnit& u, const SeqMeta& sm, int g,
+                                                int row0, int rows, float (&m)[2], float (&l)[2],
+                                                float (&acc)[D / 8][4]) {
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, i0 = lane / 4;
+  const int G = p.group;
+  float* sM = reinterpret_cast<float*>(smem);
+  float* sL = sM + kWarps * 16;
+  float* sO = sL + kWarps * 16;  // [warp][16][D]
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
+    if (lane % 4 == 0) {
+      sM[warp * 16 + i0 + 8 * h] = m[h];
+      sL[warp * 16 + i0 + 8 * h] = l[h];
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < D / 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      sO[(warp * 16 + i0 + 8 * (e / 2)) * D + j * 8 + 2 * (lane % 4) + (e & 1)] = acc[j][e];
+  __syncthreads();
+  T* o = static_cast<T*>(p.o);
+  for (int idx = tid; idx < 16 * D; idx += kThreads) {
+    const int i = idx / D, c = idx % D;
+    const int rr = row0 + i;
+    if (rr >= rows) break;  // rows grow with idx
+    float M = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) M = fmaxf(M, sM[w * 16 + i]);
+    float L = 0.0f, val = 0.0f;
+    if (M != -INFINITY) {
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) {
+        const float f = exp2f(sM[w * 16 + i] - M);
+        L += f * sL[w * 16 + i];
+        val += f * sO[(w * 16 + i) * D + c];
+      }
+    }
+    const bool empty = L == 0.0f;
+    const float out = empty ? 0.0f : val / L;
+    const float row_lse = empty ? -INFINITY : (M + log2f(L)) * 0.6931471805599453f;
+    const int64_t t = rr / G, h = int64_t(g) * G + rr % G;
+    if (u.partial < 0) {
+      o[((sm.q_begin + t) * p.heads_q + h) * D + c] = T(out);
+      if (c == 0 && p.lse != nullptr) p.lse[h * p.header->total_q + sm.q_begin + t] = row_lse;
+    } else {
+      const int64_t row = (u.partial * p.max_q + t) * p.heads_q + h;
+      p.partial_o[row * D + c] = out;
+      if (c == 0) p.partial_lse[row] = row_lse;
+    }
+  }
+}
 
 // Grid (max units, heads_kv, row tiles); blocks past the prepared units or
 // rows return at once, so that one launch shape serves every prepared batch
@@ -197,7 +325,6 @@ __global__ void __launch_bounds__(kThreads) paged_decode_kernel(const DecodePara
   }
   constexpr float kLog2e = 1.4426950408889634f;
   const float scale2 = p.scale * kLog2e;
-  const bool capped = p.softcap > 0.0f;
 
   float m[2] = {-INFINITY, -INFINITY};  // running max, log2 units
   float l[2] = {0.0f, 0.0f};            // this thread's part of the row sums
@@ -229,54 +356,10 @@ __global__ void __launch_bounds__(kThreads) paged_decode_kernel(const DecodePara
       flash::mma_16816<T>(s[1], qf[kk], b[2], b[3]);
     }
 
-    // Scale, cap, mask; scores in log2 units.
-    float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-    for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int h = e / 2;
-        const long long kp = pos[key0 + nt * 8 + 2 * (lane % 4) + (e & 1)];  // -1: no key
-        const long long qp = qpos[h];
-        const bool visible = kp >= 0 && kp <= qp &&
-                             (p.window == 0 || kp >= qp - p.window + 1 || kp < p.sinks);
-        float x = s[nt][e];
-        if (capped) x = p.softcap * tanhf(x * p.scale / p.softcap) * kLog2e;
-        else x *= scale2;
-        x = visible ? x : -INFINITY;
-        s[nt][e] = x;
-        mx[h] = fmaxf(mx[h], x);
-      }
-    float corr[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
-      mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
-      const float m_new = fmaxf(m[h], mx[h]);
-      const float m_use = m_new == -INFINITY ? 0.0f : m_new;  // no key yet: keep zeros
-      corr[h] = flash::fast_exp2(m[h] - m_use);
-      m[h] = m_new;
-      l[h] *= corr[h];
-#pragma unroll
-      for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-        for (int e = 2 * h; e < 2 * h + 2; ++e) {
-          s[nt][e] = flash::fast_exp2(s[nt][e] - m_use);
-          l[h] += s[nt][e];
-        }
-    }
-#pragma unroll
-    for (int j = 0; j < D / 8; ++j) {
-      acc[j][0] *= corr[0];
-      acc[j][1] *= corr[0];
-      acc[j][2] *= corr[1];
-      acc[j][3] *= corr[1];
-    }
+    // Key kw = nt * 8 + c of the warp's 16 is key0 + kw of the tile.
     uint32_t a[4];
-    a[0] = flash::pack2<T>(s[0][0], s[0][1]);
-    a[1] = flash::pack2<T>(s[0][2], s[0][3]);
-    a[2] = flash::pack2<T>(s[1][0], s[1][1]);
-    a[3] = flash::pack2<T>(s[1][2], s[1][3]);
+    online_softmax_step<T, D>(s, [&](int nt, int c) { return pos[key0 + nt * 8 + c]; }, qpos, p,
+                              scale2, m, l, acc, a);
 #pragma unroll
     for (int dn = 0; dn < D / 16; ++dn) {
       uint32_t b[4];
@@ -290,56 +373,7 @@ __global__ void __launch_bounds__(kThreads) paged_decode_kernel(const DecodePara
   flash::cp_async_wait<0>();
   __syncthreads();
 
-  // Merge the warps' states: [warp][16 rows] of m, l and O (fp32).
-  float* sM = reinterpret_cast<float*>(smem);
-  float* sL = sM + kWarps * 16;
-  float* sO = sL + kWarps * 16;  // [warp][16][D]
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
-    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
-    if (lane % 4 == 0) {
-      sM[warp * 16 + i0 + 8 * h] = m[h];
-      sL[warp * 16 + i0 + 8 * h] = l[h];
-    }
-  }
-#pragma unroll
-  for (int j = 0; j < D / 8; ++j)
-#pragma unroll
-    for (int e = 0; e < 4; ++e)
-      sO[(warp * 16 + i0 + 8 * (e / 2)) * D + j * 8 + 2 * (lane % 4) + (e & 1)] = acc[j][e];
-  __syncthreads();
-
-  T* o = static_cast<T*>(p.o);
-  for (int idx = tid; idx < 16 * D; idx += kThreads) {
-    const int i = idx / D, c = idx % D;
-    const int rr = row0 + i;
-    if (rr >= rows) break;  // rows grow with idx
-    float M = -INFINITY;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) M = fmaxf(M, sM[w * 16 + i]);
-    float L = 0.0f, val = 0.0f;
-    if (M != -INFINITY) {
-#pragma unroll
-      for (int w = 0; w < kWarps; ++w) {
-        const float f = exp2f(sM[w * 16 + i] - M);
-        L += f * sL[w * 16 + i];
-        val += f * sO[(w * 16 + i) * D + c];
-      }
-    }
-    const bool empty = L == 0.0f;
-    const float out = empty ? 0.0f : val / L;
-    const float row_lse = empty ? -INFINITY : (M + log2f(L)) * 0.6931471805599453f;
-    const int64_t t = rr / G, h = int64_t(g) * G + rr % G;
-    if (u.partial < 0) {
-      o[((sm.q_begin + t) * p.heads_q + h) * D + c] = T(out);
-      if (c == 0 && p.lse != nullptr) p.lse[h * p.header->total_q + sm.q_begin + t] = row_lse;
-    } else {
-      const int64_t row = (u.partial * p.max_q + t) * p.heads_q + h;
-      p.partial_o[row * D + c] = out;
-      if (c == 0) p.partial_lse[row] = row_lse;
-    }
-  }
+  merge_and_store<T, D>(smem, p, u, sm, g, row0, rows, m, l, acc);
 }
 
 constexpr int kCombineThreads = 128;

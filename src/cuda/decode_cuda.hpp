@@ -36,22 +36,34 @@ void kv_append_enqueue(int32_t device, const kv::CacheConfig& cfg, void* k_base,
                        const std::vector<KvCopyRun>& runs, const void* k, const void* v,
                        void* stream);
 
-// Stages of the decode kernel's cp.async pipeline: 2, or what
+// Stages of the decode kernel's pipeline: 2, or what
 // ATTN_CUDA_DECODE_STAGES says (2 or 3; a tuning hook, read at plan
 // creation; other values are an invalid argument).
 int decode_pipeline_stages();
 
+// The decode kernel's variants (cuda::DecodeKernel in decode_kernels.hpp).
+constexpr int32_t kDecodeKernelSm80 = 0;      // cp.async from every thread, sm_80+
+constexpr int32_t kDecodeKernelSm90Bulk = 1;  // bulk copies on mbarriers, sm_90 code
+
+// The variant ATTN_CUDA_DECODE_KERNEL asks for (a tuning hook, read at plan
+// creation): unset, empty or "auto": the default; "sm80" or "sm90-bulk";
+// other values are an invalid argument.
+int32_t decode_kernel_requested();
+
 // Throws NOT_SUPPORTED (naming the feature) when the decode kernels cannot
 // serve a cache so configured with `heads_q` query heads and up to
-// `max_query_tokens` tokens per sequence on `device`; else readies the
-// kernel of `stages` pipeline stages for launch.
-void decode_check_supported(int32_t device, const kv::CacheConfig& cache, int64_t heads_q,
-                            int64_t max_query_tokens, int stages);
+// `max_query_tokens` tokens per sequence on `device`; else returns the
+// variant that will run (`requested`, or the sm_80 one where the device or
+// the build has no sm_90 code) and readies its kernel of `stages`
+// pipeline stages for launch.
+int32_t decode_check_supported(int32_t device, const kv::CacheConfig& cache, int64_t heads_q,
+                               int64_t max_query_tokens, int stages, int32_t requested);
 
 // Decode blocks (one per work unit, KV head and row tile) resident on
 // `device` at once for a cache so configured: the wave that automatic
 // split-KV fills.
-int64_t decode_resident_blocks(int32_t device, const kv::CacheConfig& cache, int stages);
+int64_t decode_resident_blocks(int32_t device, const kv::CacheConfig& cache, int stages,
+                               int32_t kernel);
 
 // The host staging area of one plan's prepare: pinned memory of the size of
 // the workspace's metadata part, and an event that marks when the last

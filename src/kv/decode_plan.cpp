@@ -87,9 +87,10 @@ DecodePlan::DecodePlan(const ContextConfig& ctx, const CacheConfig& cache, const
 #if ATTN_HAVE_CUDA
   if (on_device_) {
     device_stages_ = cuda::decode_pipeline_stages();
-    cuda::decode_check_supported(ctx.device, cache_, cfg_.heads_q, cfg_.max_query_tokens,
-                                 device_stages_);
-    device_wave_ = cuda::decode_resident_blocks(ctx.device, cache_, device_stages_);
+    const int32_t requested = cuda::decode_kernel_requested();
+    device_kernel_ = cuda::decode_check_supported(ctx.device, cache_, cfg_.heads_q,
+                                                  cfg_.max_query_tokens, device_stages_, requested);
+    device_wave_ = cuda::decode_resident_blocks(ctx.device, cache_, device_stages_, device_kernel_);
   }
 #else
   if (on_device_) not_supported("ctx: this build of libattn has no CUDA backend");
@@ -472,9 +473,14 @@ void DecodePlan::describe(attn_decode_plan_info_t& info) const {
   info.workspace_bytes = total_bytes_;
   std::snprintf(info.algorithm, sizeof info.algorithm, "%s",
                 max_partials_ > 0 ? "paged-decode-gqa-packed-split-kv" : "paged-decode-gqa-packed");
-  std::snprintf(info.kernel, sizeof info.kernel, "%s",
-                !on_device_ ? "cpu-scalar"
-                : device_stages_ == 3 ? "cuda-sm80-mma-paged-s3" : "cuda-sm80-mma-paged");
+  // CUDA: the variant, then "-s3" for the three-stage pipeline.
+  const char* kernel = "cpu-scalar";
+#if ATTN_HAVE_CUDA
+  if (on_device_)
+    kernel = device_kernel_ == cuda::kDecodeKernelSm90Bulk ? "cuda-sm90-bulk-paged" : "cuda-sm80-mma-paged";
+#endif
+  std::snprintf(info.kernel, sizeof info.kernel, "%s%s", kernel,
+                on_device_ && device_stages_ == 3 ? "-s3" : "");
   if (cfg_.kv_chunk_tokens == 0 && (on_device_ || threads_ > 1)) {
     info.split_target_tasks = on_device_ ? device_wave_ : threads_;
     info.split_min_chunk_tokens = kMinAutoChunkTokens;

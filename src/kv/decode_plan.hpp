@@ -103,8 +103,10 @@ class DecodePlan {
   // (batch, query tokens, split) may exceed its own workspace layout.
   uint64_t id() const { return id_; }
   int32_t device() const { return ctx_.device; }
-  // CUDA: stages of the decode kernel's pipeline.
+  // CUDA: stages of the decode kernel's pipeline, and its variant
+  // (cuda::kDecodeKernelSm80 or kDecodeKernelSm90Bulk).
   int32_t device_stages() const { return device_stages_; }
+  int32_t device_kernel() const { return device_kernel_; }
 
   // Per-thread scratch regions (offsets in floats, each 16-float aligned).
   struct Scratch {
@@ -142,6 +144,7 @@ class DecodePlan {
   bool on_device_ = false;
   int64_t device_wave_ = 0;
   int32_t device_stages_ = 2;
+  int32_t device_kernel_ = 0;
   std::shared_ptr<void> staging_;
   struct Prepared {
     uintptr_t cache_id;
