@@ -24,9 +24,10 @@ and the memory held per token (attn_kv_cache_get_info: K and V bytes of a
 token, and the pages in use x page size x that, per token held).
 
 With --variants every case is also timed with each variant of the decode
-kernel (ATTN_CUDA_DECODE_KERNEL x ATTN_CUDA_DECODE_STAGES, read at plan
-creation), same cache and Q, outputs compared with the default's: one run
-says which variant wins. The main table's libattn column is the default.
+kernel (ATTN_CUDA_DECODE_KERNEL x ATTN_CUDA_DECODE_STAGES x
+ATTN_CUDA_DECODE_SPLIT, read at plan creation), same cache and Q, outputs
+compared with the default's: one run says which variant wins. The main
+table's libattn column is the default.
 
 Usage: bench_decode.py [--lib build/src/libattn.so] [--out results.md] [--quick] [--variants]
                        [--no-sweep] [--no-append]
@@ -104,11 +105,12 @@ class PagedDecode:
         self.lib.dll.attn_kv_cache_destroy(self.cache)
 
 
-# The decode kernel's variants timed with --variants: (label, environment at plan creation).
-VARIANTS = (("sm80, 2 stages", {"ATTN_CUDA_DECODE_KERNEL": "sm80", "ATTN_CUDA_DECODE_STAGES": "2"}),
-            ("sm80, 3 stages", {"ATTN_CUDA_DECODE_KERNEL": "sm80", "ATTN_CUDA_DECODE_STAGES": "3"}),
-            ("sm90-bulk, 2 stages", {"ATTN_CUDA_DECODE_KERNEL": "sm90-bulk", "ATTN_CUDA_DECODE_STAGES": "2"}),
-            ("sm90-bulk, 3 stages", {"ATTN_CUDA_DECODE_KERNEL": "sm90-bulk", "ATTN_CUDA_DECODE_STAGES": "3"}))
+# The decode kernel's variants timed with --variants: (label, environment at plan creation), every
+# kernel x pipeline stages x automatic split policy.
+VARIANTS = tuple((f"{kernel}, {stages} stages, {split}",
+                  {"ATTN_CUDA_DECODE_KERNEL": kernel, "ATTN_CUDA_DECODE_STAGES": stages,
+                   "ATTN_CUDA_DECODE_SPLIT": split})
+                 for kernel in ("sm80", "sm90-bulk") for stages in ("2", "3") for split in ("waves", "balanced"))
 
 # Fixed kv_chunk_tokens timed next to the automatic split, per (batch, context). 2736 at 4 x 64K and
 # 1328 at 1 x 128K (83 pages) are the old two-wave splits (24 and 99 chunks), now with the parallel combine.
@@ -266,16 +268,16 @@ def main():
         o_ref = o.clone()
         lname = ("HND" if layout == ATTN_KV_LAYOUT_HND else "NHD") + ("" if page == ps else f", page {page}")
         for label, env in VARIANTS if args.variants else ():
-            saved = {k: os.environ.get(k) for k in env}
+            saved = {var: os.environ.get(var) for var in env}
             os.environ.update(env)
             try:
                 pd.replan(0)
             finally:
-                for k, val in saved.items():
+                for var, val in saved.items():
                     if val is None:
-                        del os.environ[k]
+                        del os.environ[var]
                     else:
-                        os.environ[k] = val
+                        os.environ[var] = val
             o.fill_(float("nan"))
             pd.execute(q, o)
             torch.cuda.synchronize()
@@ -333,13 +335,20 @@ def main():
         lines += [f"| {c} | {k} | {s} | {t:.2f} | {e} |" for c, k, s, t, e in sweep]
         print("\n".join(lines[-len(sweep) - 2:]), flush=True)
     if variants:
-        lines += ["", "Decode kernel variants (ATTN_CUDA_DECODE_KERNEL, ATTN_CUDA_DECODE_STAGES; automatic split; "
-                  "same cache and Q; libattn TB/s of K/V read):", "",
+        lines += ["", "Decode kernel variants (ATTN_CUDA_DECODE_KERNEL, ATTN_CUDA_DECODE_STAGES, "
+                  "ATTN_CUDA_DECODE_SPLIT; automatic split; same cache and Q; libattn TB/s of K/V read):", "",
                   "| batch x context | layout | variant | kernel | libattn TB/s | split (units) | rel. L2 vs default |",
                   "|---|---|---|---|---:|---|---|"]
         lines += ["| " + " | ".join(f"{x:.2f}" if isinstance(x, float) else str(x) for x in row) + " |"
                   for row in variants]
-        print("\n".join(lines[-len(variants) - 2:]), flush=True)
+        best = {}
+        for row in variants:
+            key = (row[0], row[1])
+            if key not in best or row[4] > best[key][4]:
+                best[key] = row
+        lines += ["", "Fastest variant per case: " +
+                  "; ".join(f"{c} {lay}: {r[2]} ({r[4]:.2f} TB/s)" for (c, lay), r in best.items())]
+        print("\n".join(lines[-len(variants) - 4:]), flush=True)
 
     def save():
         if args.out:

@@ -1,8 +1,9 @@
 // Paged decode on sm_80+: attention of a batch's newest query tokens over
 // the pages of a KV cache, the GQA group packed as the rows of one m16 tile.
 //
-// Block (unit, KV head g, row tile z), 128 threads. Rows of the tile are
-// r = z * 16 + i (i < 16) of the sequence's q_len * G packed rows, row r
+// Block (unit, KV head g, row tile z), 128 threads (with the balanced
+// split a block runs a list of units, one after the other). Rows of the
+// tile are r = z * 16 + i (i < 16) of the sequence's q_len * G packed rows, row r
 // being query token r / G, query head g * G + r % G. The block streams the
 // unit's pages in tiles of kTileKeys key slots through an S-stage cp.async
 // pipeline (S - 1 tiles in flight while one is computed: S = 2 fits three
@@ -180,28 +181,41 @@ __device__ __forceinline__ void merge_and_store(unsigned char* smem, const Decod
   }
 }
 
-// Grid (max units, heads_kv, row tiles); blocks past the prepared units or
-// rows return at once, so that one launch shape serves every prepared batch
-// (and a captured graph can be replayed after each prepare).
+// Calls run(unit) for each work unit of this block, one after the other
+// (a barrier in between: the last unit's merge read shared memory): with
+// the balanced split those of p.block_units, else unit blockIdx.x, if
+// prepared (a kernel of its own: the loop costs registers). The block's start
+// is a chain of dependent loads before its first K/V copy; it is kept to
+// three there: the unit (read with the header: the grid is the plan's max
+// units, so a unit past the prepared ones is stale but inside the
+// workspace), then its first page entries and its sequence, then Q; the
+// balanced split adds the block's unit range first.
+template <bool kBalanced, class Run>
+__device__ __forceinline__ void for_each_unit(const DecodeParams& p, const Run& run) {
+  if constexpr (!kBalanced) {
+    const int64_t unit_index = blockIdx.x;
+    const int64_t num_units = p.header->num_units;
+    const WorkUnit u = p.units[unit_index];
+    if (unit_index < num_units) run(u);
+    return;
+  }
+  const int32_t first = p.block_units[blockIdx.x], last = p.block_units[blockIdx.x + 1];
+  for (int32_t i = first; i < last; ++i) {
+    if (i > first) __syncthreads();
+    run(p.units[i]);
+  }
+}
+
+// One work unit u of the cp.async kernel below.
 template <class T, int D, int S>
-__global__ void __launch_bounds__(kThreads) paged_decode_kernel(const DecodeParams p) {
+__device__ __forceinline__ void decode_unit(const DecodeParams& p, const WorkUnit& u,
+                                            unsigned char* smem) {
   using flash::cp_async_16;
   using flash::smem_u32;
   using SM = Smem<D, S>;
   constexpr int kLd = SM::kLd;
   constexpr int kChunks = D / 8;  // 16-byte chunks of a row
 
-  // The block's start is a chain of dependent loads before its first K/V
-  // copy; it is kept to three: the unit (read with the header: the grid is
-  // the plan's max units, so a unit past the prepared ones is stale but
-  // inside the workspace), then its first page entries and its sequence,
-  // then Q.
-  const int64_t unit_index = blockIdx.x;
-  const int64_t num_units = p.header->num_units;
-  const WorkUnit u = p.units[unit_index];
-  if (unit_index >= num_units) return;
-
-  extern __shared__ __align__(16) unsigned char smem[];
   T* sKV = reinterpret_cast<T*>(smem);  // [stage][K|V][kTileKeys][kLd]
   int* sPos = reinterpret_cast<int*>(smem + SM::kKvBytes);  // [stage][kTileKeys]
   PageEntry* sEnt = reinterpret_cast<PageEntry*>(smem + SM::kKvBytes + SM::kPosBytes);  // [S][kEntriesPerTile]
@@ -374,6 +388,16 @@ __global__ void __launch_bounds__(kThreads) paged_decode_kernel(const DecodePara
   __syncthreads();
 
   merge_and_store<T, D>(smem, p, u, sm, g, row0, rows, m, l, acc);
+}
+
+// Grid (blocks, heads_kv, row tiles): the plan's max units, or with the
+// balanced split its blocks (see for_each_unit); blocks past the prepared
+// units or rows return at once, so that one launch shape serves every
+// prepared batch (and a captured graph can be replayed after each prepare).
+template <class T, int D, int S, bool kBalanced>
+__global__ void __launch_bounds__(kThreads) paged_decode_kernel(const DecodeParams p) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  for_each_unit<kBalanced>(p, [&](const WorkUnit& u) { decode_unit<T, D, S>(p, u, smem); });
 }
 
 constexpr int kCombineThreads = 128;

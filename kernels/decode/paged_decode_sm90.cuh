@@ -103,13 +103,13 @@ struct BulkSmem {
   static constexpr int kBytes = kKvBytes + kPosBytes + kEntryBytes + kQBytes + kBarBytes;
 };
 
-// Grid and block as paged_decode_kernel. The minimum of resident blocks
-// steers ptxas' register choice: left free, at D = 64 it settles on 96
-// registers and spills.
+// One work unit u of the bulk-copy kernel below; its tile t uses stage
+// (tile_base + t) % S and completes phase (tile_base + t) / S of that
+// stage's barrier (tile_base: the tiles of the block's earlier units,
+// advanced here).
 template <class T, int D, int S>
-__global__ void __launch_bounds__(kThreads, D <= 64 ? 4 : 3)
-    paged_decode_bulk_kernel(const DecodeParams p) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+__device__ __forceinline__ void decode_unit_bulk(const DecodeParams& p, const WorkUnit& u,
+                                                 unsigned char* smem, int& tile_base) {
   using flash::cp_async_16;
   using flash::smem_u32;
   using SM = BulkSmem<D, S>;
@@ -117,13 +117,6 @@ __global__ void __launch_bounds__(kThreads, D <= 64 ? 4 : 3)
   constexpr int kChunks = D / 8;
   constexpr uint32_t kRowBytes = D * 2;
 
-  // As in paged_decode_kernel: three dependent loads before the first copy.
-  const int64_t unit_index = blockIdx.x;
-  const int64_t num_units = p.header->num_units;
-  const WorkUnit u = p.units[unit_index];
-  if (unit_index >= num_units) return;
-
-  extern __shared__ __align__(16) unsigned char smem[];
   T* sKV = reinterpret_cast<T*>(smem);  // [stage][K|V][segment][8][D] + pads
   int* sPos = reinterpret_cast<int*>(smem + SM::kKvBytes);  // [stage][kTileKeys]
   PageEntry* sEnt = reinterpret_cast<PageEntry*>(smem + SM::kKvBytes + SM::kPosBytes);  // [S][kEntriesPerTile]
@@ -179,18 +172,15 @@ __global__ void __launch_bounds__(kThreads, D <= 64 ? 4 : 3)
   // starts at a page) and are contiguous when a slot's row follows the last.
   const bool runs_of_8 = ps % 8 == 0 && p.slot_stride == D;
 
-  // One arrival per issuing thread (the tile's kTileKeys slots, one each).
-  if (tid == 0)
-    for (int s = 0; s < S; ++s) mbar_init(smem_u32(sBar + s), kTileKeys);
-  mbar_init_fence();
-
-  // Tile `tile` into stage tile % S: thread tid < kTileKeys (whole warps:
-  // the ballot) takes tile key tid, row tid % 8 of segment tid / 8.
+  // Tile `tile` into stage (base + tile) % S: thread tid < kTileKeys (whole
+  // warps: the ballot) takes tile key tid, row tid % 8 of segment tid / 8.
+  const int base = tile_base;
+  tile_base += tiles;
   auto issue_kv = [&](int tile) {
-    const int st = tile % S;
+    const int st = (base + tile) % S;
     T* sK = sKV + st * 2 * SM::kTileElems;
     T* sV = sK + SM::kTileElems;
-    const PageEntry* ent = sEnt + st * SM::kEntriesPerTile;
+    const PageEntry* ent = sEnt + (tile % S) * SM::kEntriesPerTile;
     const uint32_t slot0 = uint32_t(tile * kTileKeys);
     const uint32_t first = slot0 / ups;
     const int key = tid, seg = key / 8, row = key % 8;
@@ -227,9 +217,9 @@ __global__ void __launch_bounds__(kThreads, D <= 64 ? 4 : 3)
 
   // The pipeline: the entries as in paged_decode_kernel (cp.async groups:
   // iteration i waits until the entries of tile i+S-1 are in); K/V of tile
-  // i complete phase i / S of barrier i % S. The barrier at the top of
-  // iteration i also ends every warp's reads of stage (i-1) % S, which the
-  // iteration refills.
+  // i complete phase (base + i) / S of barrier (base + i) % S. The barrier
+  // at the top of iteration i also ends every warp's reads of the stage
+  // of tile i-1, which the iteration refills.
   flash::cp_async_commit();
   flash::cp_async_wait<0>();
   __syncthreads();  // sQ, the entries of tiles 0 .. S-2, the barriers
@@ -263,9 +253,9 @@ __global__ void __launch_bounds__(kThreads, D <= 64 ? 4 : 3)
   for (int j = 0; j < D / 8; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
 
   for (int tile = 0; tile < tiles; ++tile) {
-    const int st = tile % S;
+    const int st = (base + tile) % S;
     flash::cp_async_wait<S - 2>();
-    mbar_wait(smem_u32(sBar + st), uint32_t(tile / S) & 1u);
+    mbar_wait(smem_u32(sBar + st), uint32_t((base + tile) / S) & 1u);
     __syncthreads();
     if (tile + S - 1 < tiles && tid < kTileKeys) issue_kv(tile + S - 1);
     if (tile + 2 * S - 2 < tiles) fetch_entries(tile + 2 * S - 2);
@@ -301,6 +291,31 @@ __global__ void __launch_bounds__(kThreads, D <= 64 ? 4 : 3)
   __syncthreads();  // every warp's last reads of the K/V area, now the merge area
 
   merge_and_store<T, D>(smem, p, u, sm, g, row0, rows, m, l, acc);
+  // The merge's generic writes to the K/V area before a next unit's bulk
+  // copies into it.
+  flash::fence_proxy_async_shared();
+}
+
+// Grid and block as paged_decode_kernel. The minimum of resident blocks
+// steers ptxas' register choice: left free, at D = 64 it settles on 96
+// registers and spills.
+template <class T, int D, int S, bool kBalanced>
+__global__ void __launch_bounds__(kThreads, D <= 64 ? 4 : 3)
+    paged_decode_bulk_kernel(const DecodeParams p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  using SM = BulkSmem<D, S>;
+  extern __shared__ __align__(16) unsigned char smem[];
+  uint64_t* sBar = reinterpret_cast<uint64_t*>(smem + SM::kKvBytes + SM::kPosBytes +
+                                               SM::kEntryBytes + SM::kQBytes);  // [S]
+  // One arrival per issuing thread (the tile's kTileKeys slots, one each);
+  // visible to all before a unit's first issue (the barrier after its
+  // prologue).
+  if (threadIdx.x == 0)
+    for (int s = 0; s < S; ++s) mbar_init(flash::smem_u32(sBar + s), kTileKeys);
+  mbar_init_fence();
+  int tile_base = 0;
+  for_each_unit<kBalanced>(
+      p, [&](const WorkUnit& u) { decode_unit_bulk<T, D, S>(p, u, smem, tile_base); });
 #else
   __trap();  // the host launches this kernel only on devices it was built for
 #endif

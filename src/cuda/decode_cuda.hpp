@@ -50,20 +50,28 @@ constexpr int32_t kDecodeKernelSm90Bulk = 1;  // bulk copies on mbarriers, sm_90
 // other values are an invalid argument.
 int32_t decode_kernel_requested();
 
+// Whether ATTN_CUDA_DECODE_SPLIT (a tuning hook, read at plan creation)
+// asks for the balanced automatic split: unset, empty, "auto" or "waves":
+// no (whole chunks per block, in waves); "balanced": yes (equal runs of
+// pages over one wave of blocks, see DecodePlan::balanced_units); other
+// values are an invalid argument.
+bool decode_split_balanced();
+
 // Throws NOT_SUPPORTED (naming the feature) when the decode kernels cannot
 // serve a cache so configured with `heads_q` query heads and up to
 // `max_query_tokens` tokens per sequence on `device`; else returns the
 // variant that will run (`requested`, or the sm_80 one where the device or
 // the build has no sm_90 code) and readies its kernel of `stages`
-// pipeline stages for launch.
+// pipeline stages (of the balanced split or not) for launch.
 int32_t decode_check_supported(int32_t device, const kv::CacheConfig& cache, int64_t heads_q,
-                               int64_t max_query_tokens, int stages, int32_t requested);
+                               int64_t max_query_tokens, int stages, int32_t requested,
+                               bool balanced);
 
 // Decode blocks (one per work unit, KV head and row tile) resident on
 // `device` at once for a cache so configured: the wave that automatic
 // split-KV fills.
 int64_t decode_resident_blocks(int32_t device, const kv::CacheConfig& cache, int stages,
-                               int32_t kernel);
+                               int32_t kernel, bool balanced);
 
 // The host staging area of one plan's prepare: pinned memory of the size of
 // the workspace's metadata part, and an event that marks when the last
@@ -92,10 +100,11 @@ class DecodeStaging {
   bool pending_ = false;
 };
 
-// Launches the decode kernel (and, when the plan can split, the combine
-// kernel) of `plan` on stream; everything they read is in the workspace.
+// Launches the decode kernel, `blocks` x heads_kv x row tiles (and, when
+// the plan can split, the combine kernel) of `plan` on stream; everything
+// they read is in the workspace.
 void decode_launch(const kv::DecodePlan& plan, const kv::KvCache& cache,
-                   const kv::DecodeWorkspace& ws, int64_t max_units, const void* q, void* o,
+                   const kv::DecodeWorkspace& ws, int64_t blocks, const void* q, void* o,
                    float* lse, bool may_split, void* stream);
 
 }  // namespace attn::cuda

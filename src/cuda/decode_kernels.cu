@@ -19,22 +19,29 @@ struct KernelChoice {
   int smem_bytes;
 };
 template <class T, int D, int S>
-KernelChoice kernel_of(DecodeKernel variant) {
+KernelChoice kernel_of(DecodeKernel variant, bool balanced) {
   if (variant == DecodeKernel::kSm90Bulk)
-    return {decode::paged_decode_bulk_kernel<T, D, S>, decode::BulkSmem<D, S>::kBytes};
-  return {decode::paged_decode_kernel<T, D, S>, decode::Smem<D, S>::kBytes};
+    return {balanced ? decode::paged_decode_bulk_kernel<T, D, S, true>
+                     : decode::paged_decode_bulk_kernel<T, D, S, false>,
+            decode::BulkSmem<D, S>::kBytes};
+  return {balanced ? decode::paged_decode_kernel<T, D, S, true> : decode::paged_decode_kernel<T, D, S, false>,
+          decode::Smem<D, S>::kBytes};
 }
 
 // kernel_of for the runtime choice of dtype, head dim and pipeline stages.
-KernelChoice choose(bool bf16, int head_dim, int stages, DecodeKernel variant) {
+KernelChoice choose(bool bf16, int head_dim, int stages, DecodeKernel variant, bool balanced) {
   if (stages == 3) {
     if (head_dim == 64)
-      return bf16 ? kernel_of<__nv_bfloat16, 64, 3>(variant) : kernel_of<__half, 64, 3>(variant);
-    return bf16 ? kernel_of<__nv_bfloat16, 128, 3>(variant) : kernel_of<__half, 128, 3>(variant);
+      return bf16 ? kernel_of<__nv_bfloat16, 64, 3>(variant, balanced)
+                  : kernel_of<__half, 64, 3>(variant, balanced);
+    return bf16 ? kernel_of<__nv_bfloat16, 128, 3>(variant, balanced)
+                : kernel_of<__half, 128, 3>(variant, balanced);
   }
   if (head_dim == 64)
-    return bf16 ? kernel_of<__nv_bfloat16, 64, 2>(variant) : kernel_of<__half, 64, 2>(variant);
-  return bf16 ? kernel_of<__nv_bfloat16, 128, 2>(variant) : kernel_of<__half, 128, 2>(variant);
+    return bf16 ? kernel_of<__nv_bfloat16, 64, 2>(variant, balanced)
+                : kernel_of<__half, 64, 2>(variant, balanced);
+  return bf16 ? kernel_of<__nv_bfloat16, 128, 2>(variant, balanced)
+              : kernel_of<__half, 128, 2>(variant, balanced);
 }
 
 // The combine kernel of (dtype, head dim).
@@ -49,30 +56,31 @@ DecodeKernelFn combine_of(bool bf16, int head_dim) {
 cudaError_t decode_kernels_available(DecodeKernel variant, int* virtual_arch) {
   cudaFuncAttributes attr;
   const cudaError_t e = cudaFuncGetAttributes(
-      &attr, reinterpret_cast<const void*>(kernel_of<__half, 64, 2>(variant).fn));
+      &attr, reinterpret_cast<const void*>(kernel_of<__half, 64, 2>(variant, false).fn));
   if (e == cudaSuccess && virtual_arch != nullptr) *virtual_arch = attr.ptxVersion;
   return e;
 }
 
-cudaError_t decode_kernels_allow_smem(bool bf16, int head_dim, int stages, DecodeKernel variant) {
-  const KernelChoice k = choose(bf16, head_dim, stages, variant);
+cudaError_t decode_kernels_allow_smem(bool bf16, int head_dim, int stages, DecodeKernel variant,
+                                      bool balanced) {
+  const KernelChoice k = choose(bf16, head_dim, stages, variant, balanced);
   return cudaFuncSetAttribute(reinterpret_cast<const void*>(k.fn),
                               cudaFuncAttributeMaxDynamicSharedMemorySize, k.smem_bytes);
 }
 
 cudaError_t decode_kernels_blocks_per_sm(bool bf16, int head_dim, int stages, DecodeKernel variant,
-                                         int* blocks) {
-  const KernelChoice k = choose(bf16, head_dim, stages, variant);
+                                         bool balanced, int* blocks) {
+  const KernelChoice k = choose(bf16, head_dim, stages, variant, balanced);
   return cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks, reinterpret_cast<const void*>(k.fn),
                                                        decode::kThreads, k.smem_bytes);
 }
 
 cudaError_t decode_kernels_launch(const decode::DecodeParams& p, bool bf16, int head_dim,
-                                  int stages, DecodeKernel variant, int64_t max_units, int heads_kv,
-                                  int row_tiles, bool combine, int64_t max_batch,
+                                  int stages, DecodeKernel variant, bool balanced, int64_t blocks,
+                                  int heads_kv, int row_tiles, bool combine, int64_t max_batch,
                                   cudaStream_t stream) {
-  const KernelChoice k = choose(bf16, head_dim, stages, variant);
-  const dim3 grid{unsigned(max_units), unsigned(heads_kv), unsigned(row_tiles)};
+  const KernelChoice k = choose(bf16, head_dim, stages, variant, balanced);
+  const dim3 grid{unsigned(blocks), unsigned(heads_kv), unsigned(row_tiles)};
   k.fn<<<grid, decode::kThreads, k.smem_bytes, stream>>>(p);
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess || !combine) return e;

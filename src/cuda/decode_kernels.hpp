@@ -21,18 +21,20 @@ enum class DecodeKernel { kSm80CpAsync = 0, kSm90Bulk = 1 };
 // compiled its PTX for a newer device), which decides __CUDA_ARCH__.
 cudaError_t decode_kernels_available(DecodeKernel variant, int* virtual_arch);
 // Raises the dynamic shared-memory limit of the decode kernel for (dtype,
-// head_dim, pipeline stages, variant) on the current device (at plan
-// creation: execute may run under graph capture).
-cudaError_t decode_kernels_allow_smem(bool bf16, int head_dim, int stages, DecodeKernel variant);
+// head_dim, pipeline stages, variant, balanced split: its kernel runs
+// several units per block) on the current device (at plan creation:
+// execute may run under graph capture).
+cudaError_t decode_kernels_allow_smem(bool bf16, int head_dim, int stages, DecodeKernel variant,
+                                      bool balanced);
 // Decode blocks of that kernel that fit on one SM.
 cudaError_t decode_kernels_blocks_per_sm(bool bf16, int head_dim, int stages, DecodeKernel variant,
-                                         int* blocks);
-// Enqueues the decode kernel, grid (max_units, heads_kv, row_tiles), and
-// when `combine` the combine kernel, grid (max_batch, heads_q, up to 8
-// query tokens).
+                                         bool balanced, int* blocks);
+// Enqueues the decode kernel, grid (blocks, heads_kv, row_tiles), and when
+// `combine` the combine kernel, grid (max_batch, heads_q, up to 8 query
+// tokens).
 cudaError_t decode_kernels_launch(const decode::DecodeParams& p, bool bf16, int head_dim,
-                                  int stages, DecodeKernel variant, int64_t max_units, int heads_kv,
-                                  int row_tiles, bool combine, int64_t max_batch,
+                                  int stages, DecodeKernel variant, bool balanced, int64_t blocks,
+                                  int heads_kv, int row_tiles, bool combine, int64_t max_batch,
                                   cudaStream_t stream);
 // Enqueues the append kernel over p.num_runs runs; `wide`: 16-byte copies.
 cudaError_t kv_append_launch(const decode::AppendParams& p, bool wide, cudaStream_t stream);

@@ -21,11 +21,13 @@
 // replayed again after the next prepare), stale and unprepared workspaces
 // refused without writing O, NOT_SUPPORTED for what the kernel lacks, and
 // ATTN_CUDA_DECODE_STAGES refused unless 2 or 3, ATTN_CUDA_DECODE_KERNEL
-// refused unless auto, sm80 or sm90-bulk. The page memory is the test's,
+// refused unless auto, sm80 or sm90-bulk, ATTN_CUDA_DECODE_SPLIT unless
+// auto, waves or balanced. The page memory is the test's,
 // every byte 0xff (NaN) before the first append, so that slots holding no
 // token must not weigh in. Under ATTN_CUDA_DECODE_KERNEL=sm80 or sm90-bulk
 // every plan must name that kernel in describe() (sm90-bulk on sm_90+
-// devices; the sm_80 one before).
+// devices; the sm_80 one before); under ATTN_CUDA_DECODE_SPLIT=balanced
+// the automatic split's plans must name the balanced split.
 //
 // Tolerance (FlashAttention's rule, as the other GPU tests): max |O -
 // O_fp64| <= 2 max |O_plain - O_fp64| + atol, O_plain with scores in fp32, P
@@ -57,6 +59,9 @@ const char* g_filter = nullptr;
 // The decode kernel every plan must name in describe(), when
 // ATTN_CUDA_DECODE_KERNEL forces one the device can run (else null).
 const char* g_expect_kernel = nullptr;
+// ATTN_CUDA_DECODE_SPLIT=balanced: plans of the automatic split must say
+// so in describe()'s algorithm.
+bool g_expect_balanced = false;
 
 bool selected(const std::string& name) {
   return g_filter == nullptr || name.find(g_filter) != std::string::npos;
@@ -370,14 +375,21 @@ void decode_and_check(Harness& h, const std::vector<int64_t>& ids,
   for (int64_t chunk : chunks) {
     o.chunk = chunk;
     attn_decode_plan_t plan = make_plan(h, o, int64_t(ids.size()));
-    if (g_expect_kernel != nullptr) {
+    {
       attn_decode_plan_info_t pi;
       std::memset(&pi, 0, sizeof pi);
       pi.struct_size = sizeof pi;
       ATTN_CHECK(attn_decode_plan_describe(plan, &pi));
-      if (std::strncmp(pi.kernel, g_expect_kernel, std::strlen(g_expect_kernel)) != 0) {
+      if (g_expect_kernel != nullptr &&
+          std::strncmp(pi.kernel, g_expect_kernel, std::strlen(g_expect_kernel)) != 0) {
         std::printf("  FAIL: %s: the plan runs %s, not %s\n", name.c_str(), pi.kernel,
                     g_expect_kernel);
+        ++g_failures;
+      }
+      const bool balanced = std::strstr(pi.algorithm, "-balanced") != nullptr;
+      if (balanced != (g_expect_balanced && chunk == 0)) {
+        std::printf("  FAIL: %s chunk=%" PRId64 ": algorithm %s\n", name.c_str(), chunk,
+                    pi.algorithm);
         ++g_failures;
       }
     }
@@ -664,7 +676,8 @@ void stages_env_case() {
 
 // ATTN_CUDA_DECODE_KERNEL: a value other than auto, sm80 or sm90-bulk is
 // refused at plan creation (message naming it, *plan unchanged); sm80 and
-// (on an sm_90+ device) sm90-bulk are named by describe(). The variable is
+// (on an sm_90+ device) sm90-bulk are named by describe(). The same for
+// ATTN_CUDA_DECODE_SPLIT (auto, waves, balanced). The variables are
 // restored after.
 void kernel_env_case() {
   if (!selected("kernel env")) return;
@@ -711,8 +724,40 @@ void kernel_env_case() {
   }
   if (prev != nullptr) setenv("ATTN_CUDA_DECODE_KERNEL", saved.c_str(), 1);
   else unsetenv("ATTN_CUDA_DECODE_KERNEL");
-  std::printf("%-58s %s (%s; %s)\n", "kernel env: ATTN_CUDA_DECODE_KERNEL=sm91 refused, named",
-              ok ? "ok" : "FAIL", msg.c_str(), names.c_str());
+  // ATTN_CUDA_DECODE_SPLIT: the same for auto, waves and balanced (named
+  // by the algorithm of an automatic split, not of a fixed one).
+  const char* prev_split = std::getenv("ATTN_CUDA_DECODE_SPLIT");
+  const std::string saved_split = prev_split != nullptr ? prev_split : "";
+  setenv("ATTN_CUDA_DECODE_SPLIT", "even", 1);
+  plan = reinterpret_cast<attn_decode_plan_t>(&c);
+  const attn_status_t st2 = attn_decode_plan_create(ctx, cache, &c, &plan);
+  const std::string msg2 = attn_last_error_message();
+  ok = ok && st2 == ATTN_STATUS_INVALID_ARGUMENT &&
+       msg2.find("ATTN_CUDA_DECODE_SPLIT") != std::string::npos &&
+       plan == reinterpret_cast<attn_decode_plan_t>(&c);
+  const struct {
+    const char* env;
+    int64_t chunk;
+    bool balanced;
+  } splits[] = {{"waves", 0, false}, {"balanced", 0, true}, {"balanced", 64, false}};
+  for (const auto& w : splits) {
+    setenv("ATTN_CUDA_DECODE_SPLIT", w.env, 1);
+    attn_decode_config_t cc = c;
+    cc.kv_chunk_tokens = w.chunk;
+    attn_decode_plan_t p = nullptr;
+    ATTN_CHECK(attn_decode_plan_create(ctx, cache, &cc, &p));
+    attn_decode_plan_info_t pi;
+    std::memset(&pi, 0, sizeof pi);
+    pi.struct_size = sizeof pi;
+    ATTN_CHECK(attn_decode_plan_describe(p, &pi));
+    ok = ok && (std::strstr(pi.algorithm, "-balanced") != nullptr) == w.balanced;
+    names += std::string(w.env) + " chunk " + std::to_string(w.chunk) + ": " + pi.algorithm + "; ";
+    attn_decode_plan_destroy(p);
+  }
+  if (prev_split != nullptr) setenv("ATTN_CUDA_DECODE_SPLIT", saved_split.c_str(), 1);
+  else unsetenv("ATTN_CUDA_DECODE_SPLIT");
+  std::printf("%-58s %s (%s | %s; %s)\n", "kernel env: KERNEL=sm91, SPLIT=even refused, named",
+              ok ? "ok" : "FAIL", msg.c_str(), msg2.c_str(), names.c_str());
   if (!ok) ++g_failures;
   attn_kv_cache_destroy(cache);
   attn_context_destroy(ctx);
@@ -735,9 +780,11 @@ int main() {
   } else if (forced != nullptr && std::strcmp(forced, "sm80") == 0) {
     g_expect_kernel = "cuda-sm80-mma-paged";
   }
-  std::printf("seed %" PRIu64 " (ATTN_TEST_SEED=%" PRIu64 " repeats this run)%s%s%s\n", g_seed,
+  const char* split = std::getenv("ATTN_CUDA_DECODE_SPLIT");
+  g_expect_balanced = split != nullptr && std::strcmp(split, "balanced") == 0;
+  std::printf("seed %" PRIu64 " (ATTN_TEST_SEED=%" PRIu64 " repeats this run)%s%s%s%s\n", g_seed,
               g_seed, g_quick ? ", quick" : "", g_expect_kernel ? ", kernel " : "",
-              g_expect_kernel ? g_expect_kernel : "");
+              g_expect_kernel ? g_expect_kernel : "", g_expect_balanced ? ", balanced split" : "");
 
   const std::vector<int64_t> all_splits = {-1, 0, 64};
   {
