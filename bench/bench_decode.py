@@ -25,7 +25,8 @@ token, and the pages in use x page size x that, per token held).
 
 With --variants every case is also timed with each variant of the decode
 kernel (ATTN_CUDA_DECODE_KERNEL x ATTN_CUDA_DECODE_STAGES x
-ATTN_CUDA_DECODE_SPLIT, read at plan creation), same cache and Q, outputs
+ATTN_CUDA_DECODE_SPLIT x ATTN_CUDA_DECODE_PDL, read at plan creation), same
+cache and Q, outputs
 compared with the default's: one run says which variant wins. The main
 table's libattn column is the default.
 
@@ -106,11 +107,12 @@ class PagedDecode:
 
 
 # The decode kernel's variants timed with --variants: (label, environment at plan creation), every
-# kernel x pipeline stages x automatic split policy.
-VARIANTS = tuple((f"{kernel}, {stages} stages, {split}",
+# kernel x pipeline stages x automatic split policy x programmatic launch of the combine kernel.
+VARIANTS = tuple((f"{kernel}, {stages} stages, {split}{', pdl' if pdl == '1' else ''}",
                   {"ATTN_CUDA_DECODE_KERNEL": kernel, "ATTN_CUDA_DECODE_STAGES": stages,
-                   "ATTN_CUDA_DECODE_SPLIT": split})
-                 for kernel in ("sm80", "sm90-bulk") for stages in ("2", "3") for split in ("waves", "balanced"))
+                   "ATTN_CUDA_DECODE_SPLIT": split, "ATTN_CUDA_DECODE_PDL": pdl})
+                 for kernel in ("sm80", "sm90-bulk") for stages in ("2", "3") for split in ("waves", "balanced")
+                 for pdl in ("0", "1"))
 
 # Fixed kv_chunk_tokens timed next to the automatic split, per (batch, context). 2736 at 4 x 64K and
 # 1328 at 1 x 128K (83 pages) are the old two-wave splits (24 and 99 chunks), now with the parallel combine.
@@ -336,7 +338,8 @@ def main():
         print("\n".join(lines[-len(sweep) - 2:]), flush=True)
     if variants:
         lines += ["", "Decode kernel variants (ATTN_CUDA_DECODE_KERNEL, ATTN_CUDA_DECODE_STAGES, "
-                  "ATTN_CUDA_DECODE_SPLIT; automatic split; same cache and Q; libattn TB/s of K/V read):", "",
+                  "ATTN_CUDA_DECODE_SPLIT, ATTN_CUDA_DECODE_PDL; automatic split; same cache and Q; "
+                  "libattn TB/s of K/V read):", "",
                   "| batch x context | layout | variant | kernel | libattn TB/s | split (units) | rel. L2 vs default |",
                   "|---|---|---|---|---:|---|---|"]
         lines += ["| " + " | ".join(f"{x:.2f}" if isinstance(x, float) else str(x) for x in row) + " |"

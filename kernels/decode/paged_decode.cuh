@@ -55,6 +55,22 @@ struct Smem {
   static constexpr int kBytes = kKvBytes + kPosBytes + kEntryBytes + kQBytes;
 };
 
+// Programmatic dependent launch (sm_90+; nothing before): the decode
+// kernel lets the combine kernel launch as soon as every decode block has
+// started, and the combine kernel waits there until the decode grid has
+// completed and its writes are visible. Without the launch attribute
+// (ATTN_CUDA_DECODE_PDL unset) both are no-ops.
+__device__ __forceinline__ void launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wait_for_primary() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
 // One tile's scores to probabilities for this thread's two rows (i0 =
 // lane / 4 and i0 + 8): s[nt][e] (row i0 + 8 * (e / 2), key column
 // c = 2 * (lane % 4) + (e & 1) of n-tile nt) is scaled (or capped), masked
@@ -397,6 +413,7 @@ __device__ __forceinline__ void decode_unit(const DecodeParams& p, const WorkUni
 template <class T, int D, int S, bool kBalanced>
 __global__ void __launch_bounds__(kThreads) paged_decode_kernel(const DecodeParams p) {
   extern __shared__ __align__(16) unsigned char smem[];
+  launch_dependents();
   for_each_unit<kBalanced>(p, [&](const WorkUnit& u) { decode_unit<T, D, S>(p, u, smem); });
 }
 
@@ -420,6 +437,7 @@ __global__ void __launch_bounds__(kCombineThreads) decode_combine_kernel(const D
   constexpr int kWarpsC = kCombineThreads / 32;
   constexpr int kUnroll = 4;
   static_assert(kCombineThreads % kLanes == 0 && D <= kCombineThreads, "a row per group");
+  wait_for_primary();  // the decode kernel's partial states (launched with PDL)
   const int64_t b = blockIdx.x;
   if (b >= p.header->batch) return;
   const SeqMeta sm = p.seqs[b];

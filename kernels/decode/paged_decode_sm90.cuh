@@ -310,6 +310,7 @@ __global__ void __launch_bounds__(kThreads, D <= 64 ? 4 : 3)
   // One arrival per issuing thread (the tile's kTileKeys slots, one each);
   // visible to all before a unit's first issue (the barrier after its
   // prologue).
+  launch_dependents();
   if (threadIdx.x == 0)
     for (int s = 0; s < S; ++s) mbar_init(flash::smem_u32(sBar + s), kTileKeys);
   mbar_init_fence();

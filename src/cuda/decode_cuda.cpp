@@ -134,6 +134,18 @@ bool decode_split_balanced() {
   invalid_argument("ATTN_CUDA_DECODE_SPLIT must be auto, waves or balanced, got \"", env, "\"");
 }
 
+bool decode_use_pdl(int32_t device) {
+  const char* env = std::getenv("ATTN_CUDA_DECODE_PDL");
+  if (env == nullptr || env[0] == '\0' || std::strcmp(env, "0") == 0) return false;
+  if (std::strcmp(env, "1") != 0)
+    invalid_argument("ATTN_CUDA_DECODE_PDL must be 0 or 1, got \"", env, "\"");
+  DeviceScope scope(device);
+  int major = 0;
+  check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device),
+        "cudaDeviceGetAttribute");
+  return major >= 9;
+}
+
 int32_t decode_check_supported(int32_t device, const kv::CacheConfig& cache, int64_t heads_q,
                                int64_t max_query_tokens, int stages, int32_t requested,
                                bool balanced) {
@@ -278,7 +290,7 @@ void decode_launch(const kv::DecodePlan& plan, const kv::KvCache& cache,
   check(decode_kernels_launch(p, cc.dtype == ATTN_DTYPE_BF16, int(cc.head_dim_qk),
                               plan.device_stages(), DecodeKernel(plan.device_kernel()),
                               plan.device_balanced(), blocks, int(cc.heads_kv), row_tiles,
-                              may_split, cfg.max_batch, s),
+                              may_split, plan.device_pdl(), cfg.max_batch, s),
         "decode kernel launch");
 }
 

@@ -57,6 +57,12 @@ int32_t decode_kernel_requested();
 // values are an invalid argument.
 bool decode_split_balanced();
 
+// Whether the combine kernel is launched with programmatic dependent
+// launch on `device`: ATTN_CUDA_DECODE_PDL (a tuning hook, read at plan
+// creation) "1" on an sm_90+ device; unset, empty or "0": no; other values
+// are an invalid argument.
+bool decode_use_pdl(int32_t device);
+
 // Throws NOT_SUPPORTED (naming the feature) when the decode kernels cannot
 // serve a cache so configured with `heads_q` query heads and up to
 // `max_query_tokens` tokens per sequence on `device`; else returns the

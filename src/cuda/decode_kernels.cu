@@ -77,17 +77,28 @@ cudaError_t decode_kernels_blocks_per_sm(bool bf16, int head_dim, int stages, De
 
 cudaError_t decode_kernels_launch(const decode::DecodeParams& p, bool bf16, int head_dim,
                                   int stages, DecodeKernel variant, bool balanced, int64_t blocks,
-                                  int heads_kv, int row_tiles, bool combine, int64_t max_batch,
-                                  cudaStream_t stream) {
+                                  int heads_kv, int row_tiles, bool combine, bool pdl,
+                                  int64_t max_batch, cudaStream_t stream) {
   const KernelChoice k = choose(bf16, head_dim, stages, variant, balanced);
   const dim3 grid{unsigned(blocks), unsigned(heads_kv), unsigned(row_tiles)};
   k.fn<<<grid, decode::kThreads, k.smem_bytes, stream>>>(p);
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess || !combine) return e;
   const unsigned tokens = unsigned(p.max_q < decode::kCombineTokens ? p.max_q : decode::kCombineTokens);
-  const dim3 cgrid{unsigned(max_batch), unsigned(p.heads_q), tokens};
-  combine_of(bf16, head_dim)<<<cgrid, decode::kCombineThreads, 0, stream>>>(p);
-  return cudaGetLastError();
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3{unsigned(max_batch), unsigned(p.heads_q), tokens};
+  cfg.blockDim = dim3{unsigned(decode::kCombineThreads), 1, 1};
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  if (pdl) {
+    // The combine kernel's launch overlaps the decode kernel's last blocks
+    // (it waits in griddepcontrol.wait for their partial states).
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+  }
+  return cudaLaunchKernelEx(&cfg, combine_of(bf16, head_dim), p);
 }
 
 cudaError_t kv_append_launch(const decode::AppendParams& p, bool wide, cudaStream_t stream) {

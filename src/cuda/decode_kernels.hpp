@@ -31,11 +31,11 @@ cudaError_t decode_kernels_blocks_per_sm(bool bf16, int head_dim, int stages, De
                                          bool balanced, int* blocks);
 // Enqueues the decode kernel, grid (blocks, heads_kv, row_tiles), and when
 // `combine` the combine kernel, grid (max_batch, heads_q, up to 8 query
-// tokens).
+// tokens), with programmatic dependent launch when `pdl` (sm_90+).
 cudaError_t decode_kernels_launch(const decode::DecodeParams& p, bool bf16, int head_dim,
                                   int stages, DecodeKernel variant, bool balanced, int64_t blocks,
-                                  int heads_kv, int row_tiles, bool combine, int64_t max_batch,
-                                  cudaStream_t stream);
+                                  int heads_kv, int row_tiles, bool combine, bool pdl,
+                                  int64_t max_batch, cudaStream_t stream);
 // Enqueues the append kernel over p.num_runs runs; `wide`: 16-byte copies.
 cudaError_t kv_append_launch(const decode::AppendParams& p, bool wide, cudaStream_t stream);
 

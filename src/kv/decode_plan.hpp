@@ -117,6 +117,9 @@ class DecodePlan {
   // block in whole waves.
   bool device_balanced() const { return device_blocks_ > 0; }
   int64_t device_blocks() const { return device_blocks_; }
+  // CUDA: the combine kernel launched with programmatic dependent launch
+  // (ATTN_CUDA_DECODE_PDL=1 on sm_90+).
+  bool device_pdl() const { return device_pdl_; }
   // The decode grid's x dimension (blocks past the prepared work return).
   int64_t device_grid_blocks() const {
     return device_blocks_ > 0 ? std::max(device_blocks_, cfg_.max_batch) : max_units_;
@@ -166,6 +169,7 @@ class DecodePlan {
   int64_t device_wave_ = 0;
   int32_t device_stages_ = 2;
   int32_t device_kernel_ = 0;
+  bool device_pdl_ = false;
   int64_t device_blocks_ = 0;  // balanced split: blocks per (KV head, row tile); 0: waves
   std::shared_ptr<void> staging_;
   struct Prepared {

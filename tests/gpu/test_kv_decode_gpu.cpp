@@ -22,7 +22,7 @@
 // refused without writing O, NOT_SUPPORTED for what the kernel lacks, and
 // ATTN_CUDA_DECODE_STAGES refused unless 2 or 3, ATTN_CUDA_DECODE_KERNEL
 // refused unless auto, sm80 or sm90-bulk, ATTN_CUDA_DECODE_SPLIT unless
-// auto, waves or balanced. The page memory is the test's,
+// auto, waves or balanced, ATTN_CUDA_DECODE_PDL unless 0 or 1. The page memory is the test's,
 // every byte 0xff (NaN) before the first append, so that slots holding no
 // token must not weigh in. Under ATTN_CUDA_DECODE_KERNEL=sm80 or sm90-bulk
 // every plan must name that kernel in describe() (sm90-bulk on sm_90+
@@ -677,8 +677,8 @@ void stages_env_case() {
 // ATTN_CUDA_DECODE_KERNEL: a value other than auto, sm80 or sm90-bulk is
 // refused at plan creation (message naming it, *plan unchanged); sm80 and
 // (on an sm_90+ device) sm90-bulk are named by describe(). The same for
-// ATTN_CUDA_DECODE_SPLIT (auto, waves, balanced). The variables are
-// restored after.
+// ATTN_CUDA_DECODE_SPLIT (auto, waves, balanced) and ATTN_CUDA_DECODE_PDL
+// (0, 1). The variables are restored after.
 void kernel_env_case() {
   if (!selected("kernel env")) return;
   const char* prev = std::getenv("ATTN_CUDA_DECODE_KERNEL");
@@ -756,8 +756,33 @@ void kernel_env_case() {
   }
   if (prev_split != nullptr) setenv("ATTN_CUDA_DECODE_SPLIT", saved_split.c_str(), 1);
   else unsetenv("ATTN_CUDA_DECODE_SPLIT");
-  std::printf("%-58s %s (%s | %s; %s)\n", "kernel env: KERNEL=sm91, SPLIT=even refused, named",
-              ok ? "ok" : "FAIL", msg.c_str(), msg2.c_str(), names.c_str());
+  // ATTN_CUDA_DECODE_PDL: 0 or 1 (named "-pdl" on sm_90+ devices).
+  const char* prev_pdl = std::getenv("ATTN_CUDA_DECODE_PDL");
+  const std::string saved_pdl = prev_pdl != nullptr ? prev_pdl : "";
+  setenv("ATTN_CUDA_DECODE_PDL", "yes", 1);
+  plan = reinterpret_cast<attn_decode_plan_t>(&c);
+  const attn_status_t st3 = attn_decode_plan_create(ctx, cache, &c, &plan);
+  const std::string msg3 = attn_last_error_message();
+  ok = ok && st3 == ATTN_STATUS_INVALID_ARGUMENT &&
+       msg3.find("ATTN_CUDA_DECODE_PDL") != std::string::npos &&
+       plan == reinterpret_cast<attn_decode_plan_t>(&c);
+  for (const char* v : {"0", "1"}) {
+    setenv("ATTN_CUDA_DECODE_PDL", v, 1);
+    attn_decode_plan_t p = nullptr;
+    ATTN_CHECK(attn_decode_plan_create(ctx, cache, &c, &p));
+    attn_decode_plan_info_t pi;
+    std::memset(&pi, 0, sizeof pi);
+    pi.struct_size = sizeof pi;
+    ATTN_CHECK(attn_decode_plan_describe(p, &pi));
+    const bool named = std::strstr(pi.kernel, "-pdl") != nullptr;
+    ok = ok && named == (v[0] == '1' && major >= 9);
+    names += std::string("pdl ") + v + ": " + pi.kernel + "; ";
+    attn_decode_plan_destroy(p);
+  }
+  if (prev_pdl != nullptr) setenv("ATTN_CUDA_DECODE_PDL", saved_pdl.c_str(), 1);
+  else unsetenv("ATTN_CUDA_DECODE_PDL");
+  std::printf("%-58s %s (%s | %s | %s; %s)\n", "kernel env: KERNEL=sm91, SPLIT=even, PDL=yes refused",
+              ok ? "ok" : "FAIL", msg.c_str(), msg2.c_str(), msg3.c_str(), names.c_str());
   if (!ok) ++g_failures;
   attn_kv_cache_destroy(cache);
   attn_context_destroy(ctx);
