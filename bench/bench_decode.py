@@ -31,7 +31,7 @@ compared with the default's: one run says which variant wins. The main
 table's libattn column is the default.
 
 Usage: bench_decode.py [--lib build/src/libattn.so] [--out results.md] [--quick] [--variants]
-                       [--no-sweep] [--no-append]
+                       [--no-sweep] [--no-append] [--cases 32x8K,4x64K,1x128K]
 """
 import argparse
 import ctypes
@@ -222,6 +222,7 @@ def main():
                     help="also time each decode kernel variant (VARIANTS) on every case")
     ap.add_argument("--no-sweep", action="store_true", help="skip the fixed kv_chunk_tokens sweep")
     ap.add_argument("--no-append", action="store_true", help="skip the append table")
+    ap.add_argument("--cases", default="", help="comma-separated batch x context cases, e.g. 32x8K,4x64K")
     args = ap.parse_args()
     lib = Lib(args.lib)
     ctx = lib.context(ATTN_BACKEND_CUDA, 0, 1)
@@ -230,6 +231,9 @@ def main():
     cases = [(32, 8192, ATTN_KV_LAYOUT_HND, ps), (32, 8192, ATTN_KV_LAYOUT_NHD, ps),
              (32, 8192, ATTN_KV_LAYOUT_HND, 64),
              (4, 65536, ATTN_KV_LAYOUT_HND, ps), (1, 131072, ATTN_KV_LAYOUT_HND, ps)]
+    if args.cases:  # e.g. "32x8K,4x64K": those batch x context cases only (every layout and page size)
+        wanted = {c.strip() for c in args.cases.split(",")}
+        cases = [c for c in cases if f"{c[0]}x{c[1] // 1024}K" in wanted]
     warmup, reps = (3, 10) if args.quick else (10, 50)
     commit = os.environ.get("ATTN_COMMIT")
     if not commit:
