@@ -27,8 +27,9 @@ With --variants every case is also timed with each variant of the decode
 kernel (ATTN_CUDA_DECODE_KERNEL x ATTN_CUDA_DECODE_STAGES x
 ATTN_CUDA_DECODE_SPLIT x ATTN_CUDA_DECODE_PDL, read at plan creation), same
 cache and Q, outputs
-compared with the default's: one run says which variant wins. The main
-table's libattn column is the default.
+compared with the default's (and each kernel x stages once more without a
+split): one run says which variant wins. The main table's libattn column
+is the default.
 
 Usage: bench_decode.py [--lib build/src/libattn.so] [--out results.md] [--quick] [--variants]
                        [--no-sweep] [--no-append] [--cases 32x8K,4x64K,1x128K]
@@ -113,6 +114,11 @@ VARIANTS = tuple((f"{kernel}, {stages} stages, {split}{', pdl' if pdl == '1' els
                    "ATTN_CUDA_DECODE_SPLIT": split, "ATTN_CUDA_DECODE_PDL": pdl})
                  for kernel in ("sm80", "sm90-bulk") for stages in ("2", "3") for split in ("waves", "balanced")
                  for pdl in ("0", "1"))
+
+# And each kernel x stages without a split (kv_chunk_tokens -1: one block per sequence and KV head).
+NO_SPLIT_VARIANTS = tuple((f"{kernel}, {stages} stages, no split",
+                           {"ATTN_CUDA_DECODE_KERNEL": kernel, "ATTN_CUDA_DECODE_STAGES": stages})
+                          for kernel in ("sm80", "sm90-bulk") for stages in ("2", "3"))
 
 # Fixed kv_chunk_tokens timed next to the automatic split, per (batch, context). 2736 at 4 x 64K and
 # 1328 at 1 x 128K (83 pages) are the old two-wave splits (24 and 99 chunks), now with the parallel combine.
@@ -273,11 +279,13 @@ def main():
         # The kernel variants (tuning environment variables, read at plan creation), same cache and Q.
         o_ref = o.clone()
         lname = ("HND" if layout == ATTN_KV_LAYOUT_HND else "NHD") + ("" if page == ps else f", page {page}")
-        for label, env in VARIANTS if args.variants else ():
+        runs = [(label, env, 0) for label, env in VARIANTS]
+        runs += [(label, env, -1) for label, env in NO_SPLIT_VARIANTS]
+        for label, env, chunk in runs if args.variants else ():
             saved = {var: os.environ.get(var) for var in env}
             os.environ.update(env)
             try:
-                pd.replan(0)
+                pd.replan(chunk)
             finally:
                 for var, val in saved.items():
                     if val is None:
@@ -342,8 +350,8 @@ def main():
         print("\n".join(lines[-len(sweep) - 2:]), flush=True)
     if variants:
         lines += ["", "Decode kernel variants (ATTN_CUDA_DECODE_KERNEL, ATTN_CUDA_DECODE_STAGES, "
-                  "ATTN_CUDA_DECODE_SPLIT, ATTN_CUDA_DECODE_PDL; automatic split; same cache and Q; "
-                  "libattn TB/s of K/V read):", "",
+                  "ATTN_CUDA_DECODE_SPLIT, ATTN_CUDA_DECODE_PDL; automatic split, or none where the variant says "
+                  "so; same cache and Q; libattn TB/s of K/V read):", "",
                   "| batch x context | layout | variant | kernel | libattn TB/s | split (units) | rel. L2 vs default |",
                   "|---|---|---|---|---:|---|---|"]
         lines += ["| " + " | ".join(f"{x:.2f}" if isinstance(x, float) else str(x) for x in row) + " |"
