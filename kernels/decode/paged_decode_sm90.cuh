@@ -19,8 +19,9 @@
 //
 // Slots that hold no key (past the unit, or at positions >= n in the
 // sequence's last page, which may hold anything) are filled from a stand-in
-// finite row (the block's first Q row) and get position -1: their weight is
-// exactly 0, which would not cancel a NaN or Inf left in an unfilled slot.
+// finite row (Q of the sequence's first token, query head g * G) and get
+// position -1: their weight is exactly 0, which would not cancel a NaN or
+// Inf left in an unfilled slot.
 #pragma once
 
 #include "decode/paged_decode.cuh"
