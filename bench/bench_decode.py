@@ -23,7 +23,16 @@ overhead included, and the device time between events around the calls)
 and the memory held per token (attn_kv_cache_get_info: K and V bytes of a
 token, and the pages in use x page size x that, per token held).
 
-Usage: bench_decode.py [--lib build/src/libattn.so] [--out results.md] [--quick]
+With --variants every case is also timed with each variant of the decode
+kernel (ATTN_CUDA_DECODE_KERNEL x ATTN_CUDA_DECODE_STAGES x
+ATTN_CUDA_DECODE_SPLIT x ATTN_CUDA_DECODE_PDL, read at plan creation), same
+cache and Q, outputs
+compared with the default's (and each kernel x stages once more without a
+split): one run says which variant wins. The main table's libattn column
+is the default.
+
+Usage: bench_decode.py [--lib build/src/libattn.so] [--out results.md] [--quick] [--variants]
+                       [--no-sweep] [--no-append] [--cases 32x8K,4x64K,1x128K]
 """
 import argparse
 import ctypes
@@ -97,6 +106,19 @@ class PagedDecode:
         self.lib.dll.attn_decode_plan_destroy(self.plan)
         self.lib.dll.attn_kv_cache_destroy(self.cache)
 
+
+# The decode kernel's variants timed with --variants: (label, environment at plan creation), every
+# kernel x pipeline stages x automatic split policy x programmatic launch of the combine kernel.
+VARIANTS = tuple((f"{kernel}, {stages} stages, {split}{', pdl' if pdl == '1' else ''}",
+                  {"ATTN_CUDA_DECODE_KERNEL": kernel, "ATTN_CUDA_DECODE_STAGES": stages,
+                   "ATTN_CUDA_DECODE_SPLIT": split, "ATTN_CUDA_DECODE_PDL": pdl})
+                 for kernel in ("sm80", "sm90-bulk") for stages in ("2", "3") for split in ("waves", "balanced")
+                 for pdl in ("0", "1"))
+
+# And each kernel x stages without a split (kv_chunk_tokens -1: one block per sequence and KV head).
+NO_SPLIT_VARIANTS = tuple((f"{kernel}, {stages} stages, no split",
+                           {"ATTN_CUDA_DECODE_KERNEL": kernel, "ATTN_CUDA_DECODE_STAGES": stages})
+                          for kernel in ("sm80", "sm90-bulk") for stages in ("2", "3"))
 
 # Fixed kv_chunk_tokens timed next to the automatic split, per (batch, context). 2736 at 4 x 64K and
 # 1328 at 1 x 128K (83 pages) are the old two-wave splits (24 and 99 chunks), now with the parallel combine.
@@ -202,6 +224,11 @@ def main():
     ap.add_argument("--lib", default=os.environ.get("LIBATTN", "build/src/libattn.so"))
     ap.add_argument("--out", default=None)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--variants", action="store_true",
+                    help="also time each decode kernel variant (VARIANTS) on every case")
+    ap.add_argument("--no-sweep", action="store_true", help="skip the fixed kv_chunk_tokens sweep")
+    ap.add_argument("--no-append", action="store_true", help="skip the append table")
+    ap.add_argument("--cases", default="", help="comma-separated batch x context cases, e.g. 32x8K,4x64K")
     args = ap.parse_args()
     lib = Lib(args.lib)
     ctx = lib.context(ATTN_BACKEND_CUDA, 0, 1)
@@ -210,6 +237,9 @@ def main():
     cases = [(32, 8192, ATTN_KV_LAYOUT_HND, ps), (32, 8192, ATTN_KV_LAYOUT_NHD, ps),
              (32, 8192, ATTN_KV_LAYOUT_HND, 64),
              (4, 65536, ATTN_KV_LAYOUT_HND, ps), (1, 131072, ATTN_KV_LAYOUT_HND, ps)]
+    if args.cases:  # e.g. "32x8K,4x64K": those batch x context cases only (every layout and page size)
+        wanted = {c.strip() for c in args.cases.split(",")}
+        cases = [c for c in cases if f"{c[0]}x{c[1] // 1024}K" in wanted]
     warmup, reps = (3, 10) if args.quick else (10, 50)
     commit = os.environ.get("ATTN_COMMIT")
     if not commit:
@@ -229,11 +259,11 @@ def main():
              f"after {warmup} warm-up; TB/s of K/V bytes read (unique bytes for every column). "
              f"Device copy (read + write, 1 GiB): {copy_tbs:.2f} TB/s.", "",
              "| batch x context | libattn layout | libattn TB/s | split (units) | torch FA2 TB/s | torch cuDNN TB/s "
-             "| ours/FA2 | ours/cuDNN | rel. L2 vs SDPA | kernel | 3-stage TB/s, split, rel. L2 vs 2-stage |",
-             "|---|---|---:|---|---:|---:|---:|---:|---|---|---|"]
+             "| ours/FA2 | ours/cuDNN | rel. L2 vs SDPA | kernel |",
+             "|---|---|---:|---|---:|---:|---:|---:|---|---|"]
     print("\n".join(lines), flush=True)
     torch.manual_seed(0)
-    sweep = []
+    sweep, variants = [], []
     for B, L, layout, page in cases:
         k = torch.randn(B, L, hkv, d, dtype=torch.bfloat16, device="cuda")
         v = torch.randn(B, L, hkv, d, dtype=torch.bfloat16, device="cuda")
@@ -246,19 +276,30 @@ def main():
         torch.cuda.synchronize()
         ours_ms = time_ms(lambda: pd.execute(q, o), warmup, reps)
         ours = kv_bytes / (ours_ms * 1e-3) / 1e12
-        # The three-stage pipeline (ATTN_CUDA_DECODE_STAGES=3, read at plan creation), same cache and Q.
+        # The kernel variants (tuning environment variables, read at plan creation), same cache and Q.
         o_ref = o.clone()
-        os.environ["ATTN_CUDA_DECODE_STAGES"] = "3"
-        try:
-            pd.replan(0)
-        finally:
-            del os.environ["ATTN_CUDA_DECODE_STAGES"]
-        o.fill_(float("nan"))
-        pd.execute(q, o)
-        torch.cuda.synchronize()
-        s3_err = rel_err(o, o_ref)
-        s3_ms = time_ms(lambda: pd.execute(q, o), warmup, reps)
-        s3 = (kv_bytes / (s3_ms * 1e-3) / 1e12, split_label(pd.info), s3_err)
+        lname = ("HND" if layout == ATTN_KV_LAYOUT_HND else "NHD") + ("" if page == ps else f", page {page}")
+        runs = [(label, env, 0) for label, env in VARIANTS]
+        runs += [(label, env, -1) for label, env in NO_SPLIT_VARIANTS]
+        for label, env, chunk in runs if args.variants else ():
+            saved = {var: os.environ.get(var) for var in env}
+            os.environ.update(env)
+            try:
+                pd.replan(chunk)
+            finally:
+                for var, val in saved.items():
+                    if val is None:
+                        del os.environ[var]
+                    else:
+                        os.environ[var] = val
+            o.fill_(float("nan"))
+            pd.execute(q, o)
+            torch.cuda.synchronize()
+            err = rel_err(o, o_ref)
+            ms = time_ms(lambda: pd.execute(q, o), warmup, reps)
+            variants.append((f"{B} x {L // 1024}K", lname, label, pd.kernel, kv_bytes / (ms * 1e-3) / 1e12,
+                             split_label(pd.info), f"{err:.1e}"))
+            print("variant: " + " | ".join(str(x) for x in variants[-1]), flush=True)
         pd.replan(0)
         o.copy_(o_ref)
         # SDPA on contiguous [B, H_kv, L, d] K/V.
@@ -278,14 +319,12 @@ def main():
         fa2, cud = res["fa2"][0], res["cudnn"][0]
         ratio = lambda a, b: f"{a / b:.2f}" if b == b and b > 0 else "n/a"
         note = lambda r: "" if r[1] == "enable_gqa" else f" ({r[1]})"
-        lname = ("HND" if layout == ATTN_KV_LAYOUT_HND else "NHD") + ("" if page == ps else f", page {page}")
         lines.append(f"| {B} x {L // 1024}K | {lname} | {ours:.2f} | "
                      f"{split_label(pd.info)} | "
                      f"{fa2:.2f}{note(res['fa2'])} | {cud:.2f}{note(res['cudnn'])} | {ratio(ours, fa2)} | "
-                     f"{ratio(ours, cud)} | {', '.join(errs)} | {pd.kernel} | "
-                     f"{s3[0]:.2f}, {s3[1]}, {s3[2]:.1e} |")
+                     f"{ratio(ours, cud)} | {', '.join(errs)} | {pd.kernel} |")
         print(lines[-1], flush=True)
-        if layout == ATTN_KV_LAYOUT_HND and page == ps:
+        if layout == ATTN_KV_LAYOUT_HND and page == ps and not args.no_sweep:
             # Fixed splits next to the automatic one (target: split_target_tasks blocks at once).
             auto = (split_label(pd.info), ours, pd.split_target)
             o_auto = o.clone()
@@ -309,11 +348,31 @@ def main():
                   "|---|---|---|---:|---|"]
         lines += [f"| {c} | {k} | {s} | {t:.2f} | {e} |" for c, k, s, t, e in sweep]
         print("\n".join(lines[-len(sweep) - 2:]), flush=True)
+    if variants:
+        lines += ["", "Decode kernel variants (ATTN_CUDA_DECODE_KERNEL, ATTN_CUDA_DECODE_STAGES, "
+                  "ATTN_CUDA_DECODE_SPLIT, ATTN_CUDA_DECODE_PDL; automatic split, or none where the variant says "
+                  "so; same cache and Q; libattn TB/s of K/V read):", "",
+                  "| batch x context | layout | variant | kernel | libattn TB/s | split (units) | rel. L2 vs default |",
+                  "|---|---|---|---|---:|---|---|"]
+        lines += ["| " + " | ".join(f"{x:.2f}" if isinstance(x, float) else str(x) for x in row) + " |"
+                  for row in variants]
+        best = {}
+        for row in variants:
+            key = (row[0], row[1])
+            if key not in best or row[4] > best[key][4]:
+                best[key] = row
+        lines += ["", "Fastest variant per case: " +
+                  "; ".join(f"{c} {lay}: {r[2]} ({r[4]:.2f} TB/s)" for (c, lay), r in best.items())]
+        print("\n".join(lines[-len(variants) - 4:]), flush=True)
+
     def save():
         if args.out:
             with open(args.out, "w") as f:
                 f.write("\n".join(lines) + "\n")
     save()  # the decode tables, should the append part fail
+    if args.no_append:
+        lib.dll.attn_context_destroy(ctx)
+        return
     rows = bench_append(lib, ctx, hkv, d, ps, ATTN_KV_LAYOUT_HND, warmup, reps)
     lines += ["", f"attn_kv_cache_append on CUDA (bf16, HND, page {ps}, {hkv} KV heads, d {d}; mean of {reps} calls "
               f"after {warmup}). tokens/s: host wall time per call until its copies ran (ctypes included); "

@@ -99,15 +99,29 @@ if [ "${GPU_CHECK_SANITIZE:-1}" != 0 ] && command -v compute-sanitizer >/dev/nul
     sanitize memcheck "$t" "$bin" ATTN_GPU_TEST_QUICK=1
     sanitize racecheck "$t" "$bin" ATTN_GPU_TEST_FILTER=causal-L129
   done
-  # Decode: every case with the long sequences shortened (memcheck), and
-  # the long single sequence (unsplit, split in ~190 chunks and automatic:
-  # the pipeline's shared memory and the combine's reductions) for races.
+  # Decode, on both kernel variants with the balanced split (its runs use
+  # the split kernels, its unsplit and fixed cases the others): every case
+  # with the long sequences shortened (memcheck); the long single sequence
+  # (unsplit, split in ~190 chunks and automatic: the pipeline's shared
+  # memory, the bulk copies' mbarriers, the combine's reductions) for
+  # races, the sm_90 one with both pipelines; on the sm_90 one also the
+  # page-1 cases (per-row bulk copies, stand-in rows) and long + short
+  # sequences (several units per block).
   bin="$build/tests/gpu/test_kv_decode_gpu"
-  sanitize memcheck decode "$bin" ATTN_GPU_TEST_QUICK=1
-  for stages in 2 3; do
-    sanitize racecheck "decode_s$stages" "$bin" ATTN_CUDA_DECODE_STAGES=$stages \
-      ATTN_GPU_TEST_QUICK=1 "ATTN_GPU_TEST_FILTER=one long sequence"
+  for kernel in sm80 sm90-bulk; do
+    sanitize memcheck "decode_$kernel" "$bin" ATTN_CUDA_DECODE_KERNEL=$kernel \
+      ATTN_CUDA_DECODE_SPLIT=balanced ATTN_GPU_TEST_QUICK=1
   done
+  for run in sm80:2 sm90-bulk:2 sm90-bulk:3; do
+    kernel=${run%:*} stages=${run#*:}
+    sanitize racecheck "decode_${kernel}_s$stages" "$bin" ATTN_CUDA_DECODE_KERNEL=$kernel \
+      ATTN_CUDA_DECODE_SPLIT=balanced ATTN_CUDA_DECODE_STAGES=$stages ATTN_GPU_TEST_QUICK=1 \
+      "ATTN_GPU_TEST_FILTER=one long sequence"
+  done
+  sanitize racecheck decode_sm90-bulk_p1 "$bin" ATTN_CUDA_DECODE_KERNEL=sm90-bulk \
+    ATTN_GPU_TEST_QUICK=1 "ATTN_GPU_TEST_FILTER= p1 d128"
+  sanitize racecheck decode_sm90-bulk_units "$bin" ATTN_CUDA_DECODE_KERNEL=sm90-bulk \
+    ATTN_CUDA_DECODE_SPLIT=balanced ATTN_GPU_TEST_QUICK=1 "ATTN_GPU_TEST_FILTER=long + short"
   # Block-sparse: every case (tile lists with full, masked and bit-tile
   # entries, cut dK/dV lists), on both backward paths; races on the small
   # causal GQA cases (d = 64, 128, 256).

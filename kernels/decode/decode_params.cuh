@@ -34,6 +34,9 @@ struct DecodeParams {
   const SeqMeta* seqs;
   const PageEntry* entries;
   const WorkUnit* units;
+  // Balanced split: block x runs units [block_units[x], block_units[x + 1]);
+  // null: unit x (when below the header's num_units).
+  const int32_t* block_units;
   float* partial_o;    // [slot][max_q][heads_q][D]
   float* partial_lse;  // [slot][max_q][heads_q]
   int32_t page_size, heads_q, group, max_q;

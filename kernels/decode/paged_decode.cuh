@@ -1,8 +1,9 @@
 // Paged decode on sm_80+: attention of a batch's newest query tokens over
 // the pages of a KV cache, the GQA group packed as the rows of one m16 tile.
 //
-// Block (unit, KV head g, row tile z), 128 threads. Rows of the tile are
-// r = z * 16 + i (i < 16) of the sequence's q_len * G packed rows, row r
+// Block (unit, KV head g, row tile z), 128 threads (with the balanced
+// split a block runs a list of units, one after the other). Rows of the
+// tile are r = z * 16 + i (i < 16) of the sequence's q_len * G packed rows, row r
 // being query token r / G, query head g * G + r % G. The block streams the
 // unit's pages in tiles of kTileKeys key slots through an S-stage cp.async
 // pipeline (S - 1 tiles in flight while one is computed: S = 2 fits three
@@ -15,7 +16,9 @@
 // dependent global load.
 //
 // Units of a split sequence write fp32 partial (O, LSE) states, merged by
-// decode_combine_kernel (the chunks of a row in parallel).
+// decode_combine_kernel (the chunks of a row in parallel). The online
+// softmax step and the warps' merge are shared with the sm_90 bulk-copy
+// variant (paged_decode_sm90.cuh).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -52,28 +55,183 @@ struct Smem {
   static constexpr int kBytes = kKvBytes + kPosBytes + kEntryBytes + kQBytes;
 };
 
-// Grid (max units, heads_kv, row tiles); blocks past the prepared units or
-// rows return at once, so that one launch shape serves every prepared batch
-// (and a captured graph can be replayed after each prepare).
+// Programmatic dependent launch (sm_90+; nothing before): the decode
+// kernel lets the combine kernel launch as soon as every decode block has
+// started, and the combine kernel waits there until the decode grid has
+// completed and its writes are visible. Without the launch attribute
+// (ATTN_CUDA_DECODE_PDL unset) both are no-ops.
+__device__ __forceinline__ void launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wait_for_primary() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
+// One tile's scores to probabilities for this thread's two rows (i0 =
+// lane / 4 and i0 + 8): s[nt][e] (row i0 + 8 * (e / 2), key column
+// c = 2 * (lane % 4) + (e & 1) of n-tile nt) is scaled (or capped), masked
+// by position (key_pos(nt, c): the key's position, -1 for none; qpos[h]:
+// the row's query position, -1 for a padding row) and exponentiated
+// against the updated running max m (log2 units); l and acc are rescaled
+// and l gains the row sums. a receives P as the A fragment of P V.
+template <class T, int D, class KeyPos>
+__device__ __forceinline__ void online_softmax_step(float (&s)[2][4], const KeyPos& key_pos,
+                                                    const long long (&qpos)[2],
+                                                    const DecodeParams& p, float scale2,
+                                                    float (&m)[2], float (&l)[2],
+                                                    float (&acc)[D / 8][4], uint32_t (&a)[4]) {
+  constexpr float kLog2e = 1.4426950408889634f;
+  const int lane = threadIdx.x % 32;
+  const bool capped = p.softcap > 0.0f;
+  float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+  for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int h = e / 2;
+      const long long kp = key_pos(nt, 2 * (lane % 4) + (e & 1));  // -1: no key
+      const long long qp = qpos[h];
+      const bool visible = kp >= 0 && kp <= qp &&
+                           (p.window == 0 || kp >= qp - p.window + 1 || kp < p.sinks);
+      float x = s[nt][e];
+      if (capped) x = p.softcap * tanhf(x * p.scale / p.softcap) * kLog2e;
+      else x *= scale2;
+      x = visible ? x : -INFINITY;
+      s[nt][e] = x;
+      mx[h] = fmaxf(mx[h], x);
+    }
+  float corr[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+    mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+    const float m_new = fmaxf(m[h], mx[h]);
+    const float m_use = m_new == -INFINITY ? 0.0f : m_new;  // no key yet: keep zeros
+    corr[h] = flash::fast_exp2(m[h] - m_use);
+    m[h] = m_new;
+    l[h] *= corr[h];
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int e = 2 * h; e < 2 * h + 2; ++e) {
+        s[nt][e] = flash::fast_exp2(s[nt][e] - m_use);
+        l[h] += s[nt][e];
+      }
+  }
+#pragma unroll
+  for (int j = 0; j < D / 8; ++j) {
+    acc[j][0] *= corr[0];
+    acc[j][1] *= corr[0];
+    acc[j][2] *= corr[1];
+    acc[j][3] *= corr[1];
+  }
+  a[0] = flash::pack2<T>(s[0][0], s[0][1]);
+  a[1] = flash::pack2<T>(s[0][2], s[0][3]);
+  a[2] = flash::pack2<T>(s[1][0], s[1][1]);
+  a[3] = flash::pack2<T>(s[1][2], s[1][3]);
+}
+
+// The end of a block: merges the kWarps warps' states (m, l, acc of rows
+// i0 and i0 + 8 of each warp) through shared memory `smem` (kWarps * 16 *
+// (D + 2) floats; the caller's barrier before ensures it is free) and
+// writes the 16-row tile's rows below `rows`: O and LSE, or the fp32
+// partial state of unit u.
+template <class T, int D>
+__device__ __forceinline__ void merge_and_store(unsigned char* smem, const DecodeParams& p,
+                                                const WorkUnit& u, const SeqMeta& sm, int g,
+                                                int row0, int rows, float (&m)[2], float (&l)[2],
+                                                float (&acc)[D / 8][4]) {
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, i0 = lane / 4;
+  const int G = p.group;
+  float* sM = reinterpret_cast<float*>(smem);
+  float* sL = sM + kWarps * 16;
+  float* sO = sL + kWarps * 16;  // [warp][16][D]
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
+    if (lane % 4 == 0) {
+      sM[warp * 16 + i0 + 8 * h] = m[h];
+      sL[warp * 16 + i0 + 8 * h] = l[h];
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < D / 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      sO[(warp * 16 + i0 + 8 * (e / 2)) * D + j * 8 + 2 * (lane % 4) + (e & 1)] = acc[j][e];
+  __syncthreads();
+  T* o = static_cast<T*>(p.o);
+  for (int idx = tid; idx < 16 * D; idx += kThreads) {
+    const int i = idx / D, c = idx % D;
+    const int rr = row0 + i;
+    if (rr >= rows) break;  // rows grow with idx
+    float M = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) M = fmaxf(M, sM[w * 16 + i]);
+    float L = 0.0f, val = 0.0f;
+    if (M != -INFINITY) {
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) {
+        const float f = exp2f(sM[w * 16 + i] - M);
+        L += f * sL[w * 16 + i];
+        val += f * sO[(w * 16 + i) * D + c];
+      }
+    }
+    const bool empty = L == 0.0f;
+    const float out = empty ? 0.0f : val / L;
+    const float row_lse = empty ? -INFINITY : (M + log2f(L)) * 0.6931471805599453f;
+    const int64_t t = rr / G, h = int64_t(g) * G + rr % G;
+    if (u.partial < 0) {
+      o[((sm.q_begin + t) * p.heads_q + h) * D + c] = T(out);
+      if (c == 0 && p.lse != nullptr) p.lse[h * p.header->total_q + sm.q_begin + t] = row_lse;
+    } else {
+      const int64_t row = (u.partial * p.max_q + t) * p.heads_q + h;
+      p.partial_o[row * D + c] = out;
+      if (c == 0) p.partial_lse[row] = row_lse;
+    }
+  }
+}
+
+// Calls run(unit) for each work unit of this block, one after the other
+// (a barrier in between: the last unit's merge read shared memory): with
+// the balanced split those of p.block_units, else unit blockIdx.x, if
+// prepared (a kernel of its own: the loop costs registers). The block's start
+// is a chain of dependent loads before its first K/V copy; it is kept to
+// three there: the unit (read with the header: the grid is the plan's max
+// units, so a unit past the prepared ones is stale but inside the
+// workspace), then its first page entries and its sequence, then Q; the
+// balanced split adds the block's unit range first.
+template <bool kBalanced, class Run>
+__device__ __forceinline__ void for_each_unit(const DecodeParams& p, const Run& run) {
+  if constexpr (!kBalanced) {
+    const int64_t unit_index = blockIdx.x;
+    const int64_t num_units = p.header->num_units;
+    const WorkUnit u = p.units[unit_index];
+    if (unit_index < num_units) run(u);
+    return;
+  }
+  const int32_t first = p.block_units[blockIdx.x], last = p.block_units[blockIdx.x + 1];
+  for (int32_t i = first; i < last; ++i) {
+    if (i > first) __syncthreads();
+    run(p.units[i]);
+  }
+}
+
+// One work unit u of the cp.async kernel below.
 template <class T, int D, int S>
-__global__ void __launch_bounds__(kThreads) paged_decode_kernel(const DecodeParams p) {
+__device__ __forceinline__ void decode_unit(const DecodeParams& p, const WorkUnit& u,
+                                            unsigned char* smem) {
   using flash::cp_async_16;
   using flash::smem_u32;
   using SM = Smem<D, S>;
   constexpr int kLd = SM::kLd;
   constexpr int kChunks = D / 8;  // 16-byte chunks of a row
 
-  // The block's start is a chain of dependent loads before its first K/V
-  // copy; it is kept to three: the unit (read with the header: the grid is
-  // the plan's max units, so a unit past the prepared ones is stale but
-  // inside the workspace), then its first page entries and its sequence,
-  // then Q.
-  const int64_t unit_index = blockIdx.x;
-  const int64_t num_units = p.header->num_units;
-  const WorkUnit u = p.units[unit_index];
-  if (unit_index >= num_units) return;
-
-  extern __shared__ __align__(16) unsigned char smem[];
   T* sKV = reinterpret_cast<T*>(smem);  // [stage][K|V][kTileKeys][kLd]
   int* sPos = reinterpret_cast<int*>(smem + SM::kKvBytes);  // [stage][kTileKeys]
   PageEntry* sEnt = reinterpret_cast<PageEntry*>(smem + SM::kKvBytes + SM::kPosBytes);  // [S][kEntriesPerTile]
@@ -197,7 +355,6 @@ __global__ void __launch_bounds__(kThreads) paged_decode_kernel(const DecodePara
   }
   constexpr float kLog2e = 1.4426950408889634f;
   const float scale2 = p.scale * kLog2e;
-  const bool capped = p.softcap > 0.0f;
 
   float m[2] = {-INFINITY, -INFINITY};  // running max, log2 units
   float l[2] = {0.0f, 0.0f};            // this thread's part of the row sums
@@ -229,54 +386,10 @@ __global__ void __launch_bounds__(kThreads) paged_decode_kernel(const DecodePara
       flash::mma_16816<T>(s[1], qf[kk], b[2], b[3]);
     }
 
-    // Scale, cap, mask; scores in log2 units.
-    float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-    for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int h = e / 2;
-        const long long kp = pos[key0 + nt * 8 + 2 * (lane % 4) + (e & 1)];  // -1: no key
-        const long long qp = qpos[h];
-        const bool visible = kp >= 0 && kp <= qp &&
-                             (p.window == 0 || kp >= qp - p.window + 1 || kp < p.sinks);
-        float x = s[nt][e];
-        if (capped) x = p.softcap * tanhf(x * p.scale / p.softcap) * kLog2e;
-        else x *= scale2;
-        x = visible ? x : -INFINITY;
-        s[nt][e] = x;
-        mx[h] = fmaxf(mx[h], x);
-      }
-    float corr[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
-      mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
-      const float m_new = fmaxf(m[h], mx[h]);
-      const float m_use = m_new == -INFINITY ? 0.0f : m_new;  // no key yet: keep zeros
-      corr[h] = flash::fast_exp2(m[h] - m_use);
-      m[h] = m_new;
-      l[h] *= corr[h];
-#pragma unroll
-      for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-        for (int e = 2 * h; e < 2 * h + 2; ++e) {
-          s[nt][e] = flash::fast_exp2(s[nt][e] - m_use);
-          l[h] += s[nt][e];
-        }
-    }
-#pragma unroll
-    for (int j = 0; j < D / 8; ++j) {
-      acc[j][0] *= corr[0];
-      acc[j][1] *= corr[0];
-      acc[j][2] *= corr[1];
-      acc[j][3] *= corr[1];
-    }
+    // Key kw = nt * 8 + c of the warp's 16 is key0 + kw of the tile.
     uint32_t a[4];
-    a[0] = flash::pack2<T>(s[0][0], s[0][1]);
-    a[1] = flash::pack2<T>(s[0][2], s[0][3]);
-    a[2] = flash::pack2<T>(s[1][0], s[1][1]);
-    a[3] = flash::pack2<T>(s[1][2], s[1][3]);
+    online_softmax_step<T, D>(s, [&](int nt, int c) { return pos[key0 + nt * 8 + c]; }, qpos, p,
+                              scale2, m, l, acc, a);
 #pragma unroll
     for (int dn = 0; dn < D / 16; ++dn) {
       uint32_t b[4];
@@ -290,56 +403,18 @@ __global__ void __launch_bounds__(kThreads) paged_decode_kernel(const DecodePara
   flash::cp_async_wait<0>();
   __syncthreads();
 
-  // Merge the warps' states: [warp][16 rows] of m, l and O (fp32).
-  float* sM = reinterpret_cast<float*>(smem);
-  float* sL = sM + kWarps * 16;
-  float* sO = sL + kWarps * 16;  // [warp][16][D]
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
-    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
-    if (lane % 4 == 0) {
-      sM[warp * 16 + i0 + 8 * h] = m[h];
-      sL[warp * 16 + i0 + 8 * h] = l[h];
-    }
-  }
-#pragma unroll
-  for (int j = 0; j < D / 8; ++j)
-#pragma unroll
-    for (int e = 0; e < 4; ++e)
-      sO[(warp * 16 + i0 + 8 * (e / 2)) * D + j * 8 + 2 * (lane % 4) + (e & 1)] = acc[j][e];
-  __syncthreads();
+  merge_and_store<T, D>(smem, p, u, sm, g, row0, rows, m, l, acc);
+}
 
-  T* o = static_cast<T*>(p.o);
-  for (int idx = tid; idx < 16 * D; idx += kThreads) {
-    const int i = idx / D, c = idx % D;
-    const int rr = row0 + i;
-    if (rr >= rows) break;  // rows grow with idx
-    float M = -INFINITY;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) M = fmaxf(M, sM[w * 16 + i]);
-    float L = 0.0f, val = 0.0f;
-    if (M != -INFINITY) {
-#pragma unroll
-      for (int w = 0; w < kWarps; ++w) {
-        const float f = exp2f(sM[w * 16 + i] - M);
-        L += f * sL[w * 16 + i];
-        val += f * sO[(w * 16 + i) * D + c];
-      }
-    }
-    const bool empty = L == 0.0f;
-    const float out = empty ? 0.0f : val / L;
-    const float row_lse = empty ? -INFINITY : (M + log2f(L)) * 0.6931471805599453f;
-    const int64_t t = rr / G, h = int64_t(g) * G + rr % G;
-    if (u.partial < 0) {
-      o[((sm.q_begin + t) * p.heads_q + h) * D + c] = T(out);
-      if (c == 0 && p.lse != nullptr) p.lse[h * p.header->total_q + sm.q_begin + t] = row_lse;
-    } else {
-      const int64_t row = (u.partial * p.max_q + t) * p.heads_q + h;
-      p.partial_o[row * D + c] = out;
-      if (c == 0) p.partial_lse[row] = row_lse;
-    }
-  }
+// Grid (blocks, heads_kv, row tiles): the plan's max units, or with the
+// balanced split its blocks (see for_each_unit); blocks past the prepared
+// units or rows return at once, so that one launch shape serves every
+// prepared batch (and a captured graph can be replayed after each prepare).
+template <class T, int D, int S, bool kBalanced>
+__global__ void __launch_bounds__(kThreads) paged_decode_kernel(const DecodeParams p) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  launch_dependents();
+  for_each_unit<kBalanced>(p, [&](const WorkUnit& u) { decode_unit<T, D, S>(p, u, smem); });
 }
 
 constexpr int kCombineThreads = 128;
@@ -362,6 +437,7 @@ __global__ void __launch_bounds__(kCombineThreads) decode_combine_kernel(const D
   constexpr int kWarpsC = kCombineThreads / 32;
   constexpr int kUnroll = 4;
   static_assert(kCombineThreads % kLanes == 0 && D <= kCombineThreads, "a row per group");
+  wait_for_primary();  // the decode kernel's partial states (launched with PDL)
   const int64_t b = blockIdx.x;
   if (b >= p.header->batch) return;
   const SeqMeta sm = p.seqs[b];

@@ -116,8 +116,39 @@ int decode_pipeline_stages() {
   invalid_argument("ATTN_CUDA_DECODE_STAGES must be 2 or 3, got \"", env, "\"");
 }
 
-void decode_check_supported(int32_t device, const kv::CacheConfig& cache, int64_t heads_q,
-                            int64_t max_query_tokens, int stages) {
+int32_t decode_kernel_requested() {
+  const char* env = std::getenv("ATTN_CUDA_DECODE_KERNEL");
+  // The default: the variant measured faster on an H200 (bench_decode.py
+  // --variants times both in one run).
+  if (env == nullptr || env[0] == '\0' || std::strcmp(env, "auto") == 0) return kDecodeKernelSm80;
+  if (std::strcmp(env, "sm80") == 0) return kDecodeKernelSm80;
+  if (std::strcmp(env, "sm90-bulk") == 0) return kDecodeKernelSm90Bulk;
+  invalid_argument("ATTN_CUDA_DECODE_KERNEL must be auto, sm80 or sm90-bulk, got \"", env, "\"");
+}
+
+bool decode_split_balanced() {
+  const char* env = std::getenv("ATTN_CUDA_DECODE_SPLIT");
+  if (env == nullptr || env[0] == '\0' || std::strcmp(env, "auto") == 0) return false;
+  if (std::strcmp(env, "waves") == 0) return false;
+  if (std::strcmp(env, "balanced") == 0) return true;
+  invalid_argument("ATTN_CUDA_DECODE_SPLIT must be auto, waves or balanced, got \"", env, "\"");
+}
+
+bool decode_use_pdl(int32_t device) {
+  const char* env = std::getenv("ATTN_CUDA_DECODE_PDL");
+  if (env == nullptr || env[0] == '\0' || std::strcmp(env, "0") == 0) return false;
+  if (std::strcmp(env, "1") != 0)
+    invalid_argument("ATTN_CUDA_DECODE_PDL must be 0 or 1, got \"", env, "\"");
+  DeviceScope scope(device);
+  int major = 0;
+  check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device),
+        "cudaDeviceGetAttribute");
+  return major >= 9;
+}
+
+int32_t decode_check_supported(int32_t device, const kv::CacheConfig& cache, int64_t heads_q,
+                               int64_t max_query_tokens, int stages, int32_t requested,
+                               bool balanced) {
   if (cache.dtype != ATTN_DTYPE_FP16 && cache.dtype != ATTN_DTYPE_BF16)
     not_supported("decode plan: the CUDA decode kernel runs fp16 and bf16 caches only, not ",
                   dtype_name(cache.dtype));
@@ -137,25 +168,37 @@ void decode_check_supported(int32_t device, const kv::CacheConfig& cache, int64_
         "cudaDeviceGetAttribute");
   if (major < 8)
     not_supported("decode plan: device ", device, " is older than sm_80 (mma.sync, cp.async)");
-  const cudaError_t e = decode_kernels_available();
+  const cudaError_t e = decode_kernels_available(DecodeKernel::kSm80CpAsync, nullptr);
   if (e == cudaErrorInvalidDeviceFunction || e == cudaErrorNoKernelImageForDevice) {
     (void)cudaGetLastError();
     not_supported("decode plan: this build has no decode kernel for device ", device,
                   "; rebuild with -Dgpu_archs including its architecture");
   }
   check(e, "cudaFuncGetAttributes (decode)");
+  int32_t kernel = kDecodeKernelSm80;
+  if (requested == kDecodeKernelSm90Bulk && major >= 9) {
+    // Code compiled for sm_90 or later, not sm_80 PTX compiled by the driver.
+    int arch = 0;
+    if (decode_kernels_available(DecodeKernel::kSm90Bulk, &arch) == cudaSuccess && arch >= 90)
+      kernel = kDecodeKernelSm90Bulk;
+    else
+      (void)cudaGetLastError();
+  }
   // At plan creation rather than in execute, which may be under capture.
-  check(decode_kernels_allow_smem(cache.dtype == ATTN_DTYPE_BF16, int(cache.head_dim_qk), stages),
+  check(decode_kernels_allow_smem(cache.dtype == ATTN_DTYPE_BF16, int(cache.head_dim_qk), stages,
+                                  DecodeKernel(kernel), balanced),
         "cudaFuncSetAttribute (decode)");
+  return kernel;
 }
 
-int64_t decode_resident_blocks(int32_t device, const kv::CacheConfig& cache, int stages) {
+int64_t decode_resident_blocks(int32_t device, const kv::CacheConfig& cache, int stages,
+                               int32_t kernel, bool balanced) {
   DeviceScope scope(device);
   int sms = 0, per_sm = 0;
   check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device),
         "cudaDeviceGetAttribute");
   check(decode_kernels_blocks_per_sm(cache.dtype == ATTN_DTYPE_BF16, int(cache.head_dim_qk),
-                                     stages, &per_sm),
+                                     stages, DecodeKernel(kernel), balanced, &per_sm),
         "cudaOccupancyMaxActiveBlocksPerMultiprocessor (decode)");
   return int64_t(std::max(sms, 1)) * std::max(per_sm, 1);
 }
@@ -212,7 +255,7 @@ void DecodeStaging::upload(void* device_base, const std::vector<std::pair<size_t
 }
 
 void decode_launch(const kv::DecodePlan& plan, const kv::KvCache& cache,
-                   const kv::DecodeWorkspace& ws, int64_t max_units, const void* q, void* o,
+                   const kv::DecodeWorkspace& ws, int64_t blocks, const void* q, void* o,
                    float* lse, bool may_split, void* stream) {
   const kv::CacheConfig& cc = plan.cache_config();
   const kv::DecodeConfig& cfg = plan.config();
@@ -231,6 +274,7 @@ void decode_launch(const kv::DecodePlan& plan, const kv::KvCache& cache,
   p.seqs = reinterpret_cast<const decode::SeqMeta*>(ws.seqs);
   p.entries = reinterpret_cast<const decode::PageEntry*>(ws.entries);
   p.units = reinterpret_cast<const decode::WorkUnit*>(ws.units);
+  p.block_units = ws.block_units;
   p.partial_o = ws.partial_o;
   p.partial_lse = ws.partial_lse;
   p.page_size = int32_t(cc.page_size);
@@ -244,8 +288,9 @@ void decode_launch(const kv::DecodePlan& plan, const kv::KvCache& cache,
   const int row_tiles = int((cfg.max_query_tokens * plan.group() + 15) / 16);
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   check(decode_kernels_launch(p, cc.dtype == ATTN_DTYPE_BF16, int(cc.head_dim_qk),
-                              plan.device_stages(), max_units, int(cc.heads_kv), row_tiles,
-                              may_split, cfg.max_batch, s),
+                              plan.device_stages(), DecodeKernel(plan.device_kernel()),
+                              plan.device_balanced(), blocks, int(cc.heads_kv), row_tiles,
+                              may_split, plan.device_pdl(), cfg.max_batch, s),
         "decode kernel launch");
 }
 

@@ -36,22 +36,48 @@ void kv_append_enqueue(int32_t device, const kv::CacheConfig& cfg, void* k_base,
                        const std::vector<KvCopyRun>& runs, const void* k, const void* v,
                        void* stream);
 
-// Stages of the decode kernel's cp.async pipeline: 2, or what
+// Stages of the decode kernel's pipeline: 2, or what
 // ATTN_CUDA_DECODE_STAGES says (2 or 3; a tuning hook, read at plan
 // creation; other values are an invalid argument).
 int decode_pipeline_stages();
 
+// The decode kernel's variants (cuda::DecodeKernel in decode_kernels.hpp).
+constexpr int32_t kDecodeKernelSm80 = 0;      // cp.async from every thread, sm_80+
+constexpr int32_t kDecodeKernelSm90Bulk = 1;  // bulk copies on mbarriers, sm_90 code
+
+// The variant ATTN_CUDA_DECODE_KERNEL asks for (a tuning hook, read at plan
+// creation): unset, empty or "auto": the default; "sm80" or "sm90-bulk";
+// other values are an invalid argument.
+int32_t decode_kernel_requested();
+
+// Whether ATTN_CUDA_DECODE_SPLIT (a tuning hook, read at plan creation)
+// asks for the balanced automatic split: unset, empty, "auto" or "waves":
+// no (whole chunks per block, in waves); "balanced": yes (equal runs of
+// pages over one wave of blocks, see DecodePlan::balanced_units); other
+// values are an invalid argument.
+bool decode_split_balanced();
+
+// Whether the combine kernel is launched with programmatic dependent
+// launch on `device`: ATTN_CUDA_DECODE_PDL (a tuning hook, read at plan
+// creation) "1" on an sm_90+ device; unset, empty or "0": no; other values
+// are an invalid argument.
+bool decode_use_pdl(int32_t device);
+
 // Throws NOT_SUPPORTED (naming the feature) when the decode kernels cannot
 // serve a cache so configured with `heads_q` query heads and up to
-// `max_query_tokens` tokens per sequence on `device`; else readies the
-// kernel of `stages` pipeline stages for launch.
-void decode_check_supported(int32_t device, const kv::CacheConfig& cache, int64_t heads_q,
-                            int64_t max_query_tokens, int stages);
+// `max_query_tokens` tokens per sequence on `device`; else returns the
+// variant that will run (`requested`, or the sm_80 one where the device or
+// the build has no sm_90 code) and readies its kernel of `stages`
+// pipeline stages (of the balanced split or not) for launch.
+int32_t decode_check_supported(int32_t device, const kv::CacheConfig& cache, int64_t heads_q,
+                               int64_t max_query_tokens, int stages, int32_t requested,
+                               bool balanced);
 
 // Decode blocks (one per work unit, KV head and row tile) resident on
 // `device` at once for a cache so configured: the wave that automatic
 // split-KV fills.
-int64_t decode_resident_blocks(int32_t device, const kv::CacheConfig& cache, int stages);
+int64_t decode_resident_blocks(int32_t device, const kv::CacheConfig& cache, int stages,
+                               int32_t kernel, bool balanced);
 
 // The host staging area of one plan's prepare: pinned memory of the size of
 // the workspace's metadata part, and an event that marks when the last
@@ -80,10 +106,11 @@ class DecodeStaging {
   bool pending_ = false;
 };
 
-// Launches the decode kernel (and, when the plan can split, the combine
-// kernel) of `plan` on stream; everything they read is in the workspace.
+// Launches the decode kernel, `blocks` x heads_kv x row tiles (and, when
+// the plan can split, the combine kernel) of `plan` on stream; everything
+// they read is in the workspace.
 void decode_launch(const kv::DecodePlan& plan, const kv::KvCache& cache,
-                   const kv::DecodeWorkspace& ws, int64_t max_units, const void* q, void* o,
+                   const kv::DecodeWorkspace& ws, int64_t blocks, const void* q, void* o,
                    float* lse, bool may_split, void* stream);
 
 }  // namespace attn::cuda

@@ -1,97 +1,104 @@
 // Instantiates and launches the paged decode kernels (fp16 and bf16, head
-// dims 64 and 128, two- and three-stage pipelines) and the KV append kernel.
+// dims 64 and 128, two- and three-stage pipelines, the cp.async and the
+// sm_90 bulk-copy variants) and the KV append kernel.
 #include <algorithm>
 #include <cuda_runtime.h>
 
 #include "cuda/decode_kernels.hpp"
 #include "decode/paged_decode.cuh"
+#include "decode/paged_decode_sm90.cuh"
 
 namespace attn::cuda {
 namespace {
 
+// The decode kernel of (dtype, head dim, stages, variant) and its dynamic
+// shared memory.
+using DecodeKernelFn = void (*)(decode::DecodeParams);
+struct KernelChoice {
+  DecodeKernelFn fn;
+  int smem_bytes;
+};
 template <class T, int D, int S>
-cudaError_t allow_smem_t() {
-  return cudaFuncSetAttribute(decode::paged_decode_kernel<T, D, S>,
-                              cudaFuncAttributeMaxDynamicSharedMemorySize, decode::Smem<D, S>::kBytes);
+KernelChoice kernel_of(DecodeKernel variant, bool balanced) {
+  if (variant == DecodeKernel::kSm90Bulk)
+    return {balanced ? decode::paged_decode_bulk_kernel<T, D, S, true>
+                     : decode::paged_decode_bulk_kernel<T, D, S, false>,
+            decode::BulkSmem<D, S>::kBytes};
+  return {balanced ? decode::paged_decode_kernel<T, D, S, true> : decode::paged_decode_kernel<T, D, S, false>,
+          decode::Smem<D, S>::kBytes};
 }
 
-template <class T, int D, int S>
-cudaError_t blocks_per_sm_t(int* blocks) {
-  return cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks, decode::paged_decode_kernel<T, D, S>,
-                                                       decode::kThreads, decode::Smem<D, S>::kBytes);
-}
-
-template <class T, int D, int S>
-cudaError_t launch_t(const decode::DecodeParams& p, int64_t max_units, int heads_kv,
-                     int row_tiles, bool combine, int64_t max_batch, cudaStream_t stream) {
-  const dim3 grid{unsigned(max_units), unsigned(heads_kv), unsigned(row_tiles)};
-  decode::paged_decode_kernel<T, D, S>
-      <<<grid, decode::kThreads, decode::Smem<D, S>::kBytes, stream>>>(p);
-  cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess || !combine) return e;
-  const unsigned tokens = unsigned(p.max_q < decode::kCombineTokens ? p.max_q : decode::kCombineTokens);
-  const dim3 cgrid{unsigned(max_batch), unsigned(p.heads_q), tokens};
-  decode::decode_combine_kernel<T, D><<<cgrid, decode::kCombineThreads, 0, stream>>>(p);
-  return cudaGetLastError();
-}
-
-// Calls f.run<T, D, S>() for the runtime choice of dtype, head dim and
-// pipeline stages.
-template <class F>
-cudaError_t dispatch(bool bf16, int head_dim, int stages, const F& f) {
+// kernel_of for the runtime choice of dtype, head dim and pipeline stages.
+KernelChoice choose(bool bf16, int head_dim, int stages, DecodeKernel variant, bool balanced) {
   if (stages == 3) {
     if (head_dim == 64)
-      return bf16 ? f.template run<__nv_bfloat16, 64, 3>() : f.template run<__half, 64, 3>();
-    return bf16 ? f.template run<__nv_bfloat16, 128, 3>() : f.template run<__half, 128, 3>();
+      return bf16 ? kernel_of<__nv_bfloat16, 64, 3>(variant, balanced)
+                  : kernel_of<__half, 64, 3>(variant, balanced);
+    return bf16 ? kernel_of<__nv_bfloat16, 128, 3>(variant, balanced)
+                : kernel_of<__half, 128, 3>(variant, balanced);
   }
   if (head_dim == 64)
-    return bf16 ? f.template run<__nv_bfloat16, 64, 2>() : f.template run<__half, 64, 2>();
-  return bf16 ? f.template run<__nv_bfloat16, 128, 2>() : f.template run<__half, 128, 2>();
+    return bf16 ? kernel_of<__nv_bfloat16, 64, 2>(variant, balanced)
+                : kernel_of<__half, 64, 2>(variant, balanced);
+  return bf16 ? kernel_of<__nv_bfloat16, 128, 2>(variant, balanced)
+              : kernel_of<__half, 128, 2>(variant, balanced);
 }
 
-struct AllowSmem {
-  template <class T, int D, int S>
-  cudaError_t run() const { return allow_smem_t<T, D, S>(); }
-};
-struct BlocksPerSm {
-  int* blocks;
-  template <class T, int D, int S>
-  cudaError_t run() const { return blocks_per_sm_t<T, D, S>(blocks); }
-};
-struct Launch {
-  const decode::DecodeParams& p;
-  int64_t max_units;
-  int heads_kv, row_tiles;
-  bool combine;
-  int64_t max_batch;
-  cudaStream_t stream;
-  template <class T, int D, int S>
-  cudaError_t run() const {
-    return launch_t<T, D, S>(p, max_units, heads_kv, row_tiles, combine, max_batch, stream);
-  }
-};
+// The combine kernel of (dtype, head dim).
+DecodeKernelFn combine_of(bool bf16, int head_dim) {
+  if (head_dim == 64)
+    return bf16 ? decode::decode_combine_kernel<__nv_bfloat16, 64> : decode::decode_combine_kernel<__half, 64>;
+  return bf16 ? decode::decode_combine_kernel<__nv_bfloat16, 128> : decode::decode_combine_kernel<__half, 128>;
+}
 
 }  // namespace
 
-cudaError_t decode_kernels_available() {
+cudaError_t decode_kernels_available(DecodeKernel variant, int* virtual_arch) {
   cudaFuncAttributes attr;
-  return cudaFuncGetAttributes(
-      &attr, reinterpret_cast<const void*>(&decode::paged_decode_kernel<__half, 64, 2>));
+  const cudaError_t e = cudaFuncGetAttributes(
+      &attr, reinterpret_cast<const void*>(kernel_of<__half, 64, 2>(variant, false).fn));
+  if (e == cudaSuccess && virtual_arch != nullptr) *virtual_arch = attr.ptxVersion;
+  return e;
 }
 
-cudaError_t decode_kernels_allow_smem(bool bf16, int head_dim, int stages) {
-  return dispatch(bf16, head_dim, stages, AllowSmem{});
+cudaError_t decode_kernels_allow_smem(bool bf16, int head_dim, int stages, DecodeKernel variant,
+                                      bool balanced) {
+  const KernelChoice k = choose(bf16, head_dim, stages, variant, balanced);
+  return cudaFuncSetAttribute(reinterpret_cast<const void*>(k.fn),
+                              cudaFuncAttributeMaxDynamicSharedMemorySize, k.smem_bytes);
 }
 
-cudaError_t decode_kernels_blocks_per_sm(bool bf16, int head_dim, int stages, int* blocks) {
-  return dispatch(bf16, head_dim, stages, BlocksPerSm{blocks});
+cudaError_t decode_kernels_blocks_per_sm(bool bf16, int head_dim, int stages, DecodeKernel variant,
+                                         bool balanced, int* blocks) {
+  const KernelChoice k = choose(bf16, head_dim, stages, variant, balanced);
+  return cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks, reinterpret_cast<const void*>(k.fn),
+                                                       decode::kThreads, k.smem_bytes);
 }
 
 cudaError_t decode_kernels_launch(const decode::DecodeParams& p, bool bf16, int head_dim,
-                                  int stages, int64_t max_units, int heads_kv, int row_tiles,
-                                  bool combine, int64_t max_batch, cudaStream_t stream) {
-  return dispatch(bf16, head_dim, stages,
-                  Launch{p, max_units, heads_kv, row_tiles, combine, max_batch, stream});
+                                  int stages, DecodeKernel variant, bool balanced, int64_t blocks,
+                                  int heads_kv, int row_tiles, bool combine, bool pdl,
+                                  int64_t max_batch, cudaStream_t stream) {
+  const KernelChoice k = choose(bf16, head_dim, stages, variant, balanced);
+  const dim3 grid{unsigned(blocks), unsigned(heads_kv), unsigned(row_tiles)};
+  k.fn<<<grid, decode::kThreads, k.smem_bytes, stream>>>(p);
+  cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess || !combine) return e;
+  const unsigned tokens = unsigned(p.max_q < decode::kCombineTokens ? p.max_q : decode::kCombineTokens);
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3{unsigned(max_batch), unsigned(p.heads_q), tokens};
+  cfg.blockDim = dim3{unsigned(decode::kCombineThreads), 1, 1};
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  if (pdl) {
+    // The combine kernel's launch overlaps the decode kernel's last blocks
+    // (it waits in griddepcontrol.wait for their partial states).
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+  }
+  return cudaLaunchKernelEx(&cfg, combine_of(bf16, head_dim), p);
 }
 
 cudaError_t kv_append_launch(const decode::AppendParams& p, bool wide, cudaStream_t stream) {

@@ -10,20 +10,32 @@
 
 namespace attn::cuda {
 
-// cudaSuccess when this build has decode code for the current device.
-cudaError_t decode_kernels_available();
+// The decode kernel's variants: cp.async 16-byte copies from every thread
+// (sm_80+), or bulk copies completing on mbarriers (sm_90+ code only).
+enum class DecodeKernel { kSm80CpAsync = 0, kSm90Bulk = 1 };
+
+// cudaSuccess when this build has code of `variant` for the current
+// device; *virtual_arch (when not null) then receives the virtual
+// architecture that code was compiled for (major * 10 + minor, as
+// cudaFuncAttributes::ptxVersion: 80 for sm_80 code, also when the driver
+// compiled its PTX for a newer device), which decides __CUDA_ARCH__.
+cudaError_t decode_kernels_available(DecodeKernel variant, int* virtual_arch);
 // Raises the dynamic shared-memory limit of the decode kernel for (dtype,
-// head_dim, pipeline stages) on the current device (at plan creation:
+// head_dim, pipeline stages, variant, balanced split: its kernel runs
+// several units per block) on the current device (at plan creation:
 // execute may run under graph capture).
-cudaError_t decode_kernels_allow_smem(bool bf16, int head_dim, int stages);
+cudaError_t decode_kernels_allow_smem(bool bf16, int head_dim, int stages, DecodeKernel variant,
+                                      bool balanced);
 // Decode blocks of that kernel that fit on one SM.
-cudaError_t decode_kernels_blocks_per_sm(bool bf16, int head_dim, int stages, int* blocks);
-// Enqueues the decode kernel, grid (max_units, heads_kv, row_tiles), and
-// when `combine` the combine kernel, grid (max_batch, heads_q, up to 8
-// query tokens).
+cudaError_t decode_kernels_blocks_per_sm(bool bf16, int head_dim, int stages, DecodeKernel variant,
+                                         bool balanced, int* blocks);
+// Enqueues the decode kernel, grid (blocks, heads_kv, row_tiles), and when
+// `combine` the combine kernel, grid (max_batch, heads_q, up to 8 query
+// tokens), with programmatic dependent launch when `pdl` (sm_90+).
 cudaError_t decode_kernels_launch(const decode::DecodeParams& p, bool bf16, int head_dim,
-                                  int stages, int64_t max_units, int heads_kv, int row_tiles,
-                                  bool combine, int64_t max_batch, cudaStream_t stream);
+                                  int stages, DecodeKernel variant, bool balanced, int64_t blocks,
+                                  int heads_kv, int row_tiles, bool combine, bool pdl,
+                                  int64_t max_batch, cudaStream_t stream);
 // Enqueues the append kernel over p.num_runs runs; `wide`: 16-byte copies.
 cudaError_t kv_append_launch(const decode::AppendParams& p, bool wide, cudaStream_t stream);
 

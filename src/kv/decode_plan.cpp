@@ -84,12 +84,19 @@ DecodeConfig validate_decode_config(const attn_decode_config_t* config, const Ca
 DecodePlan::DecodePlan(const ContextConfig& ctx, const CacheConfig& cache, const DecodeConfig& cfg)
     : ctx_(ctx), cache_(cache), cfg_(cfg), id_(next_generation()) {
   on_device_ = ctx.backend != ATTN_BACKEND_CPU;
+  bool device_balanced_requested = false;
 #if ATTN_HAVE_CUDA
   if (on_device_) {
     device_stages_ = cuda::decode_pipeline_stages();
-    cuda::decode_check_supported(ctx.device, cache_, cfg_.heads_q, cfg_.max_query_tokens,
-                                 device_stages_);
-    device_wave_ = cuda::decode_resident_blocks(ctx.device, cache_, device_stages_);
+    const int32_t requested = cuda::decode_kernel_requested();
+    // The balanced split only replaces the automatic one.
+    device_balanced_requested = cuda::decode_split_balanced() && cfg_.kv_chunk_tokens == 0;
+    device_kernel_ = cuda::decode_check_supported(ctx.device, cache_, cfg_.heads_q,
+                                                  cfg_.max_query_tokens, device_stages_, requested,
+                                                  device_balanced_requested);
+    device_wave_ = cuda::decode_resident_blocks(ctx.device, cache_, device_stages_, device_kernel_,
+                                                device_balanced_requested);
+    device_pdl_ = cuda::decode_use_pdl(ctx.device);
   }
 #else
   if (on_device_) not_supported("ctx: this build of libattn has no CUDA backend");
@@ -104,6 +111,14 @@ DecodePlan::DecodePlan(const ContextConfig& ctx, const CacheConfig& cache, const
   if (cfg_.kv_chunk_tokens > 0) {
     max_units_ = cfg_.max_batch * units_per_seq_forced;
     max_partials_ = units_per_seq_forced > 1 ? max_units_ : 0;
+  } else if (cfg_.kv_chunk_tokens == 0 && on_device_ && device_balanced_requested) {
+    // Balanced: a wave of B = W / (heads_kv * row tiles) blocks per (KV
+    // head, row tile), whose runs of pages cut at most B - 1 sequences, so
+    // at most batch + B - 1 units.
+    const int64_t row_tiles = ceil_div(cfg_.max_query_tokens * group(), 16);
+    device_blocks_ = std::max<int64_t>(1, device_wave_ / (cache_.heads_kv * row_tiles));
+    max_units_ = cfg_.max_batch + device_blocks_;
+    max_partials_ = max_units_;
   } else if (cfg_.kv_chunk_tokens == 0 && on_device_) {
     // Auto cuts each sequence into at most c chunks, c <= 2 W / (batch *
     // heads_kv * row tiles) (W: the wave), so that a split batch has at
@@ -135,7 +150,8 @@ DecodePlan::DecodePlan(const ContextConfig& ctx, const CacheConfig& cache, const
         double(max_partials_) * q_rows * (dv + 1.0) * 4.0 +
         double(cfg_.max_batch) * (double(sizeof(SeqMeta)) +
                                   double(max_entries_per_seq_) * double(sizeof(PageEntry))) +
-        double(max_units_) * double(sizeof(WorkUnit)) + 16.0 * double(kWorkspaceAlign);
+        double(max_units_) * double(sizeof(WorkUnit)) +
+        double(device_grid_blocks() + 1) * 4.0 + 16.0 * double(kWorkspaceAlign);
     if (!(bytes <= double(int64_t(1) << 62)))
       invalid_argument("config: a workspace of ", bytes, " bytes for max_batch ", cfg_.max_batch,
                        ", max_query_tokens ", cfg_.max_query_tokens, ", heads_q ", cfg_.heads_q,
@@ -167,6 +183,7 @@ DecodePlan::DecodePlan(const ContextConfig& ctx, const CacheConfig& cache, const
   off_seqs_ = w.add(size_t(cfg_.max_batch) * sizeof(SeqMeta));
   off_entries_ = w.add(size_t(cfg_.max_batch * max_entries_per_seq_) * sizeof(PageEntry));
   off_units_ = w.add(size_t(max_units_) * sizeof(WorkUnit));
+  off_block_units_ = w.add(device_balanced() ? size_t(device_grid_blocks() + 1) * sizeof(int32_t) : 0);
   off_partial_o_ = w.add(size_t(max_partials_) * q_rows * dv * sizeof(float));
   off_partial_lse_ = w.add(size_t(max_partials_) * q_rows * sizeof(float));
   off_scratch_ = w.add(on_device_ ? 0 : size_t(threads_) * scratch_.floats * sizeof(float));
@@ -188,6 +205,7 @@ DecodeWorkspace DecodePlan::carve(void* workspace) const {
   ws.seqs = reinterpret_cast<SeqMeta*>(base + off_seqs_);
   ws.entries = reinterpret_cast<PageEntry*>(base + off_entries_);
   ws.units = reinterpret_cast<WorkUnit*>(base + off_units_);
+  ws.block_units = device_balanced() ? reinterpret_cast<int32_t*>(base + off_block_units_) : nullptr;
   ws.partial_o = reinterpret_cast<float*>(base + off_partial_o_);
   ws.partial_lse = reinterpret_cast<float*>(base + off_partial_lse_);
   ws.scratch = reinterpret_cast<float*>(base + off_scratch_);
@@ -297,19 +315,40 @@ void DecodePlan::prepare(const KvCache& cache, int32_t num_seqs, const int64_t* 
   // The partial-state slots of a split sequence's chunks are consecutive
   // (the CUDA combine finds them from the first one's).
   std::vector<WorkUnit> units;
+  std::vector<int32_t> block_units;  // balanced split only
+  if (device_balanced() && chunk_pages > 0) {
+    // Where the waves' policy would split, the balanced one cuts instead.
+    balanced_units(num_seqs, entry_begin, units, block_units, chunk_pages);
+  } else {
+    for (int32_t i = 0; i < num_seqs; ++i) {
+      const int64_t b = entry_begin[size_t(i)], e = entry_begin[size_t(i) + 1];
+      const int64_t chunks = chunk_pages > 0 ? std::max<int64_t>(1, ceil_div(e - b, chunk_pages)) : 1;
+      for (int64_t c = 0; c < chunks; ++c) {
+        const int64_t cb = chunks == 1 ? b : b + c * chunk_pages;
+        const int64_t ce = chunks == 1 ? e : std::min(e, cb + chunk_pages);
+        units.push_back(WorkUnit{i, cb, ce, -1});
+      }
+    }
+    if (device_balanced()) {  // one unit per block, as many blocks as units
+      block_units.resize(size_t(device_grid_blocks()) + 1);
+      for (size_t b = 0; b < block_units.size(); ++b)
+        block_units[b] = int32_t(std::min(b, units.size()));
+    }
+  }
   int64_t partials = 0, split_seqs = 0, max_chunks = 1;
-  for (int32_t i = 0; i < num_seqs; ++i) {
-    const int64_t b = entry_begin[size_t(i)], e = entry_begin[size_t(i) + 1];
-    const int64_t chunks = chunk_pages > 0 ? std::max<int64_t>(1, ceil_div(e - b, chunk_pages)) : 1;
-    seqs[size_t(i)].first_unit = int64_t(units.size());
+  for (size_t k = 0; k < units.size();) {
+    const int64_t i = units[k].seq;
+    size_t end = k;
+    while (end < units.size() && units[end].seq == i) ++end;
+    const int64_t chunks = int64_t(end - k);
+    seqs[size_t(i)].first_unit = int64_t(k);
     seqs[size_t(i)].num_units = chunks;
     max_chunks = std::max(max_chunks, chunks);
-    if (chunks > 1) ++split_seqs;
-    for (int64_t c = 0; c < chunks; ++c) {
-      const int64_t cb = chunks == 1 ? b : b + c * chunk_pages;
-      const int64_t ce = chunks == 1 ? e : std::min(e, cb + chunk_pages);
-      units.push_back(WorkUnit{i, cb, ce, chunks > 1 ? partials++ : -1});
+    if (chunks > 1) {
+      ++split_seqs;
+      for (size_t c = k; c < end; ++c) units[c].partial = partials++;
     }
+    k = end;
   }
   if (int64_t(units.size()) > max_units_ || partials > max_partials_ ||
       int64_t(entries.size()) > cfg_.max_batch * max_entries_per_seq_)
@@ -334,6 +373,8 @@ void DecodePlan::prepare(const KvCache& cache, int32_t num_seqs, const int64_t* 
   std::memcpy(ws.seqs, seqs.data(), seqs.size() * sizeof(SeqMeta));
   if (!entries.empty()) std::memcpy(ws.entries, entries.data(), entries.size() * sizeof(PageEntry));
   std::memcpy(ws.units, units.data(), units.size() * sizeof(WorkUnit));
+  if (!block_units.empty())
+    std::memcpy(ws.block_units, block_units.data(), block_units.size() * sizeof(int32_t));
   PreparedHeader h;
   h.magic = kPreparedMagic;
   h.plan_id = id_;
@@ -350,7 +391,8 @@ void DecodePlan::prepare(const KvCache& cache, int32_t num_seqs, const int64_t* 
         {off_header_, sizeof h},
         {off_seqs_, seqs.size() * sizeof(SeqMeta)},
         {off_entries_, entries.size() * sizeof(PageEntry)},
-        {off_units_, units.size() * sizeof(WorkUnit)}};
+        {off_units_, units.size() * sizeof(WorkUnit)},
+        {off_block_units_, block_units.size() * sizeof(int32_t)}};
     char* base = workspace_base(workspace);
     prepared_.erase(uintptr_t(base));  // stale until the upload is enqueued
     staging->upload(base, pieces, stream);
@@ -409,6 +451,41 @@ int64_t DecodePlan::device_chunk_pages(int32_t num_seqs, const int32_t* query_le
   return best_pages;
 }
 
+// The balanced split. The batch's page lists, back to back, are cut into
+// runs of R = ceil(P / B) pages (P pages in all, B = device_blocks_ blocks
+// per KV head and row tile; R at least kMinAutoChunkTokens), block b taking
+// run b: every block streams about the same pages, whatever the lengths,
+// where whole chunks per block leave the second wave part empty (at 32 x
+// 8K on an H200 768 tasks fill 1.94 waves of 396). A run that crosses a
+// sequence's end becomes two units (pieces), so a block may run several,
+// one after the other; a sequence cut into pieces has them merged by the
+// combine kernel. run_pages receives R.
+void DecodePlan::balanced_units(int32_t num_seqs, const std::vector<int64_t>& entry_begin,
+                                std::vector<WorkUnit>& units, std::vector<int32_t>& block_units,
+                                int64_t& run_pages) const {
+  const int64_t total = entry_begin[size_t(num_seqs)];
+  const int64_t run = std::max(ceil_div(total, device_blocks_),
+                               ceil_div(kMinAutoChunkTokens, cache_.page_size));
+  units.clear();
+  for (int32_t i = 0; i < num_seqs; ++i) {
+    const int64_t e = entry_begin[size_t(i) + 1];
+    for (int64_t c = entry_begin[size_t(i)]; c < e;) {
+      const int64_t end = std::min(e, (c / run + 1) * run);
+      units.push_back(WorkUnit{i, c, end, -1});
+      c = end;
+    }
+  }
+  // Units are in page order, so block b's are those whose first page lies
+  // in run b.
+  block_units.assign(size_t(device_grid_blocks()) + 1, int32_t(units.size()));
+  size_t u = 0;
+  for (size_t b = 0; b < block_units.size(); ++b) {
+    while (u < units.size() && units[u].entry_begin < int64_t(b) * run) ++u;
+    block_units[b] = int32_t(u);
+  }
+  run_pages = run;
+}
+
 void DecodePlan::execute(const KvCache& cache, const void* q, void* o, float* lse,
                          void* workspace, size_t workspace_bytes, void* stream) const {
   check_cache(cache);
@@ -450,8 +527,8 @@ void DecodePlan::execute_device(const KvCache& cache, const void* q, void* o, fl
     invalid_argument("workspace: prepared before the cache last changed (append, add, fork or ",
                      "release); call attn_decode_prepare again");
 #if ATTN_HAVE_CUDA
-  cuda::decode_launch(*this, cache, carve(workspace), max_units_, q, o, lse, max_partials_ > 0,
-                      stream);
+  cuda::decode_launch(*this, cache, carve(workspace), device_grid_blocks(), q, o, lse,
+                      max_partials_ > 0, stream);
 #else
   (void)q, (void)o, (void)lse, (void)stream;
 #endif
@@ -470,11 +547,18 @@ void DecodePlan::describe(attn_decode_plan_info_t& info) const {
   info.kv_chunk_tokens = cfg_.kv_chunk_tokens;
   info.num_threads = threads_;
   info.workspace_bytes = total_bytes_;
-  std::snprintf(info.algorithm, sizeof info.algorithm, "%s",
-                max_partials_ > 0 ? "paged-decode-gqa-packed-split-kv" : "paged-decode-gqa-packed");
-  std::snprintf(info.kernel, sizeof info.kernel, "%s",
-                !on_device_ ? "cpu-scalar"
-                : device_stages_ == 3 ? "cuda-sm80-mma-paged-s3" : "cuda-sm80-mma-paged");
+  std::snprintf(info.algorithm, sizeof info.algorithm, "%s%s",
+                max_partials_ > 0 ? "paged-decode-gqa-packed-split-kv" : "paged-decode-gqa-packed",
+                device_balanced() ? "-balanced" : "");
+  // CUDA: the variant, then "-s3" for the three-stage pipeline and "-pdl"
+  // for the combine's programmatic dependent launch.
+  const char* kernel = "cpu-scalar";
+#if ATTN_HAVE_CUDA
+  if (on_device_)
+    kernel = device_kernel_ == cuda::kDecodeKernelSm90Bulk ? "cuda-sm90-bulk-paged" : "cuda-sm80-mma-paged";
+#endif
+  std::snprintf(info.kernel, sizeof info.kernel, "%s%s%s", kernel,
+                on_device_ && device_stages_ == 3 ? "-s3" : "", device_pdl_ ? "-pdl" : "");
   if (cfg_.kv_chunk_tokens == 0 && (on_device_ || threads_ > 1)) {
     info.split_target_tasks = on_device_ ? device_wave_ : threads_;
     info.split_min_chunk_tokens = kMinAutoChunkTokens;

@@ -10,6 +10,7 @@
 
 #include <attn/attn.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -73,6 +74,9 @@ struct DecodeWorkspace {
   SeqMeta* seqs;
   PageEntry* entries;
   WorkUnit* units;
+  // CUDA, balanced split: block b of the decode grid runs units
+  // [block_units[b], block_units[b + 1]) ([device_blocks + 1]; null else).
+  int32_t* block_units;
   float* partial_o;    // [slot][max_query_tokens][heads_q][head_dim_v]
   float* partial_lse;  // [slot][max_query_tokens][heads_q]
   float* scratch;      // [threads][scratch_floats]
@@ -103,8 +107,23 @@ class DecodePlan {
   // (batch, query tokens, split) may exceed its own workspace layout.
   uint64_t id() const { return id_; }
   int32_t device() const { return ctx_.device; }
-  // CUDA: stages of the decode kernel's pipeline.
+  // CUDA: stages of the decode kernel's pipeline, and its variant
+  // (cuda::kDecodeKernelSm80 or kDecodeKernelSm90Bulk).
   int32_t device_stages() const { return device_stages_; }
+  int32_t device_kernel() const { return device_kernel_; }
+  // CUDA: whether the automatic split balances the pages over a fixed grid
+  // of device_blocks() blocks per (KV head, row tile), each running a run
+  // of units (ATTN_CUDA_DECODE_SPLIT=balanced), rather than one unit per
+  // block in whole waves.
+  bool device_balanced() const { return device_blocks_ > 0; }
+  int64_t device_blocks() const { return device_blocks_; }
+  // CUDA: the combine kernel launched with programmatic dependent launch
+  // (ATTN_CUDA_DECODE_PDL=1 on sm_90+).
+  bool device_pdl() const { return device_pdl_; }
+  // The decode grid's x dimension (blocks past the prepared work return).
+  int64_t device_grid_blocks() const {
+    return device_blocks_ > 0 ? std::max(device_blocks_, cfg_.max_batch) : max_units_;
+  }
 
   // Per-thread scratch regions (offsets in floats, each 16-float aligned).
   struct Scratch {
@@ -119,6 +138,13 @@ class DecodePlan {
   // whose sequence i reads entries [entry_begin[i], entry_begin[i + 1]).
   int64_t device_chunk_pages(int32_t num_seqs, const int32_t* query_lens,
                              const std::vector<int64_t>& entry_begin) const;
+  // The balanced split: cuts the batch's page lists, back to back, into
+  // device_blocks_ runs of equal length; the pieces of sequences become
+  // the units (in order) and block b's run of units ends at
+  // block_units[b + 1].
+  void balanced_units(int32_t num_seqs, const std::vector<int64_t>& entry_begin,
+                      std::vector<WorkUnit>& units, std::vector<int32_t>& block_units,
+                      int64_t& run_pages) const;
   void execute_device(const KvCache& cache, const void* q, void* o, float* lse, void* workspace,
                       void* stream) const;
 
@@ -130,7 +156,7 @@ class DecodePlan {
   int64_t max_entries_per_seq_ = 0;
   int64_t max_units_ = 0, max_partials_ = 0;
   Scratch scratch_;
-  size_t off_header_ = 0, off_seqs_ = 0, off_entries_ = 0, off_units_ = 0;
+  size_t off_header_ = 0, off_seqs_ = 0, off_entries_ = 0, off_units_ = 0, off_block_units_ = 0;
   size_t off_partial_o_ = 0, off_partial_lse_ = 0, off_scratch_ = 0;
   size_t total_bytes_ = 0;
 
@@ -142,6 +168,9 @@ class DecodePlan {
   bool on_device_ = false;
   int64_t device_wave_ = 0;
   int32_t device_stages_ = 2;
+  int32_t device_kernel_ = 0;
+  bool device_pdl_ = false;
+  int64_t device_blocks_ = 0;  // balanced split: blocks per (KV head, row tile); 0: waves
   std::shared_ptr<void> staging_;
   struct Prepared {
     uintptr_t cache_id;

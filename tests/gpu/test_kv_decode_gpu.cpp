@@ -4,8 +4,10 @@
 // position n - q_len + t), materialises the scores of the keys it sees
 // (causal by position, the cache's window and sinks) in double.
 //
-// Cases: many sequences of different lengths, GQA 1/4/8, page sizes 16 and
-// 13, both page layouts, q_len 1 and 4 (4 x 8 packed rows: two row tiles),
+// Cases: many sequences of different lengths, GQA 1/4/8, page sizes 1, 13,
+// 16, 24 and 40 (1 in both layouts; 24 and 40 multiples of 8 that tiles
+// of 64 slots start inside; NHD with one KV head: slots contiguous in the
+// pool), both page layouts, q_len 1 and 4 (4 x 8 packed rows: two row tiles),
 // window + sinks with eviction, softcap, split-KV forced on, forced off and
 // automatic, bf16 and fp16, head dims 64 and 128; long single sequences cut
 // into many chunks (up to ~1500, so that the combine's threads each take
@@ -18,7 +20,14 @@
 // decode afterwards), a CUDA graph of execute replayed (bit-identical, and
 // replayed again after the next prepare), stale and unprepared workspaces
 // refused without writing O, NOT_SUPPORTED for what the kernel lacks, and
-// ATTN_CUDA_DECODE_STAGES refused unless 2 or 3.
+// ATTN_CUDA_DECODE_STAGES refused unless 2 or 3, ATTN_CUDA_DECODE_KERNEL
+// refused unless auto, sm80 or sm90-bulk, ATTN_CUDA_DECODE_SPLIT unless
+// auto, waves or balanced, ATTN_CUDA_DECODE_PDL unless 0 or 1. The page memory is the test's,
+// every byte 0xff (NaN) before the first append, so that slots holding no
+// token must not weigh in. Under ATTN_CUDA_DECODE_KERNEL=sm80 or sm90-bulk
+// every plan must name that kernel in describe() (sm90-bulk on sm_90+
+// devices; the sm_80 one before); under ATTN_CUDA_DECODE_SPLIT=balanced
+// the automatic split's plans must name the balanced split.
 //
 // Tolerance (FlashAttention's rule, as the other GPU tests): max |O -
 // O_fp64| <= 2 max |O_plain - O_fp64| + atol, O_plain with scores in fp32, P
@@ -47,6 +56,12 @@ uint64_t g_seed = 0;
 int g_failures = 0;
 bool g_quick = false;
 const char* g_filter = nullptr;
+// The decode kernel every plan must name in describe(), when
+// ATTN_CUDA_DECODE_KERNEL forces one the device can run (else null).
+const char* g_expect_kernel = nullptr;
+// ATTN_CUDA_DECODE_SPLIT=balanced: plans of the automatic split must say
+// so in describe()'s algorithm.
+bool g_expect_balanced = false;
 
 bool selected(const std::string& name) {
   return g_filter == nullptr || name.find(g_filter) != std::string::npos;
@@ -56,6 +71,11 @@ struct CacheShape {
   attn_dtype_t dtype = ATTN_DTYPE_BF16;
   attn_kv_layout_t layout = ATTN_KV_LAYOUT_HND;
   int64_t page_size = 16, num_pages = 256, hkv = 2, d = 128, window = 0, sinks = 0;
+  // The page memory: the caller's, every byte 0xff (NaN in fp16 and bf16)
+  // before the first append, so that a kernel reading a slot that holds no
+  // token (the unfilled end of a last page) or letting it weigh in shows;
+  // else the library's.
+  bool poisoned_memory = true;
 };
 
 attn_kv_cache_config_t cache_config(const CacheShape& c) {
@@ -81,19 +101,28 @@ struct Harness {
   attn_context_t ctx = nullptr;
   attn_kv_cache_t cache = nullptr;
   cudaStream_t stream = nullptr;
+  void* memory = nullptr;  // the caller's page memory (poisoned_memory)
   std::map<int64_t, std::vector<float>> k_host, v_host;  // id -> [pos][hkv][d]
   std::mt19937_64 rng;
 
   Harness(const CacheShape& s, uint64_t salt) : shape(s), rng(g_seed ^ salt) {
     ATTN_CHECK(attn_context_create(ATTN_BACKEND_CUDA, 0, 0, &ctx));
     const attn_kv_cache_config_t cfg = cache_config(s);
-    ATTN_CHECK(attn_kv_cache_create(ctx, &cfg, nullptr, 0, &cache));
+    size_t bytes = 0;
+    if (s.poisoned_memory) {
+      ATTN_CHECK(attn_kv_cache_memory_size(&cfg, &bytes));
+      GPU_CHECK(cudaMalloc(&memory, bytes));
+      GPU_CHECK(cudaMemset(memory, 0xff, bytes));
+      GPU_CHECK(cudaDeviceSynchronize());
+    }
+    ATTN_CHECK(attn_kv_cache_create(ctx, &cfg, memory, bytes, &cache));
     GPU_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   }
   ~Harness() {
     attn_kv_cache_destroy(cache);
     attn_context_destroy(ctx);
     cudaStreamDestroy(stream);
+    cudaFree(memory);
   }
 
   void add(int64_t id) {
@@ -346,6 +375,24 @@ void decode_and_check(Harness& h, const std::vector<int64_t>& ids,
   for (int64_t chunk : chunks) {
     o.chunk = chunk;
     attn_decode_plan_t plan = make_plan(h, o, int64_t(ids.size()));
+    {
+      attn_decode_plan_info_t pi;
+      std::memset(&pi, 0, sizeof pi);
+      pi.struct_size = sizeof pi;
+      ATTN_CHECK(attn_decode_plan_describe(plan, &pi));
+      if (g_expect_kernel != nullptr &&
+          std::strncmp(pi.kernel, g_expect_kernel, std::strlen(g_expect_kernel)) != 0) {
+        std::printf("  FAIL: %s: the plan runs %s, not %s\n", name.c_str(), pi.kernel,
+                    g_expect_kernel);
+        ++g_failures;
+      }
+      const bool balanced = std::strstr(pi.algorithm, "-balanced") != nullptr;
+      if (balanced != (g_expect_balanced && chunk == 0)) {
+        std::printf("  FAIL: %s chunk=%" PRId64 ": algorithm %s\n", name.c_str(), chunk,
+                    pi.algorithm);
+        ++g_failures;
+      }
+    }
     Step s;
     s.ids = ids;
     s.qlens = qlens;
@@ -444,6 +491,7 @@ void capacity_case() {
   cs.num_pages = 10;
   cs.hkv = 2;
   cs.dtype = ATTN_DTYPE_FP16;
+  cs.poisoned_memory = false;  // the library's page memory
   Harness h(cs, 12);
   DecodeOpts o;
   o.hq = 4;
@@ -626,6 +674,120 @@ void stages_env_case() {
   attn_context_destroy(ctx);
 }
 
+// ATTN_CUDA_DECODE_KERNEL: a value other than auto, sm80 or sm90-bulk is
+// refused at plan creation (message naming it, *plan unchanged); sm80 and
+// (on an sm_90+ device) sm90-bulk are named by describe(). The same for
+// ATTN_CUDA_DECODE_SPLIT (auto, waves, balanced) and ATTN_CUDA_DECODE_PDL
+// (0, 1). The variables are restored after.
+void kernel_env_case() {
+  if (!selected("kernel env")) return;
+  const char* prev = std::getenv("ATTN_CUDA_DECODE_KERNEL");
+  const std::string saved = prev != nullptr ? prev : "";
+  CacheShape cs;
+  attn_context_t ctx = nullptr;
+  ATTN_CHECK(attn_context_create(ATTN_BACKEND_CUDA, 0, 0, &ctx));
+  const attn_kv_cache_config_t cfg = cache_config(cs);
+  attn_kv_cache_t cache = nullptr;
+  ATTN_CHECK(attn_kv_cache_create(ctx, &cfg, nullptr, 0, &cache));
+  attn_decode_config_t c;
+  std::memset(&c, 0, sizeof c);
+  c.struct_size = sizeof c;
+  c.heads_q = 4;
+  c.max_batch = 2;
+  c.max_query_tokens = 1;
+  setenv("ATTN_CUDA_DECODE_KERNEL", "sm91", 1);
+  attn_decode_plan_t plan = reinterpret_cast<attn_decode_plan_t>(&c);  // must stay as is
+  const attn_status_t st = attn_decode_plan_create(ctx, cache, &c, &plan);
+  const std::string msg = attn_last_error_message();
+  bool ok = st == ATTN_STATUS_INVALID_ARGUMENT &&
+            msg.find("ATTN_CUDA_DECODE_KERNEL") != std::string::npos &&
+            plan == reinterpret_cast<attn_decode_plan_t>(&c);
+  int major = 0;
+  GPU_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
+  std::string names;
+  const struct {
+    const char* env;
+    const char* kernel;
+  } want[] = {{"sm80", "cuda-sm80-mma-paged"},
+              {"sm90-bulk", major >= 9 ? "cuda-sm90-bulk-paged" : "cuda-sm80-mma-paged"}};
+  for (const auto& w : want) {
+    setenv("ATTN_CUDA_DECODE_KERNEL", w.env, 1);
+    attn_decode_plan_t p = nullptr;
+    ATTN_CHECK(attn_decode_plan_create(ctx, cache, &c, &p));
+    attn_decode_plan_info_t pi;
+    std::memset(&pi, 0, sizeof pi);
+    pi.struct_size = sizeof pi;
+    ATTN_CHECK(attn_decode_plan_describe(p, &pi));
+    ok = ok && std::strncmp(pi.kernel, w.kernel, std::strlen(w.kernel)) == 0;
+    names += std::string(w.env) + ": " + pi.kernel + "; ";
+    attn_decode_plan_destroy(p);
+  }
+  if (prev != nullptr) setenv("ATTN_CUDA_DECODE_KERNEL", saved.c_str(), 1);
+  else unsetenv("ATTN_CUDA_DECODE_KERNEL");
+  // ATTN_CUDA_DECODE_SPLIT: the same for auto, waves and balanced (named
+  // by the algorithm of an automatic split, not of a fixed one).
+  const char* prev_split = std::getenv("ATTN_CUDA_DECODE_SPLIT");
+  const std::string saved_split = prev_split != nullptr ? prev_split : "";
+  setenv("ATTN_CUDA_DECODE_SPLIT", "even", 1);
+  plan = reinterpret_cast<attn_decode_plan_t>(&c);
+  const attn_status_t st2 = attn_decode_plan_create(ctx, cache, &c, &plan);
+  const std::string msg2 = attn_last_error_message();
+  ok = ok && st2 == ATTN_STATUS_INVALID_ARGUMENT &&
+       msg2.find("ATTN_CUDA_DECODE_SPLIT") != std::string::npos &&
+       plan == reinterpret_cast<attn_decode_plan_t>(&c);
+  const struct {
+    const char* env;
+    int64_t chunk;
+    bool balanced;
+  } splits[] = {{"waves", 0, false}, {"balanced", 0, true}, {"balanced", 64, false}};
+  for (const auto& w : splits) {
+    setenv("ATTN_CUDA_DECODE_SPLIT", w.env, 1);
+    attn_decode_config_t cc = c;
+    cc.kv_chunk_tokens = w.chunk;
+    attn_decode_plan_t p = nullptr;
+    ATTN_CHECK(attn_decode_plan_create(ctx, cache, &cc, &p));
+    attn_decode_plan_info_t pi;
+    std::memset(&pi, 0, sizeof pi);
+    pi.struct_size = sizeof pi;
+    ATTN_CHECK(attn_decode_plan_describe(p, &pi));
+    ok = ok && (std::strstr(pi.algorithm, "-balanced") != nullptr) == w.balanced;
+    names += std::string(w.env) + " chunk " + std::to_string(w.chunk) + ": " + pi.algorithm + "; ";
+    attn_decode_plan_destroy(p);
+  }
+  if (prev_split != nullptr) setenv("ATTN_CUDA_DECODE_SPLIT", saved_split.c_str(), 1);
+  else unsetenv("ATTN_CUDA_DECODE_SPLIT");
+  // ATTN_CUDA_DECODE_PDL: 0 or 1 (named "-pdl" on sm_90+ devices).
+  const char* prev_pdl = std::getenv("ATTN_CUDA_DECODE_PDL");
+  const std::string saved_pdl = prev_pdl != nullptr ? prev_pdl : "";
+  setenv("ATTN_CUDA_DECODE_PDL", "yes", 1);
+  plan = reinterpret_cast<attn_decode_plan_t>(&c);
+  const attn_status_t st3 = attn_decode_plan_create(ctx, cache, &c, &plan);
+  const std::string msg3 = attn_last_error_message();
+  ok = ok && st3 == ATTN_STATUS_INVALID_ARGUMENT &&
+       msg3.find("ATTN_CUDA_DECODE_PDL") != std::string::npos &&
+       plan == reinterpret_cast<attn_decode_plan_t>(&c);
+  for (const char* v : {"0", "1"}) {
+    setenv("ATTN_CUDA_DECODE_PDL", v, 1);
+    attn_decode_plan_t p = nullptr;
+    ATTN_CHECK(attn_decode_plan_create(ctx, cache, &c, &p));
+    attn_decode_plan_info_t pi;
+    std::memset(&pi, 0, sizeof pi);
+    pi.struct_size = sizeof pi;
+    ATTN_CHECK(attn_decode_plan_describe(p, &pi));
+    const bool named = std::strstr(pi.kernel, "-pdl") != nullptr;
+    ok = ok && named == (v[0] == '1' && major >= 9);
+    names += std::string("pdl ") + v + ": " + pi.kernel + "; ";
+    attn_decode_plan_destroy(p);
+  }
+  if (prev_pdl != nullptr) setenv("ATTN_CUDA_DECODE_PDL", saved_pdl.c_str(), 1);
+  else unsetenv("ATTN_CUDA_DECODE_PDL");
+  std::printf("%-58s %s (%s | %s | %s; %s)\n", "kernel env: KERNEL=sm91, SPLIT=even, PDL=yes refused",
+              ok ? "ok" : "FAIL", msg.c_str(), msg2.c_str(), msg3.c_str(), names.c_str());
+  if (!ok) ++g_failures;
+  attn_kv_cache_destroy(cache);
+  attn_context_destroy(ctx);
+}
+
 }  // namespace
 
 int main() {
@@ -635,8 +797,19 @@ int main() {
   const char* quick = std::getenv("ATTN_GPU_TEST_QUICK");
   g_quick = quick != nullptr && quick[0] == '1';
   g_filter = std::getenv("ATTN_GPU_TEST_FILTER");
-  std::printf("seed %" PRIu64 " (ATTN_TEST_SEED=%" PRIu64 " repeats this run)%s\n", g_seed, g_seed,
-              g_quick ? ", quick" : "");
+  const char* forced = std::getenv("ATTN_CUDA_DECODE_KERNEL");
+  if (forced != nullptr && std::strcmp(forced, "sm90-bulk") == 0) {
+    int major = 0;
+    GPU_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
+    g_expect_kernel = major >= 9 ? "cuda-sm90-bulk-paged" : "cuda-sm80-mma-paged";
+  } else if (forced != nullptr && std::strcmp(forced, "sm80") == 0) {
+    g_expect_kernel = "cuda-sm80-mma-paged";
+  }
+  const char* split = std::getenv("ATTN_CUDA_DECODE_SPLIT");
+  g_expect_balanced = split != nullptr && std::strcmp(split, "balanced") == 0;
+  std::printf("seed %" PRIu64 " (ATTN_TEST_SEED=%" PRIu64 " repeats this run)%s%s%s%s\n", g_seed,
+              g_seed, g_quick ? ", quick" : "", g_expect_kernel ? ", kernel " : "",
+              g_expect_kernel ? g_expect_kernel : "", g_expect_balanced ? ", balanced split" : "");
 
   const std::vector<int64_t> all_splits = {-1, 0, 64};
   {
@@ -741,11 +914,50 @@ int main() {
     batch_case("bf16 HND p16 d64 GQA2 q12, many chunks", cs, DecodeOpts{4, 12, 0, 0.0f, 0},
                {g_quick ? 1500 : 4000, 700}, 12, 1000, {0, 64}, 2);
   }
+  {
+    // Page size 1, both layouts: a page entry per key slot, 64 per tile.
+    for (attn_kv_layout_t layout : {ATTN_KV_LAYOUT_HND, ATTN_KV_LAYOUT_NHD}) {
+      CacheShape cs;
+      cs.layout = layout;
+      cs.page_size = 1;
+      cs.hkv = 2;
+      cs.num_pages = 2000;
+      batch_case(std::string("bf16 ") + (layout == ATTN_KV_LAYOUT_HND ? "HND" : "NHD") +
+                     " p1 d128 GQA4 q3",
+                 cs, DecodeOpts{8, 3, 0, 0.0f, 0}, {1, 2, 63, 64, 65, 700}, 3, 128, {-1, 0, 5});
+    }
+  }
+  {
+    // Page 24 (a multiple of 8, not a power of two: tiles of 64 slots start
+    // inside pages), HND, window + sinks, q 2.
+    CacheShape cs;
+    cs.page_size = 24;
+    cs.hkv = 2;
+    cs.window = 90;
+    cs.sinks = 7;
+    cs.num_pages = 200;
+    batch_case("bf16 HND p24 d128 GQA4 window 90 + 7 sinks q2", cs, DecodeOpts{8, 2, 0, 0.0f, 0},
+               {3, 25, 71, 96, 500, 2000}, 2, 70, {-1, 0, 48});
+  }
+  {
+    // Page 40, NHD with one KV head (slots contiguous in the pool), fp16
+    // d 64, GQA 8, q 1, softcap.
+    CacheShape cs;
+    cs.dtype = ATTN_DTYPE_FP16;
+    cs.layout = ATTN_KV_LAYOUT_NHD;
+    cs.page_size = 40;
+    cs.hkv = 1;
+    cs.d = 64;
+    cs.num_pages = 300;
+    batch_case("fp16 NHD p40 d64 GQA8 q1 softcap 20", cs, DecodeOpts{8, 1, 0, 20.0f, 0},
+               {1, 39, 40, 41, 130, 3000}, 1, 1000, {-1, 0, 80});
+  }
   fork_case();
   capacity_case();
   graph_case();
   not_supported_case();
   stages_env_case();
+  kernel_env_case();
   if (g_failures > 0) {
     std::printf("%d FAILED\n", g_failures);
     return 1;

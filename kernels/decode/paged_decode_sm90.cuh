@@ -1,0 +1,326 @@
+// Paged decode on sm_90: the block and pipeline of paged_decode.cuh, with
+// the K/V tiles moved by the bulk-copy engine (cp.async.bulk, completing on
+// one mbarrier per stage) instead of 16-byte cp.async from every thread.
+//
+// Why: the cp.async kernel issues 2 * kTileKeys * D / 8 copies (2048 at
+// D = 128) and their address arithmetic per tile; here each of the tile's
+// kTileKeys slots costs one thread two copies (K and V row), and a run of
+// 8 slots that is contiguous in the pool (HND, or NHD with one KV head,
+// page size a multiple of 8) costs one thread two copies of 8 rows.
+//
+// Shared-memory layout of a K (or V) tile: 8 segments of 8 rows, [segment]
+// [row][D] with 16 bytes of padding after each segment; tile key k is row
+// k % 8 of segment k / 8 (a bulk copy writes contiguous bytes, so rows
+// inside a segment are unpadded). Rows of one segment share their banks;
+// rows of different segments are 16 bytes apart in bank order. So each
+// 8-row ldmatrix reads the same row of 8 segments: warp w takes rows 2w
+// and 2w + 1 of every segment, n-tile nt of its S = Q K^T being row 2w + nt
+// (key c * 8 + 2w + nt in column c), and P V reads V in the same order.
+//
+// Slots that hold no key (past the unit, or at positions >= n in the
+// sequence's last page, which may hold anything) are filled from a stand-in
+// finite row (Q of the sequence's first token, query head g * G) and get
+// position -1: their weight is exactly 0, which would not cancel a NaN or
+// Inf left in an unfilled slot.
+#pragma once
+
+#include "decode/paged_decode.cuh"
+
+namespace attn::decode {
+
+// sm_90 mbarrier and bulk-copy wrappers. Built for older devices they do
+// nothing (the kernel below traps there; the host launches it only on
+// sm_90+ code).
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+#endif
+}
+// Initialised barriers visible to the bulk-copy engine (the async proxy).
+__device__ __forceinline__ void mbar_init_fence() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+// This thread's arrival, announcing `bytes` of copies that will complete on
+// the barrier (issued after this call).
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+               : "memory");
+#endif
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+#endif
+}
+// Waits until the barrier's phase of parity `parity` has completed.
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        " selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } while (done == 0);
+#endif
+}
+// bytes (a multiple of 16) from global src to shared dst (both 16-byte
+// aligned), completing on barrier bar.
+__device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_t bytes,
+                                          uint32_t bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+          dst),
+      "l"(src), "r"(bytes), "r"(bar)
+      : "memory");
+#endif
+}
+
+template <int D, int S>
+struct BulkSmem {
+  static_assert(S >= 2, "a tile in flight while one is computed");
+  static constexpr int kSegRows = 8;
+  static constexpr int kSegs = kTileKeys / kSegRows;
+  static_assert(kSegs == 8 && kWarps * 2 == kSegRows, "8 segments; two rows of each per warp");
+  static constexpr int kSegElems = kSegRows * D + 8;  // + 16 bytes: segments in distinct banks
+  static constexpr int kTileElems = kSegs * kSegElems;
+  static constexpr int kKvBytes = S * 2 * kTileElems * 2;
+  static constexpr int kPosBytes = S * kTileKeys * 4;
+  static constexpr int kEntriesPerTile = kTileKeys + 1;  // as in Smem
+  static constexpr int kEntryBytes = S * kEntriesPerTile * 16;
+  static constexpr int kLdQ = D + 8;
+  static constexpr int kQBytes = 16 * kLdQ * 2;
+  static constexpr int kBarBytes = (S * 8 + 15) / 16 * 16;
+  static constexpr int kMergeBytes = kWarps * 16 * (D + 2) * 4;
+  static_assert(kMergeBytes <= kKvBytes, "merge area fits");
+  static_assert(kKvBytes % 16 == 0 && kQBytes % 16 == 0, "16-byte aligned parts");
+  static constexpr int kBytes = kKvBytes + kPosBytes + kEntryBytes + kQBytes + kBarBytes;
+};
+
+// One work unit u of the bulk-copy kernel below; its tile t uses stage
+// (tile_base + t) % S and completes phase (tile_base + t) / S of that
+// stage's barrier (tile_base: the tiles of the block's earlier units,
+// advanced here).
+template <class T, int D, int S>
+__device__ __forceinline__ void decode_unit_bulk(const DecodeParams& p, const WorkUnit& u,
+                                                 unsigned char* smem, int& tile_base) {
+  using flash::cp_async_16;
+  using flash::smem_u32;
+  using SM = BulkSmem<D, S>;
+  constexpr int kLdQ = SM::kLdQ;
+  constexpr int kChunks = D / 8;
+  constexpr uint32_t kRowBytes = D * 2;
+
+  T* sKV = reinterpret_cast<T*>(smem);  // [stage][K|V][segment][8][D] + pads
+  int* sPos = reinterpret_cast<int*>(smem + SM::kKvBytes);  // [stage][kTileKeys]
+  PageEntry* sEnt = reinterpret_cast<PageEntry*>(smem + SM::kKvBytes + SM::kPosBytes);  // [S][kEntriesPerTile]
+  T* sQ = reinterpret_cast<T*>(smem + SM::kKvBytes + SM::kPosBytes + SM::kEntryBytes);  // [16][kLdQ]
+  uint64_t* sBar = reinterpret_cast<uint64_t*>(smem + SM::kKvBytes + SM::kPosBytes +
+                                               SM::kEntryBytes + SM::kQBytes);  // [S]
+
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int64_t ps = p.page_size;
+  const uint32_t ups = uint32_t(ps);
+  const int64_t num_entries = u.entry_end - u.entry_begin;
+  const int64_t slots = num_entries * ps;
+  const int tiles = int((slots + kTileKeys - 1) / kTileKeys);
+
+  // Entries of tile `tile` into buffer tile % S, S - 1 iterations before its
+  // K/V (as in paged_decode_kernel).
+  auto fetch_entries = [&](int tile) {
+    const int64_t first = int64_t(uint32_t(tile * kTileKeys) / ups);
+    const int64_t last = min(int64_t(uint32_t(tile * kTileKeys + kTileKeys - 1) / ups), num_entries - 1);
+    if (tid <= last - first)
+      cp_async_16(smem_u32(sEnt + (tile % S) * SM::kEntriesPerTile + tid),
+                  p.entries + u.entry_begin + first + tid, true);
+  };
+  for (int j = 0; j < S - 1; ++j)
+    if (j < tiles) fetch_entries(j);
+
+  const SeqMeta sm = p.seqs[u.seq];
+  const int g = blockIdx.y;
+  const int G = p.group;
+  const int rows = int(sm.q_len) * G;
+  const int row0 = blockIdx.z * 16;
+  if (row0 >= rows) {
+    flash::cp_async_commit();
+    flash::cp_async_wait<0>();
+    return;
+  }
+  const int64_t n = sm.length;
+  const T* q = static_cast<const T*>(p.q);
+  const T* k_pool = static_cast<const T*>(p.k_pool);
+  const T* v_pool = static_cast<const T*>(p.v_pool);
+
+  for (int idx = tid; idx < 16 * kChunks; idx += kThreads) {
+    const int r = idx / kChunks, c = idx % kChunks;
+    const int rr = row0 + r;
+    const int64_t t = rr / G, h = int64_t(g) * G + rr % G;
+    const bool valid = rr < rows;
+    cp_async_16(smem_u32(sQ + r * kLdQ + c * 8),
+                valid ? q + ((sm.q_begin + t) * p.heads_q + h) * D + c * 8 : q, valid);
+  }
+  const int64_t head_off = int64_t(g) * p.head_stride;
+  const T* filler = q + (sm.q_begin * p.heads_q + int64_t(g) * G) * D;  // token 0, head g * G
+  // 8 slots from a multiple of 8 lie in one page (ps % 8 == 0; a unit
+  // starts at a page) and are contiguous when a slot's row follows the last.
+  const bool runs_of_8 = ps % 8 == 0 && p.slot_stride == D;
+
+  // Tile `tile` into stage (base + tile) % S: thread tid < kTileKeys (whole
+  // warps: the ballot) takes tile key tid, row tid % 8 of segment tid / 8.
+  const int base = tile_base;
+  tile_base += tiles;
+  auto issue_kv = [&](int tile) {
+    const int st = (base + tile) % S;
+    T* sK = sKV + st * 2 * SM::kTileElems;
+    T* sV = sK + SM::kTileElems;
+    const PageEntry* ent = sEnt + (tile % S) * SM::kEntriesPerTile;
+    const uint32_t slot0 = uint32_t(tile * kTileKeys);
+    const uint32_t first = slot0 / ups;
+    const int key = tid, seg = key / 8, row = key % 8;
+    const uint32_t slot = slot0 + uint32_t(key);
+    const uint32_t e = slot / ups, in_page = slot - e * ups;
+    bool valid = false;
+    int pos = -1;
+    int64_t off = 0;
+    if (int64_t(slot) < slots) {
+      const PageEntry pe = ent[e - first];
+      pos = int(pe.logical * ps + in_page);
+      valid = pos < n;
+      off = pe.page * p.page_elems + head_off + int64_t(in_page) * p.slot_stride;
+    }
+    sPos[st * kTileKeys + key] = valid ? pos : -1;
+    const uint32_t seg_valid = (__ballot_sync(0xffffffffu, valid) >> (lane & 24)) & 0xffu;
+    const uint32_t bar = smem_u32(sBar + st);
+    const uint32_t dk = smem_u32(sK + seg * SM::kSegElems + row * D);
+    const uint32_t dv = smem_u32(sV + seg * SM::kSegElems + row * D);
+    if (runs_of_8 && seg_valid == 0xffu) {
+      if (row == 0) {
+        mbar_arrive_expect_tx(bar, 2 * 8 * kRowBytes);
+        bulk_load(dk, k_pool + off, 8 * kRowBytes, bar);
+        bulk_load(dv, v_pool + off, 8 * kRowBytes, bar);
+      } else {
+        mbar_arrive(bar);
+      }
+    } else {
+      mbar_arrive_expect_tx(bar, 2 * kRowBytes);
+      bulk_load(dk, valid ? k_pool + off : filler, kRowBytes, bar);
+      bulk_load(dv, valid ? v_pool + off : filler, kRowBytes, bar);
+    }
+  };
+
+  // The pipeline: the entries as in paged_decode_kernel (cp.async groups:
+  // iteration i waits until the entries of tile i+S-1 are in); K/V of tile
+  // i complete phase (base + i) / S of barrier (base + i) % S. The barrier
+  // at the top of iteration i also ends every warp's reads of the stage
+  // of tile i-1, which the iteration refills.
+  flash::cp_async_commit();
+  flash::cp_async_wait<0>();
+  __syncthreads();  // sQ, the entries of tiles 0 .. S-2, the barriers
+#pragma unroll
+  for (int j = 0; j < S - 1; ++j) {
+    if (j > 0) __syncthreads();
+    if (j < tiles && tid < kTileKeys) issue_kv(j);
+    if (S - 1 + j < tiles) fetch_entries(S - 1 + j);
+    flash::cp_async_commit();
+  }
+
+  uint32_t qf[D / 16][4];
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk)
+    flash::ldsm_x4(qf[kk], smem_u32(sQ + (lane % 16) * kLdQ + kk * 16 + (lane / 16) * 8));
+
+  const int i0 = lane / 4;
+  long long qpos[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int rr = row0 + i0 + 8 * h;
+    qpos[h] = rr < rows ? n - sm.q_len + rr / G : -1;
+  }
+  constexpr float kLog2e = 1.4426950408889634f;
+  const float scale2 = p.scale * kLog2e;
+
+  float m[2] = {-INFINITY, -INFINITY};
+  float l[2] = {0.0f, 0.0f};
+  float acc[D / 8][4];
+#pragma unroll
+  for (int j = 0; j < D / 8; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+
+  for (int tile = 0; tile < tiles; ++tile) {
+    const int st = (base + tile) % S;
+    flash::cp_async_wait<S - 2>();
+    mbar_wait(smem_u32(sBar + st), uint32_t((base + tile) / S) & 1u);
+    __syncthreads();
+    if (tile + S - 1 < tiles && tid < kTileKeys) issue_kv(tile + S - 1);
+    if (tile + 2 * S - 2 < tiles) fetch_entries(tile + 2 * S - 2);
+    flash::cp_async_commit();
+
+    // This warp's rows 2w + nt of the 8 segments.
+    const T* sK = sKV + st * 2 * SM::kTileElems + 2 * warp * D;
+    const T* sV = sK + SM::kTileElems;
+    const int* pos = sPos + st * kTileKeys + 2 * warp;
+
+    float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      uint32_t b[4];
+      flash::ldsm_x4(b, smem_u32(sK + (lane % 8) * SM::kSegElems + (lane / 16) * D + kk * 16 +
+                                 ((lane / 8) % 2) * 8));
+      flash::mma_16816<T>(s[0], qf[kk], b[0], b[1]);
+      flash::mma_16816<T>(s[1], qf[kk], b[2], b[3]);
+    }
+    uint32_t a[4];
+    online_softmax_step<T, D>(s, [&](int nt, int c) { return pos[c * 8 + nt]; }, qpos, p, scale2,
+                              m, l, acc, a);
+#pragma unroll
+    for (int dn = 0; dn < D / 16; ++dn) {
+      uint32_t b[4];
+      flash::ldsm_x4_trans(b, smem_u32(sV + (lane % 8) * SM::kSegElems + ((lane / 8) % 2) * D +
+                                       dn * 16 + (lane / 16) * 8));
+      flash::mma_16816<T>(acc[2 * dn], a, b[0], b[1]);
+      flash::mma_16816<T>(acc[2 * dn + 1], a, b[2], b[3]);
+    }
+  }
+  flash::cp_async_wait<0>();
+  __syncthreads();  // every warp's last reads of the K/V area, now the merge area
+
+  merge_and_store<T, D>(smem, p, u, sm, g, row0, rows, m, l, acc);
+  // The merge's generic writes to the K/V area before a next unit's bulk
+  // copies into it.
+  flash::fence_proxy_async_shared();
+}
+
+// Grid and block as paged_decode_kernel. The minimum of resident blocks
+// steers ptxas' register choice: left free, at D = 64 it settles on 96
+// registers and spills.
+template <class T, int D, int S, bool kBalanced>
+__global__ void __launch_bounds__(kThreads, D <= 64 ? 4 : 3)
+    paged_decode_bulk_kernel(const DecodeParams p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  using SM = BulkSmem<D, S>;
+  extern __shared__ __align__(16) unsigned char smem[];
+  uint64_t* sBar = reinterpret_cast<uint64_t*>(smem + SM::kKvBytes + SM::kPosBytes +
+                                               SM::kEntryBytes + SM::kQBytes);  // [S]
+  // One arrival per issuing thread (the tile's kTileKeys slots, one each);
+  // visible to all before a unit's first issue (the barrier after its
+  // prologue).
+  launch_dependents();
+  if (threadIdx.x == 0)
+    for (int s = 0; s < S; ++s) mbar_init(flash::smem_u32(sBar + s), kTileKeys);
+  mbar_init_fence();
+  int tile_base = 0;
+  for_each_unit<kBalanced>(
+      p, [&](const WorkUnit& u) { decode_unit_bulk<T, D, S>(p, u, smem, tile_base); });
+#else
+  __trap();  // the host launches this kernel only on devices it was built for
+#endif
+}
+
+}  // namespace attn::decode
