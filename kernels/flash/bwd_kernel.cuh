@@ -13,9 +13,11 @@
 //                part). A split group
 //                (group_splits > 1, not deterministic) has group_splits
 //                blocks per (KV tile, KV head), each over its share of the
-//                query heads, adding dK and dV into fp32 accumulators too
+//                query heads, adding dK and dV into fp32 accumulators too;
+//                so do a block-sparse plan's work items of cut lists, in
+//                slots of their tiles only
 //   convert      dQ = scale * accumulator, in the dtype with dQ's strides;
-//                split groups also dK, dV from theirs
+//                split groups and cut lists also dK, dV from theirs
 //   dQ (deterministic plans, instead of the atomics and convert): one block
 //                per (query tile, query head, sequence) loops over its KV
 //                tiles like the forward and writes dQ once
@@ -213,6 +215,19 @@ __global__ void __launch_bounds__(kRowKernelThreads)
   }
 }
 
+// Eight fp32 accumulator values times s, rounded to T, to dst (16 bytes).
+template <class T>
+__device__ __forceinline__ void store_scaled8(const float* acc, float s, T* dst) {
+  const float4 x = reinterpret_cast<const float4*>(acc)[0];
+  const float4 y = reinterpret_cast<const float4*>(acc)[1];
+  uint4 out;
+  out.x = pack2<T>(x.x * s, x.y * s);
+  out.y = pack2<T>(x.z * s, x.w * s);
+  out.z = pack2<T>(y.x * s, y.y * s);
+  out.w = pack2<T>(y.z * s, y.w * s);
+  *reinterpret_cast<uint4*>(dst) = out;
+}
+
 // dQ = scale * accumulator, rounded to T, written with dQ's strides.
 // Split groups: dK = scale * dk_accum and dV = dv_accum, rounded to T and
 // written with their strides; n_rows = total_kv * heads_kv (token, head) rows.
@@ -232,18 +247,47 @@ __global__ void __launch_bounds__(kRowKernelThreads)
     k_at = b * p.dk_batch + s * p.dk_seq + h * p.dk_head;
     v_at = b * p.dv_batch + s * p.dv_seq + h * p.dv_head;
   }
-  auto put = [&](const float* acc, float s, T* dst) {
-    const float4 x = reinterpret_cast<const float4*>(acc)[0];
-    const float4 y = reinterpret_cast<const float4*>(acc)[1];
-    uint4 out;
-    out.x = pack2<T>(x.x * s, x.y * s);
-    out.y = pack2<T>(x.z * s, x.w * s);
-    out.z = pack2<T>(y.x * s, y.y * s);
-    out.w = pack2<T>(y.z * s, y.w * s);
-    *reinterpret_cast<uint4*>(dst) = out;
-  };
-  put(p.dk_accum + row * D + ch * 8, p.scale, static_cast<T*>(p.dk) + k_at + ch * 8);
-  put(p.dv_accum + row * D + ch * 8, 1.0f, static_cast<T*>(p.dv) + v_at + ch * 8);
+  store_scaled8(p.dk_accum + row * D + ch * 8, p.scale, static_cast<T*>(p.dk) + k_at + ch * 8);
+  store_scaled8(p.dv_accum + row * D + ch * 8, 1.0f, static_cast<T*>(p.dv) + v_at + ch * 8);
+}
+
+// Block-sparse plans with cut dK/dV lists (and whole groups): dK = scale *
+// dk_accum and dV = dv_accum of the cut tiles only, from the compact
+// accumulators [batch][heads_kv][max_cut][BN][D] (BN = sparse_kv.rows), slot
+// c of (b, hk) holding KV tile sparse_kv.cut_tiles[mask slot * max_cut + c];
+// n_rows = batch * heads_kv * max_cut * BN. Empty slots and rows past the
+// sequence write nothing (the dK/dV kernel wrote no accumulator there).
+template <class T, int D>
+__global__ void __launch_bounds__(kRowKernelThreads)
+    flash_bwd_convert_dkdv_tiles_kernel(const __grid_constant__ BwdParams p, int64_t n_rows) {
+  constexpr int TPR = RowTraits<D>::kTpr, CH = D / 8;
+  const int tid = threadIdx.x, ch = tid % TPR;
+  const int64_t row = int64_t(blockIdx.x) * (kRowKernelThreads / TPR) + tid / TPR;
+  if (row >= n_rows || ch >= CH) return;
+  const TileLists& sp = p.sparse_kv;
+  const int heads_kv = p.heads_q / p.group, bn = sp.rows;
+  const int64_t slot_index = row / bn;  // ((b * heads_kv + hk) * max_cut + c)
+  const int r = int(row - slot_index * bn);
+  const int64_t pair = slot_index / sp.max_cut;
+  const int c = int(slot_index - pair * sp.max_cut);
+  const int b = int(pair / heads_kv), hk = int(pair - int64_t(b) * heads_kv);
+  const int slot = (sp.mask_batch > 1 ? b : 0) * sp.mask_heads + (sp.mask_heads > 1 ? hk : 0);
+  const int tile = sp.cut_tiles[slot * sp.max_cut + c];
+  if (tile < 0) return;
+  const int s = tile * bn + r;
+  int64_t k_at, v_at;
+  if (p.cu_kv != nullptr) {
+    const int64_t tok = p.cu_kv[b];
+    if (s >= p.cu_kv[b + 1] - tok) return;
+    k_at = (tok + s) * p.dk_seq + hk * p.dk_head;
+    v_at = (tok + s) * p.dv_seq + hk * p.dv_head;
+  } else {
+    if (s >= p.seqlen_kv) return;
+    k_at = b * p.dk_batch + s * p.dk_seq + hk * p.dk_head;
+    v_at = b * p.dv_batch + s * p.dv_seq + hk * p.dv_head;
+  }
+  store_scaled8(p.dk_accum + row * D + ch * 8, p.scale, static_cast<T*>(p.dk) + k_at + ch * 8);
+  store_scaled8(p.dv_accum + row * D + ch * 8, 1.0f, static_cast<T*>(p.dv) + v_at + ch * 8);
 }
 
 template <class T, int D>
@@ -402,13 +446,14 @@ __device__ __forceinline__ void flash_bwd_dkdv_tile(const BwdParams& p) {
   const int heads_per = p.group / p.group_splits;
   const int h_first = hk * p.group + (by - hk * p.group_splits) * heads_per;
   int kv_tile = bx, item_begin = 0, item_end = 0;
+  int acc_slot = -1;  // Sparse: the tile's accumulator slot if its list is cut
   if constexpr (Sparse) {
     const TileLists& sp = p.sparse_kv;
     const int slot = (sp.mask_batch > 1 ? b : 0) * sp.mask_heads + (sp.mask_heads > 1 ? hk : 0);
     const int i0 = sp.item_offsets[slot];
     if (bx >= sp.item_offsets[slot + 1] - i0) return;  // this slot has fewer items
-    const int32_t* item = sp.items + 3 * (i0 + bx);
-    kv_tile = item[0], item_begin = item[1], item_end = item[2];
+    const int32_t* item = sp.items + kItemWords * (i0 + bx);
+    kv_tile = item[0], item_begin = item[1], item_end = item[2], acc_slot = item[3];
   }
   const int c0 = kv_tile * BN;  // first key of the tile
 
@@ -923,18 +968,29 @@ __device__ __forceinline__ void flash_bwd_dkdv_tile(const BwdParams& p) {
     bulk_wait<0>();      // shared memory must outlive the copies
   }
 
-  if (p.dk_accum != nullptr) {
+  // Block-sparse plans without split groups accumulate only the tiles whose
+  // list is cut, in slots of their own (compact); the others store directly.
+  bool compact = false;
+  if constexpr (Sparse) compact = p.group_splits == 1;
+  if (compact ? acc_slot >= 0 : p.dk_accum != nullptr) {
     // A split group: add this block's share (dK unscaled) into the fp32
-    // accumulators [token][heads_kv][D]; rows past the sequence add nothing.
+    // accumulators [token][heads_kv][D]; a cut list (compact): into its
+    // tile's slot of [batch][heads_kv][max_cut][BN][D]. Rows past the
+    // sequence add nothing.
     const int64_t heads_kv = p.heads_q / p.group;
     const int64_t tok0 = (varlen ? kv_tok : int64_t(b) * p.seqlen_kv) + c0;
+    int64_t slot_row0 = 0;
+    if constexpr (Sparse)
+      slot_row0 = ((int64_t(b) * heads_kv + hk) * p.sparse_kv.max_cut + acc_slot) * BN;
 #pragma unroll
     for (int mt = 0; mt < MK; ++mt)
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
         const int row = vk * KK + mt * 16 + g + hh * 8;
         if (row >= kv_valid) continue;
-        const int64_t at = ((tok0 + row) * heads_kv + hk) * D + vd * DC + 2 * t4;
+        int64_t at = ((tok0 + row) * heads_kv + hk) * D + vd * DC + 2 * t4;
+        if constexpr (Sparse)
+          if (compact) at = (slot_row0 + row) * D + vd * DC + 2 * t4;
 #pragma unroll
         for (int nt = 0; nt < ND; ++nt) {
           red_add_f32x2(p.dk_accum + at + nt * 8, acc_dk[mt][nt][2 * hh], acc_dk[mt][nt][2 * hh + 1]);

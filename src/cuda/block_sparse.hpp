@@ -25,43 +25,61 @@ struct HostTileLists {
   std::vector<int32_t> offsets;  // [slots * tiles + 1]
   std::vector<int32_t> visits;   // (other tile, kind) per visit
   std::vector<uint64_t> bits;    // bit tiles, rows * words_per_row words each
-  // KV-major only: work items (tile, first visit, end visit) per slot,
-  // longest first, and their offsets (flash::TileLists::items).
-  std::vector<int32_t> items, item_offsets;
+  // KV-major only: work items (tile, first visit, end visit, accumulator
+  // slot) per slot, longest first, and their offsets
+  // (flash::TileLists::items); the tiles whose list is cut, max_cut per
+  // slot, padded with -1 (flash::TileLists::cut_tiles).
+  std::vector<int32_t> items, item_offsets, cut_tiles;
   int32_t tiles = 0, words_per_row = 0, rows = 0;
   int32_t max_items = 0;  // the most items of a slot
+  int32_t max_cut = 0;    // the most cut tiles of a slot
 };
 
 // The dK/dV kernel's work items of KV-major lists: per slot, every tile's
 // list cut evenly into items of at most max_item visits, longest first.
+// The tiles cut into several items are numbered per slot in tile order
+// (their accumulator slots); an uncut tile's items say -1.
 inline void cut_work_items(HostTileLists& l, int64_t slots, int64_t max_item) {
   const int64_t tiles = l.tiles;
   l.items.clear();
   l.item_offsets.assign(1, 0);
   l.max_items = 0;
-  std::vector<int32_t> items;  // (tile, begin, end, length) before sorting
+  l.max_cut = 0;
+  std::vector<int32_t> items;  // (tile, begin, end, accumulator slot, length) before sorting
   std::vector<size_t> rank;
+  std::vector<std::vector<int32_t>> cut(static_cast<size_t>(slots));  // per slot, its cut tiles
   for (int64_t s = 0; s < slots; ++s) {
     const int32_t* off = l.offsets.data() + s * tiles;
     items.clear();
     for (int64_t t = 0; t < tiles; ++t) {
       const int64_t n = off[t + 1] - off[t];
       const int64_t parts = std::max<int64_t>(1, (n + max_item - 1) / max_item);
+      int32_t acc = -1;
+      if (parts > 1) {
+        acc = int32_t(cut[size_t(s)].size());
+        cut[size_t(s)].push_back(int32_t(t));
+      }
       for (int64_t k = 0; k < parts; ++k) {
         const int64_t a = off[t] + n * k / parts, e = off[t] + n * (k + 1) / parts;
-        items.insert(items.end(), {int32_t(t), int32_t(a), int32_t(e), int32_t(e - a)});
+        items.insert(items.end(), {int32_t(t), int32_t(a), int32_t(e), acc, int32_t(e - a)});
       }
     }
-    const size_t count = items.size() / 4;
+    const size_t count = items.size() / 5;
     rank.resize(count);
     for (size_t i = 0; i < count; ++i) rank[i] = i;
     std::stable_sort(rank.begin(), rank.end(),
-                     [&](size_t x, size_t y) { return items[4 * x + 3] > items[4 * y + 3]; });
+                     [&](size_t x, size_t y) { return items[5 * x + 4] > items[5 * y + 4]; });
     for (size_t i : rank)
-      l.items.insert(l.items.end(), {items[4 * i], items[4 * i + 1], items[4 * i + 2]});
-    l.item_offsets.push_back(int32_t(l.items.size() / 3));
+      l.items.insert(l.items.end(),
+                     {items[5 * i], items[5 * i + 1], items[5 * i + 2], items[5 * i + 3]});
+    l.item_offsets.push_back(int32_t(l.items.size() / flash::kItemWords));
     l.max_items = std::max(l.max_items, int32_t(count));
+    l.max_cut = std::max(l.max_cut, int32_t(cut[size_t(s)].size()));
   }
+  l.cut_tiles.assign(size_t(slots * l.max_cut), -1);
+  for (int64_t s = 0; s < slots; ++s)
+    std::copy(cut[size_t(s)].begin(), cut[size_t(s)].end(),
+              l.cut_tiles.begin() + s * l.max_cut);
 }
 
 // The lists of a tile_q x tile_kv kernel: per query tile its KV tiles

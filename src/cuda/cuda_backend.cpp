@@ -5,9 +5,13 @@
 //
 // Backward workspace: D = rowsum(dO * O) and LSE in base 2 (fp32, LSE's
 // layout), then, unless the plan is deterministic, the fp32 dQ accumulator
-// [token][heads_q][D], and, when the group is split (group_splits_ > 1) or
-// a block-sparse plan's dK/dV lists are cut (kv_lists_split_), the fp32 dK
-// and dV accumulators [token][heads_kv][D] each.
+// [token][heads_q][D], and, when the group is split (group_splits_ > 1),
+// the fp32 dK and dV accumulators [token][heads_kv][D] each; a block-sparse
+// plan whose dK/dV lists are cut (kv_lists_split_) and whose group is whole
+// has them for the cut KV tiles only, [batch][heads_kv][max_cut][block_n][D]
+// each (compact_kv_accum()): zeroing, adding and converting the whole
+// tensors for a few cut tiles (BigBird's global keys) cost more than the
+// dK/dV kernel's visits.
 //
 // Block-sparse plans run the same kernels' Sparse instantiations, which walk
 // tile lists (cuda/block_sparse.hpp) instead of the dense intervals: one set
@@ -261,6 +265,10 @@ class CudaPlan final : public BackendPlan {
                       bwd_cfg_.register_path() ? "r" : "s", dq_kind);
     }
     len = int(std::strlen(kernel_name_));
+    // "-cut": some dK/dV lists are cut, their tiles accumulated in fp32
+    // (compact_kv_accum(); split groups accumulate every tile).
+    if (compact_kv_accum() && size_t(len) < sizeof kernel_name_)
+      std::snprintf(kernel_name_ + len, sizeof kernel_name_ - size_t(len), "-cut");
     if (group_splits_ > 1 && size_t(len) < sizeof kernel_name_)
       std::snprintf(kernel_name_ + len, sizeof kernel_name_ - size_t(len), "-gs%d", group_splits_);
   }
@@ -395,7 +403,8 @@ class CudaPlan final : public BackendPlan {
       check(bwd_.dkdv(prm, n_blocks, int(p.heads_kv) * group_splits_, int(p.batch), stream),
             "backward dK/dV kernel launch");
       if (kv_accum > 0)
-        check(bwd_.convert_dkdv(prm, total_kv * p.heads_kv, stream),
+        check(compact_kv_accum() ? bwd_.convert_dkdv_tiles(prm, kv_accum_rows(), stream)
+                                 : bwd_.convert_dkdv(prm, kv_accum_rows(), stream),
               "backward dK/dV conversion launch");
     }
     if (rows == 0) return;
@@ -477,15 +486,17 @@ class CudaPlan final : public BackendPlan {
       kv_items_ = sets[1].max_items;
     }
     // Layout: per set its bit tiles (8-byte words first), offsets, visits,
-    // work items and their offsets.
-    size_t bytes = 0, at[3][5];
+    // work items, their offsets and the cut tiles.
+    constexpr int kArrays = 6;
+    size_t bytes = 0, at[3][kArrays];
     for (int k = 0; k < n; ++k) {
-      const size_t sizes[5] = {sets[k].bits.size() * sizeof(uint64_t),
-                               sets[k].offsets.size() * sizeof(int32_t),
-                               sets[k].visits.size() * sizeof(int32_t),
-                               sets[k].items.size() * sizeof(int32_t),
-                               sets[k].item_offsets.size() * sizeof(int32_t)};
-      for (int a = 0; a < 5; ++a) {
+      const size_t sizes[kArrays] = {sets[k].bits.size() * sizeof(uint64_t),
+                                     sets[k].offsets.size() * sizeof(int32_t),
+                                     sets[k].visits.size() * sizeof(int32_t),
+                                     sets[k].items.size() * sizeof(int32_t),
+                                     sets[k].item_offsets.size() * sizeof(int32_t),
+                                     sets[k].cut_tiles.size() * sizeof(int32_t)};
+      for (int a = 0; a < kArrays; ++a) {
         at[k][a] = bytes;
         bytes += sizes[a];
       }
@@ -501,6 +512,7 @@ class CudaPlan final : public BackendPlan {
       put(at[k][2], sets[k].visits.data(), sets[k].visits.size() * 4);
       put(at[k][3], sets[k].items.data(), sets[k].items.size() * 4);
       put(at[k][4], sets[k].item_offsets.data(), sets[k].item_offsets.size() * 4);
+      put(at[k][5], sets[k].cut_tiles.data(), sets[k].cut_tiles.size() * 4);
     }
     void* dev = nullptr;
     const cudaError_t ae = cudaMalloc(&dev, bytes);
@@ -526,6 +538,8 @@ class CudaPlan final : public BackendPlan {
       l.visits = reinterpret_cast<const int32_t*>(base + at[k][2]);
       l.items = reinterpret_cast<const int32_t*>(base + at[k][3]);
       l.item_offsets = reinterpret_cast<const int32_t*>(base + at[k][4]);
+      l.cut_tiles = reinterpret_cast<const int32_t*>(base + at[k][5]);
+      l.max_cut = sets[k].max_cut;
       l.tiles = sets[k].tiles;
       l.mask_batch = int32_t(m.batch());
       l.mask_heads = int32_t(m.heads());
@@ -537,13 +551,20 @@ class CudaPlan final : public BackendPlan {
   // Cuts the dK/dV kernel's long lists into several work items when the
   // longest block would otherwise outlast the average work per SM by half
   // again (global keys, sinks: one KV tile seen by every query tile), so
-  // that it no longer sets the time. The items' dK and dV then meet in the
-  // fp32 accumulators of split groups. Not for deterministic plans (the
-  // additions' order would vary).
+  // that it no longer sets the time. The items' dK and dV then meet in fp32
+  // accumulators (those of split groups, or the cut tiles' own). Not for
+  // deterministic plans (the additions' order would vary).
+  // ATTN_CUDA_BSPARSE_ITEM=n (a test and tuning hook) cuts every list into
+  // items of at most n visits instead, whatever the balance.
   void split_kv_lists(HostTileLists& l) {
     const Problem& p = problem_;
     if (p.deterministic || sm_count_ < 1) return;
     const BlockMask& m = *p.block_mask;
+    if (const char* env = std::getenv("ATTN_CUDA_BSPARSE_ITEM")) {
+      cut_work_items(l, m.batch() * m.heads(), std::max(1, std::atoi(env)));
+      kv_lists_split_ = l.max_cut > 0;
+      return;
+    }
     const int64_t heads_per = p.group() / group_splits_;
     int64_t work = 0, longest = 0;
     for (int64_t b = 0; b < p.batch; ++b)
@@ -558,7 +579,7 @@ class CudaPlan final : public BackendPlan {
     const int64_t per_sm = work / sm_count_;
     if (2 * longest <= 3 * per_sm) return;
     cut_work_items(l, m.batch() * m.heads(), std::max<int64_t>(8, per_sm / (2 * heads_per)));
-    kv_lists_split_ = int32_t(l.items.size() / 3) > int32_t(l.offsets.size() - 1);
+    kv_lists_split_ = l.max_cut > 0;
   }
 
   void fill_params() {
@@ -667,10 +688,17 @@ class CudaPlan final : public BackendPlan {
     return size_t(p.total_q()) * size_t(p.heads_q) * size_t(p.head_dim_qk) * sizeof(float);
   }
 
-  size_t kv_accum_bytes() const {
+  // Whether dK/dV accumulate in the cut tiles' slots only (BwdParams::dk_accum).
+  bool compact_kv_accum() const { return group_splits_ <= 1 && kv_lists_split_; }
+  // (token or cut tile row, head) rows of the dK and of the dV accumulator.
+  int64_t kv_accum_rows() const {
     const Problem& p = problem_;
-    if (group_splits_ <= 1 && !kv_lists_split_) return 0;
-    return size_t(p.total_kv()) * size_t(p.heads_kv) * size_t(p.head_dim_qk) * sizeof(float);
+    if (compact_kv_accum())
+      return p.batch * p.heads_kv * int64_t(bwd_params_.sparse_kv.max_cut) * bwd_cfg_.block_n;
+    return group_splits_ > 1 ? p.total_kv() * p.heads_kv : 0;
+  }
+  size_t kv_accum_bytes() const {
+    return size_t(kv_accum_rows()) * size_t(problem_.head_dim_qk) * sizeof(float);
   }
 
   Problem problem_;

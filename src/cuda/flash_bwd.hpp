@@ -32,6 +32,11 @@ struct BwdKernels {
                               cudaStream_t stream);
   const void* dkdv_func;  // for cudaFuncGetAttributes
   const void* dq_func;
+  // Block-sparse plans with cut dK/dV lists: dK, dV of the cut tiles from
+  // the compact accumulators, n_rows = batch * heads_kv * max_cut * block_n
+  // (flash::BwdParams::dk_accum). Null in the MoBA sets.
+  cudaError_t (*convert_dkdv_tiles)(const flash::BwdParams& params, int64_t n_rows,
+                                    cudaStream_t stream);
 };
 
 // variant: see flash::bwd_config (0 unless flash::bwd_variants(d) > 1);

@@ -48,6 +48,14 @@ cudaError_t bwd_convert_dkdv(const flash::BwdParams& p, int64_t n_rows, cudaStre
   return cudaGetLastError();
 }
 
+template <class T, int D>
+cudaError_t bwd_convert_dkdv_tiles(const flash::BwdParams& p, int64_t n_rows,
+                                   cudaStream_t stream) {
+  flash::flash_bwd_convert_dkdv_tiles_kernel<T, D>
+      <<<row_blocks<D>(n_rows), flash::kRowKernelThreads, 0, stream>>>(p, n_rows);
+  return cudaGetLastError();
+}
+
 template <class T, int D, int V, bool S, bool M = false>
 cudaError_t bwd_dkdv(const flash::BwdParams& p, int n_blocks, int heads_kv, int batch,
                      cudaStream_t stream) {
@@ -75,7 +83,8 @@ BwdKernels make_bwd_kernels_t() {
           &bwd_convert<T, D>,
           &bwd_convert_dkdv<T, D>,
           reinterpret_cast<const void*>(&flash::flash_bwd_dkdv_kernel<T, D, V, S, M>),
-          reinterpret_cast<const void*>(&flash::flash_bwd_dq_kernel<T, D, S, M>)};
+          reinterpret_cast<const void*>(&flash::flash_bwd_dq_kernel<T, D, S, M>),
+          S ? &bwd_convert_dkdv_tiles<T, D> : nullptr};
 }
 
 template <int D, int V>
@@ -130,7 +139,8 @@ BwdKernels make_bwd_kernels_moba_t() {
             &bwd_convert<T, D>,
             &bwd_convert_dkdv<T, D>,
             reinterpret_cast<const void*>(&flash::flash_bwd_dkdv_moba_gather_kernel<T, D, V>),
-            reinterpret_cast<const void*>(&flash::flash_bwd_dq_kernel<T, D, false, true>)};
+            reinterpret_cast<const void*>(&flash::flash_bwd_dq_kernel<T, D, false, true>),
+            nullptr};
   }
 }
 

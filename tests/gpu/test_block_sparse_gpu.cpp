@@ -13,7 +13,14 @@
 // size, their selection read back from the mask (attn_block_mask_get_blocks).
 //
 // Each case runs the forward, the backward with dQ by atomics and the
-// deterministic backward (three times: bit-identical). Tolerance
+// deterministic backward (three times: bit-identical). The dK/dV lists of
+// the backward with atomics get cut into several work items where a few
+// KV tiles are seen by most query tiles (BigBird's global keys), or, in
+// the cases that set cut_item, everywhere (ATTN_CUDA_BSPARSE_ITEM); with a
+// whole group (the cases that set ATTN_CUDA_BWD_GROUP_SPLIT=1, or
+// group 1) the cut tiles then accumulate in slots of their own, which the
+// plan's kernel name says ("-cut"), and the cases that expect it check
+// that. Tolerance
 // (FlashAttention's rule, as the other GPU tests): max |X - X_fp64| <=
 // 2 * max |X_plain - X_fp64| + atol, X_plain from ref_lowp_* (every op
 // rounded to the dtype, fp32 sums); for dQ and dK plus twice the error
@@ -28,6 +35,7 @@
 // text. Exit 77 without a CUDA device.
 
 #include <algorithm>
+#include <cstdlib>
 #include <functional>
 #include <random>
 #include <string>
@@ -47,6 +55,9 @@ struct Case : CaseShape {
   Source src = Source::kRandom;
   double p_none = 0.3;        // chance that a block selects nothing
   bool empty_block0 = false;  // query block 0 of slot 0 selects nothing
+  int cut_item = 0;           // > 0: ATTN_CUDA_BSPARSE_ITEM for the plans
+  int group_split = 0;        // > 0: ATTN_CUDA_BWD_GROUP_SPLIT for the plans
+  bool expect_cut = false;    // the backward with atomics must say "-cut"
 };
 using Problem = CaseProblem<Case>;
 
@@ -229,15 +240,26 @@ Run run_device(const Case& c0, attn_context_t ctx) {
   auto normal = [&](int64_t, int64_t, int64_t, int64_t) { return to_half(c.dtype, nd(rng)); };
   fill_inputs(r, normal, normal, normal, normal);
 
+  // The tuning hooks are read at plan creation.
+  if (c.cut_item > 0) setenv("ATTN_CUDA_BSPARSE_ITEM", std::to_string(c.cut_item).c_str(), 1);
+  if (c.group_split > 0)
+    setenv("ATTN_CUDA_BWD_GROUP_SPLIT", std::to_string(c.group_split).c_str(), 1);
   attn_plan_t plans[2] = {build_plan(p, ctx, mask, false), build_plan(p, ctx, mask, true)};
+  unsetenv("ATTN_CUDA_BSPARSE_ITEM");
+  unsetenv("ATTN_CUDA_BWD_GROUP_SPLIT");
   ATTN_CHECK(attn_block_mask_destroy(mask));
-  for (attn_plan_t plan : plans) {
-    const attn_plan_info_t info = describe(plan);
+  for (int det = 0; det < 2; ++det) {
+    const attn_plan_info_t info = describe(plans[det]);
     if (std::strstr(info.kernel, "bsparse") == nullptr)
       r.describe_error += std::string(" kernel '") + info.kernel + "' does not say bsparse;";
     if (info.visited_tile_pairs > info.total_tile_pairs || info.block_q != c.bq ||
         info.block_kv != c.bk)
       r.describe_error += " visited/total tile pairs or block sizes wrong;";
+    // Deterministic plans never cut their lists.
+    const bool cut = std::strstr(info.kernel, "-cut") != nullptr;
+    if (cut != (c.expect_cut && det == 0))
+      r.describe_error += std::string(" kernel '") + info.kernel + "': expected " +
+                          (c.expect_cut && det == 0 ? "" : "no ") + "cut lists;";
   }
 
   run_passes(r, plans);
@@ -313,6 +335,26 @@ std::vector<Case> cases() {
   v.push_back(c);
   c = make("d128-fp16-b96-bigbird-causal", FP, 128, 1, 2, 2, 1500, 1500, CAUSAL, 96, 96);
   c.src = Source::kBigBird;
+  c.expect_cut = true;  // the global key tiles' lists (24 query tiles)
+  v.push_back(c);
+  // Cut lists with whole groups: the cut tiles' own accumulators, per
+  // (sequence, KV head) of a mask shared by the batch, with GQA.
+  c = make("d128-bf16-b128-bigbird-gqa4/2-whole-group-batch2", BF, 128, 2, 4, 2, 1100, 1100,
+           NONE, 128, 128);
+  c.src = Source::kBigBird, c.mask_heads = 2, c.group_split = 1, c.expect_cut = true;
+  c.padded = true;
+  v.push_back(c);
+  // Every list cut into items of 3 visits: masks per sequence and KV head
+  // cut different numbers of tiles (empty accumulator slots).
+  c = make("d64-bf16-b64-causal-cut3-per-batch", BF, 64, 2, 2, 2, 700, 700, CAUSAL, 64, 64);
+  c.mask_batch = 2, c.mask_heads = 2, c.cut_item = 3, c.expect_cut = true;
+  v.push_back(c);
+  c = make("d256-fp16-b64-none-cut2-lq<lk", FP, 256, 1, 2, 1, 300, 333, NONE, 64, 64);
+  c.cut_item = 2, c.group_split = 1, c.expect_cut = true;
+  v.push_back(c);
+  // Cut lists in a split group: every tile in the whole accumulators.
+  c = make("d128-bf16-b64-cut2-gqa4/1-split2", BF, 128, 1, 4, 1, 500, 500, CAUSAL, 64, 64);
+  c.cut_item = 2, c.group_split = 2;
   v.push_back(c);
   return v;
 }
