@@ -82,6 +82,37 @@ inline void cut_work_items(HostTileLists& l, int64_t slots, int64_t max_item) {
               l.cut_tiles.begin() + s * l.max_cut);
 }
 
+// The persistent forward's work items of query-major lists
+// (flash::TileLists::items): every (sequence, query head, query tile) of
+// `batch` sequences of heads_q query heads (group per KV head), longest
+// list first; ties keep (sequence, head, tile) order. False (nothing
+// changed) when they would not fit 32-bit counts.
+inline bool order_forward_items(HostTileLists& l, int64_t batch, int64_t heads_q, int64_t group,
+                                int64_t mask_batch, int64_t mask_heads) {
+  const int64_t tiles = l.tiles, count = batch * heads_q * tiles;
+  if (count * flash::kItemWords > INT32_MAX) return false;
+  std::vector<int32_t> work;  // (b, h, tile, length)
+  work.reserve(size_t(count) * flash::kItemWords);
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t h = 0; h < heads_q; ++h) {
+      const int64_t slot = (mask_batch > 1 ? b : 0) * mask_heads + (mask_heads > 1 ? h / group : 0);
+      const int32_t* off = l.offsets.data() + slot * tiles;
+      for (int64_t t = 0; t < tiles; ++t)
+        work.insert(work.end(), {int32_t(b), int32_t(h), int32_t(t), off[t + 1] - off[t]});
+    }
+  std::vector<size_t> rank(static_cast<size_t>(count));
+  for (size_t i = 0; i < rank.size(); ++i) rank[i] = i;
+  constexpr int W = flash::kItemWords;
+  std::stable_sort(rank.begin(), rank.end(),
+                   [&](size_t x, size_t y) { return work[W * x + 3] > work[W * y + 3]; });
+  l.items.clear();
+  l.items.reserve(work.size());
+  for (size_t i : rank) l.items.insert(l.items.end(), work.begin() + W * i, work.begin() + W * (i + 1));
+  l.item_offsets = {0, int32_t(count)};
+  l.max_items = int32_t(count);
+  return true;
+}
+
 // The lists of a tile_q x tile_kv kernel: per query tile its KV tiles
 // (kv_major false: bit tiles of tile_q rows by tile_kv keys) or per KV tile
 // its query tiles (kv_major true: bit tiles of tile_kv keys by tile_q rows,

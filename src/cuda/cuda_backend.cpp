@@ -48,6 +48,7 @@
 #include "core/dtype.hpp"
 #include "core/error.hpp"
 #include "cuda/block_sparse.hpp"
+#include "cuda/bsparse_fwd.hpp"
 #include "cuda/cuda_util.hpp"
 #include "cuda/flash_bwd.hpp"
 #include "cuda/flash_fwd.hpp"
@@ -114,6 +115,11 @@ class CudaPlan final : public BackendPlan {
         moba && (gather_env == nullptr || std::atoi(gather_env) != 0) && moba_rows_fit(p);
     cfg_ = flash::fwd_config(int(d));
     kernel_ = pick_kernel(d, bf16, sparse, moba, gather);
+    // ATTN_CUDA_BSPARSE_FWD_PERSIST=1 (a tuning hook): the persistent
+    // block-sparse forward (flash_fwd_bsparse_persistent_kernel).
+    const char* persist_env = std::getenv("ATTN_CUDA_BSPARSE_FWD_PERSIST");
+    fwd_persist_ = sparse && persist_env != nullptr && std::atoi(persist_env) != 0;
+    if (fwd_persist_) kernel_ = fwd_kernel_bsparse_persistent(int(d), bf16);
 
     DeviceScope scope(device_);
     int major = 0, minor = 0, smem_optin = 0, sm_count = 0;
@@ -238,13 +244,26 @@ class CudaPlan final : public BackendPlan {
     }
 
     if (sparse) upload_tile_lists();
+    if (fwd_persist_) {
+      // As many blocks as are resident at once (the kernel loops over items).
+      int per_sm = 0;
+      check(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device_),
+            "cudaDeviceGetAttribute");
+      check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel_.func, cfg_.threads(),
+                                                          cfg_.smem_bytes(int(d))),
+            "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
+      fwd_grid_ = int(std::clamp<int64_t>(int64_t(std::max(per_sm, 1)) * sm_count, 1,
+                                          std::max<int64_t>(fwd_items_, 1)));
+    }
 
     // The forward's kernel, then the backward's variant: "-atomic" adds dQ
     // with fp32 atomics, "-bulk" with bulk reductions from shared memory
     // (sm_90), "-det" computes it in a separate pass without them.
     // Block-sparse plans say "-bsparse" and leave out warps and stages, so
     // that the name fits attn_plan_info_t's 64 characters.
-    const char* kind = !moba ? "bsparse" : moba_->gathers() ? "moba-gather" : "moba";
+    const char* kind = moba              ? (moba_->gathers() ? "moba-gather" : "moba")
+                       : fwd_persist_ ? "bsparse-p"
+                                      : "bsparse";
     int len = sparse || moba ? std::snprintf(kernel_name_, sizeof kernel_name_,
                                      "cuda-fa2-sm80-%s-d%d-%s-%dx%d", dtype_name(p.dtype),
                                      int(d), kind, cfg_.block_m, cfg_.block_n)
@@ -339,7 +358,8 @@ class CudaPlan final : public BackendPlan {
         return;
       }
     }
-    check(kernel_.launch(prm, m_blocks_, int(p.heads_q), int(p.batch),
+    const int grid_x = fwd_persist_ ? fwd_grid_ : m_blocks_;
+    check(kernel_.launch(prm, grid_x, int(p.heads_q), int(p.batch),
                          static_cast<cudaStream_t>(a.stream)),
           "forward kernel launch");
   }
@@ -476,6 +496,15 @@ class CudaPlan final : public BackendPlan {
     flash::TileLists* dst[3] = {&params_.sparse, &bwd_params_.sparse_kv, &bwd_params_.sparse_dq};
     const int n = !p.backward ? 1 : p.deterministic ? 3 : 2;
     sets[0] = build_tile_lists(mask, p.window, cfg_.block_m, cfg_.block_n, false);
+    if (fwd_persist_) {
+      fwd_persist_ = order_forward_items(sets[0], p.batch, p.heads_q, p.group(), mask->batch(),
+                                         mask->heads());
+      if (!fwd_persist_) {  // too many items: one block per query tile
+        kernel_ = pick_kernel(p.head_dim_qk, p.dtype == ATTN_DTYPE_BF16, true, false, false);
+        check(kernel_.prepare(), "cudaFuncSetAttribute");
+      }
+      fwd_items_ = sets[0].max_items;
+    }
     if (n > 1) sets[1] = build_tile_lists(mask, p.window, bwd_cfg_.block_m, bwd_cfg_.block_n, true);
     if (n > 2) {
       const flash::DqConfig dq = flash::dq_config(int(p.head_dim_qk));
@@ -715,6 +744,9 @@ class CudaPlan final : public BackendPlan {
   BwdKernels bwd_{};
   flash::BwdParams bwd_params_{};
   int m_blocks_ = 0;
+  bool fwd_persist_ = false;  // block-sparse: the persistent forward
+  int fwd_items_ = 0;         // its work items
+  int fwd_grid_ = 0;          // its blocks
   int32_t* cu_dev_ = nullptr;
   void* lists_dev_ = nullptr;  // block-sparse tile lists (upload_tile_lists)
   std::optional<MobaSchedule> moba_;  // MoBA plans
