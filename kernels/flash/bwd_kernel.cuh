@@ -62,6 +62,7 @@
 
 #include "flash/bwd_params.cuh"
 #include "flash/sm80.cuh"
+#include "sparse/prefetch.cuh"
 
 namespace attn::flash {
 
@@ -395,6 +396,35 @@ __device__ __forceinline__ void scores_t2(float (&c)[M][N][4], uint32_t a, uint3
   }
 }
 
+// Block-sparse dK/dV: into L2, the K and V tiles of the block of linear
+// index lin (same sequence; see flash_bwd_dkdv_tile), if there is one.
+template <class T, int D, int BN, int NTH>
+__device__ __forceinline__ void prefetch_dkdv_item(const BwdParams& p, int lin) {
+  if (lin >= int(gridDim.x * gridDim.y)) return;
+  const int bx = lin / int(gridDim.y), by = lin - bx * int(gridDim.y);
+  const int b = blockIdx.z, hk = by / p.group_splits;
+  const TileLists& sp = p.sparse_kv;
+  const int slot = (sp.mask_batch > 1 ? b : 0) * sp.mask_heads + (sp.mask_heads > 1 ? hk : 0);
+  const int i0 = sp.item_offsets[slot];
+  if (bx >= sp.item_offsets[slot + 1] - i0) return;
+  const int c0 = sp.items[kItemWords * (i0 + bx)] * BN;
+  int lk = p.seqlen_kv;
+  int64_t kv_tok = 0;
+  if (p.cu_kv != nullptr) {
+    kv_tok = p.cu_kv[b];
+    lk = p.cu_kv[b + 1] - int(kv_tok);
+  }
+  if (c0 >= lk) return;
+  const bool varlen = p.cu_q != nullptr;
+  const T* gK = static_cast<const T*>(p.k) + (varlen ? kv_tok * p.k_seq : b * p.k_batch) +
+                hk * p.k_head + c0 * p.k_seq;
+  const T* gV = static_cast<const T*>(p.v) + (varlen ? kv_tok * p.v_seq : b * p.v_batch) +
+                hk * p.v_head + c0 * p.v_seq;
+  const int rows = min(BN, lk - c0);
+  prefetch_rows_l2<T, D>(gK, p.k_seq, rows, int(threadIdx.x), NTH);
+  prefetch_rows_l2<T, D>(gV, p.v_seq, rows, int(threadIdx.x), NTH);
+}
+
 // The dK/dV kernels' body. Gather (with Moba): MoBA's gathered rows.
 template <class T, int D, int V, bool Sparse, bool Moba, bool Gather>
 __device__ __forceinline__ void flash_bwd_dkdv_tile(const BwdParams& p) {
@@ -441,6 +471,11 @@ __device__ __forceinline__ void flash_bwd_dkdv_tile(const BwdParams& p) {
     const int lin = bx + by * int(gridDim.x);
     bx = lin / int(gridDim.y);
     by = lin - bx * int(gridDim.y);
+    // (Not in the configurations without bulk dQ: there its registers
+    // made variant 1 at D = 128 spill.)
+    if constexpr (Tr::kBulk)
+      if (p.sparse_kv.prefetch_ahead > 0)
+        prefetch_dkdv_item<T, D, Tr::kBN, NTH>(p, lin + p.sparse_kv.prefetch_ahead);
   }
   const int b = blockIdx.z, hk = by / p.group_splits;
   const int heads_per = p.group / p.group_splits;

@@ -41,6 +41,7 @@
 #include "flash/fwd_params.cuh"
 #include "flash/sequence.cuh"
 #include "flash/sm80.cuh"
+#include "sparse/prefetch.cuh"
 
 namespace attn::flash {
 
@@ -574,10 +575,6 @@ __global__ void __launch_bounds__(FwdTraits<D>::kThreads, FwdTraits<D>::kMinBloc
   flash_fwd_tile<T, D, Sparse, Moba, false>(p, 0);
 }
 
-__device__ __forceinline__ void prefetch_l2(const void* ptr) {
-  asm volatile("prefetch.global.L2 [%0];" ::"l"(ptr));
-}
-
 // Into L2: the Q tile and the first KV tile (the list's last) of a
 // block-sparse forward work item, so that its start, an item later, reads
 // them from L2 rather than from memory.
@@ -585,7 +582,6 @@ template <class T, int D>
 __device__ __forceinline__ void prefetch_bsparse_item(const FwdParams& p, const int32_t* item) {
   using Tr = FwdTraits<D>;
   constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN, NTH = Tr::kThreads;
-  constexpr int LINES = (D * 2 + 127) / 128;  // 128-byte lines per row
   const int b = item[0], h = item[1], m_block = item[2];
   QueryTile qt;
   if (!query_tile_of<BM>(p, b, m_block, qt)) return;
@@ -593,8 +589,7 @@ __device__ __forceinline__ void prefetch_bsparse_item(const FwdParams& p, const 
   const int tid = threadIdx.x, hk = h / p.group;
   const T* gQ = static_cast<const T*>(p.q) + (varlen ? qt.q_tok * p.q_seq : b * p.q_batch) +
                 h * p.q_head + qt.r0 * p.q_seq;
-  for (int c = tid; c < qt.rows * LINES; c += NTH)
-    prefetch_l2(gQ + (c / LINES) * p.q_seq + (c % LINES) * 64);
+  prefetch_rows_l2<T, D>(gQ, p.q_seq, qt.rows, tid, NTH);
   const TileLists& sp = p.sparse;
   const int list = ((sp.mask_batch > 1 ? b : 0) * sp.mask_heads + (sp.mask_heads > 1 ? hk : 0)) *
                        sp.tiles + m_block;
@@ -606,10 +601,8 @@ __device__ __forceinline__ void prefetch_bsparse_item(const FwdParams& p, const 
                 hk * p.k_head + int64_t(n) * BN * p.k_seq;
   const T* gV = static_cast<const T*>(p.v) + (varlen ? qt.kv_tok * p.v_seq : b * p.v_batch) +
                 hk * p.v_head + int64_t(n) * BN * p.v_seq;
-  for (int c = tid; c < rows * LINES; c += NTH) {
-    prefetch_l2(gK + (c / LINES) * p.k_seq + (c % LINES) * 64);
-    prefetch_l2(gV + (c / LINES) * p.v_seq + (c % LINES) * 64);
-  }
+  prefetch_rows_l2<T, D>(gK, p.k_seq, rows, tid, NTH);
+  prefetch_rows_l2<T, D>(gV, p.v_seq, rows, tid, NTH);
 }
 
 // Block-sparse forward, persistent: grid (blocks that fit on the device at

@@ -52,6 +52,10 @@ struct TileLists {
   const int32_t* item_offsets;
   const int32_t* cut_tiles;
   int32_t max_cut;  // the most cut tiles of a slot (0: no list is cut)
+  // > 0: each block of the dK/dV kernel prefetches into L2 the K and V
+  // tiles of the block this many later in launch order (about when it
+  // starts), which no other block reads before it; 0: none.
+  int32_t prefetch_ahead;
 };
 
 }  // namespace attn::flash

@@ -107,7 +107,8 @@ inline bool order_forward_items(HostTileLists& l, int64_t batch, int64_t heads_q
                    [&](size_t x, size_t y) { return work[W * x + 3] > work[W * y + 3]; });
   l.items.clear();
   l.items.reserve(work.size());
-  for (size_t i : rank) l.items.insert(l.items.end(), work.begin() + W * i, work.begin() + W * (i + 1));
+  for (size_t i : rank)
+    l.items.insert(l.items.end(), work.begin() + W * i, work.begin() + W * (i + 1));
   l.item_offsets = {0, int32_t(count)};
   l.max_items = int32_t(count);
   return true;

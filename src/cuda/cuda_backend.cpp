@@ -489,7 +489,7 @@ class CudaPlan final : public BackendPlan {
 
   // Builds the tile lists of every kernel the plan runs and uploads them
   // into one device allocation (lists_dev_, owned by the plan).
-  void upload_tile_lists() {
+  void upload_tile_lists() {  // after the backward's kernels are prepared
     const Problem& p = problem_;
     const std::shared_ptr<const BlockMask>& mask = p.block_mask;
     HostTileLists sets[3];
@@ -513,6 +513,18 @@ class CudaPlan final : public BackendPlan {
     if (n > 1) {
       split_kv_lists(sets[1]);
       kv_items_ = sets[1].max_items;
+    }
+    // ATTN_CUDA_BSPARSE_PREFETCH=1 (a tuning hook): the dK/dV kernel's
+    // blocks prefetch the K, V tiles of the block one device-full later.
+    int kv_prefetch = 0;
+    const char* prefetch_env = std::getenv("ATTN_CUDA_BSPARSE_PREFETCH");
+    if (n > 1 && prefetch_env != nullptr && std::atoi(prefetch_env) != 0) {
+      int per_sm = 0;
+      const size_t smem = bwd_cfg_.smem_bytes(int(p.head_dim_qk));
+      check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, bwd_.dkdv_func,
+                                                          bwd_cfg_.threads(), smem),
+            "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
+      kv_prefetch = std::max(per_sm, 1) * sm_count_;
     }
     // Layout: per set its bit tiles (8-byte words first), offsets, visits,
     // work items, their offsets and the cut tiles.
@@ -569,6 +581,7 @@ class CudaPlan final : public BackendPlan {
       l.item_offsets = reinterpret_cast<const int32_t*>(base + at[k][4]);
       l.cut_tiles = reinterpret_cast<const int32_t*>(base + at[k][5]);
       l.max_cut = sets[k].max_cut;
+      l.prefetch_ahead = k == 1 ? kv_prefetch : 0;
       l.tiles = sets[k].tiles;
       l.mask_batch = int32_t(m.batch());
       l.mask_heads = int32_t(m.heads());

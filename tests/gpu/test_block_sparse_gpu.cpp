@@ -22,7 +22,9 @@
 // plan's kernel name says ("-cut"), and the cases that expect it check
 // that. The cases that set fwd_persist run the persistent forward
 // (ATTN_CUDA_BSPARSE_FWD_PERSIST=1, "-bsparse-p" in the kernel name: work
-// items longest first, one block per resident slot). Tolerance
+// items longest first, one block per resident slot); those that set
+// prefetch have the dK/dV kernel's blocks prefetch later blocks' K and V
+// (ATTN_CUDA_BSPARSE_PREFETCH=1). Tolerance
 // (FlashAttention's rule, as the other GPU tests): max |X - X_fp64| <=
 // 2 * max |X_plain - X_fp64| + atol, X_plain from ref_lowp_* (every op
 // rounded to the dtype, fp32 sums); for dQ and dK plus twice the error
@@ -61,6 +63,7 @@ struct Case : CaseShape {
   int group_split = 0;        // > 0: ATTN_CUDA_BWD_GROUP_SPLIT for the plans
   bool expect_cut = false;    // the backward with atomics must say "-cut"
   bool fwd_persist = false;   // ATTN_CUDA_BSPARSE_FWD_PERSIST=1 for the plans
+  bool prefetch = false;      // ATTN_CUDA_BSPARSE_PREFETCH=1 for the plans
 };
 using Problem = CaseProblem<Case>;
 
@@ -279,6 +282,7 @@ Run run_device(const Case& c0, attn_context_t ctx) {
     ScopedEnv split("ATTN_CUDA_BWD_GROUP_SPLIT",
                     c.group_split > 0 ? std::to_string(c.group_split) : "");
     ScopedEnv persist("ATTN_CUDA_BSPARSE_FWD_PERSIST", c.fwd_persist ? "1" : "");
+    ScopedEnv prefetch("ATTN_CUDA_BSPARSE_PREFETCH", c.prefetch ? "1" : "");
     plans[0] = build_plan(p, ctx, mask, false);
     plans[1] = build_plan(p, ctx, mask, true);
   }
@@ -382,20 +386,21 @@ std::vector<Case> cases() {
   c.src = Source::kBigBird;
   c.expect_cut = true;  // the global key tiles' lists (24 query tiles)
   v.push_back(c);
-  c.name = "d128-fp16-b96-bigbird-causal-persistent-fwd";
-  c.fwd_persist = true;
+  c.name = "d128-fp16-b96-bigbird-causal-persistent-fwd-prefetch";
+  c.fwd_persist = true, c.prefetch = true;
   v.push_back(c);
   // Cut lists with whole groups: the cut tiles' own accumulators, per
   // (sequence, KV head) of a mask shared by the batch, with GQA.
   c = make("d128-bf16-b128-bigbird-gqa4/2-whole-group-batch2", BF, 128, 2, 4, 2, 1100, 1100,
            NONE, 128, 128);
   c.src = Source::kBigBird, c.mask_heads = 2, c.group_split = 1, c.expect_cut = true;
-  c.padded = true, c.fwd_persist = true;
+  c.padded = true, c.fwd_persist = true, c.prefetch = true;
   v.push_back(c);
   // Every list cut into items of 3 visits: masks per sequence and KV head
   // cut different numbers of tiles (empty accumulator slots).
   c = make("d64-bf16-b64-causal-cut3-per-batch", BF, 64, 2, 2, 2, 700, 700, CAUSAL, 64, 64);
   c.mask_batch = 2, c.mask_heads = 2, c.cut_item = 3, c.expect_cut = true, c.fwd_persist = true;
+  c.prefetch = true;
   v.push_back(c);
   c = make("d256-fp16-b64-none-cut2-lq<lk", FP, 256, 1, 2, 1, 300, 333, NONE, 64, 64);
   c.cut_item = 2, c.group_split = 1, c.expect_cut = true, c.fwd_persist = true;
