@@ -606,18 +606,17 @@ __device__ __forceinline__ void prefetch_bsparse_item(const FwdParams& p, const 
 }
 
 // Block-sparse forward, persistent: grid (blocks that fit on the device at
-// once, 1, 1); block x takes work items x, x + gridDim.x, ... of the
-// forward's list (p.sparse.items: sequence, query head, query tile, length;
-// longest first), so that the long lists start first and the short ones
-// fill the end, and prefetches each next item's Q and first K, V tiles
-// into L2 while it computes the current one.
+// once, 1, 1); block x computes its work items (p.sparse.items [item_offsets[x],
+// item_offsets[x + 1]): sequence, query head, query tile, list length; dealt
+// at plan creation, src/cuda/block_sparse.hpp) one after the other, and
+// prefetches each next item's Q and first K, V tiles into L2 while it
+// computes the current one. No block launch per query tile.
 template <class T, int D>
 __global__ void __launch_bounds__(FwdTraits<D>::kThreads, FwdTraits<D>::kMinBlocks)
     flash_fwd_bsparse_persistent_kernel(const __grid_constant__ FwdParams p) {
-  const int count = p.sparse.item_offsets[1];
-  for (int w = int(blockIdx.x); w < count; w += int(gridDim.x)) {
-    if (w + int(gridDim.x) < count)
-      prefetch_bsparse_item<T, D>(p, p.sparse.items + kItemWords * (w + int(gridDim.x)));
+  const int end = p.sparse.item_offsets[blockIdx.x + 1];
+  for (int w = p.sparse.item_offsets[blockIdx.x]; w < end; ++w) {
+    if (w + 1 < end) prefetch_bsparse_item<T, D>(p, p.sparse.items + kItemWords * (w + 1));
     flash_fwd_tile<T, D, true, false, false, true>(p, 0, p.sparse.items + kItemWords * w);
     __syncthreads();  // the next item reuses shared memory
   }

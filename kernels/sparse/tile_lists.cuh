@@ -46,8 +46,8 @@ struct TileLists {
   // (< max_cut), is the same in all its items, and -1 in an uncut tile's.
   // cut_tiles[slot * max_cut + c] is the KV tile of slot c (-1: none).
   // Query-major lists of the persistent forward: its work items (sequence,
-  // query head, query tile, list length), longest first, item_offsets[1]
-  // of them (item_offsets[0] = 0); null otherwise.
+  // query head, query tile, list length), block x's [item_offsets[x],
+  // item_offsets[x + 1]); empty otherwise.
   const int32_t* items;
   const int32_t* item_offsets;
   const int32_t* cut_tiles;

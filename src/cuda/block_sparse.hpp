@@ -13,6 +13,9 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
+#include <queue>
+#include <utility>
 #include <vector>
 
 #include "core/error.hpp"
@@ -82,35 +85,55 @@ inline void cut_work_items(HostTileLists& l, int64_t slots, int64_t max_item) {
               l.cut_tiles.begin() + s * l.max_cut);
 }
 
-// The persistent forward's work items of query-major lists
-// (flash::TileLists::items): every (sequence, query head, query tile) of
-// `batch` sequences of heads_q query heads (group per KV head), longest
-// list first; ties keep (sequence, head, tile) order. False (nothing
-// changed) when they would not fit 32-bit counts.
+// The persistent forward's work (flash::TileLists::items): every
+// (sequence, query head, query tile) of `batch` sequences of heads_q query
+// heads (group per KV head), dealt to `blocks` blocks. The items go in the
+// order the one-block-per-tile forward starts its blocks (sequence by
+// sequence, head by head, so that the blocks at work at one time share K
+// and V in L2), each head's longest lists first, each to the block that
+// would be free first, counting a list's visits plus kStartCost for the
+// item's start and end: the assignment a dynamic queue would make, fixed at
+// plan creation. Per block, its items in that order, [item_offsets[x],
+// item_offsets[x + 1]). False (nothing changed) when they would not fit
+// 32-bit counts.
 inline bool order_forward_items(HostTileLists& l, int64_t batch, int64_t heads_q, int64_t group,
-                                int64_t mask_batch, int64_t mask_heads) {
+                                int64_t mask_batch, int64_t mask_heads, int64_t blocks) {
+  constexpr int W = flash::kItemWords;
+  constexpr int64_t kStartCost = 2;  // visits' worth (a guess, not measured)
   const int64_t tiles = l.tiles, count = batch * heads_q * tiles;
-  if (count * flash::kItemWords > INT32_MAX) return false;
-  std::vector<int32_t> work;  // (b, h, tile, length)
-  work.reserve(size_t(count) * flash::kItemWords);
+  if (count * W > INT32_MAX || blocks < 1 || blocks > INT32_MAX) return false;
+  std::vector<std::vector<int32_t>> dealt(static_cast<size_t>(blocks));
+  // (time the block would be free, block), least first.
+  using Free = std::pair<int64_t, int64_t>;
+  std::priority_queue<Free, std::vector<Free>, std::greater<Free>> free_at;
+  for (int64_t x = 0; x < blocks; ++x) free_at.push({0, x});
+  std::vector<int32_t> rank(static_cast<size_t>(tiles));
   for (int64_t b = 0; b < batch; ++b)
     for (int64_t h = 0; h < heads_q; ++h) {
       const int64_t slot = (mask_batch > 1 ? b : 0) * mask_heads + (mask_heads > 1 ? h / group : 0);
       const int32_t* off = l.offsets.data() + slot * tiles;
-      for (int64_t t = 0; t < tiles; ++t)
-        work.insert(work.end(), {int32_t(b), int32_t(h), int32_t(t), off[t + 1] - off[t]});
+      for (int64_t t = 0; t < tiles; ++t) rank[size_t(t)] = int32_t(t);
+      std::stable_sort(rank.begin(), rank.end(), [&](int32_t x, int32_t y) {
+        return off[x + 1] - off[x] > off[y + 1] - off[y];
+      });
+      for (int32_t t : rank) {
+        const int32_t length = off[t + 1] - off[t];
+        const Free f = free_at.top();
+        free_at.pop();
+        dealt[size_t(f.second)].insert(dealt[size_t(f.second)].end(),
+                                       {int32_t(b), int32_t(h), t, length});
+        free_at.push({f.first + length + kStartCost, f.second});
+      }
     }
-  std::vector<size_t> rank(static_cast<size_t>(count));
-  for (size_t i = 0; i < rank.size(); ++i) rank[i] = i;
-  constexpr int W = flash::kItemWords;
-  std::stable_sort(rank.begin(), rank.end(),
-                   [&](size_t x, size_t y) { return work[W * x + 3] > work[W * y + 3]; });
   l.items.clear();
-  l.items.reserve(work.size());
-  for (size_t i : rank)
-    l.items.insert(l.items.end(), work.begin() + W * i, work.begin() + W * (i + 1));
-  l.item_offsets = {0, int32_t(count)};
-  l.max_items = int32_t(count);
+  l.items.reserve(size_t(count) * W);
+  l.item_offsets.assign(1, 0);
+  l.max_items = 0;
+  for (const std::vector<int32_t>& d : dealt) {
+    l.items.insert(l.items.end(), d.begin(), d.end());
+    l.item_offsets.push_back(int32_t(l.items.size() / W));
+    l.max_items = std::max(l.max_items, int32_t(d.size() / W));
+  }
   return true;
 }
 

@@ -243,18 +243,19 @@ class CudaPlan final : public BackendPlan {
       if (shifted) params_.diag_shift = bwd_params_.diag_shift = cu_dev_ + 2 * n;
     }
 
-    if (sparse) upload_tile_lists();
     if (fwd_persist_) {
-      // As many blocks as are resident at once (the kernel loops over items).
+      // As many blocks as are resident at once (each loops over its items).
       int per_sm = 0;
       check(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device_),
             "cudaDeviceGetAttribute");
       check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel_.func, cfg_.threads(),
                                                           cfg_.smem_bytes(int(d))),
             "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
+      const int64_t items = p.batch * p.heads_q * ((p.seqlen_q + cfg_.block_m - 1) / cfg_.block_m);
       fwd_grid_ = int(std::clamp<int64_t>(int64_t(std::max(per_sm, 1)) * sm_count, 1,
-                                          std::max<int64_t>(fwd_items_, 1)));
+                                          std::max<int64_t>(items, 1)));
     }
+    if (sparse) upload_tile_lists();
 
     // The forward's kernel, then the backward's variant: "-atomic" adds dQ
     // with fp32 atomics, "-bulk" with bulk reductions from shared memory
@@ -498,12 +499,11 @@ class CudaPlan final : public BackendPlan {
     sets[0] = build_tile_lists(mask, p.window, cfg_.block_m, cfg_.block_n, false);
     if (fwd_persist_) {
       fwd_persist_ = order_forward_items(sets[0], p.batch, p.heads_q, p.group(), mask->batch(),
-                                         mask->heads());
+                                         mask->heads(), fwd_grid_);
       if (!fwd_persist_) {  // too many items: one block per query tile
         kernel_ = pick_kernel(p.head_dim_qk, p.dtype == ATTN_DTYPE_BF16, true, false, false);
         check(kernel_.prepare(), "cudaFuncSetAttribute");
       }
-      fwd_items_ = sets[0].max_items;
     }
     if (n > 1) sets[1] = build_tile_lists(mask, p.window, bwd_cfg_.block_m, bwd_cfg_.block_n, true);
     if (n > 2) {
@@ -758,7 +758,6 @@ class CudaPlan final : public BackendPlan {
   flash::BwdParams bwd_params_{};
   int m_blocks_ = 0;
   bool fwd_persist_ = false;  // block-sparse: the persistent forward
-  int fwd_items_ = 0;         // its work items
   int fwd_grid_ = 0;          // its blocks
   int32_t* cu_dev_ = nullptr;
   void* lists_dev_ = nullptr;  // block-sparse tile lists (upload_tile_lists)
