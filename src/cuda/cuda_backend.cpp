@@ -17,7 +17,12 @@
 // tile lists (cuda/block_sparse.hpp) instead of the dense intervals: one set
 // per kernel tile shape (forward; dK/dV, KV-major; the deterministic dQ),
 // uploaded into one device allocation at plan creation and freed with the
-// plan.
+// plan. Tuning hooks, read at plan creation, so that one run can time both
+// sides: ATTN_CUDA_BSPARSE_FWD_PERSIST=1, the persistent forward (blocks
+// that stay resident and loop over query tiles dealt at plan creation,
+// "-bsparse-p" in the kernel name); ATTN_CUDA_BSPARSE_PREFETCH=1, L2
+// prefetches of later dK/dV blocks' K and V; ATTN_CUDA_BSPARSE_ITEM=n,
+// dK/dV work items of at most n visits (split_kv_lists).
 //
 // MoBA plans run the kernels' Moba instantiations after the selector
 // (cuda/moba_select.hpp), which writes the run-time schedule into the
