@@ -21,10 +21,10 @@
 // group 1) the cut tiles then accumulate in slots of their own, which the
 // plan's kernel name says ("-cut"), and the cases that expect it check
 // that. The cases that set fwd_persist run the persistent forward
-// (ATTN_CUDA_BSPARSE_FWD_PERSIST=1, "-bsparse-p" in the kernel name: work
-// items longest first, one block per resident slot); those that set
-// prefetch have the dK/dV kernel's blocks prefetch later blocks' K and V
-// (ATTN_CUDA_BSPARSE_PREFETCH=1). Tolerance
+// (ATTN_CUDA_BSPARSE_FWD_PERSIST=1, "-bsparse-p" in the kernel name:
+// resident blocks, each looping over the query tiles dealt to it); those
+// that set prefetch have the dK/dV kernel's blocks prefetch later blocks'
+// K and V (ATTN_CUDA_BSPARSE_PREFETCH=1). Tolerance
 // (FlashAttention's rule, as the other GPU tests): max |X - X_fp64| <=
 // 2 * max |X_plain - X_fp64| + atol, X_plain from ref_lowp_* (every op
 // rounded to the dtype, fp32 sums); for dQ and dK plus twice the error
