@@ -397,12 +397,14 @@ __device__ __forceinline__ void scores_t2(float (&c)[M][N][4], uint32_t a, uint3
 }
 
 // Block-sparse dK/dV: into L2, the K and V tiles of the block of linear
-// index lin (same sequence; see flash_bwd_dkdv_tile), if there is one.
+// index lin < n_lin of sequence b (ny: blocks per work item; see
+// flash_bwd_dkdv_tile), if there is one.
 template <class T, int D, int BN, int NTH>
-__device__ __forceinline__ void prefetch_dkdv_item(const BwdParams& p, int lin) {
-  if (lin >= int(gridDim.x * gridDim.y)) return;
-  const int bx = lin / int(gridDim.y), by = lin - bx * int(gridDim.y);
-  const int b = blockIdx.z, hk = by / p.group_splits;
+__device__ __forceinline__ void prefetch_dkdv_item(const BwdParams& p, int b, int lin, int ny,
+                                                   int n_lin) {
+  if (lin >= n_lin) return;
+  const int bx = lin / ny, by = lin - bx * ny;
+  const int hk = by / p.group_splits;
   const TileLists& sp = p.sparse_kv;
   const int slot = (sp.mask_batch > 1 ? b : 0) * sp.mask_heads + (sp.mask_heads > 1 ? hk : 0);
   const int i0 = sp.item_offsets[slot];
@@ -426,8 +428,10 @@ __device__ __forceinline__ void prefetch_dkdv_item(const BwdParams& p, int lin) 
 }
 
 // The dK/dV kernels' body. Gather (with Moba): MoBA's gathered rows.
-template <class T, int D, int V, bool Sparse, bool Moba, bool Gather>
-__device__ __forceinline__ void flash_bwd_dkdv_tile(const BwdParams& p) {
+// Persist (with Sparse): the block `work` of the one-block-per-item grid
+// (flash_bwd_dkdv_bsparse_persistent_kernel) instead of this block's.
+template <class T, int D, int V, bool Sparse, bool Moba, bool Gather, bool Persist = false>
+__device__ __forceinline__ void flash_bwd_dkdv_tile(const BwdParams& p, int work = 0) {
   using Tr = BwdTraits<D, V>;
   constexpr int BM = Tr::kBM, BN = Tr::kBN, NTH = Tr::kThreads, LD = Tr::kLd, LDS = Tr::kLdS;
   // Gathered rows are not consecutive: their dQ goes row by row with REDs.
@@ -466,18 +470,26 @@ __device__ __forceinline__ void flash_bwd_dkdv_tile(const BwdParams& p) {
   // first), and blocks start in the order of their linear index, so that
   // index counts KV heads (and parts) fastest: a few long lists (global
   // keys, sinks) then start first instead of after every head before theirs.
-  int bx = int(blockIdx.x), by = int(blockIdx.y);
+  int bx = int(blockIdx.x), by = int(blockIdx.y), b = int(blockIdx.z);
   if constexpr (Sparse) {
-    const int lin = bx + by * int(gridDim.x);
-    bx = lin / int(gridDim.y);
-    by = lin - bx * int(gridDim.y);
+    int lin = bx + by * int(gridDim.x), ny = int(gridDim.y);
+    if constexpr (Persist) {
+      // work = b * grid_x * grid_y + lin in that grid.
+      ny = p.sparse_kv.grid_y;
+      const int per_b = p.sparse_kv.grid_x * ny;
+      b = work / per_b;
+      lin = work - b * per_b;
+    }
+    bx = lin / ny;
+    by = lin - bx * ny;
     // (Not in the configurations without bulk dQ: there its registers
     // made variant 1 at D = 128 spill.)
-    if constexpr (Tr::kBulk)
+    if constexpr (Tr::kBulk && !Persist)
       if (p.sparse_kv.prefetch_ahead > 0)
-        prefetch_dkdv_item<T, D, Tr::kBN, NTH>(p, lin + p.sparse_kv.prefetch_ahead);
+        prefetch_dkdv_item<T, D, Tr::kBN, NTH>(p, b, lin + p.sparse_kv.prefetch_ahead, ny,
+                                               int(gridDim.x) * ny);
   }
-  const int b = blockIdx.z, hk = by / p.group_splits;
+  const int hk = by / p.group_splits;
   const int heads_per = p.group / p.group_splits;
   const int h_first = hk * p.group + (by - hk * p.group_splits) * heads_per;
   int kv_tile = bx, item_begin = 0, item_end = 0;
@@ -1075,6 +1087,31 @@ template <class T, int D, int V, bool Sparse = false, bool Moba = false>
 __global__ void __launch_bounds__(BwdTraits<D, V>::kThreads, 1)
     flash_bwd_dkdv_kernel(const __grid_constant__ BwdParams p) {
   flash_bwd_dkdv_tile<T, D, V, Sparse, Moba, false>(p);
+}
+
+// Block-sparse dK/dV, persistent: grid (blocks resident at once, 1, 1);
+// block x computes the blocks of the one-block-per-item grid dealt to it at
+// plan creation (p.sparse_kv.dealt [dealt_offsets[x], dealt_offsets[x + 1]),
+// src/cuda/block_sparse.hpp) one after the other, and prefetches the next
+// one's K and V into L2 (bulk-dQ configurations, as above). No block
+// launch, and no K, V load from memory, per work item.
+template <class T, int D, int V>
+__global__ void __launch_bounds__(BwdTraits<D, V>::kThreads, 1)
+    flash_bwd_dkdv_bsparse_persistent_kernel(const __grid_constant__ BwdParams p) {
+  using Tr = BwdTraits<D, V>;
+  const TileLists& sp = p.sparse_kv;
+  const int end = sp.dealt_offsets[blockIdx.x + 1];
+  for (int w = sp.dealt_offsets[blockIdx.x]; w < end; ++w) {
+    if constexpr (Tr::kBulk) {
+      if (w + 1 < end) {
+        const int next = sp.dealt[w + 1], per_b = sp.grid_x * sp.grid_y;
+        const int b = next / per_b;
+        prefetch_dkdv_item<T, D, Tr::kBN, Tr::kThreads>(p, b, next - b * per_b, sp.grid_y, per_b);
+      }
+    }
+    flash_bwd_dkdv_tile<T, D, V, true, false, false, true>(p, sp.dealt[w]);
+    __syncthreads();  // the next work item reuses shared memory
+  }
 }
 
 // MoBA's dK/dV kernel over the rows that selected each block (the row

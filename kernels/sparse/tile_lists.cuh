@@ -56,6 +56,13 @@ struct TileLists {
   // tiles of the block this many later in launch order (about when it
   // starts), which no other block reads before it; 0: none.
   int32_t prefetch_ahead;
+  // The persistent dK/dV kernel's work: block x computes the blocks
+  // dealt[dealt_offsets[x]] ... of the one-block-per-item grid (grid_x work
+  // items by grid_y blocks each, per sequence), numbered b * grid_x *
+  // grid_y + item * grid_y + part; empty otherwise.
+  const int32_t* dealt;
+  const int32_t* dealt_offsets;
+  int32_t grid_x, grid_y;
 };
 
 }  // namespace attn::flash

@@ -20,9 +20,11 @@
 // plan. Tuning hooks, read at plan creation, so that one run can time both
 // sides: ATTN_CUDA_BSPARSE_FWD_PERSIST=1, the persistent forward (blocks
 // that stay resident and loop over query tiles dealt at plan creation,
-// "-bsparse-p" in the kernel name); ATTN_CUDA_BSPARSE_PREFETCH=1, L2
-// prefetches of later dK/dV blocks' K and V; ATTN_CUDA_BSPARSE_ITEM=n,
-// dK/dV work items of at most n visits (split_kv_lists).
+// "-bsparse-p" in the kernel name); ATTN_CUDA_BSPARSE_BWD_PERSIST=1, the
+// persistent dK/dV kernel (likewise, work items dealt at plan creation,
+// "+bwd-p"); ATTN_CUDA_BSPARSE_PREFETCH=1, L2 prefetches of later dK/dV
+// blocks' K and V; ATTN_CUDA_BSPARSE_ITEM=n, dK/dV work items of at most n
+// visits (split_kv_lists).
 //
 // MoBA plans run the kernels' Moba instantiations after the selector
 // (cuda/moba_select.hpp), which writes the run-time schedule into the
@@ -186,6 +188,10 @@ class CudaPlan final : public BackendPlan {
       };
       while (variant + 1 < flash::bwd_variants(int(d)) && !fits(variant)) ++variant;
       bwd_ = pick_bwd_kernels(d, bf16, variant, sparse, moba, gather);
+      // ATTN_CUDA_BSPARSE_BWD_PERSIST=1 (a tuning hook): the persistent
+      // block-sparse dK/dV kernel (upload_tile_lists deals its work).
+      const char* bwd_persist_env = std::getenv("ATTN_CUDA_BSPARSE_BWD_PERSIST");
+      bwd_persist_ = sparse && bwd_persist_env != nullptr && std::atoi(bwd_persist_env) != 0;
       bwd_cfg_ = flash::bwd_config(int(d), variant);
       require_image(bwd_.dkdv_func);
       require_smem(bwd_cfg_.smem_bytes(int(d)), "backward");
@@ -265,25 +271,31 @@ class CudaPlan final : public BackendPlan {
     // The forward's kernel, then the backward's variant: "-atomic" adds dQ
     // with fp32 atomics, "-bulk" with bulk reductions from shared memory
     // (sm_90), "-det" computes it in a separate pass without them.
-    // Block-sparse plans say "-bsparse" and leave out warps and stages, so
-    // that the name fits attn_plan_info_t's 64 characters.
-    const char* kind = moba              ? (moba_->gathers() ? "moba-gather" : "moba")
-                       : fwd_persist_ ? "bsparse-p"
-                                      : "bsparse";
-    int len = sparse || moba ? std::snprintf(kernel_name_, sizeof kernel_name_,
-                                     "cuda-fa2-sm80-%s-d%d-%s-%dx%d", dtype_name(p.dtype),
-                                     int(d), kind, cfg_.block_m, cfg_.block_n)
-                     : std::snprintf(kernel_name_, sizeof kernel_name_,
-                                     "cuda-fa2-sm80-%s-d%d-%dx%d-w%d-s%d", dtype_name(p.dtype),
-                                     int(d), cfg_.block_m, cfg_.block_n, cfg_.warps, cfg_.stages);
+    // Block-sparse and MoBA plans say "-bsparse" or "-moba..." and leave out
+    // warps and stages, so that the name fits attn_plan_info_t's 64
+    // characters; block-sparse ones also "sm80" (the same kernel family),
+    // for room for their markers: "-p" after "bsparse" and after "+bwd" (the
+    // persistent kernels) and "-cut" (below).
+    const char* kind = moba ? (moba_->gathers() ? "moba-gather" : "moba")
+                            : fwd_persist_ ? "bsparse-p" : "bsparse";
+    int len = moba     ? std::snprintf(kernel_name_, sizeof kernel_name_,
+                                       "cuda-fa2-sm80-%s-d%d-%s-%dx%d", dtype_name(p.dtype),
+                                       int(d), kind, cfg_.block_m, cfg_.block_n)
+              : sparse ? std::snprintf(kernel_name_, sizeof kernel_name_,
+                                       "cuda-fa2-%s-d%d-%s-%dx%d", dtype_name(p.dtype), int(d),
+                                       kind, cfg_.block_m, cfg_.block_n)
+                       : std::snprintf(kernel_name_, sizeof kernel_name_,
+                                       "cuda-fa2-sm80-%s-d%d-%dx%d-w%d-s%d", dtype_name(p.dtype),
+                                       int(d), cfg_.block_m, cfg_.block_n, cfg_.warps,
+                                       cfg_.stages);
     if (p.backward && len > 0 && size_t(len) < sizeof kernel_name_) {
       const char* dq_kind = p.deterministic             ? "det"
                             : bwd_cfg_.bulk_dq && !gather ? "bulk"
                                                           : "atomic";
       if (sparse || moba)
-        std::snprintf(kernel_name_ + len, sizeof kernel_name_ - size_t(len), "+bwd-%dx%d-%s-%s",
-                      bwd_cfg_.block_m, bwd_cfg_.block_n, bwd_cfg_.register_path() ? "r" : "s",
-                      dq_kind);
+        std::snprintf(kernel_name_ + len, sizeof kernel_name_ - size_t(len), "+bwd%s-%dx%d-%s-%s",
+                      bwd_persist_ ? "-p" : "", bwd_cfg_.block_m, bwd_cfg_.block_n,
+                      bwd_cfg_.register_path() ? "r" : "s", dq_kind);
       else
         std::snprintf(kernel_name_ + len, sizeof kernel_name_ - size_t(len), "+bwd-%dx%d-w%d%s-%s",
                       bwd_cfg_.block_m, bwd_cfg_.block_n, bwd_cfg_.warps,
@@ -426,8 +438,11 @@ class CudaPlan final : public BackendPlan {
       // Block-sparse: one block per work item (tile_lists.cuh).
       const int n_blocks = p.block_mask ? kv_items_
                                         : int((p.seqlen_kv + bwd_cfg_.block_n - 1) / bwd_cfg_.block_n);
-      check(bwd_.dkdv(prm, n_blocks, int(p.heads_kv) * group_splits_, int(p.batch), stream),
-            "backward dK/dV kernel launch");
+      if (bwd_persist_)
+        check(bwd_.dkdv_persistent(prm, bwd_grid_, 0, 0, stream), "backward dK/dV kernel launch");
+      else
+        check(bwd_.dkdv(prm, n_blocks, int(p.heads_kv) * group_splits_, int(p.batch), stream),
+              "backward dK/dV kernel launch");
       if (kv_accum > 0)
         check(compact_kv_accum() ? bwd_.convert_dkdv_tiles(prm, kv_accum_rows(), stream)
                                  : bwd_.convert_dkdv(prm, kv_accum_rows(), stream),
@@ -519,6 +534,17 @@ class CudaPlan final : public BackendPlan {
       split_kv_lists(sets[1]);
       kv_items_ = sets[1].max_items;
     }
+    if (n > 1 && bwd_persist_) {
+      int per_sm = 0;
+      const size_t smem = bwd_cfg_.smem_bytes(int(p.head_dim_qk));
+      check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, bwd_.dkdv_persistent_func,
+                                                          bwd_cfg_.threads(), smem),
+            "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
+      bwd_grid_ = std::max(per_sm, 1) * std::max(sm_count_, 1);
+      bwd_persist_ = deal_dkdv_work(sets[1], p.batch, p.heads_kv, group_splits_,
+                                    p.group() / group_splits_, mask->batch(), mask->heads(),
+                                    bwd_grid_);
+    }
     // ATTN_CUDA_BSPARSE_PREFETCH=1 (a tuning hook): the dK/dV kernel's
     // blocks prefetch the K, V tiles of the block one device-full later.
     int kv_prefetch = 0;
@@ -532,8 +558,9 @@ class CudaPlan final : public BackendPlan {
       kv_prefetch = std::max(per_sm, 1) * sm_count_;
     }
     // Layout: per set its bit tiles (8-byte words first), offsets, visits,
-    // work items, their offsets and the cut tiles.
-    constexpr int kArrays = 6;
+    // work items, their offsets, the cut tiles, the persistent dK/dV
+    // kernel's work and its offsets.
+    constexpr int kArrays = 8;
     size_t bytes = 0, at[3][kArrays];
     for (int k = 0; k < n; ++k) {
       const size_t sizes[kArrays] = {sets[k].bits.size() * sizeof(uint64_t),
@@ -541,7 +568,9 @@ class CudaPlan final : public BackendPlan {
                                      sets[k].visits.size() * sizeof(int32_t),
                                      sets[k].items.size() * sizeof(int32_t),
                                      sets[k].item_offsets.size() * sizeof(int32_t),
-                                     sets[k].cut_tiles.size() * sizeof(int32_t)};
+                                     sets[k].cut_tiles.size() * sizeof(int32_t),
+                                     sets[k].dealt.size() * sizeof(int32_t),
+                                     sets[k].dealt_offsets.size() * sizeof(int32_t)};
       for (int a = 0; a < kArrays; ++a) {
         at[k][a] = bytes;
         bytes += sizes[a];
@@ -559,6 +588,8 @@ class CudaPlan final : public BackendPlan {
       put(at[k][3], sets[k].items.data(), sets[k].items.size() * 4);
       put(at[k][4], sets[k].item_offsets.data(), sets[k].item_offsets.size() * 4);
       put(at[k][5], sets[k].cut_tiles.data(), sets[k].cut_tiles.size() * 4);
+      put(at[k][6], sets[k].dealt.data(), sets[k].dealt.size() * 4);
+      put(at[k][7], sets[k].dealt_offsets.data(), sets[k].dealt_offsets.size() * 4);
     }
     void* dev = nullptr;
     const cudaError_t ae = cudaMalloc(&dev, bytes);
@@ -587,6 +618,10 @@ class CudaPlan final : public BackendPlan {
       l.cut_tiles = reinterpret_cast<const int32_t*>(base + at[k][5]);
       l.max_cut = sets[k].max_cut;
       l.prefetch_ahead = k == 1 ? kv_prefetch : 0;
+      l.dealt = reinterpret_cast<const int32_t*>(base + at[k][6]);
+      l.dealt_offsets = reinterpret_cast<const int32_t*>(base + at[k][7]);
+      l.grid_x = sets[k].grid_x;
+      l.grid_y = sets[k].grid_y;
       l.tiles = sets[k].tiles;
       l.mask_batch = int32_t(m.batch());
       l.mask_heads = int32_t(m.heads());
@@ -764,6 +799,8 @@ class CudaPlan final : public BackendPlan {
   int m_blocks_ = 0;
   bool fwd_persist_ = false;  // block-sparse: the persistent forward
   int fwd_grid_ = 0;          // its blocks
+  bool bwd_persist_ = false;  // block-sparse: the persistent dK/dV kernel
+  int bwd_grid_ = 0;          // its blocks
   int32_t* cu_dev_ = nullptr;
   void* lists_dev_ = nullptr;  // block-sparse tile lists (upload_tile_lists)
   std::optional<MobaSchedule> moba_;  // MoBA plans

@@ -22,9 +22,11 @@
 // plan's kernel name says ("-cut"), and the cases that expect it check
 // that. The cases that set fwd_persist run the persistent forward
 // (ATTN_CUDA_BSPARSE_FWD_PERSIST=1, "-bsparse-p" in the kernel name:
-// resident blocks, each looping over the query tiles dealt to it); those
-// that set prefetch have the dK/dV kernel's blocks prefetch later blocks'
-// K and V (ATTN_CUDA_BSPARSE_PREFETCH=1). Tolerance
+// resident blocks, each looping over the query tiles dealt to it), those
+// that set bwd_persist the persistent dK/dV kernel likewise
+// (ATTN_CUDA_BSPARSE_BWD_PERSIST=1, "+bwd-p"); those that set prefetch
+// have the dK/dV kernel's blocks prefetch later blocks' K and V
+// (ATTN_CUDA_BSPARSE_PREFETCH=1). Tolerance
 // (FlashAttention's rule, as the other GPU tests): max |X - X_fp64| <=
 // 2 * max |X_plain - X_fp64| + atol, X_plain from ref_lowp_* (every op
 // rounded to the dtype, fp32 sums); for dQ and dK plus twice the error
@@ -64,6 +66,7 @@ struct Case : CaseShape {
   bool expect_cut = false;    // the backward with atomics must say "-cut"
   bool fwd_persist = false;   // ATTN_CUDA_BSPARSE_FWD_PERSIST=1 for the plans
   bool prefetch = false;      // ATTN_CUDA_BSPARSE_PREFETCH=1 for the plans
+  bool bwd_persist = false;   // ATTN_CUDA_BSPARSE_BWD_PERSIST=1 for the plans
 };
 using Problem = CaseProblem<Case>;
 
@@ -283,6 +286,7 @@ Run run_device(const Case& c0, attn_context_t ctx) {
                     c.group_split > 0 ? std::to_string(c.group_split) : "");
     ScopedEnv persist("ATTN_CUDA_BSPARSE_FWD_PERSIST", c.fwd_persist ? "1" : "");
     ScopedEnv prefetch("ATTN_CUDA_BSPARSE_PREFETCH", c.prefetch ? "1" : "");
+    ScopedEnv bwd_persist("ATTN_CUDA_BSPARSE_BWD_PERSIST", c.bwd_persist ? "1" : "");
     plans[0] = build_plan(p, ctx, mask, false);
     plans[1] = build_plan(p, ctx, mask, true);
   }
@@ -302,6 +306,9 @@ Run run_device(const Case& c0, attn_context_t ctx) {
     if ((std::strstr(info.kernel, "-bsparse-p-") != nullptr) != c.fwd_persist)
       r.describe_error += std::string(" kernel '") + info.kernel + "': expected the " +
                           (c.fwd_persist ? "persistent" : "one-block-per-tile") + " forward;";
+    if ((std::strstr(info.kernel, "+bwd-p-") != nullptr) != c.bwd_persist)
+      r.describe_error += std::string(" kernel '") + info.kernel + "': expected the " +
+                          (c.bwd_persist ? "persistent" : "one-block-per-item") + " dK/dV kernel;";
   }
 
   run_passes(r, plans);
@@ -353,8 +360,8 @@ std::vector<Case> cases() {
   c = make("d128-bf16-b32-none-empty-rows", BF, 128, 1, 2, 2, 257, 257, NONE, 32, 32);
   c.p_none = 0.6, c.empty_block0 = true, c.mask_heads = 2;
   v.push_back(c);
-  c.name = "d128-bf16-b32-none-empty-rows-persistent-fwd";
-  c.fwd_persist = true;
+  c.name = "d128-bf16-b32-none-empty-rows-persistent";
+  c.fwd_persist = true, c.bwd_persist = true;
   v.push_back(c);
   c = make("d128-bf16-b64-softcap30", BF, 128, 1, 2, 1, 190, 190, NONE, 64, 64);
   c.softcap = 30.0f;
@@ -367,9 +374,9 @@ std::vector<Case> cases() {
   c = make("d96-fp16-b96-causal", FP, 96, 1, 2, 2, 290, 290, CAUSAL, 96, 96);
   c.mask_heads = 2;
   v.push_back(c);
-  c = make("d96-bf16-b64-window(90,30)-gqa4/2-persistent-fwd", BF, 96, 2, 4, 2, 400, 400, WIN,
-           64, 64);
-  c.wl = 90, c.wr = 30, c.mask_batch = 2, c.fwd_persist = true;
+  c = make("d96-bf16-b64-window(90,30)-gqa4/2-persistent", BF, 96, 2, 4, 2, 400, 400, WIN, 64,
+           64);
+  c.wl = 90, c.wr = 30, c.mask_batch = 2, c.fwd_persist = true, c.bwd_persist = true;
   v.push_back(c);
   c = make("d256-bf16-b64-causal-gqa2/1", BF, 256, 1, 2, 1, 200, 200, CAUSAL, 64, 64);
   v.push_back(c);
@@ -386,15 +393,15 @@ std::vector<Case> cases() {
   c.src = Source::kBigBird;
   c.expect_cut = true;  // the global key tiles' lists (24 query tiles)
   v.push_back(c);
-  c.name = "d128-fp16-b96-bigbird-causal-persistent-fwd-prefetch";
-  c.fwd_persist = true, c.prefetch = true;
+  c.name = "d128-fp16-b96-bigbird-causal-persistent-prefetch";
+  c.fwd_persist = true, c.prefetch = true, c.bwd_persist = true;
   v.push_back(c);
   // Cut lists with whole groups: the cut tiles' own accumulators, per
   // (sequence, KV head) of a mask shared by the batch, with GQA.
   c = make("d128-bf16-b128-bigbird-gqa4/2-whole-group-batch2", BF, 128, 2, 4, 2, 1100, 1100,
            NONE, 128, 128);
   c.src = Source::kBigBird, c.mask_heads = 2, c.group_split = 1, c.expect_cut = true;
-  c.padded = true, c.fwd_persist = true, c.prefetch = true;
+  c.padded = true, c.fwd_persist = true, c.prefetch = true, c.bwd_persist = true;
   v.push_back(c);
   // Every list cut into items of 3 visits: masks per sequence and KV head
   // cut different numbers of tiles (empty accumulator slots).
@@ -404,10 +411,14 @@ std::vector<Case> cases() {
   v.push_back(c);
   c = make("d256-fp16-b64-none-cut2-lq<lk", FP, 256, 1, 2, 1, 300, 333, NONE, 64, 64);
   c.cut_item = 2, c.group_split = 1, c.expect_cut = true, c.fwd_persist = true;
+  c.bwd_persist = true;
   v.push_back(c);
   // Cut lists in a split group: every tile in the whole accumulators.
   c = make("d128-bf16-b64-cut2-gqa4/1-split2", BF, 128, 1, 4, 1, 500, 500, CAUSAL, 64, 64);
   c.cut_item = 2, c.group_split = 2;
+  v.push_back(c);
+  c.name = "d128-bf16-b64-cut2-gqa4/1-split2-persistent-bwd";
+  c.bwd_persist = true;
   v.push_back(c);
   return v;
 }
