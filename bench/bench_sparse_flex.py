@@ -26,13 +26,15 @@ the rate the kernels run at on the work they do.
 
 --variant NAME=VALUE[,NAME=VALUE...] (repeatable) times every sparse mask
 once per variant with those environment variables set while its plan is
-created (the CUDA backend's tuning hooks, e.g. ATTN_CUDA_BSPARSE_FWD_PERSIST=1,
+created (the CUDA backend's block-sparse tuning hooks, listed at the top of
+src/cuda/cuda_backend.cpp: ATTN_CUDA_BSPARSE_FWD_PERSIST=1,
+ATTN_CUDA_BSPARSE_BWD_PERSIST=1, ATTN_CUDA_BSPARSE_PREFETCH=1,
 ATTN_CUDA_BSPARSE_ITEM=n); "" is the library's defaults. FlexAttention runs
 with the first variant only.
 
 Usage: bench_sparse_flex.py --lib build/src/libattn.so [--out results.md]
                             [--seqlen 32768] [--reps 10] [--no-flex]
-                            [--variant "" --variant ATTN_CUDA_BSPARSE_FWD_PERSIST=1]
+                            [--variant "" --variant ATTN_CUDA_BSPARSE_FWD_PERSIST=1,...]
 """
 import argparse
 import ctypes
