@@ -24,8 +24,17 @@ backward 2.5 x forward, from attn_plan_describe) and, in the "tile" columns,
 every pair of the (query tile, KV tile) pairs the forward visits, which is
 the rate the kernels run at on the work they do.
 
+--variant NAME=VALUE[,NAME=VALUE...] (repeatable) times every sparse mask
+once per variant with those environment variables set while its plan is
+created (the CUDA backend's block-sparse tuning hooks, listed at the top of
+src/cuda/cuda_backend.cpp: ATTN_CUDA_BSPARSE_FWD_PERSIST=1,
+ATTN_CUDA_BSPARSE_BWD_PERSIST=1, ATTN_CUDA_BSPARSE_PREFETCH=1,
+ATTN_CUDA_BSPARSE_ITEM=n); "" is the library's defaults. FlexAttention runs
+with the first variant only.
+
 Usage: bench_sparse_flex.py --lib build/src/libattn.so [--out results.md]
                             [--seqlen 32768] [--reps 10] [--no-flex]
+                            [--variant "" --variant ATTN_CUDA_BSPARSE_FWD_PERSIST=1,...]
 """
 import argparse
 import ctypes
@@ -89,7 +98,13 @@ def main():
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--no-flex", action="store_true")
     ap.add_argument("--commit", default=os.environ.get("ATTN_COMMIT", "unknown"))
+    ap.add_argument("--variant", action="append",
+                    help='NAME=VALUE[,NAME=VALUE...]: environment at plan creation ("": defaults)')
     a = ap.parse_args()
+    variants = []
+    for spec in a.variant or [""]:
+        env = dict(kv.split("=", 1) for kv in spec.split(",") if kv)
+        variants.append((spec, env))
     L, H, d, B = a.seqlen, a.heads, 128, 128
     nb = (L + B - 1) // B
     lib = Lib(a.lib)
@@ -118,10 +133,23 @@ def main():
     cpu_gen = torch.Generator().manual_seed(2024)
     rows = []
     dense = None
+    runs = []  # (mask kind, its block table, variant index)
     for kind in ("causal", "window-sinks", "random", "bigbird"):
         table = block_tables(kind, nb, cpu_gen) if kind in ("random", "bigbird") else None
+        runs += [(kind, table, vi) for vi in range(1 if kind == "causal" else len(variants))]
+    for kind, table, vi in runs:
+        spec, env = variants[vi] if kind != "causal" else ("", {})
         mask = None if kind == "causal" else make_mask(lib, kind, L, table)
-        plan = Plan(lib, ctx, 1, H, H, L, d, block_mask=mask)
+        saved = {n: os.environ.get(n) for n in env}
+        os.environ.update(env)
+        try:
+            plan = Plan(lib, ctx, 1, H, H, L, d, block_mask=mask)
+        finally:
+            for n, old in saved.items():
+                if old is None:
+                    del os.environ[n]
+                else:
+                    os.environ[n] = old
         if mask is not None:
             lib.dll.attn_block_mask_destroy(mask)
         info = plan.info
@@ -133,7 +161,8 @@ def main():
         t_f = time_ms(fwd, 3, a.reps)
         t_b = time_ms(bwd, 3, a.reps)
         tile_flops = 4.0 * info.visited_tile_pairs * info.tile_q * info.tile_kv * d
-        row = {"mask": kind, "kernel": info.kernel.decode(), "pairs": info.visible_pairs,
+        label = kind if not spec else f"{kind} [{spec}]"
+        row = {"mask": label, "kernel": info.kernel.decode(), "pairs": info.visible_pairs,
                "density": info.visible_pairs / (H * L * (L + 1) / 2),
                "tiles": f"{info.visited_tile_pairs}/{info.total_tile_pairs}",
                "fwd": t_f, "bwd": t_b,
@@ -141,7 +170,7 @@ def main():
                "tile_f": tile_flops / t_f / 1e9, "tile_b": 2.5 * tile_flops / t_b / 1e9}
         if kind == "causal":
             dense = row
-        if flex is not None:
+        if flex is not None and vi == 0:
             try:
                 sel.copy_(table.cuda() if table is not None else torch.zeros(nb, nb, dtype=torch.bool))
                 if kind == "causal":

@@ -13,9 +13,11 @@
 //                part). A split group
 //                (group_splits > 1, not deterministic) has group_splits
 //                blocks per (KV tile, KV head), each over its share of the
-//                query heads, adding dK and dV into fp32 accumulators too
+//                query heads, adding dK and dV into fp32 accumulators too;
+//                so do a block-sparse plan's work items of cut lists, in
+//                slots of their tiles only
 //   convert      dQ = scale * accumulator, in the dtype with dQ's strides;
-//                split groups also dK, dV from theirs
+//                split groups and cut lists also dK, dV from theirs
 //   dQ (deterministic plans, instead of the atomics and convert): one block
 //                per (query tile, query head, sequence) loops over its KV
 //                tiles like the forward and writes dQ once
@@ -60,6 +62,7 @@
 
 #include "flash/bwd_params.cuh"
 #include "flash/sm80.cuh"
+#include "sparse/prefetch.cuh"
 
 namespace attn::flash {
 
@@ -213,6 +216,19 @@ __global__ void __launch_bounds__(kRowKernelThreads)
   }
 }
 
+// Eight fp32 accumulator values times s, rounded to T, to dst (16 bytes).
+template <class T>
+__device__ __forceinline__ void store_scaled8(const float* acc, float s, T* dst) {
+  const float4 x = reinterpret_cast<const float4*>(acc)[0];
+  const float4 y = reinterpret_cast<const float4*>(acc)[1];
+  uint4 out;
+  out.x = pack2<T>(x.x * s, x.y * s);
+  out.y = pack2<T>(x.z * s, x.w * s);
+  out.z = pack2<T>(y.x * s, y.y * s);
+  out.w = pack2<T>(y.z * s, y.w * s);
+  *reinterpret_cast<uint4*>(dst) = out;
+}
+
 // dQ = scale * accumulator, rounded to T, written with dQ's strides.
 // Split groups: dK = scale * dk_accum and dV = dv_accum, rounded to T and
 // written with their strides; n_rows = total_kv * heads_kv (token, head) rows.
@@ -232,18 +248,47 @@ __global__ void __launch_bounds__(kRowKernelThreads)
     k_at = b * p.dk_batch + s * p.dk_seq + h * p.dk_head;
     v_at = b * p.dv_batch + s * p.dv_seq + h * p.dv_head;
   }
-  auto put = [&](const float* acc, float s, T* dst) {
-    const float4 x = reinterpret_cast<const float4*>(acc)[0];
-    const float4 y = reinterpret_cast<const float4*>(acc)[1];
-    uint4 out;
-    out.x = pack2<T>(x.x * s, x.y * s);
-    out.y = pack2<T>(x.z * s, x.w * s);
-    out.z = pack2<T>(y.x * s, y.y * s);
-    out.w = pack2<T>(y.z * s, y.w * s);
-    *reinterpret_cast<uint4*>(dst) = out;
-  };
-  put(p.dk_accum + row * D + ch * 8, p.scale, static_cast<T*>(p.dk) + k_at + ch * 8);
-  put(p.dv_accum + row * D + ch * 8, 1.0f, static_cast<T*>(p.dv) + v_at + ch * 8);
+  store_scaled8(p.dk_accum + row * D + ch * 8, p.scale, static_cast<T*>(p.dk) + k_at + ch * 8);
+  store_scaled8(p.dv_accum + row * D + ch * 8, 1.0f, static_cast<T*>(p.dv) + v_at + ch * 8);
+}
+
+// Block-sparse plans with cut dK/dV lists (and whole groups): dK = scale *
+// dk_accum and dV = dv_accum of the cut tiles only, from the compact
+// accumulators [batch][heads_kv][max_cut][BN][D] (BN = sparse_kv.rows), slot
+// c of (b, hk) holding KV tile sparse_kv.cut_tiles[mask slot * max_cut + c];
+// n_rows = batch * heads_kv * max_cut * BN. Empty slots and rows past the
+// sequence write nothing (the dK/dV kernel wrote no accumulator there).
+template <class T, int D>
+__global__ void __launch_bounds__(kRowKernelThreads)
+    flash_bwd_convert_dkdv_tiles_kernel(const __grid_constant__ BwdParams p, int64_t n_rows) {
+  constexpr int TPR = RowTraits<D>::kTpr, CH = D / 8;
+  const int tid = threadIdx.x, ch = tid % TPR;
+  const int64_t row = int64_t(blockIdx.x) * (kRowKernelThreads / TPR) + tid / TPR;
+  if (row >= n_rows || ch >= CH) return;
+  const TileLists& sp = p.sparse_kv;
+  const int heads_kv = p.heads_q / p.group, bn = sp.rows;
+  const int64_t slot_index = row / bn;  // ((b * heads_kv + hk) * max_cut + c)
+  const int r = int(row - slot_index * bn);
+  const int64_t pair = slot_index / sp.max_cut;
+  const int c = int(slot_index - pair * sp.max_cut);
+  const int b = int(pair / heads_kv), hk = int(pair - int64_t(b) * heads_kv);
+  const int slot = (sp.mask_batch > 1 ? b : 0) * sp.mask_heads + (sp.mask_heads > 1 ? hk : 0);
+  const int tile = sp.cut_tiles[slot * sp.max_cut + c];
+  if (tile < 0) return;
+  const int s = tile * bn + r;
+  int64_t k_at, v_at;
+  if (p.cu_kv != nullptr) {
+    const int64_t tok = p.cu_kv[b];
+    if (s >= p.cu_kv[b + 1] - tok) return;
+    k_at = (tok + s) * p.dk_seq + hk * p.dk_head;
+    v_at = (tok + s) * p.dv_seq + hk * p.dv_head;
+  } else {
+    if (s >= p.seqlen_kv) return;
+    k_at = b * p.dk_batch + s * p.dk_seq + hk * p.dk_head;
+    v_at = b * p.dv_batch + s * p.dv_seq + hk * p.dv_head;
+  }
+  store_scaled8(p.dk_accum + row * D + ch * 8, p.scale, static_cast<T*>(p.dk) + k_at + ch * 8);
+  store_scaled8(p.dv_accum + row * D + ch * 8, 1.0f, static_cast<T*>(p.dv) + v_at + ch * 8);
 }
 
 template <class T, int D>
@@ -351,9 +396,42 @@ __device__ __forceinline__ void scores_t2(float (&c)[M][N][4], uint32_t a, uint3
   }
 }
 
+// Block-sparse dK/dV: into L2, the K and V tiles of the block of linear
+// index lin < n_lin of sequence b (ny: blocks per work item; see
+// flash_bwd_dkdv_tile), if there is one.
+template <class T, int D, int BN, int NTH>
+__device__ __forceinline__ void prefetch_dkdv_item(const BwdParams& p, int b, int lin, int ny,
+                                                   int n_lin) {
+  if (lin >= n_lin) return;
+  const int bx = lin / ny, by = lin - bx * ny;
+  const int hk = by / p.group_splits;
+  const TileLists& sp = p.sparse_kv;
+  const int slot = (sp.mask_batch > 1 ? b : 0) * sp.mask_heads + (sp.mask_heads > 1 ? hk : 0);
+  const int i0 = sp.item_offsets[slot];
+  if (bx >= sp.item_offsets[slot + 1] - i0) return;
+  const int c0 = sp.items[kItemWords * (i0 + bx)] * BN;
+  int lk = p.seqlen_kv;
+  int64_t kv_tok = 0;
+  if (p.cu_kv != nullptr) {
+    kv_tok = p.cu_kv[b];
+    lk = p.cu_kv[b + 1] - int(kv_tok);
+  }
+  if (c0 >= lk) return;
+  const bool varlen = p.cu_q != nullptr;
+  const T* gK = static_cast<const T*>(p.k) + (varlen ? kv_tok * p.k_seq : b * p.k_batch) +
+                hk * p.k_head + c0 * p.k_seq;
+  const T* gV = static_cast<const T*>(p.v) + (varlen ? kv_tok * p.v_seq : b * p.v_batch) +
+                hk * p.v_head + c0 * p.v_seq;
+  const int rows = min(BN, lk - c0);
+  prefetch_rows_l2<T, D>(gK, p.k_seq, rows, int(threadIdx.x), NTH);
+  prefetch_rows_l2<T, D>(gV, p.v_seq, rows, int(threadIdx.x), NTH);
+}
+
 // The dK/dV kernels' body. Gather (with Moba): MoBA's gathered rows.
-template <class T, int D, int V, bool Sparse, bool Moba, bool Gather>
-__device__ __forceinline__ void flash_bwd_dkdv_tile(const BwdParams& p) {
+// Persist (with Sparse): the block `work` of the one-block-per-item grid
+// (flash_bwd_dkdv_bsparse_persistent_kernel) instead of this block's.
+template <class T, int D, int V, bool Sparse, bool Moba, bool Gather, bool Persist = false>
+__device__ __forceinline__ void flash_bwd_dkdv_tile(const BwdParams& p, int work = 0) {
   using Tr = BwdTraits<D, V>;
   constexpr int BM = Tr::kBM, BN = Tr::kBN, NTH = Tr::kThreads, LD = Tr::kLd, LDS = Tr::kLdS;
   // Gathered rows are not consecutive: their dQ goes row by row with REDs.
@@ -392,23 +470,37 @@ __device__ __forceinline__ void flash_bwd_dkdv_tile(const BwdParams& p) {
   // first), and blocks start in the order of their linear index, so that
   // index counts KV heads (and parts) fastest: a few long lists (global
   // keys, sinks) then start first instead of after every head before theirs.
-  int bx = int(blockIdx.x), by = int(blockIdx.y);
+  int bx = int(blockIdx.x), by = int(blockIdx.y), b = int(blockIdx.z);
   if constexpr (Sparse) {
-    const int lin = bx + by * int(gridDim.x);
-    bx = lin / int(gridDim.y);
-    by = lin - bx * int(gridDim.y);
+    int lin = bx + by * int(gridDim.x), ny = int(gridDim.y);
+    if constexpr (Persist) {
+      // work = b * grid_x * grid_y + lin in that grid.
+      ny = p.sparse_kv.grid_y;
+      const int per_b = p.sparse_kv.grid_x * ny;
+      b = work / per_b;
+      lin = work - b * per_b;
+    }
+    bx = lin / ny;
+    by = lin - bx * ny;
+    // (Not in the configurations without bulk dQ: there its registers
+    // made variant 1 at D = 128 spill.)
+    if constexpr (Tr::kBulk && !Persist)
+      if (p.sparse_kv.prefetch_ahead > 0)
+        prefetch_dkdv_item<T, D, Tr::kBN, NTH>(p, b, lin + p.sparse_kv.prefetch_ahead, ny,
+                                               int(gridDim.x) * ny);
   }
-  const int b = blockIdx.z, hk = by / p.group_splits;
+  const int hk = by / p.group_splits;
   const int heads_per = p.group / p.group_splits;
   const int h_first = hk * p.group + (by - hk * p.group_splits) * heads_per;
   int kv_tile = bx, item_begin = 0, item_end = 0;
+  int acc_slot = -1;  // Sparse: the tile's accumulator slot if its list is cut
   if constexpr (Sparse) {
     const TileLists& sp = p.sparse_kv;
     const int slot = (sp.mask_batch > 1 ? b : 0) * sp.mask_heads + (sp.mask_heads > 1 ? hk : 0);
     const int i0 = sp.item_offsets[slot];
     if (bx >= sp.item_offsets[slot + 1] - i0) return;  // this slot has fewer items
-    const int32_t* item = sp.items + 3 * (i0 + bx);
-    kv_tile = item[0], item_begin = item[1], item_end = item[2];
+    const int32_t* item = sp.items + kItemWords * (i0 + bx);
+    kv_tile = item[0], item_begin = item[1], item_end = item[2], acc_slot = item[3];
   }
   const int c0 = kv_tile * BN;  // first key of the tile
 
@@ -923,18 +1015,29 @@ __device__ __forceinline__ void flash_bwd_dkdv_tile(const BwdParams& p) {
     bulk_wait<0>();      // shared memory must outlive the copies
   }
 
-  if (p.dk_accum != nullptr) {
+  // Block-sparse plans without split groups accumulate only the tiles whose
+  // list is cut, in slots of their own (compact); the others store directly.
+  bool compact = false;
+  if constexpr (Sparse) compact = p.group_splits == 1;
+  if (compact ? acc_slot >= 0 : p.dk_accum != nullptr) {
     // A split group: add this block's share (dK unscaled) into the fp32
-    // accumulators [token][heads_kv][D]; rows past the sequence add nothing.
+    // accumulators [token][heads_kv][D]; a cut list (compact): into its
+    // tile's slot of [batch][heads_kv][max_cut][BN][D]. Rows past the
+    // sequence add nothing.
     const int64_t heads_kv = p.heads_q / p.group;
     const int64_t tok0 = (varlen ? kv_tok : int64_t(b) * p.seqlen_kv) + c0;
+    int64_t slot_row0 = 0;
+    if constexpr (Sparse)
+      slot_row0 = ((int64_t(b) * heads_kv + hk) * p.sparse_kv.max_cut + acc_slot) * BN;
 #pragma unroll
     for (int mt = 0; mt < MK; ++mt)
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
         const int row = vk * KK + mt * 16 + g + hh * 8;
         if (row >= kv_valid) continue;
-        const int64_t at = ((tok0 + row) * heads_kv + hk) * D + vd * DC + 2 * t4;
+        int64_t at = ((tok0 + row) * heads_kv + hk) * D + vd * DC + 2 * t4;
+        if constexpr (Sparse)
+          if (compact) at = (slot_row0 + row) * D + vd * DC + 2 * t4;
 #pragma unroll
         for (int nt = 0; nt < ND; ++nt) {
           red_add_f32x2(p.dk_accum + at + nt * 8, acc_dk[mt][nt][2 * hh], acc_dk[mt][nt][2 * hh + 1]);
@@ -984,6 +1087,31 @@ template <class T, int D, int V, bool Sparse = false, bool Moba = false>
 __global__ void __launch_bounds__(BwdTraits<D, V>::kThreads, 1)
     flash_bwd_dkdv_kernel(const __grid_constant__ BwdParams p) {
   flash_bwd_dkdv_tile<T, D, V, Sparse, Moba, false>(p);
+}
+
+// Block-sparse dK/dV, persistent: grid (blocks resident at once, 1, 1);
+// block x computes the blocks of the one-block-per-item grid dealt to it at
+// plan creation (p.sparse_kv.dealt [dealt_offsets[x], dealt_offsets[x + 1]),
+// src/cuda/block_sparse.hpp) one after the other, and prefetches the next
+// one's K and V into L2 (bulk-dQ configurations, as above). No block
+// launch, and no K, V load from memory, per work item.
+template <class T, int D, int V>
+__global__ void __launch_bounds__(BwdTraits<D, V>::kThreads, 1)
+    flash_bwd_dkdv_bsparse_persistent_kernel(const __grid_constant__ BwdParams p) {
+  using Tr = BwdTraits<D, V>;
+  const TileLists& sp = p.sparse_kv;
+  const int end = sp.dealt_offsets[blockIdx.x + 1];
+  for (int w = sp.dealt_offsets[blockIdx.x]; w < end; ++w) {
+    if constexpr (Tr::kBulk) {
+      if (w + 1 < end) {
+        const int next = sp.dealt[w + 1], per_b = sp.grid_x * sp.grid_y;
+        const int b = next / per_b;
+        prefetch_dkdv_item<T, D, Tr::kBN, Tr::kThreads>(p, b, next - b * per_b, sp.grid_y, per_b);
+      }
+    }
+    flash_bwd_dkdv_tile<T, D, V, true, false, false, true>(p, sp.dealt[w]);
+    __syncthreads();  // the next work item reuses shared memory
+  }
 }
 
 // MoBA's dK/dV kernel over the rows that selected each block (the row

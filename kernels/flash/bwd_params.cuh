@@ -32,9 +32,12 @@ struct BwdParams {
   float* delta;
   float* lse2;
   float* dq_accum;
-  // Split groups only (group_splits > 1): fp32 dK (unscaled) and dV
+  // Split groups (group_splits > 1): fp32 dK (unscaled) and dV
   // [token][heads_kv][D], zeroed before the dK/dV kernel adds each block's
-  // share into them; a convert kernel then writes dK and dV.
+  // share into them; a convert kernel then writes dK and dV. Block-sparse
+  // plans with cut lists and whole groups: the same for the cut KV tiles
+  // only, [batch][heads_kv][sparse_kv.max_cut][block_n][D] (slots per
+  // TileLists::cut_tiles). Null otherwise.
   float* dk_accum;
   float* dv_accum;
   int64_t q_batch, q_seq, q_head;

@@ -41,6 +41,7 @@
 #include "flash/fwd_params.cuh"
 #include "flash/sequence.cuh"
 #include "flash/sm80.cuh"
+#include "sparse/prefetch.cuh"
 
 namespace attn::flash {
 
@@ -127,8 +128,11 @@ __device__ __noinline__ void moba_merge_tile(const FwdParams& p, const float* sO
 
 // The kernels' body. Gather (with Moba): MoBA's gathered rows, one block
 // per launch (flash_fwd_moba_gather_kernel), tile gather_tile of the list.
-template <class T, int D, bool Sparse, bool Moba, bool Gather>
-__device__ __forceinline__ void flash_fwd_tile(const FwdParams& p, int gather_tile) {
+// Persist (with Sparse): the work item `item` (sequence, query head, query
+// tile) of flash_fwd_bsparse_persistent_kernel instead of the block's.
+template <class T, int D, bool Sparse, bool Moba, bool Gather, bool Persist = false>
+__device__ __forceinline__ void flash_fwd_tile(const FwdParams& p, int gather_tile,
+                                               const int32_t* item = nullptr) {
   using Tr = FwdTraits<D>;
   constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN, ST = Tr::kStages, NTH = Tr::kThreads;
   constexpr int R = Tr::kRows, MT = R / 16, NT = BN / 8, DT = D / 8, LD = Tr::kLd;
@@ -142,9 +146,10 @@ __device__ __forceinline__ void flash_fwd_tile(const FwdParams& p, int gather_ti
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int g = lane >> 2, t4 = lane & 3;
-  const int b = blockIdx.z, h = blockIdx.y;
+  int b = blockIdx.z, h = blockIdx.y;
   // Last query tiles first: under a causal mask they are the longest.
-  const int m_block = Gather ? gather_tile : int(gridDim.x) - 1 - int(blockIdx.x);
+  int m_block = Gather ? gather_tile : int(gridDim.x) - 1 - int(blockIdx.x);
+  if constexpr (Persist) b = item[0], h = item[1], m_block = item[2];
 
   QueryTile qt;
   if (!query_tile_of<BM>(p, b, m_block, qt)) return;
@@ -568,6 +573,53 @@ template <class T, int D, bool Sparse = false, bool Moba = false>
 __global__ void __launch_bounds__(FwdTraits<D>::kThreads, FwdTraits<D>::kMinBlocks)
     flash_fwd_kernel(const __grid_constant__ FwdParams p) {
   flash_fwd_tile<T, D, Sparse, Moba, false>(p, 0);
+}
+
+// Into L2: the Q tile and the first KV tile (the list's last) of a
+// block-sparse forward work item, so that its start, an item later, reads
+// them from L2 rather than from memory.
+template <class T, int D>
+__device__ __forceinline__ void prefetch_bsparse_item(const FwdParams& p, const int32_t* item) {
+  using Tr = FwdTraits<D>;
+  constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN, NTH = Tr::kThreads;
+  const int b = item[0], h = item[1], m_block = item[2];
+  QueryTile qt;
+  if (!query_tile_of<BM>(p, b, m_block, qt)) return;
+  const bool varlen = p.cu_q != nullptr;
+  const int tid = threadIdx.x, hk = h / p.group;
+  const T* gQ = static_cast<const T*>(p.q) + (varlen ? qt.q_tok * p.q_seq : b * p.q_batch) +
+                h * p.q_head + qt.r0 * p.q_seq;
+  prefetch_rows_l2<T, D>(gQ, p.q_seq, qt.rows, tid, NTH);
+  const TileLists& sp = p.sparse;
+  const int list = ((sp.mask_batch > 1 ? b : 0) * sp.mask_heads + (sp.mask_heads > 1 ? hk : 0)) *
+                       sp.tiles + m_block;
+  const int v_end = sp.offsets[list + 1];
+  if (v_end == sp.offsets[list]) return;
+  const int n = sp.visits[2 * (v_end - 1)];
+  const int rows = min(BN, qt.lk - n * BN);
+  const T* gK = static_cast<const T*>(p.k) + (varlen ? qt.kv_tok * p.k_seq : b * p.k_batch) +
+                hk * p.k_head + int64_t(n) * BN * p.k_seq;
+  const T* gV = static_cast<const T*>(p.v) + (varlen ? qt.kv_tok * p.v_seq : b * p.v_batch) +
+                hk * p.v_head + int64_t(n) * BN * p.v_seq;
+  prefetch_rows_l2<T, D>(gK, p.k_seq, rows, tid, NTH);
+  prefetch_rows_l2<T, D>(gV, p.v_seq, rows, tid, NTH);
+}
+
+// Block-sparse forward, persistent: grid (blocks that fit on the device at
+// once, 1, 1); block x computes its work items (p.sparse.items [item_offsets[x],
+// item_offsets[x + 1]): sequence, query head, query tile, list length; dealt
+// at plan creation, src/cuda/block_sparse.hpp) one after the other, and
+// prefetches each next item's Q and first K, V tiles into L2 while it
+// computes the current one. No block launch per query tile.
+template <class T, int D>
+__global__ void __launch_bounds__(FwdTraits<D>::kThreads, FwdTraits<D>::kMinBlocks)
+    flash_fwd_bsparse_persistent_kernel(const __grid_constant__ FwdParams p) {
+  const int end = p.sparse.item_offsets[blockIdx.x + 1];
+  for (int w = p.sparse.item_offsets[blockIdx.x]; w < end; ++w) {
+    if (w + 1 < end) prefetch_bsparse_item<T, D>(p, p.sparse.items + kItemWords * (w + 1));
+    flash_fwd_tile<T, D, true, false, false, true>(p, 0, p.sparse.items + kItemWords * w);
+    __syncthreads();  // the next item reuses shared memory
+  }
 }
 
 // MoBA's gathered forward for block p.moba.fwd_block: grid (x, heads_q,

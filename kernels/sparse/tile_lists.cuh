@@ -18,6 +18,9 @@ namespace attn::flash {
 constexpr int32_t kVisitFull = -2;
 constexpr int32_t kVisitDense = -1;
 
+// Words per work item of the dK/dV kernel (TileLists::items).
+constexpr int kItemWords = 4;
+
 struct TileLists {
   // List k = slot * tiles + tile holds visits [offsets[k], offsets[k + 1]).
   const int32_t* offsets;
@@ -34,13 +37,32 @@ struct TileLists {
   // slot = (mask_batch > 1 ? b : 0) * mask_heads + (mask_heads > 1 ? hk : 0)
   int32_t words_per_row;  // ceil(other side's tile / 64)
   int32_t rows;           // rows of a bit tile (the listing side's tile)
-  // KV-major lists only: the dK/dV kernel's work items, three words each
-  // (KV tile, first visit, end visit), items [item_offsets[slot],
-  // item_offsets[slot + 1]) for a slot, longest first. Every tile has at
-  // least one item; a long list may be cut into several, whose dK and dV
-  // partial sums then meet in fp32 accumulators (BwdParams::dk_accum).
+  // KV-major lists only: the dK/dV kernel's work items, kItemWords words
+  // each (KV tile, first visit, end visit, accumulator slot), items
+  // [item_offsets[slot], item_offsets[slot + 1]) for a slot, longest first.
+  // Every tile has at least one item; a long list may be cut into several,
+  // whose dK and dV partial sums then meet in fp32 accumulators
+  // (BwdParams::dk_accum): the tile's accumulator slot, counted per slot
+  // (< max_cut), is the same in all its items, and -1 in an uncut tile's.
+  // cut_tiles[slot * max_cut + c] is the KV tile of slot c (-1: none).
+  // Query-major lists of the persistent forward: its work items (sequence,
+  // query head, query tile, list length), block x's [item_offsets[x],
+  // item_offsets[x + 1]); empty otherwise.
   const int32_t* items;
   const int32_t* item_offsets;
+  const int32_t* cut_tiles;
+  int32_t max_cut;  // the most cut tiles of a slot (0: no list is cut)
+  // > 0: each block of the dK/dV kernel prefetches into L2 the K and V
+  // tiles of the block this many later in launch order (about when it
+  // starts), which no other block reads before it; 0: none.
+  int32_t prefetch_ahead;
+  // The persistent dK/dV kernel's work: block x computes the blocks
+  // dealt[dealt_offsets[x]] ... of the one-block-per-item grid (grid_x work
+  // items by grid_y blocks each, per sequence), numbered b * grid_x *
+  // grid_y + item * grid_y + part; empty otherwise.
+  const int32_t* dealt;
+  const int32_t* dealt_offsets;
+  int32_t grid_x, grid_y;
 };
 
 }  // namespace attn::flash

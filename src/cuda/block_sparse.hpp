@@ -13,6 +13,9 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
+#include <queue>
+#include <utility>
 #include <vector>
 
 #include "core/error.hpp"
@@ -25,43 +28,164 @@ struct HostTileLists {
   std::vector<int32_t> offsets;  // [slots * tiles + 1]
   std::vector<int32_t> visits;   // (other tile, kind) per visit
   std::vector<uint64_t> bits;    // bit tiles, rows * words_per_row words each
-  // KV-major only: work items (tile, first visit, end visit) per slot,
-  // longest first, and their offsets (flash::TileLists::items).
-  std::vector<int32_t> items, item_offsets;
+  // KV-major only: work items (tile, first visit, end visit, accumulator
+  // slot) per slot, longest first, and their offsets
+  // (flash::TileLists::items); the tiles whose list is cut, max_cut per
+  // slot, padded with -1 (flash::TileLists::cut_tiles).
+  std::vector<int32_t> items, item_offsets, cut_tiles;
+  // KV-major only, the persistent dK/dV kernel's: its blocks' work
+  // (flash::TileLists::dealt) and the grid it numbers them in.
+  std::vector<int32_t> dealt, dealt_offsets;
+  int32_t grid_x = 0, grid_y = 0;
   int32_t tiles = 0, words_per_row = 0, rows = 0;
   int32_t max_items = 0;  // the most items of a slot
+  int32_t max_cut = 0;    // the most cut tiles of a slot
 };
 
 // The dK/dV kernel's work items of KV-major lists: per slot, every tile's
 // list cut evenly into items of at most max_item visits, longest first.
+// The tiles cut into several items are numbered per slot in tile order
+// (their accumulator slots); an uncut tile's items say -1.
 inline void cut_work_items(HostTileLists& l, int64_t slots, int64_t max_item) {
   const int64_t tiles = l.tiles;
   l.items.clear();
   l.item_offsets.assign(1, 0);
   l.max_items = 0;
-  std::vector<int32_t> items;  // (tile, begin, end, length) before sorting
+  l.max_cut = 0;
+  std::vector<int32_t> items;  // (tile, begin, end, accumulator slot, length) before sorting
   std::vector<size_t> rank;
+  std::vector<std::vector<int32_t>> cut(static_cast<size_t>(slots));  // per slot, its cut tiles
   for (int64_t s = 0; s < slots; ++s) {
     const int32_t* off = l.offsets.data() + s * tiles;
     items.clear();
     for (int64_t t = 0; t < tiles; ++t) {
       const int64_t n = off[t + 1] - off[t];
       const int64_t parts = std::max<int64_t>(1, (n + max_item - 1) / max_item);
+      int32_t acc = -1;
+      if (parts > 1) {
+        acc = int32_t(cut[size_t(s)].size());
+        cut[size_t(s)].push_back(int32_t(t));
+      }
       for (int64_t k = 0; k < parts; ++k) {
         const int64_t a = off[t] + n * k / parts, e = off[t] + n * (k + 1) / parts;
-        items.insert(items.end(), {int32_t(t), int32_t(a), int32_t(e), int32_t(e - a)});
+        items.insert(items.end(), {int32_t(t), int32_t(a), int32_t(e), acc, int32_t(e - a)});
       }
     }
-    const size_t count = items.size() / 4;
+    const size_t count = items.size() / 5;
     rank.resize(count);
     for (size_t i = 0; i < count; ++i) rank[i] = i;
     std::stable_sort(rank.begin(), rank.end(),
-                     [&](size_t x, size_t y) { return items[4 * x + 3] > items[4 * y + 3]; });
+                     [&](size_t x, size_t y) { return items[5 * x + 4] > items[5 * y + 4]; });
     for (size_t i : rank)
-      l.items.insert(l.items.end(), {items[4 * i], items[4 * i + 1], items[4 * i + 2]});
-    l.item_offsets.push_back(int32_t(l.items.size() / 3));
+      l.items.insert(l.items.end(),
+                     {items[5 * i], items[5 * i + 1], items[5 * i + 2], items[5 * i + 3]});
+    l.item_offsets.push_back(int32_t(l.items.size() / flash::kItemWords));
     l.max_items = std::max(l.max_items, int32_t(count));
+    l.max_cut = std::max(l.max_cut, int32_t(cut[size_t(s)].size()));
   }
+  l.cut_tiles.assign(size_t(slots * l.max_cut), -1);
+  for (int64_t s = 0; s < slots; ++s)
+    std::copy(cut[size_t(s)].begin(), cut[size_t(s)].end(),
+              l.cut_tiles.begin() + s * l.max_cut);
+}
+
+// Deals work to `blocks` blocks, in `order` (the queue's order; each entry
+// a work number and its cost), each to the block that would be free first,
+// counting start_cost for each one's start and end: the assignment a dynamic
+// queue would make, fixed at plan creation. Per block its work in that
+// order, [offsets[x], offsets[x + 1]).
+inline void deal_work(const std::vector<std::pair<int32_t, int64_t>>& order, int64_t blocks,
+                      int64_t start_cost, std::vector<int32_t>& dealt,
+                      std::vector<int32_t>& offsets) {
+  std::vector<std::vector<int32_t>> per(static_cast<size_t>(blocks));
+  using Free = std::pair<int64_t, int64_t>;  // (time the block would be free, block)
+  std::priority_queue<Free, std::vector<Free>, std::greater<Free>> free_at;
+  for (int64_t x = 0; x < blocks; ++x) free_at.push({0, x});
+  for (const auto& [work, cost] : order) {
+    const Free f = free_at.top();
+    free_at.pop();
+    per[size_t(f.second)].push_back(work);
+    free_at.push({f.first + cost + start_cost, f.second});
+  }
+  dealt.clear();
+  offsets.assign(1, 0);
+  for (const std::vector<int32_t>& w : per) {
+    dealt.insert(dealt.end(), w.begin(), w.end());
+    offsets.push_back(int32_t(dealt.size()));
+  }
+}
+
+// The persistent forward's work (flash::TileLists::items): every
+// (sequence, query head, query tile) of `batch` sequences of heads_q query
+// heads (group per KV head), dealt to `blocks` blocks (deal_work; cost:
+// the list's visits, start cost two visits' worth, a guess) in the order
+// the one-block-per-tile forward starts its blocks (sequence by sequence,
+// head by head, so that the blocks at work at one time share K and V in
+// L2), each head's longest lists first. Per block, its items in that order,
+// [item_offsets[x], item_offsets[x + 1]). False (nothing changed) when they
+// would not fit 32-bit counts.
+inline bool order_forward_items(HostTileLists& l, int64_t batch, int64_t heads_q, int64_t group,
+                                int64_t mask_batch, int64_t mask_heads, int64_t blocks) {
+  constexpr int W = flash::kItemWords;
+  const int64_t tiles = l.tiles, count = batch * heads_q * tiles;
+  if (count * W > INT32_MAX || blocks < 1 || blocks > INT32_MAX) return false;
+  std::vector<int32_t> work;  // (b, h, tile, length), in the queue's order
+  work.reserve(size_t(count) * W);
+  std::vector<std::pair<int32_t, int64_t>> order;
+  std::vector<int32_t> rank(static_cast<size_t>(tiles));
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t h = 0; h < heads_q; ++h) {
+      const int64_t slot = (mask_batch > 1 ? b : 0) * mask_heads + (mask_heads > 1 ? h / group : 0);
+      const int32_t* off = l.offsets.data() + slot * tiles;
+      for (int64_t t = 0; t < tiles; ++t) rank[size_t(t)] = int32_t(t);
+      std::stable_sort(rank.begin(), rank.end(), [&](int32_t x, int32_t y) {
+        return off[x + 1] - off[x] > off[y + 1] - off[y];
+      });
+      for (int32_t t : rank) {
+        const int32_t length = off[t + 1] - off[t];
+        order.push_back({int32_t(work.size() / W), length});
+        work.insert(work.end(), {int32_t(b), int32_t(h), t, length});
+      }
+    }
+  std::vector<int32_t> dealt;
+  deal_work(order, blocks, 2, dealt, l.item_offsets);
+  l.items.clear();
+  l.items.reserve(work.size());
+  for (int32_t i : dealt)
+    l.items.insert(l.items.end(), work.begin() + W * i, work.begin() + W * (i + 1));
+  l.max_items = 0;
+  for (size_t x = 0; x + 1 < l.item_offsets.size(); ++x)
+    l.max_items = std::max(l.max_items, l.item_offsets[x + 1] - l.item_offsets[x]);
+  return true;
+}
+
+// The persistent dK/dV kernel's work (KV-major lists, items cut): the
+// blocks of the one-block-per-item grid (per sequence, grid_x = max_items
+// item ranks by grid_y = heads_kv * group_splits blocks of heads_per query
+// heads each, numbered b * grid_x * grid_y + rank * grid_y + part) that
+// have an item, in that grid's launch order, dealt to `blocks` blocks
+// (deal_work; cost: the item's visits times heads_per, start cost two
+// visits' worth, a guess). False (nothing changed) when the numbers would
+// not fit 32 bits.
+inline bool deal_dkdv_work(HostTileLists& l, int64_t batch, int64_t heads_kv,
+                           int64_t group_splits, int64_t heads_per, int64_t mask_batch,
+                           int64_t mask_heads, int64_t blocks) {
+  const int64_t gx = l.max_items, gy = heads_kv * group_splits;
+  if (batch * gx * gy > INT32_MAX || blocks < 1 || blocks > INT32_MAX) return false;
+  std::vector<std::pair<int32_t, int64_t>> order;
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t lin = 0; lin < gx * gy; ++lin) {
+      const int64_t rank = lin / gy, hk = (lin % gy) / group_splits;
+      const int64_t slot = (mask_batch > 1 ? b : 0) * mask_heads + (mask_heads > 1 ? hk : 0);
+      const int32_t i0 = l.item_offsets[size_t(slot)];
+      if (rank >= l.item_offsets[size_t(slot) + 1] - i0) continue;
+      const int32_t* item = l.items.data() + size_t(flash::kItemWords) * size_t(i0 + rank);
+      order.push_back({int32_t(b * gx * gy + lin), int64_t(item[2] - item[1]) * heads_per});
+    }
+  deal_work(order, blocks, 2 * heads_per, l.dealt, l.dealt_offsets);
+  l.grid_x = int32_t(gx);
+  l.grid_y = int32_t(gy);
+  return true;
 }
 
 // The lists of a tile_q x tile_kv kernel: per query tile its KV tiles

@@ -5,15 +5,26 @@
 //
 // Backward workspace: D = rowsum(dO * O) and LSE in base 2 (fp32, LSE's
 // layout), then, unless the plan is deterministic, the fp32 dQ accumulator
-// [token][heads_q][D], and, when the group is split (group_splits_ > 1) or
-// a block-sparse plan's dK/dV lists are cut (kv_lists_split_), the fp32 dK
-// and dV accumulators [token][heads_kv][D] each.
+// [token][heads_q][D], and, when the group is split (group_splits_ > 1),
+// the fp32 dK and dV accumulators [token][heads_kv][D] each; a block-sparse
+// plan whose dK/dV lists are cut (kv_lists_split_) and whose group is whole
+// has them for the cut KV tiles only, [batch][heads_kv][max_cut][block_n][D]
+// each (compact_kv_accum()): zeroing, adding and converting the whole
+// tensors for a few cut tiles (BigBird's global keys) cost more than the
+// dK/dV kernel's visits.
 //
 // Block-sparse plans run the same kernels' Sparse instantiations, which walk
 // tile lists (cuda/block_sparse.hpp) instead of the dense intervals: one set
 // per kernel tile shape (forward; dK/dV, KV-major; the deterministic dQ),
 // uploaded into one device allocation at plan creation and freed with the
-// plan.
+// plan. Tuning hooks, read at plan creation, so that one run can time both
+// sides: ATTN_CUDA_BSPARSE_FWD_PERSIST=1, the persistent forward (blocks
+// that stay resident and loop over query tiles dealt at plan creation,
+// "-bsparse-p" in the kernel name); ATTN_CUDA_BSPARSE_BWD_PERSIST=1, the
+// persistent dK/dV kernel (likewise, work items dealt at plan creation,
+// "+bwd-p"); ATTN_CUDA_BSPARSE_PREFETCH=1, L2 prefetches of later dK/dV
+// blocks' K and V; ATTN_CUDA_BSPARSE_ITEM=n, dK/dV work items of at most n
+// visits (split_kv_lists).
 //
 // MoBA plans run the kernels' Moba instantiations after the selector
 // (cuda/moba_select.hpp), which writes the run-time schedule into the
@@ -44,6 +55,7 @@
 #include "core/dtype.hpp"
 #include "core/error.hpp"
 #include "cuda/block_sparse.hpp"
+#include "cuda/bsparse_fwd.hpp"
 #include "cuda/cuda_util.hpp"
 #include "cuda/flash_bwd.hpp"
 #include "cuda/flash_fwd.hpp"
@@ -110,6 +122,11 @@ class CudaPlan final : public BackendPlan {
         moba && (gather_env == nullptr || std::atoi(gather_env) != 0) && moba_rows_fit(p);
     cfg_ = flash::fwd_config(int(d));
     kernel_ = pick_kernel(d, bf16, sparse, moba, gather);
+    // ATTN_CUDA_BSPARSE_FWD_PERSIST=1 (a tuning hook): the persistent
+    // block-sparse forward (flash_fwd_bsparse_persistent_kernel).
+    const char* persist_env = std::getenv("ATTN_CUDA_BSPARSE_FWD_PERSIST");
+    fwd_persist_ = sparse && persist_env != nullptr && std::atoi(persist_env) != 0;
+    if (fwd_persist_) kernel_ = fwd_kernel_bsparse_persistent(int(d), bf16);
 
     DeviceScope scope(device_);
     int major = 0, minor = 0, smem_optin = 0, sm_count = 0;
@@ -172,6 +189,10 @@ class CudaPlan final : public BackendPlan {
       };
       while (variant + 1 < flash::bwd_variants(int(d)) && !fits(variant)) ++variant;
       bwd_ = pick_bwd_kernels(d, bf16, variant, sparse, moba, gather);
+      // ATTN_CUDA_BSPARSE_BWD_PERSIST=1 (a tuning hook): the persistent
+      // block-sparse dK/dV kernel (upload_tile_lists deals its work).
+      const char* bwd_persist_env = std::getenv("ATTN_CUDA_BSPARSE_BWD_PERSIST");
+      bwd_persist_ = sparse && bwd_persist_env != nullptr && std::atoi(bwd_persist_env) != 0;
       bwd_cfg_ = flash::bwd_config(int(d), variant);
       require_image(bwd_.dkdv_func);
       require_smem(bwd_cfg_.smem_bytes(int(d)), "backward");
@@ -234,38 +255,62 @@ class CudaPlan final : public BackendPlan {
       if (shifted) params_.diag_shift = bwd_params_.diag_shift = cu_dev_ + 2 * n;
     }
 
+    if (fwd_persist_) {
+      // As many blocks as are resident at once (each loops over its items).
+      int per_sm = 0;
+      check(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device_),
+            "cudaDeviceGetAttribute");
+      check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel_.func, cfg_.threads(),
+                                                          cfg_.smem_bytes(int(d))),
+            "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
+      const int64_t items = p.batch * p.heads_q * ((p.seqlen_q + cfg_.block_m - 1) / cfg_.block_m);
+      fwd_grid_ = int(std::clamp<int64_t>(int64_t(std::max(per_sm, 1)) * sm_count, 1,
+                                          std::max<int64_t>(items, 1)));
+    }
     if (sparse) upload_tile_lists();
 
     // The forward's kernel, then the backward's variant: "-atomic" adds dQ
     // with fp32 atomics, "-bulk" with bulk reductions from shared memory
     // (sm_90), "-det" computes it in a separate pass without them.
-    // Block-sparse plans say "-bsparse" and leave out warps and stages, so
-    // that the name fits attn_plan_info_t's 64 characters.
-    const char* kind = !moba ? "bsparse" : moba_->gathers() ? "moba-gather" : "moba";
-    int len = sparse || moba ? std::snprintf(kernel_name_, sizeof kernel_name_,
-                                     "cuda-fa2-sm80-%s-d%d-%s-%dx%d", dtype_name(p.dtype),
-                                     int(d), kind, cfg_.block_m, cfg_.block_n)
-              : sm90_ ? std::snprintf(kernel_name_, sizeof kernel_name_,
-                                      "cuda-sm90-wgmma-%s-d%d-%dx%d-s%d", dtype_name(p.dtype),
-                                      int(d), sm90_cfg_.block_m, sm90_cfg_.block_n,
-                                      sm90_cfg_.stages)
-                      : std::snprintf(kernel_name_, sizeof kernel_name_,
-                                      "cuda-fa2-sm80-%s-d%d-%dx%d-w%d-s%d", dtype_name(p.dtype),
-                                      int(d), cfg_.block_m, cfg_.block_n, cfg_.warps, cfg_.stages);
+    // Block-sparse and MoBA plans say "-bsparse" or "-moba..." and leave out
+    // warps and stages, so that the name fits attn_plan_info_t's 64
+    // characters; block-sparse ones also "sm80" (the same kernel family),
+    // for room for their markers: "-p" after "bsparse" and after "+bwd" (the
+    // persistent kernels) and "-cut" (below).
+    const char* kind = moba ? (moba_->gathers() ? "moba-gather" : "moba")
+                            : fwd_persist_ ? "bsparse-p" : "bsparse";
+    int len = moba     ? std::snprintf(kernel_name_, sizeof kernel_name_,
+                                       "cuda-fa2-sm80-%s-d%d-%s-%dx%d", dtype_name(p.dtype),
+                                       int(d), kind, cfg_.block_m, cfg_.block_n)
+              : sparse ? std::snprintf(kernel_name_, sizeof kernel_name_,
+                                       "cuda-fa2-%s-d%d-%s-%dx%d", dtype_name(p.dtype), int(d),
+                                       kind, cfg_.block_m, cfg_.block_n)
+              : sm90_  ? std::snprintf(kernel_name_, sizeof kernel_name_,
+                                       "cuda-sm90-wgmma-%s-d%d-%dx%d-s%d", dtype_name(p.dtype),
+                                       int(d), sm90_cfg_.block_m, sm90_cfg_.block_n,
+                                       sm90_cfg_.stages)
+                       : std::snprintf(kernel_name_, sizeof kernel_name_,
+                                       "cuda-fa2-sm80-%s-d%d-%dx%d-w%d-s%d", dtype_name(p.dtype),
+                                       int(d), cfg_.block_m, cfg_.block_n, cfg_.warps,
+                                       cfg_.stages);
     if (p.backward && len > 0 && size_t(len) < sizeof kernel_name_) {
       const char* dq_kind = p.deterministic             ? "det"
                             : bwd_cfg_.bulk_dq && !gather ? "bulk"
                                                           : "atomic";
       if (sparse || moba)
-        std::snprintf(kernel_name_ + len, sizeof kernel_name_ - size_t(len), "+bwd-%dx%d-%s-%s",
-                      bwd_cfg_.block_m, bwd_cfg_.block_n, bwd_cfg_.register_path() ? "r" : "s",
-                      dq_kind);
+        std::snprintf(kernel_name_ + len, sizeof kernel_name_ - size_t(len), "+bwd%s-%dx%d-%s-%s",
+                      bwd_persist_ ? "-p" : "", bwd_cfg_.block_m, bwd_cfg_.block_n,
+                      bwd_cfg_.register_path() ? "r" : "s", dq_kind);
       else
         std::snprintf(kernel_name_ + len, sizeof kernel_name_ - size_t(len), "+bwd-%dx%d-w%d%s-%s",
                       bwd_cfg_.block_m, bwd_cfg_.block_n, bwd_cfg_.warps,
                       bwd_cfg_.register_path() ? "r" : "s", dq_kind);
     }
     len = int(std::strlen(kernel_name_));
+    // "-cut": some dK/dV lists are cut, their tiles accumulated in fp32
+    // (compact_kv_accum(); split groups accumulate every tile).
+    if (compact_kv_accum() && size_t(len) < sizeof kernel_name_)
+      std::snprintf(kernel_name_ + len, sizeof kernel_name_ - size_t(len), "-cut");
     if (group_splits_ > 1 && size_t(len) < sizeof kernel_name_)
       std::snprintf(kernel_name_ + len, sizeof kernel_name_ - size_t(len), "-gs%d", group_splits_);
   }
@@ -336,7 +381,8 @@ class CudaPlan final : public BackendPlan {
         return;
       }
     }
-    check(kernel_.launch(prm, m_blocks_, int(p.heads_q), int(p.batch),
+    const int grid_x = fwd_persist_ ? fwd_grid_ : m_blocks_;
+    check(kernel_.launch(prm, grid_x, int(p.heads_q), int(p.batch),
                          static_cast<cudaStream_t>(a.stream)),
           "forward kernel launch");
   }
@@ -397,10 +443,14 @@ class CudaPlan final : public BackendPlan {
       // Block-sparse: one block per work item (tile_lists.cuh).
       const int n_blocks = p.block_mask ? kv_items_
                                         : int((p.seqlen_kv + bwd_cfg_.block_n - 1) / bwd_cfg_.block_n);
-      check(bwd_.dkdv(prm, n_blocks, int(p.heads_kv) * group_splits_, int(p.batch), stream),
-            "backward dK/dV kernel launch");
+      if (bwd_persist_)
+        check(bwd_.dkdv_persistent(prm, bwd_grid_, 0, 0, stream), "backward dK/dV kernel launch");
+      else
+        check(bwd_.dkdv(prm, n_blocks, int(p.heads_kv) * group_splits_, int(p.batch), stream),
+              "backward dK/dV kernel launch");
       if (kv_accum > 0)
-        check(bwd_.convert_dkdv(prm, total_kv * p.heads_kv, stream),
+        check(compact_kv_accum() ? bwd_.convert_dkdv_tiles(prm, kv_accum_rows(), stream)
+                                 : bwd_.convert_dkdv(prm, kv_accum_rows(), stream),
               "backward dK/dV conversion launch");
     }
     if (rows == 0) return;
@@ -491,13 +541,21 @@ class CudaPlan final : public BackendPlan {
 
   // Builds the tile lists of every kernel the plan runs and uploads them
   // into one device allocation (lists_dev_, owned by the plan).
-  void upload_tile_lists() {
+  void upload_tile_lists() {  // after the backward's kernels are prepared
     const Problem& p = problem_;
     const std::shared_ptr<const BlockMask>& mask = p.block_mask;
     HostTileLists sets[3];
     flash::TileLists* dst[3] = {&params_.sparse, &bwd_params_.sparse_kv, &bwd_params_.sparse_dq};
     const int n = !p.backward ? 1 : p.deterministic ? 3 : 2;
     sets[0] = build_tile_lists(mask, p.window, cfg_.block_m, cfg_.block_n, false);
+    if (fwd_persist_) {
+      fwd_persist_ = order_forward_items(sets[0], p.batch, p.heads_q, p.group(), mask->batch(),
+                                         mask->heads(), fwd_grid_);
+      if (!fwd_persist_) {  // too many items: one block per query tile
+        kernel_ = pick_kernel(p.head_dim_qk, p.dtype == ATTN_DTYPE_BF16, true, false, false);
+        check(kernel_.prepare(), "cudaFuncSetAttribute");
+      }
+    }
     if (n > 1) sets[1] = build_tile_lists(mask, p.window, bwd_cfg_.block_m, bwd_cfg_.block_n, true);
     if (n > 2) {
       const flash::DqConfig dq = flash::dq_config(int(p.head_dim_qk));
@@ -507,16 +565,44 @@ class CudaPlan final : public BackendPlan {
       split_kv_lists(sets[1]);
       kv_items_ = sets[1].max_items;
     }
+    if (n > 1 && bwd_persist_) {
+      int per_sm = 0;
+      const size_t smem = bwd_cfg_.smem_bytes(int(p.head_dim_qk));
+      check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, bwd_.dkdv_persistent_func,
+                                                          bwd_cfg_.threads(), smem),
+            "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
+      bwd_grid_ = std::max(per_sm, 1) * std::max(sm_count_, 1);
+      bwd_persist_ = deal_dkdv_work(sets[1], p.batch, p.heads_kv, group_splits_,
+                                    p.group() / group_splits_, mask->batch(), mask->heads(),
+                                    bwd_grid_);
+    }
+    // ATTN_CUDA_BSPARSE_PREFETCH=1 (a tuning hook): the dK/dV kernel's
+    // blocks prefetch the K, V tiles of the block one device-full later.
+    int kv_prefetch = 0;
+    const char* prefetch_env = std::getenv("ATTN_CUDA_BSPARSE_PREFETCH");
+    if (n > 1 && prefetch_env != nullptr && std::atoi(prefetch_env) != 0) {
+      int per_sm = 0;
+      const size_t smem = bwd_cfg_.smem_bytes(int(p.head_dim_qk));
+      check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, bwd_.dkdv_func,
+                                                          bwd_cfg_.threads(), smem),
+            "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
+      kv_prefetch = std::max(per_sm, 1) * sm_count_;
+    }
     // Layout: per set its bit tiles (8-byte words first), offsets, visits,
-    // work items and their offsets.
-    size_t bytes = 0, at[3][5];
+    // work items, their offsets, the cut tiles, the persistent dK/dV
+    // kernel's work and its offsets.
+    constexpr int kArrays = 8;
+    size_t bytes = 0, at[3][kArrays];
     for (int k = 0; k < n; ++k) {
-      const size_t sizes[5] = {sets[k].bits.size() * sizeof(uint64_t),
-                               sets[k].offsets.size() * sizeof(int32_t),
-                               sets[k].visits.size() * sizeof(int32_t),
-                               sets[k].items.size() * sizeof(int32_t),
-                               sets[k].item_offsets.size() * sizeof(int32_t)};
-      for (int a = 0; a < 5; ++a) {
+      const size_t sizes[kArrays] = {sets[k].bits.size() * sizeof(uint64_t),
+                                     sets[k].offsets.size() * sizeof(int32_t),
+                                     sets[k].visits.size() * sizeof(int32_t),
+                                     sets[k].items.size() * sizeof(int32_t),
+                                     sets[k].item_offsets.size() * sizeof(int32_t),
+                                     sets[k].cut_tiles.size() * sizeof(int32_t),
+                                     sets[k].dealt.size() * sizeof(int32_t),
+                                     sets[k].dealt_offsets.size() * sizeof(int32_t)};
+      for (int a = 0; a < kArrays; ++a) {
         at[k][a] = bytes;
         bytes += sizes[a];
       }
@@ -532,6 +618,9 @@ class CudaPlan final : public BackendPlan {
       put(at[k][2], sets[k].visits.data(), sets[k].visits.size() * 4);
       put(at[k][3], sets[k].items.data(), sets[k].items.size() * 4);
       put(at[k][4], sets[k].item_offsets.data(), sets[k].item_offsets.size() * 4);
+      put(at[k][5], sets[k].cut_tiles.data(), sets[k].cut_tiles.size() * 4);
+      put(at[k][6], sets[k].dealt.data(), sets[k].dealt.size() * 4);
+      put(at[k][7], sets[k].dealt_offsets.data(), sets[k].dealt_offsets.size() * 4);
     }
     void* dev = nullptr;
     const cudaError_t ae = cudaMalloc(&dev, bytes);
@@ -557,6 +646,13 @@ class CudaPlan final : public BackendPlan {
       l.visits = reinterpret_cast<const int32_t*>(base + at[k][2]);
       l.items = reinterpret_cast<const int32_t*>(base + at[k][3]);
       l.item_offsets = reinterpret_cast<const int32_t*>(base + at[k][4]);
+      l.cut_tiles = reinterpret_cast<const int32_t*>(base + at[k][5]);
+      l.max_cut = sets[k].max_cut;
+      l.prefetch_ahead = k == 1 ? kv_prefetch : 0;
+      l.dealt = reinterpret_cast<const int32_t*>(base + at[k][6]);
+      l.dealt_offsets = reinterpret_cast<const int32_t*>(base + at[k][7]);
+      l.grid_x = sets[k].grid_x;
+      l.grid_y = sets[k].grid_y;
       l.tiles = sets[k].tiles;
       l.mask_batch = int32_t(m.batch());
       l.mask_heads = int32_t(m.heads());
@@ -568,13 +664,20 @@ class CudaPlan final : public BackendPlan {
   // Cuts the dK/dV kernel's long lists into several work items when the
   // longest block would otherwise outlast the average work per SM by half
   // again (global keys, sinks: one KV tile seen by every query tile), so
-  // that it no longer sets the time. The items' dK and dV then meet in the
-  // fp32 accumulators of split groups. Not for deterministic plans (the
-  // additions' order would vary).
+  // that it no longer sets the time. The items' dK and dV then meet in fp32
+  // accumulators (those of split groups, or the cut tiles' own). Not for
+  // deterministic plans (the additions' order would vary).
+  // ATTN_CUDA_BSPARSE_ITEM=n (a test and tuning hook) cuts every list into
+  // items of at most n visits instead, whatever the balance.
   void split_kv_lists(HostTileLists& l) {
     const Problem& p = problem_;
     if (p.deterministic || sm_count_ < 1) return;
     const BlockMask& m = *p.block_mask;
+    if (const char* env = std::getenv("ATTN_CUDA_BSPARSE_ITEM")) {
+      cut_work_items(l, m.batch() * m.heads(), std::max(1, std::atoi(env)));
+      kv_lists_split_ = l.max_cut > 0;
+      return;
+    }
     const int64_t heads_per = p.group() / group_splits_;
     int64_t work = 0, longest = 0;
     for (int64_t b = 0; b < p.batch; ++b)
@@ -589,7 +692,7 @@ class CudaPlan final : public BackendPlan {
     const int64_t per_sm = work / sm_count_;
     if (2 * longest <= 3 * per_sm) return;
     cut_work_items(l, m.batch() * m.heads(), std::max<int64_t>(8, per_sm / (2 * heads_per)));
-    kv_lists_split_ = int32_t(l.items.size() / 3) > int32_t(l.offsets.size() - 1);
+    kv_lists_split_ = l.max_cut > 0;
   }
 
   void fill_params() {
@@ -698,10 +801,17 @@ class CudaPlan final : public BackendPlan {
     return size_t(p.total_q()) * size_t(p.heads_q) * size_t(p.head_dim_qk) * sizeof(float);
   }
 
-  size_t kv_accum_bytes() const {
+  // Whether dK/dV accumulate in the cut tiles' slots only (BwdParams::dk_accum).
+  bool compact_kv_accum() const { return group_splits_ <= 1 && kv_lists_split_; }
+  // (token or cut tile row, head) rows of the dK and of the dV accumulator.
+  int64_t kv_accum_rows() const {
     const Problem& p = problem_;
-    if (group_splits_ <= 1 && !kv_lists_split_) return 0;
-    return size_t(p.total_kv()) * size_t(p.heads_kv) * size_t(p.head_dim_qk) * sizeof(float);
+    if (compact_kv_accum())
+      return p.batch * p.heads_kv * int64_t(bwd_params_.sparse_kv.max_cut) * bwd_cfg_.block_n;
+    return group_splits_ > 1 ? p.total_kv() * p.heads_kv : 0;
+  }
+  size_t kv_accum_bytes() const {
+    return size_t(kv_accum_rows()) * size_t(problem_.head_dim_qk) * sizeof(float);
   }
 
   Problem problem_;
@@ -720,6 +830,10 @@ class CudaPlan final : public BackendPlan {
   BwdKernels bwd_{};
   flash::BwdParams bwd_params_{};
   int m_blocks_ = 0;
+  bool fwd_persist_ = false;  // block-sparse: the persistent forward
+  int fwd_grid_ = 0;          // its blocks
+  bool bwd_persist_ = false;  // block-sparse: the persistent dK/dV kernel
+  int bwd_grid_ = 0;          // its blocks
   int32_t* cu_dev_ = nullptr;
   void* lists_dev_ = nullptr;  // block-sparse tile lists (upload_tile_lists)
   std::optional<MobaSchedule> moba_;  // MoBA plans

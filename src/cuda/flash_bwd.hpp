@@ -32,6 +32,16 @@ struct BwdKernels {
                               cudaStream_t stream);
   const void* dkdv_func;  // for cudaFuncGetAttributes
   const void* dq_func;
+  // Block-sparse sets only (null otherwise). Plans with cut dK/dV lists: dK,
+  // dV of the cut tiles from the compact accumulators, n_rows = batch *
+  // heads_kv * max_cut * block_n (flash::BwdParams::dk_accum).
+  cudaError_t (*convert_dkdv_tiles)(const flash::BwdParams& params, int64_t n_rows,
+                                    cudaStream_t stream) = nullptr;
+  // The persistent dK/dV kernel: grid (n_blocks, 1, 1), its work dealt in
+  // params.sparse_kv (the other two arguments are ignored).
+  cudaError_t (*dkdv_persistent)(const flash::BwdParams& params, int n_blocks, int heads_kv,
+                                 int batch, cudaStream_t stream) = nullptr;
+  const void* dkdv_persistent_func = nullptr;
 };
 
 // variant: see flash::bwd_config (0 unless flash::bwd_variants(d) > 1);

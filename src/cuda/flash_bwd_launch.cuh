@@ -16,6 +16,12 @@ cudaError_t bwd_prepare() {
                                        cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        int(flash::bwd_config(D, V).smem_bytes(D)));
   if (e != cudaSuccess) return e;
+  if constexpr (S) {
+    e = cudaFuncSetAttribute(flash::flash_bwd_dkdv_bsparse_persistent_kernel<T, D, V>,
+                             cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             int(flash::bwd_config(D, V).smem_bytes(D)));
+    if (e != cudaSuccess) return e;
+  }
   return cudaFuncSetAttribute(flash::flash_bwd_dq_kernel<T, D, S, M>,
                               cudaFuncAttributeMaxDynamicSharedMemorySize,
                               int(flash::dq_config(D).smem_bytes(D)));
@@ -48,6 +54,14 @@ cudaError_t bwd_convert_dkdv(const flash::BwdParams& p, int64_t n_rows, cudaStre
   return cudaGetLastError();
 }
 
+template <class T, int D>
+cudaError_t bwd_convert_dkdv_tiles(const flash::BwdParams& p, int64_t n_rows,
+                                   cudaStream_t stream) {
+  flash::flash_bwd_convert_dkdv_tiles_kernel<T, D>
+      <<<row_blocks<D>(n_rows), flash::kRowKernelThreads, 0, stream>>>(p, n_rows);
+  return cudaGetLastError();
+}
+
 template <class T, int D, int V, bool S, bool M = false>
 cudaError_t bwd_dkdv(const flash::BwdParams& p, int n_blocks, int heads_kv, int batch,
                      cudaStream_t stream) {
@@ -66,16 +80,40 @@ cudaError_t bwd_dq(const flash::BwdParams& p, int m_blocks, int heads_q, int bat
   return cudaGetLastError();
 }
 
+// Block-sparse only: the persistent dK/dV kernel (grid (n_blocks, 1, 1); the
+// other arguments are ignored).
+template <class T, int D, int V>
+cudaError_t bwd_dkdv_persistent(const flash::BwdParams& p, int n_blocks, int, int,
+                                cudaStream_t stream) {
+  constexpr flash::BwdConfig cfg = flash::bwd_config(D, V);
+  flash::flash_bwd_dkdv_bsparse_persistent_kernel<T, D, V>
+      <<<dim3(unsigned(n_blocks)), cfg.threads(), cfg.smem_bytes(D), stream>>>(p);
+  return cudaGetLastError();
+}
+
+// The block-sparse kernels of the set, instantiated only when S.
+template <class T, int D, int V, bool S>
+void add_bsparse_kernels(BwdKernels& k) {
+  if constexpr (S) {
+    k.convert_dkdv_tiles = &bwd_convert_dkdv_tiles<T, D>;
+    k.dkdv_persistent = &bwd_dkdv_persistent<T, D, V>;
+    k.dkdv_persistent_func =
+        reinterpret_cast<const void*>(&flash::flash_bwd_dkdv_bsparse_persistent_kernel<T, D, V>);
+  }
+}
+
 template <class T, int D, int V, bool S, bool M = false>
 BwdKernels make_bwd_kernels_t() {
-  return {&bwd_prepare<T, D, V, S, M>,
-          &bwd_preprocess<T, D>,
-          &bwd_dkdv<T, D, V, S, M>,
-          &bwd_dq<T, D, S, M>,
-          &bwd_convert<T, D>,
-          &bwd_convert_dkdv<T, D>,
-          reinterpret_cast<const void*>(&flash::flash_bwd_dkdv_kernel<T, D, V, S, M>),
-          reinterpret_cast<const void*>(&flash::flash_bwd_dq_kernel<T, D, S, M>)};
+  BwdKernels k{&bwd_prepare<T, D, V, S, M>,
+               &bwd_preprocess<T, D>,
+               &bwd_dkdv<T, D, V, S, M>,
+               &bwd_dq<T, D, S, M>,
+               &bwd_convert<T, D>,
+               &bwd_convert_dkdv<T, D>,
+               reinterpret_cast<const void*>(&flash::flash_bwd_dkdv_kernel<T, D, V, S, M>),
+               reinterpret_cast<const void*>(&flash::flash_bwd_dq_kernel<T, D, S, M>)};
+  add_bsparse_kernels<T, D, V, S>(k);
+  return k;
 }
 
 template <int D, int V>

@@ -13,7 +13,20 @@
 // size, their selection read back from the mask (attn_block_mask_get_blocks).
 //
 // Each case runs the forward, the backward with dQ by atomics and the
-// deterministic backward (three times: bit-identical). Tolerance
+// deterministic backward (three times: bit-identical). The dK/dV lists of
+// the backward with atomics get cut into several work items where a few
+// KV tiles are seen by most query tiles (BigBird's global keys), or, in
+// the cases that set cut_item, everywhere (ATTN_CUDA_BSPARSE_ITEM); with a
+// whole group (the cases that set ATTN_CUDA_BWD_GROUP_SPLIT=1, or
+// group 1) the cut tiles then accumulate in slots of their own, which the
+// plan's kernel name says ("-cut"), and the cases that expect it check
+// that. The cases that set fwd_persist run the persistent forward
+// (ATTN_CUDA_BSPARSE_FWD_PERSIST=1, "-bsparse-p" in the kernel name:
+// resident blocks, each looping over the query tiles dealt to it), those
+// that set bwd_persist the persistent dK/dV kernel likewise
+// (ATTN_CUDA_BSPARSE_BWD_PERSIST=1, "+bwd-p"); those that set prefetch
+// have the dK/dV kernel's blocks prefetch later blocks' K and V
+// (ATTN_CUDA_BSPARSE_PREFETCH=1). Tolerance
 // (FlashAttention's rule, as the other GPU tests): max |X - X_fp64| <=
 // 2 * max |X_plain - X_fp64| + atol, X_plain from ref_lowp_* (every op
 // rounded to the dtype, fp32 sums); for dQ and dK plus twice the error
@@ -28,6 +41,7 @@
 // text. Exit 77 without a CUDA device.
 
 #include <algorithm>
+#include <cstdlib>
 #include <functional>
 #include <random>
 #include <string>
@@ -47,6 +61,12 @@ struct Case : CaseShape {
   Source src = Source::kRandom;
   double p_none = 0.3;        // chance that a block selects nothing
   bool empty_block0 = false;  // query block 0 of slot 0 selects nothing
+  int cut_item = 0;           // > 0: ATTN_CUDA_BSPARSE_ITEM for the plans
+  int group_split = 0;        // > 0: ATTN_CUDA_BWD_GROUP_SPLIT for the plans
+  bool expect_cut = false;    // the backward with atomics must say "-cut"
+  bool fwd_persist = false;   // ATTN_CUDA_BSPARSE_FWD_PERSIST=1 for the plans
+  bool prefetch = false;      // ATTN_CUDA_BSPARSE_PREFETCH=1 for the plans
+  bool bwd_persist = false;   // ATTN_CUDA_BSPARSE_BWD_PERSIST=1 for the plans
 };
 using Problem = CaseProblem<Case>;
 
@@ -201,6 +221,34 @@ attn_block_mask_t make_mask(const Case& c, std::mt19937_64& rng, std::vector<uin
   return mask;
 }
 
+// Sets an environment variable for its lifetime when `value` is not empty
+// (else leaves it as it is), then restores what it was.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const std::string& value) : name_(name) {
+    if (value.empty()) return;
+    const char* old = std::getenv(name);
+    had_ = old != nullptr;
+    if (had_) old_ = old;
+    setenv(name, value.c_str(), 1);
+    set_ = true;
+  }
+  ~ScopedEnv() {
+    if (!set_) return;
+    if (had_)
+      setenv(name_, old_.c_str(), 1);
+    else
+      unsetenv(name_);
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+  std::string old_;
+  bool had_ = false, set_ = false;
+};
+
 // What phase one (the device) leaves for phase two, with the selection.
 struct Run : SparseRun<Case> {
   std::vector<uint8_t> sel;
@@ -229,15 +277,38 @@ Run run_device(const Case& c0, attn_context_t ctx) {
   auto normal = [&](int64_t, int64_t, int64_t, int64_t) { return to_half(c.dtype, nd(rng)); };
   fill_inputs(r, normal, normal, normal, normal);
 
-  attn_plan_t plans[2] = {build_plan(p, ctx, mask, false), build_plan(p, ctx, mask, true)};
+  // The tuning hooks are read at plan creation; the test's own environment
+  // (e.g. ATTN_CUDA_BWD_GROUP_SPLIT of the fallback run) is restored after.
+  attn_plan_t plans[2];
+  {
+    ScopedEnv item("ATTN_CUDA_BSPARSE_ITEM", c.cut_item > 0 ? std::to_string(c.cut_item) : "");
+    ScopedEnv split("ATTN_CUDA_BWD_GROUP_SPLIT",
+                    c.group_split > 0 ? std::to_string(c.group_split) : "");
+    ScopedEnv persist("ATTN_CUDA_BSPARSE_FWD_PERSIST", c.fwd_persist ? "1" : "");
+    ScopedEnv prefetch("ATTN_CUDA_BSPARSE_PREFETCH", c.prefetch ? "1" : "");
+    ScopedEnv bwd_persist("ATTN_CUDA_BSPARSE_BWD_PERSIST", c.bwd_persist ? "1" : "");
+    plans[0] = build_plan(p, ctx, mask, false);
+    plans[1] = build_plan(p, ctx, mask, true);
+  }
   ATTN_CHECK(attn_block_mask_destroy(mask));
-  for (attn_plan_t plan : plans) {
-    const attn_plan_info_t info = describe(plan);
+  for (int det = 0; det < 2; ++det) {
+    const attn_plan_info_t info = describe(plans[det]);
     if (std::strstr(info.kernel, "bsparse") == nullptr)
       r.describe_error += std::string(" kernel '") + info.kernel + "' does not say bsparse;";
     if (info.visited_tile_pairs > info.total_tile_pairs || info.block_q != c.bq ||
         info.block_kv != c.bk)
       r.describe_error += " visited/total tile pairs or block sizes wrong;";
+    // Deterministic plans never cut their lists.
+    const bool cut = std::strstr(info.kernel, "-cut") != nullptr;
+    if (cut != (c.expect_cut && det == 0))
+      r.describe_error += std::string(" kernel '") + info.kernel + "': expected " +
+                          (c.expect_cut && det == 0 ? "" : "no ") + "cut lists;";
+    if ((std::strstr(info.kernel, "-bsparse-p-") != nullptr) != c.fwd_persist)
+      r.describe_error += std::string(" kernel '") + info.kernel + "': expected the " +
+                          (c.fwd_persist ? "persistent" : "one-block-per-tile") + " forward;";
+    if ((std::strstr(info.kernel, "+bwd-p-") != nullptr) != c.bwd_persist)
+      r.describe_error += std::string(" kernel '") + info.kernel + "': expected the " +
+                          (c.bwd_persist ? "persistent" : "one-block-per-item") + " dK/dV kernel;";
   }
 
   run_passes(r, plans);
@@ -289,6 +360,9 @@ std::vector<Case> cases() {
   c = make("d128-bf16-b32-none-empty-rows", BF, 128, 1, 2, 2, 257, 257, NONE, 32, 32);
   c.p_none = 0.6, c.empty_block0 = true, c.mask_heads = 2;
   v.push_back(c);
+  c.name = "d128-bf16-b32-none-empty-rows-persistent";
+  c.fwd_persist = true, c.bwd_persist = true;
+  v.push_back(c);
   c = make("d128-bf16-b64-softcap30", BF, 128, 1, 2, 1, 190, 190, NONE, 64, 64);
   c.softcap = 30.0f;
   v.push_back(c);
@@ -299,6 +373,10 @@ std::vector<Case> cases() {
   v.push_back(c);
   c = make("d96-fp16-b96-causal", FP, 96, 1, 2, 2, 290, 290, CAUSAL, 96, 96);
   c.mask_heads = 2;
+  v.push_back(c);
+  c = make("d96-bf16-b64-window(90,30)-gqa4/2-persistent", BF, 96, 2, 4, 2, 400, 400, WIN, 64,
+           64);
+  c.wl = 90, c.wr = 30, c.mask_batch = 2, c.fwd_persist = true, c.bwd_persist = true;
   v.push_back(c);
   c = make("d256-bf16-b64-causal-gqa2/1", BF, 256, 1, 2, 1, 200, 200, CAUSAL, 64, 64);
   v.push_back(c);
@@ -313,6 +391,34 @@ std::vector<Case> cases() {
   v.push_back(c);
   c = make("d128-fp16-b96-bigbird-causal", FP, 128, 1, 2, 2, 1500, 1500, CAUSAL, 96, 96);
   c.src = Source::kBigBird;
+  c.expect_cut = true;  // the global key tiles' lists (24 query tiles)
+  v.push_back(c);
+  c.name = "d128-fp16-b96-bigbird-causal-persistent-prefetch";
+  c.fwd_persist = true, c.prefetch = true, c.bwd_persist = true;
+  v.push_back(c);
+  // Cut lists with whole groups: the cut tiles' own accumulators, per
+  // (sequence, KV head) of a mask shared by the batch, with GQA.
+  c = make("d128-bf16-b128-bigbird-gqa4/2-whole-group-batch2", BF, 128, 2, 4, 2, 1100, 1100,
+           NONE, 128, 128);
+  c.src = Source::kBigBird, c.mask_heads = 2, c.group_split = 1, c.expect_cut = true;
+  c.padded = true, c.fwd_persist = true, c.prefetch = true, c.bwd_persist = true;
+  v.push_back(c);
+  // Every list cut into items of 3 visits: masks per sequence and KV head
+  // cut different numbers of tiles (empty accumulator slots).
+  c = make("d64-bf16-b64-causal-cut3-per-batch", BF, 64, 2, 2, 2, 700, 700, CAUSAL, 64, 64);
+  c.mask_batch = 2, c.mask_heads = 2, c.cut_item = 3, c.expect_cut = true, c.fwd_persist = true;
+  c.prefetch = true;
+  v.push_back(c);
+  c = make("d256-fp16-b64-none-cut2-lq<lk", FP, 256, 1, 2, 1, 300, 333, NONE, 64, 64);
+  c.cut_item = 2, c.group_split = 1, c.expect_cut = true, c.fwd_persist = true;
+  c.bwd_persist = true;
+  v.push_back(c);
+  // Cut lists in a split group: every tile in the whole accumulators.
+  c = make("d128-bf16-b64-cut2-gqa4/1-split2", BF, 128, 1, 4, 1, 500, 500, CAUSAL, 64, 64);
+  c.cut_item = 2, c.group_split = 2;
+  v.push_back(c);
+  c.name = "d128-bf16-b64-cut2-gqa4/1-split2-persistent-bwd";
+  c.bwd_persist = true;
   v.push_back(c);
   return v;
 }
