@@ -279,16 +279,10 @@ __device__ __forceinline__ void flash_bwd_dkdv_sm90_tile(const BwdParams& p) {
       for (int e = 0; e < 4; ++e)
         s[4 * j + e] = fast_exp2(fmaf(s[4 * j + e], sl2, -((e & 1) ? l.y : l.x)));
     }
-    sm90::wgmma_wait<0>();
-    sm90::reg_fence(dp);
-#pragma unroll
-    for (int j = 0; j < BM / 8; ++j) {
-      const float2 dd = *reinterpret_cast<const float2*>(del_s + 8 * j + 2 * t4);
-#pragma unroll
-      for (int e = 0; e < 4; ++e) dp[4 * j + e] = s[4 * j + e] * (dp[4 * j + e] - ((e & 1) ? dd.y : dd.x));
-    }
-    // Mask (P = dS = 0 by selection): key jl (local) sees query il (local)
-    // when jl - hi_rel <= il <= jl - lo_rel and jl < kv_valid.
+    // Mask (P = 0 by selection: the value may be inf past the last key):
+    // key jl (local) sees query il (local) when jl - hi_rel <= il <=
+    // jl - lo_rel and jl < kv_valid. dS = P (dP - D) is then 0 there too
+    // (dP and D are finite).
     const bool full = c0 + BN <= lk && c0 - r1 >= dmin && c0 + BN - 1 - r0 <= dmax;
     if (!full) {
       auto clampi = [](long long x) {
@@ -306,16 +300,27 @@ __device__ __forceinline__ void flash_bwd_dkdv_sm90_tile(const BwdParams& p) {
       for (int j = 0; j < BM / 8; ++j)
 #pragma unroll
         for (int e = 0; e < 4; ++e)
-          if (vis[e >> 1].outside(8 * j + 2 * t4 + (e & 1))) s[4 * j + e] = dp[4 * j + e] = 0.0f;
+          if (vis[e >> 1].outside(8 * j + 2 * t4 + (e & 1))) s[4 * j + e] = 0.0f;
     }
+    // dV += P^T dO runs while dS^T is computed.
     uint32_t pa[BM / 16][4], da[BM / 16][4];
     bwd_sm90::pack_a<T, BM>(pa, s);
+    sm90::wgmma_fence();
+    bwd_sm90::issue_grad<T, D, BM>(acc_dv, pa, do_st);
+    sm90::wgmma_commit();
+    sm90::wgmma_wait<1>();  // dP^T done
+    sm90::reg_fence(dp);
+#pragma unroll
+    for (int j = 0; j < BM / 8; ++j) {
+      const float2 dd = *reinterpret_cast<const float2*>(del_s + 8 * j + 2 * t4);
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        dp[4 * j + e] = s[4 * j + e] * (dp[4 * j + e] - ((e & 1) ? dd.y : dd.x));
+    }
     bwd_sm90::pack_a<T, BM>(da, dp);
     bwd_sm90::store_frags<BN, BM>(sb + Tr::kOffDs, da, key0, t4);
     sm90::fence_proxy_async();  // dS^T is read by the tensor cores after the barrier
-
     sm90::wgmma_fence();
-    bwd_sm90::issue_grad<T, D, BM>(acc_dv, pa, do_st);
     bwd_sm90::issue_grad<T, D, BM>(acc_dk, da, q_st);
     sm90::wgmma_commit();
     bulk_wait_read<0>();  // the staging tile is read before it is rewritten
