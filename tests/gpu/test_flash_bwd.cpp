@@ -660,6 +660,22 @@ std::vector<Case> cases() {
                  "-" + dn[t] + "-d" + std::to_string(x.d);
         add(x);
       }
+  // d = 64 (the sm_90a kernel's 128-row query tiles) with strides, odd
+  // lengths over several tiles, and a window over unequal lengths.
+  for (attn_layout_t lay : {ATTN_LAYOUT_BSHD, ATTN_LAYOUT_BHSD}) {
+    Case x = b;
+    x.dtype = lay == ATTN_LAYOUT_BSHD ? ATTN_DTYPE_FP16 : ATTN_DTYPE_BF16;
+    x.layout = lay, x.padded = true, x.batch = 2, x.hq = 6, x.hkv = 2, x.lq = 300, x.lk = 517;
+    x.mask = ATTN_MASK_CAUSAL, x.d = 64;
+    x.name = std::string(lay == ATTN_LAYOUT_BSHD ? "bshd" : "bhsd") + "-padded-d64-causal-300x517";
+    add(x);
+  }
+  {
+    Case x = b;
+    x.name = "window(70,20)-d64-bf16-400x260", x.d = 64, x.lq = 400, x.lk = 260, x.hq = 2,
+    x.hkv = 1, x.mask = ATTN_MASK_WINDOW, x.wl = 70, x.wr = 20, x.allow_empty = true;
+    add(x);
+  }
   // Larger shapes: sampled dQ rows against fp64, everything against the CPU backend.
   {
     Case x = b;
