@@ -252,9 +252,6 @@ __device__ __forceinline__ void flash_bwd_dkdv_sm90_tile(const BwdParams& p) {
     cp_async_wait<0>();
     sm90::fence_proxy_async();
     __syncthreads();  // tile `it` landed; iteration it-1 is done with the other stage and dS^T
-    if (it + 1 < n_iter) load_q(it + 1);
-    cp_async_commit();
-    if (it > 0) bulk_issue();
 
     const int r0 = m * BM, rows = min(BM, lq - r0), r1 = r0 + rows - 1;
     const uint32_t st = uint32_t(it & 1);
@@ -269,6 +266,11 @@ __device__ __forceinline__ void flash_bwd_dkdv_sm90_tile(const BwdParams& p) {
     sm90::wgmma_commit();
     bwd_sm90::issue_scores<T, D, BM, BN>(dp, v_rows, do_st);
     sm90::wgmma_commit();
+    // The next tile's loads (into the stage no GEMM in flight reads) and the
+    // previous tile's dQ reductions go out while the tensor cores run.
+    if (it + 1 < n_iter) load_q(it + 1);
+    cp_async_commit();
+    if (it > 0) bulk_issue();
     sm90::wgmma_wait<1>();
     sm90::reg_fence(s);
     // P^T: column (query) 8 j + 2 t4 + (e & 1) of register 4 j + e.
