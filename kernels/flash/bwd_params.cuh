@@ -146,6 +146,30 @@ constexpr BwdConfig bwd_config(int d, int variant = 0) {
 }
 constexpr int bwd_variants(int d) { return d == 64 || d == 128 ? 2 : 1; }
 
+// The sm_90a (wgmma) dK/dV kernel (flash/bwd_sm90_kernel.cuh): two
+// warpgroups of 64 keys each over a KV tile of block_n = 128 keys, query
+// tiles of block_m rows. d = 128: block_m = 64 (dK and dV take 128
+// accumulator registers per thread, S^T and dP^T 64 more); d = 64:
+// block_m = 128, so that a tile's GEMMs are as long as at d = 128 and each
+// warpgroup computes dQ for 64 of the rows. Shared memory (swizzled
+// panels, 1024-byte aligned): K, V [block_n][d]; two stages of Q, dO
+// [block_m][d]; dS^T [block_n][block_m]; two stages of LSE and D rows; the
+// fp32 dQ staging tile [block_m][d + 8] of the bulk reductions.
+struct BwdSm90Config {
+  int block_m, block_n;
+  static constexpr int kWarpgroups = 2;
+  constexpr int threads() const { return kWarpgroups * 128; }
+  constexpr int ld_dq(int d) const { return d + 8; }
+  constexpr size_t smem_bytes(int d) const {
+    return 1024u + size_t(2 * block_n + 4 * block_m) * size_t(d) * 2u +
+           size_t(block_n) * size_t(block_m) * 2u + size_t(4 * block_m) * 4u +
+           size_t(block_m) * size_t(ld_dq(d)) * 4u;
+  }
+};
+constexpr BwdSm90Config bwd_sm90_config(int d) {
+  return d == 64 ? BwdSm90Config{128, 128} : BwdSm90Config{64, 128};
+}
+
 // The deterministic dQ kernel: one block per query tile of one query head,
 // looping over its KV tiles like the forward (4 warps of 16 rows).
 struct DqConfig {

@@ -194,6 +194,49 @@ ATTN_SM90_WGMMA_DEF(__nv_bfloat16, "bf16")
 #undef ATTN_SM90_ACC32
 #undef ATTN_SM90_ACC64
 
+// d[64 x 64] (+)= A[64 x 16] B[16 x 64] with both operands MN-major in
+// shared memory (the transpose flags set): A stored [k][m] (the backward's
+// dS^T, [keys][queries], read as dS), B stored [k][n] (K, [keys][D]), each
+// described by desc_mn_major. 16-bit types only (the only ones wgmma
+// transposes).
+template <class T>
+struct WgmmaMnMn;
+
+#if ATTN_SM90_WGMMA
+#define ATTN_SM90_MNMN_DEF(TY, PTXTY)                                                             \
+  template <>                                                                                     \
+  struct WgmmaMnMn<TY> {                                                                          \
+    static __device__ __forceinline__ void ss(float (&d)[32], uint64_t a, uint64_t b,             \
+                                              bool accumulate) {                                  \
+      asm volatile(                                                                               \
+          "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                            \
+          "wgmma.mma_async.sync.aligned.m64n64k16.f32." PTXTY "." PTXTY                           \
+          " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, "   \
+          "%18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, "  \
+          "1, 1, 1, 1;\n}\n"                                                                      \
+          : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),   \
+            "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]),            \
+            "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]),         \
+            "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),         \
+            "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]),         \
+            "+f"(d[31])                                                                           \
+          : "l"(a), "l"(b), "r"(int(accumulate)));                                                \
+    }                                                                                             \
+  };
+#else
+#define ATTN_SM90_MNMN_DEF(TY, PTXTY)                                                 \
+  template <>                                                                         \
+  struct WgmmaMnMn<TY> {                                                              \
+    static __device__ __forceinline__ void ss(float (&d)[32], uint64_t a, uint64_t b, \
+                                              bool accumulate) {                      \
+      (void)d, (void)a, (void)b, (void)accumulate;                                    \
+    }                                                                                 \
+  };
+#endif
+ATTN_SM90_MNMN_DEF(__half, "f16")
+ATTN_SM90_MNMN_DEF(__nv_bfloat16, "bf16")
+#undef ATTN_SM90_MNMN_DEF
+
 // Copies a [ROWS][C] tile of 16-bit elements (row r at src + r * stride,
 // 16-byte aligned rows) into the swizzled panel layout at dst (1024-byte
 // aligned) with cp.async, THREADS threads sharing the 16-byte chunks; rows

@@ -58,6 +58,7 @@
 #include "cuda/bsparse_fwd.hpp"
 #include "cuda/cuda_util.hpp"
 #include "cuda/flash_bwd.hpp"
+#include "cuda/flash_bwd_sm90.hpp"
 #include "cuda/flash_fwd.hpp"
 #include "cuda/moba_kernels.hpp"
 #include "cuda/moba_plan.hpp"
@@ -198,6 +199,7 @@ class CudaPlan final : public BackendPlan {
       require_smem(bwd_cfg_.smem_bytes(int(d)), "backward");
       require_smem(flash::dq_config(int(d)).smem_bytes(int(d)), "backward");
       check(bwd_.prepare(), "cudaFuncSetAttribute");
+      pick_sm90_backward(p, major, minor, size_t(smem_optin));
     }
     if (moba) {
       require_smem(moba::select_smem_bytes(int(d)), "MoBA selection");
@@ -293,7 +295,10 @@ class CudaPlan final : public BackendPlan {
                                        "cuda-fa2-sm80-%s-d%d-%dx%d-w%d-s%d", dtype_name(p.dtype),
                                        int(d), cfg_.block_m, cfg_.block_n, cfg_.warps,
                                        cfg_.stages);
-    if (p.backward && len > 0 && size_t(len) < sizeof kernel_name_) {
+    if (p.backward && len > 0 && size_t(len) < sizeof kernel_name_ && bwd_sm90_) {
+      std::snprintf(kernel_name_ + len, sizeof kernel_name_ - size_t(len), "+bwd-wgmma-%dx%d-bulk",
+                    bwd_sm90_cfg_.block_m, bwd_sm90_cfg_.block_n);
+    } else if (p.backward && len > 0 && size_t(len) < sizeof kernel_name_) {
       const char* dq_kind = p.deterministic             ? "det"
                             : bwd_cfg_.bulk_dq && !gather ? "bulk"
                                                           : "atomic";
@@ -442,7 +447,7 @@ class CudaPlan final : public BackendPlan {
         check(cudaMemsetAsync(prm.dk_accum, 0, 2 * kv_accum, stream), "cudaMemsetAsync");
       // Block-sparse: one block per work item (tile_lists.cuh).
       const int n_blocks = p.block_mask ? kv_items_
-                                        : int((p.seqlen_kv + bwd_cfg_.block_n - 1) / bwd_cfg_.block_n);
+                                        : int((p.seqlen_kv + bwd_block_n() - 1) / bwd_block_n());
       if (bwd_persist_)
         check(bwd_.dkdv_persistent(prm, bwd_grid_, 0, 0, stream), "backward dK/dV kernel launch");
       else
@@ -533,6 +538,39 @@ class CudaPlan final : public BackendPlan {
     sm90_cfg_ = c;
     sm90_ = true;
   }
+
+  // The sm_90a (wgmma) dK/dV kernel replaces the sm_80 one for dense plans
+  // at d = 64 and 128 without softcap whose dQ is accumulated (not
+  // deterministic), on sm_90 devices whose image of it was compiled for
+  // sm_90a; the other launches of the backward stay those of bwd_.
+  // ATTN_CUDA_BWD_SM90=0 keeps the sm_80 kernel, and so does
+  // ATTN_CUDA_BWD_VARIANT (which asks for an sm_80 variant); read at plan
+  // creation.
+  void pick_sm90_backward(const Problem& p, int major, int minor, size_t smem_optin) {
+    const char* env = std::getenv("ATTN_CUDA_BWD_SM90");
+    if ((env != nullptr && std::strcmp(env, "0") == 0) || std::getenv("ATTN_CUDA_BWD_VARIANT"))
+      return;
+    const int64_t d = p.head_dim_qk;
+    if (p.block_mask != nullptr || p.moba_block > 0 || p.softcap > 0.0f || p.deterministic ||
+        (d != 64 && d != 128) || major != 9 || minor != 0)
+      return;
+    const bool bf16 = p.dtype == ATTN_DTYPE_BF16;
+    const BwdSm90Kernel k = d == 64 ? bwd_kernel_sm90_d64(bf16) : bwd_kernel_sm90_d128(bf16);
+    const flash::BwdSm90Config c = flash::bwd_sm90_config(int(d));
+    cudaFuncAttributes attrs{};
+    if (cudaFuncGetAttributes(&attrs, k.func) != cudaSuccess) {
+      (void)cudaGetLastError();  // no image: the sm_80 kernel
+      return;
+    }
+    if (attrs.ptxVersion < 90 || smem_optin < c.smem_bytes(int(d))) return;
+    check(k.prepare(), "cudaFuncSetAttribute");
+    bwd_.dkdv = k.dkdv;
+    bwd_.dkdv_func = k.func;
+    bwd_sm90_cfg_ = c;
+    bwd_sm90_ = true;
+  }
+  // Keys per dK/dV block.
+  int bwd_block_n() const { return bwd_sm90_ ? bwd_sm90_cfg_.block_n : bwd_cfg_.block_n; }
 
   static void require_aligned(const void* ptr, const char* name) {
     if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0)
@@ -779,7 +817,7 @@ class CudaPlan final : public BackendPlan {
     if (const char* env = std::getenv("ATTN_CUDA_BWD_GROUP_SPLIT"))
       return divisor_at_most(std::atoi(env));
     const int64_t blocks =
-        (p.seqlen_kv + bwd_cfg_.block_n - 1) / bwd_cfg_.block_n * p.heads_kv * p.batch;
+        (p.seqlen_kv + bwd_block_n() - 1) / bwd_block_n() * p.heads_kv * p.batch;
     for (int s = 1; s < group; ++s)
       if (group % s == 0 && blocks * s >= 8 * int64_t(sm_count)) return s;
     return group;
@@ -828,6 +866,8 @@ class CudaPlan final : public BackendPlan {
   flash::FwdParams params_{};
   flash::BwdConfig bwd_cfg_{};
   BwdKernels bwd_{};
+  bool bwd_sm90_ = false;  // bwd_.dkdv is the sm_90a kernel (bwd_sm90_cfg_)
+  flash::BwdSm90Config bwd_sm90_cfg_{};
   flash::BwdParams bwd_params_{};
   int m_blocks_ = 0;
   bool fwd_persist_ = false;  // block-sparse: the persistent forward

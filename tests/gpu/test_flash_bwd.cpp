@@ -3,7 +3,11 @@
 // GQA and MQA, unequal and varlen lengths with empty rows and sequences,
 // softcap, dtypes, layouts with non-default strides and every supported head
 // dim; every case runs both the default plan (dQ by fp32 atomics) and the
-// deterministic one (dQ in its own pass).
+// deterministic one (dQ in its own pass). On sm_90 devices the default
+// plan's dK/dV kernel at d = 64 and 128 without softcap is the sm_90a
+// (wgmma) one unless ATTN_CUDA_BWD_SM90=0 or ATTN_CUDA_BWD_VARIANT is set;
+// each case checks from attn_plan_describe which one ran (deterministic
+// plans always run the sm_80 kernels).
 //
 // Tolerance (FlashAttention's rule), per gradient: max |dX - dX_fp64| <=
 // 2 * max |dX_plain - dX_fp64| + atol, where dX_plain comes from a
@@ -46,6 +50,12 @@ uint64_t g_seed = 0;
 bool g_quick = false;
 const char* g_filter = nullptr;
 int g_failures = 0;
+bool g_bwd_sm90 = false;  // sm_90 device, ATTN_CUDA_BWD_SM90 != 0, no ATTN_CUDA_BWD_VARIANT
+
+// Whether the default (non-deterministic) plan of c runs the sm_90a dK/dV kernel.
+bool expects_bwd_sm90(const CaseShape& c) {
+  return g_bwd_sm90 && (c.d == 64 || c.d == 128) && c.softcap == 0.0f;
+}
 
 struct Case : CaseShape {
   bool vs_cpu = true;  // compare every element with the CPU backend
@@ -429,6 +439,17 @@ void run_case(const Case& c0, attn_context_t cuda_ctx, attn_context_t cpu_ctx) {
 
   attn_plan_t plan = build_plan(p, cuda_ctx, false);
   attn_plan_t plan_det = build_plan(p, cuda_ctx, true);
+  {
+    const bool want = expects_bwd_sm90(c);
+    const attn_plan_info_t info = describe(plan), info_det = describe(plan_det);
+    if ((std::strstr(info.kernel, "+bwd-wgmma-") != nullptr) != want ||
+        std::strstr(info_det.kernel, "+bwd-wgmma-") != nullptr) {
+      std::printf("FAIL %s: backward kernels %s and (deterministic) %s, expected %s\n",
+                  c.name.c_str(), info.kernel, info_det.kernel,
+                  want ? "the sm_90a one by default" : "the sm_80 ones");
+      ++g_failures;
+    }
+  }
   Device dev(p);
   dev.q.upload(h.q.data());
   dev.k.upload(h.k.data());
@@ -639,6 +660,22 @@ std::vector<Case> cases() {
                  "-" + dn[t] + "-d" + std::to_string(x.d);
         add(x);
       }
+  // d = 64 (the sm_90a kernel's 128-row query tiles) with strides, odd
+  // lengths over several tiles, and a window over unequal lengths.
+  for (attn_layout_t lay : {ATTN_LAYOUT_BSHD, ATTN_LAYOUT_BHSD}) {
+    Case x = b;
+    x.dtype = lay == ATTN_LAYOUT_BSHD ? ATTN_DTYPE_FP16 : ATTN_DTYPE_BF16;
+    x.layout = lay, x.padded = true, x.batch = 2, x.hq = 6, x.hkv = 2, x.lq = 300, x.lk = 517;
+    x.mask = ATTN_MASK_CAUSAL, x.d = 64;
+    x.name = std::string(lay == ATTN_LAYOUT_BSHD ? "bshd" : "bhsd") + "-padded-d64-causal-300x517";
+    add(x);
+  }
+  {
+    Case x = b;
+    x.name = "window(70,20)-d64-bf16-400x260", x.d = 64, x.lq = 400, x.lk = 260, x.hq = 2,
+    x.hkv = 1, x.mask = ATTN_MASK_WINDOW, x.wl = 70, x.wr = 20, x.allow_empty = true;
+    add(x);
+  }
   // Larger shapes: sampled dQ rows against fp64, everything against the CPU backend.
   {
     Case x = b;
@@ -648,6 +685,12 @@ std::vector<Case> cases() {
     add(x);
     x.name = "big-window(1024,0)-L8K-fp16-d64", x.lq = x.lk = 8192, x.d = 64,
     x.dtype = ATTN_DTYPE_FP16, x.mask = ATTN_MASK_WINDOW, x.wl = 1024, x.wr = 0;
+    add(x);
+    x.name = "big-none-2000x3001-bf16-d64-gqa4/2", x.lq = 2000, x.lk = 3001, x.d = 64, x.hq = 4,
+    x.hkv = 2, x.dtype = ATTN_DTYPE_BF16, x.mask = ATTN_MASK_NONE;
+    add(x);
+    x.name = "big-none-L4K-fp16-d128", x.lq = x.lk = 4096, x.d = 128, x.hq = 2, x.hkv = 2,
+    x.dtype = ATTN_DTYPE_FP16;
     add(x);
     x.name = "big-none-4Kx3K-bf16-d256", x.lq = 4096, x.lk = 3000, x.d = 256, x.hq = 1, x.hkv = 1,
     x.dtype = ATTN_DTYPE_BF16, x.mask = ATTN_MASK_NONE;
@@ -822,6 +865,17 @@ int main() {
   const char* quick = std::getenv("ATTN_GPU_TEST_QUICK");
   g_quick = quick != nullptr && quick[0] == '1';
   g_filter = std::getenv("ATTN_GPU_TEST_FILTER");
+  {
+    int dev = 0;
+    cudaDeviceProp prop{};
+    GPU_CHECK(cudaGetDevice(&dev));
+    GPU_CHECK(cudaGetDeviceProperties(&prop, dev));
+    const char* env = std::getenv("ATTN_CUDA_BWD_SM90");
+    g_bwd_sm90 = prop.major == 9 && prop.minor == 0 && !(env && std::strcmp(env, "0") == 0) &&
+                 std::getenv("ATTN_CUDA_BWD_VARIANT") == nullptr;
+    std::printf("device sm_%d%d: default dK/dV kernel at d = 64, 128: %s\n", prop.major, prop.minor,
+                g_bwd_sm90 ? "sm_90a (wgmma)" : "sm_80");
+  }
   std::printf("seed %" PRIu64 " (ATTN_TEST_SEED=%" PRIu64 " repeats this run)%s\n", g_seed, g_seed,
               g_quick ? ", quick" : "");
   std::printf("per case: err/tol vs fp64 of dQ, dK, dV (sampled: dQ rows only), then vs the CPU "

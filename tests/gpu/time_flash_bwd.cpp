@@ -11,7 +11,13 @@
 // only those (e.g. under a profiler). ATTN_TIME_VARIANTS=1 also times the
 // backward variant of small-shared-memory devices where there is one
 // (ATTN_CUDA_BWD_VARIANT=1), printing "VARIANT1 d L mask ms TFLOP/s" lines.
+// Where the default plan's dK/dV kernel is the sm_90a (wgmma) one, its
+// backward is also timed with ATTN_CUDA_BWD_SM90=0 (the sm_80 kernel),
+// printing "SM80BWD d L mask ms TFLOP/s" lines and a column of the table;
+// ATTN_TIME_BWD_COMPARE=0 skips that.
 
+#include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -42,6 +48,12 @@ int main(int argc, char** argv) {
     return attn_backward(plan, t.q, t.k, t.v, t.o, t.lse, t.d_o, t.dq, t.dk, t.dv, ws, ws_bytes, s);
   };
 
+  const char* compare_env = std::getenv("ATTN_TIME_BWD_COMPARE");
+  const bool compare = compare_env == nullptr || std::strcmp(compare_env, "0") != 0;
+  // Plans read ATTN_CUDA_BWD_SM90 when created: the caller's value (or none)
+  // for the default plans, "0" for the comparison.
+  const char* sm90_env = std::getenv("ATTN_CUDA_BWD_SM90");
+  const std::string caller_choice = sm90_env ? sm90_env : "";
   std::vector<std::string> lines;
   for (const TimingShape& c : shapes) {
     double fwd_ms = 0, bwd_ms[2] = {0, 0};
@@ -69,24 +81,41 @@ int main(int argc, char** argv) {
                   c.causal ? "causal" : "full", v1, info.flops_backward / (v1 * 1e-3) / 1e12);
       attn_plan_destroy(plan);
     }
+    double sm80_ms = 0;  // 0: not timed (the default plan runs the sm_80 kernel already)
+    if (compare && std::strstr(info.kernel, "+bwd-wgmma-") != nullptr) {
+      setenv("ATTN_CUDA_BWD_SM90", "0", 1);
+      attn_plan_t plan = timing_plan(ctx, c, true, false);
+      if (sm90_env != nullptr)
+        setenv("ATTN_CUDA_BWD_SM90", caller_choice.c_str(), 1);
+      else
+        unsetenv("ATTN_CUDA_BWD_SM90");
+      fit_workspace(describe(plan));
+      timer.time([&] { return backward(plan); }, reps, &sm80_ms);
+      std::printf("SM80BWD %" PRId64 " %" PRId64 " %s %.4f %.1f  %s\n", c.d, c.l,
+                  c.causal ? "causal" : "full", sm80_ms,
+                  info.flops_backward / (sm80_ms * 1e-3) / 1e12, describe(plan).kernel);
+      attn_plan_destroy(plan);
+    }
     const double tf = info.flops_forward / (fwd_ms * 1e-3) / 1e12;
     const double tb = info.flops_backward / (bwd_ms[0] * 1e-3) / 1e12;
     const double td = info.flops_backward / (bwd_ms[1] * 1e-3) / 1e12;
     std::printf("RESULT %" PRId64 " %" PRId64 " %s %.4f %.1f %.4f %.1f %.4f %.1f\n", c.d, c.l,
                 c.causal ? "causal" : "full", fwd_ms, tf, bwd_ms[0], tb, bwd_ms[1], td);
+    const double t80 = sm80_ms > 0 ? info.flops_backward / (sm80_ms * 1e-3) / 1e12 : 0.0;
     char line[256];
     std::snprintf(line, sizeof line,
                   "%4" PRId64 " %6" PRId64 " %-6s %5" PRId64 " %5" PRId64
-                  " %8.3f %7.1f %8.3f %7.1f %8.3f %7.1f  %s",
+                  " %8.3f %7.1f %8.3f %7.1f %8.3f %7.1f %8.3f %7.1f  %s",
                   c.d, c.l, c.causal ? "causal" : "full", c.batch(), c.heads(), fwd_ms, tf,
-                  bwd_ms[0], tb, bwd_ms[1], td, info.kernel);
+                  bwd_ms[0], tb, bwd_ms[1], td, sm80_ms, t80, info.kernel);
     lines.push_back(line);
     std::fflush(stdout);
   }
   std::printf("\nbf16 backward, batch*seqlen = 16K, heads = 2048/d, median of %d runs (ms, TFLOP/s)\n",
               reps);
-  std::printf("%4s %6s %-6s %5s %5s %8s %7s %8s %7s %8s %7s  %s\n", "d", "L", "mask", "batch",
-              "heads", "fwd", "TF/s", "bwd", "TF/s", "bwd-det", "TF/s", "kernels (forward+bwd)");
+  std::printf("%4s %6s %-6s %5s %5s %8s %7s %8s %7s %8s %7s %8s %7s  %s\n", "d", "L", "mask",
+              "batch", "heads", "fwd", "TF/s", "bwd", "TF/s", "bwd-det", "TF/s", "bwd-sm80", "TF/s",
+              "kernels (forward+bwd)");
   for (const auto& l : lines) std::printf("%s\n", l.c_str());
   cudaFree(ws);
   attn_context_destroy(ctx);

@@ -1,0 +1,419 @@
+// FlashAttention backward, dK/dV kernel on sm_90a warpgroup MMA (wgmma),
+// dense plans at d = 64 and 128. One thread block owns the BN = 128 keys of
+// one KV tile of one KV head (two warpgroups of 64 keys each) and walks the
+// query tiles (BM rows, flash::bwd_sm90_config) of the query heads of its
+// group (or its share of a split group) that see them, as
+// flash_bwd_dkdv_kernel (flash/bwd_kernel.cuh) does. Per query tile:
+//
+//   S^T  = K Q^T         [64 keys][BM] per warpgroup, wgmma, A (K) and B (Q)
+//                        K-major from shared memory
+//   dP^T = V dO^T        likewise
+//   P^T  = 2^(S^T scale log2(e) - LSE2), masked; dS^T = P^T (dP^T - D)
+//   dV  += P^T dO        A (P^T) from registers, B (dO) MN-major in shared
+//   dK  += dS^T Q        A (dS^T) from registers, B (Q) MN-major in shared
+//   dQ   = dS K          [BM][D] over the tile's 128 keys: dS^T stored to
+//                        shared memory and read as a transposed A, K as an
+//                        MN-major B; each warpgroup a [64][64] quarter/half
+//                        (d = 128: columns 64 wg..; d = 64: rows 64 wg..),
+//                        staged in fp32 and added to the accumulator by one
+//                        bulk reduction per row at the next iteration
+//
+// Loads: every thread cp.asyncs into the swizzled panels of flash/sm90.cuh
+// (K, V once; Q, dO, LSE2 and D of the next query tile into the other of
+// two stages), fences the async proxy and meets the others at the
+// iteration's first barrier; a second barrier publishes dS^T (and frees the
+// dQ staging tile) before the dQ GEMM. Masks, the preprocess (D, LSE2), the
+// dQ conversion and split groups' fp32 dK/dV accumulators are those of the
+// sm_80 backward. Not here (the host keeps the sm_80 kernel for them):
+// softcap, deterministic plans (dQ by its own kernel), block-sparse, MoBA.
+//
+// Built only for sm_90a (ATTN_SM90_WGMMA); other targets get an empty
+// kernel, which the host never launches (it checks the image's PTX version).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "flash/bwd_kernel.cuh"
+#include "flash/bwd_params.cuh"
+#include "flash/sm80.cuh"
+#include "flash/sm90.cuh"
+
+namespace attn::flash {
+
+template <int D>
+struct BwdSm90Traits {
+  static constexpr BwdSm90Config kCfg = bwd_sm90_config(D);
+  static constexpr int kBM = kCfg.block_m, kBN = kCfg.block_n, kThreads = kCfg.threads();
+  static constexpr int kLdDq = kCfg.ld_dq(D);  // staging row pitch (floats)
+  // Byte offsets from the 1024-byte aligned base: K, V [BN][D]; Q, dO
+  // [2][BM][D]; dS^T [BN][BM]; LSE2, D [2][2][BM] fp32; dQ [BM][kLdDq] fp32.
+  static constexpr uint32_t kTileKV = uint32_t(kBN * D * 2), kTileQ = uint32_t(kBM * D * 2);
+  static constexpr uint32_t kOffK = 0, kOffV = kTileKV, kOffQ = 2 * kTileKV;
+  static constexpr uint32_t kOffDo = kOffQ + 2 * kTileQ, kOffDs = kOffDo + 2 * kTileQ;
+  static constexpr uint32_t kOffStat = kOffDs + uint32_t(kBN * kBM * 2);
+  static constexpr uint32_t kOffStage = kOffStat + uint32_t(4 * kBM * 4);
+  static_assert(kOffStage + uint32_t(kBM * kLdDq * 4) + 1024u == kCfg.smem_bytes(D),
+                "layout = config");
+  static_assert((D == 64 || D == 128) && kBN == 128 && kBM * D == 8192 && kThreads == 256,
+                "the wgmma shapes instantiated: dQ is [64][64] per warpgroup");
+  static_assert(2 * kBM <= kThreads && kBM <= kThreads, "one thread per row statistic");
+};
+
+namespace bwd_sm90 {
+
+// acc[64][BM] (+)= A[64][D] B[D][BM] with A = 64 rows of a [BN][D] tile
+// (K or V; `rows` its first row's address in panel 0) and B = a [BM][D]
+// tile (Q or dO), both K-major: S^T = K Q^T or dP^T = V dO^T. Not committed.
+template <class T, int D, int BM, int BN>
+__device__ __forceinline__ void issue_scores(float (&acc)[BM / 2], uint32_t rows, uint32_t tile) {
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk)
+    sm90::Wgmma<T, BM>::ss(acc, sm90::desc_k_major(rows, BN, kk), sm90::desc_k_major(tile, BM, kk),
+                           kk > 0);
+}
+
+// acc[64][D] += A[64][BM] B[BM][D], A in registers (the k-step fragments of
+// P^T or dS^T), B a [BM][D] tile (dO or Q) read MN-major. Not committed.
+template <class T, int D, int BM>
+__device__ __forceinline__ void issue_grad(float (&acc)[D / 2], const uint32_t (&a)[BM / 16][4],
+                                           uint32_t tile) {
+#pragma unroll
+  for (int kk = 0; kk < BM / 16; ++kk)
+    sm90::Wgmma<T, D>::rs(acc, a[kk], sm90::desc_mn_major(tile, BM, kk), true);
+}
+
+// dq[64][64] = dS[64][BN] K[BN][64]: a_panel the panel of 64 queries of dS^T
+// [BN][BM], b_panel the panel of 64 columns of K [BN][D]. Not committed.
+template <class T, int BN>
+__device__ __forceinline__ void issue_dq(float (&dq)[32], uint32_t a_panel, uint32_t b_panel) {
+#pragma unroll
+  for (int kk = 0; kk < BN / 16; ++kk)
+    sm90::WgmmaMnMn<T>::ss(dq, sm90::desc_mn_major(a_panel, BN, kk),
+                           sm90::desc_mn_major(b_panel, BN, kk), kk > 0);
+}
+
+// The accumulators of columns [16 kk, 16 kk + 16) as the A fragment of
+// k-step kk (flash/sm90.cuh).
+template <class T, int N>
+__device__ __forceinline__ void pack_a(uint32_t (&a)[N / 16][4], const float (&c)[N / 2]) {
+#pragma unroll
+  for (int kk = 0; kk < N / 16; ++kk) {
+    a[kk][0] = pack2<T>(c[8 * kk + 0], c[8 * kk + 1]);
+    a[kk][1] = pack2<T>(c[8 * kk + 2], c[8 * kk + 3]);
+    a[kk][2] = pack2<T>(c[8 * kk + 4], c[8 * kk + 5]);
+    a[kk][3] = pack2<T>(c[8 * kk + 6], c[8 * kk + 7]);
+  }
+}
+
+// Stores the fragments a (rows key0, key0 + 8 of this thread; columns
+// 16 kk + 2 t4 (+ 8)) into the swizzled [BN][BM] tile at ds: a warp's store
+// of one register hits 8 distinct 16-byte chunks of 8 rows, no conflict.
+template <int BN, int BM>
+__device__ __forceinline__ void store_frags(unsigned char* ds, const uint32_t (&a)[BM / 16][4],
+                                            int key0, int t4) {
+#pragma unroll
+  for (int kk = 0; kk < BM / 16; ++kk)
+#pragma unroll
+    for (int x = 0; x < 4; ++x)
+      *reinterpret_cast<uint32_t*>(
+          ds + sm90::swizzled_offset(BN, key0 + 8 * (x & 1), 16 * kk + 8 * (x >> 1) + 2 * t4)) =
+          a[kk][x];
+}
+
+// Keeps registers a wgmma still reads (A fragments) allocated to their
+// values until after the wait that follows.
+template <int N>
+__device__ __forceinline__ void hold(uint32_t (&a)[N][4]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i)
+    asm volatile("" : "+r"(a[i][0]), "+r"(a[i][1]), "+r"(a[i][2]), "+r"(a[i][3])::"memory");
+}
+
+}  // namespace bwd_sm90
+
+template <class T, int D>
+__device__ __forceinline__ void flash_bwd_dkdv_sm90_tile(const BwdParams& p) {
+  using Tr = BwdSm90Traits<D>;
+  constexpr int BM = Tr::kBM, BN = Tr::kBN, NTH = Tr::kThreads, LDQ = Tr::kLdDq;
+  constexpr int NS = BM / 2;  // S^T, dP^T accumulators per thread
+  constexpr int NA = D / 2;   // dK, dV accumulators per thread
+
+  extern __shared__ __align__(16) unsigned char smem[];
+  const uint32_t raw = smem_u32(smem);
+  const uint32_t s0 = (raw + 1023u) & ~1023u;  // the swizzle atom's alignment
+  unsigned char* const sb = smem + (s0 - raw);
+  const uint32_t sK = s0 + Tr::kOffK, sV = s0 + Tr::kOffV, sQ = s0 + Tr::kOffQ,
+                 sDo = s0 + Tr::kOffDo, sDs = s0 + Tr::kOffDs, sStat = s0 + Tr::kOffStat,
+                 sStage = s0 + Tr::kOffStage;
+  const float* stat = reinterpret_cast<const float*>(sb + Tr::kOffStat);
+  float* stage = reinterpret_cast<float*>(sb + Tr::kOffStage);
+
+  const int tid = threadIdx.x, wg = tid >> 7, wtid = tid & 127;
+  const int lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+  // by = hk * group_splits + part: KV head hk, query heads [h_first,
+  // h_first + heads_per) of its group; bx: the KV tile.
+  const int b = blockIdx.z, by = int(blockIdx.y), hk = by / p.group_splits;
+  const int heads_per = p.group / p.group_splits;
+  const int h_first = hk * p.group + (by - hk * p.group_splits) * heads_per;
+  const int c0 = int(blockIdx.x) * BN;  // first key of the tile
+
+  int lq = p.seqlen_q, lk = p.seqlen_kv;
+  int64_t q_tok = int64_t(b) * p.seqlen_q, kv_tok = 0;
+  const bool varlen = p.cu_q != nullptr;
+  if (varlen) {
+    q_tok = p.cu_q[b];
+    kv_tok = p.cu_kv[b];
+    lq = p.cu_q[b + 1] - int(q_tok);
+    lk = p.cu_kv[b + 1] - int(kv_tok);
+  }
+  if (c0 >= lk) return;
+  const int kv_valid = min(BN, lk - c0);
+
+  // Visible pairs: dmin <= j - i <= dmax (as flash_bwd_dkdv_tile).
+  const int off = lk - lq + (p.diag_shift != nullptr ? p.diag_shift[b] : 0);
+  constexpr long long kFar = 1ll << 30;
+  auto clamp_far = [](long long x) { return int(x < -kFar ? -kFar : (x > kFar ? kFar : x)); };
+  const int dmin = p.window_left < 0 ? int(-kFar) : clamp_far((long long)off - p.window_left);
+  const int dmax = p.window_right < 0 ? int(kFar) : clamp_far((long long)off + p.window_right);
+  const int row_lo = max(0, c0 - dmax);
+  const int row_hi = int(min((long long)lq - 1, (long long)c0 + kv_valid - 1 - dmin));
+  const int m_begin = row_lo <= row_hi ? row_lo / BM : 0;
+  const int n_mt = row_lo <= row_hi ? row_hi / BM - m_begin + 1 : 0;
+  const int m_end = m_begin + n_mt;
+  const int n_iter = n_mt * heads_per;
+
+  // Iteration it: query head h_first + it / n_mt, query tile m_begin + it % n_mt.
+  int ld_h = h_first, ld_m = m_begin;  // the next tile to load
+  auto load_q = [&](int it) {
+    const int h = ld_h, r0 = ld_m * BM;
+    if (++ld_m == m_end) ld_m = m_begin, ++ld_h;
+    const int rows = min(BM, lq - r0);
+    const uint32_t st = uint32_t(it & 1);
+    const int64_t qs = opaque(p.q_seq), ds = opaque(p.do_seq), tok = opaque(q_tok);
+    const T* gQb = static_cast<const T*>(p.q) + (varlen ? tok * qs : b * p.q_batch);
+    const T* gDob = static_cast<const T*>(p.d_o) + (varlen ? tok * ds : b * p.do_batch);
+    const int64_t stat_base = varlen ? tok : b * p.lse_batch;
+    sm90::load_tile_swizzled<BM, D, NTH>(sQ + st * Tr::kTileQ, gQb + h * p.q_head + r0 * qs, qs,
+                                         rows, tid);
+    sm90::load_tile_swizzled<BM, D, NTH>(sDo + st * Tr::kTileQ, gDob + h * p.do_head + r0 * ds,
+                                         ds, rows, tid);
+    if (tid < 2 * BM) {
+      const int r = tid % BM;
+      const float* src = (tid < BM ? p.lse2 : p.delta) + stat_base + h * p.lse_head + r0;
+      cp_async_4(sStat + (st * 2 * BM + tid) * 4u, r < rows ? src + r : src, r < rows);
+    }
+  };
+
+  float acc_dk[NA], acc_dv[NA];
+#pragma unroll
+  for (int i = 0; i < NA; ++i) acc_dk[i] = acc_dv[i] = 0.0f;
+
+  if (n_iter > 0) {
+    const T* gK = static_cast<const T*>(p.k) + (varlen ? kv_tok * p.k_seq : b * p.k_batch) +
+                  hk * p.k_head + c0 * p.k_seq;
+    const T* gV = static_cast<const T*>(p.v) + (varlen ? kv_tok * p.v_seq : b * p.v_batch) +
+                  hk * p.v_head + c0 * p.v_seq;
+    sm90::load_tile_swizzled<BN, D, NTH>(sK, gK, p.k_seq, kv_valid, tid);
+    sm90::load_tile_swizzled<BN, D, NTH>(sV, gV, p.v_seq, kv_valid, tid);
+    load_q(0);
+  }
+  cp_async_commit();
+
+  // This thread's accumulator rows of S^T, dK, dV: keys key0, key0 + 8.
+  const int key0 = wg * 64 + ((wtid >> 5) << 4) + g;
+  const uint32_t k_rows = sK + uint32_t(wg * 64 * 128), v_rows = sV + uint32_t(wg * 64 * 128);
+  // dQ: warpgroup wg computes rows [dq_r, dq_r + 64) x columns [dq_c, dq_c + 64).
+  constexpr bool kSplitRows = BM == 128;  // d = 64; d = 128 splits the columns
+  const int dq_r = kSplitRows ? wg * 64 : 0, dq_c = kSplitRows ? 0 : wg * 64;
+  const uint32_t dq_a = sDs + uint32_t(kSplitRows ? wg * BN * 128 : 0);
+  const uint32_t dq_b = sK + uint32_t(kSplitRows ? 0 : wg * BN * 128);
+  const float sl2 = p.scale_log2;
+
+  int h = h_first, m = m_begin;  // the tile of this iteration
+  // The staged dQ of the previous iteration's tile, one bulk reduction per
+  // valid row, issued by thread `row` (the staging writes are behind a
+  // fence and a barrier).
+  auto bulk_issue = [&] {
+    const bool first = m == m_begin;
+    const int pm = first ? m_end - 1 : m - 1, ph = first ? h - 1 : h;
+    const int pr0 = pm * BM;
+    if (tid < min(BM, lq - pr0)) {
+      float* dst = p.dq_accum + ((opaque(q_tok) + pr0 + tid) * p.heads_q + ph) * D;
+      bulk_reduce_add_f32(dst, sStage + uint32_t(tid * LDQ * 4), D * 4);
+      bulk_commit();
+    }
+  };
+
+#pragma unroll 1
+  for (int it = 0; it < n_iter; ++it) {
+    cp_async_wait<0>();
+    sm90::fence_proxy_async();
+    __syncthreads();  // tile `it` landed; iteration it-1 is done with the other stage and dS^T
+
+    const int r0 = m * BM, rows = min(BM, lq - r0), r1 = r0 + rows - 1;
+    const uint32_t st = uint32_t(it & 1);
+    const uint32_t q_st = sQ + st * Tr::kTileQ, do_st = sDo + st * Tr::kTileQ;
+    const float* lse_s = stat + st * 2 * BM;
+    const float* del_s = lse_s + BM;
+
+    // S^T and dP^T (two groups: the exponentials start while dP^T runs).
+    float s[NS], dp[NS];
+    sm90::wgmma_fence();
+    bwd_sm90::issue_scores<T, D, BM, BN>(s, k_rows, q_st);
+    sm90::wgmma_commit();
+    bwd_sm90::issue_scores<T, D, BM, BN>(dp, v_rows, do_st);
+    sm90::wgmma_commit();
+    // The next tile's loads (into the stage no GEMM in flight reads) and the
+    // previous tile's dQ reductions go out while the tensor cores run.
+    if (it + 1 < n_iter) load_q(it + 1);
+    cp_async_commit();
+    if (it > 0) bulk_issue();
+    sm90::wgmma_wait<1>();
+    sm90::reg_fence(s);
+    // P^T: column (query) 8 j + 2 t4 + (e & 1) of register 4 j + e.
+#pragma unroll
+    for (int j = 0; j < BM / 8; ++j) {
+      const float2 l = *reinterpret_cast<const float2*>(lse_s + 8 * j + 2 * t4);
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        s[4 * j + e] = fast_exp2(fmaf(s[4 * j + e], sl2, -((e & 1) ? l.y : l.x)));
+    }
+    // Mask (P = 0 by selection: the value may be inf past the last key):
+    // key jl (local) sees query il (local) when jl - hi_rel <= il <=
+    // jl - lo_rel and jl < kv_valid. dS = P (dP - D) is then 0 there too
+    // (dP and D are finite).
+    const bool full = c0 + BN <= lk && c0 - r1 >= dmin && c0 + BN - 1 - r0 <= dmax;
+    if (!full) {
+      auto clampi = [](long long x) {
+        return int(x < -(BM + 1) ? -(BM + 1) : (x > BN + 1 ? BN + 1 : x));
+      };
+      const int lo_rel = clampi((long long)dmin - (c0 - r0));
+      const int hi_rel = clampi((long long)dmax - (c0 - r0));
+      Interval vis[2];
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int jl = key0 + 8 * hh;
+        vis[hh] = Interval::of(jl - hi_rel, jl < kv_valid ? jl - lo_rel : -BN - BM);
+      }
+#pragma unroll
+      for (int j = 0; j < BM / 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          if (vis[e >> 1].outside(8 * j + 2 * t4 + (e & 1))) s[4 * j + e] = 0.0f;
+    }
+    // dV += P^T dO runs while dS^T is computed.
+    uint32_t pa[BM / 16][4], da[BM / 16][4];
+    bwd_sm90::pack_a<T, BM>(pa, s);
+    sm90::wgmma_fence();
+    bwd_sm90::issue_grad<T, D, BM>(acc_dv, pa, do_st);
+    sm90::wgmma_commit();
+    sm90::wgmma_wait<1>();  // dP^T done
+    sm90::reg_fence(dp);
+#pragma unroll
+    for (int j = 0; j < BM / 8; ++j) {
+      const float2 dd = *reinterpret_cast<const float2*>(del_s + 8 * j + 2 * t4);
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        dp[4 * j + e] = s[4 * j + e] * (dp[4 * j + e] - ((e & 1) ? dd.y : dd.x));
+    }
+    bwd_sm90::pack_a<T, BM>(da, dp);
+    bwd_sm90::store_frags<BN, BM>(sb + Tr::kOffDs, da, key0, t4);
+    sm90::fence_proxy_async();  // dS^T is read by the tensor cores after the barrier
+    sm90::wgmma_fence();
+    bwd_sm90::issue_grad<T, D, BM>(acc_dk, da, q_st);
+    sm90::wgmma_commit();
+    bulk_wait_read<0>();  // the staging tile is read before it is rewritten
+    __syncthreads();      // dS^T complete
+
+    float dq[32];
+    sm90::wgmma_fence();
+    bwd_sm90::issue_dq<T, BN>(dq, dq_a, dq_b);
+    sm90::wgmma_commit();
+    sm90::wgmma_wait<0>();
+    bwd_sm90::hold(pa);
+    bwd_sm90::hold(da);
+    sm90::reg_fence(dq);
+    sm90::reg_fence(acc_dv);
+    sm90::reg_fence(acc_dk);
+    // To the staging tile (rows past `rows` hold zeros: dS^T is 0 there,
+    // and no reduction reads them).
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh)
+        *reinterpret_cast<float2*>(stage + (dq_r + ((wtid >> 5) << 4) + g + 8 * hh) * LDQ + dq_c +
+                                   8 * j + 2 * t4) = make_float2(dq[4 * j + 2 * hh], dq[4 * j + 2 * hh + 1]);
+    fence_proxy_async_shared();  // read by the bulk reductions after the next barrier
+    if (++m == m_end) m = m_begin, ++h;
+  }
+  cp_async_wait<0>();
+  __syncthreads();  // every warpgroup is done with K and V, the last tile is staged
+  if (n_iter > 0) {
+    bulk_issue();  // the last tile's dQ
+    bulk_wait<0>();  // shared memory must outlive the copies
+  }
+
+  if (p.dk_accum != nullptr) {
+    // A split group: add this block's share (dK unscaled) into the fp32
+    // accumulators [token][heads_kv][D]; rows past the sequence add nothing.
+    const int64_t heads_kv = p.heads_q / p.group;
+    const int64_t tok0 = (varlen ? kv_tok : int64_t(b) * p.seqlen_kv) + c0;
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int row = key0 + 8 * hh;
+      if (row >= kv_valid) continue;
+      const int64_t at = ((tok0 + row) * heads_kv + hk) * D + 2 * t4;
+#pragma unroll
+      for (int j = 0; j < D / 8; ++j) {
+        red_add_f32x2(p.dk_accum + at + 8 * j, acc_dk[4 * j + 2 * hh], acc_dk[4 * j + 2 * hh + 1]);
+        red_add_f32x2(p.dv_accum + at + 8 * j, acc_dv[4 * j + 2 * hh], acc_dv[4 * j + 2 * hh + 1]);
+      }
+    }
+    return;
+  }
+
+  // Epilogue: dK = scale * acc_dk and dV staged in the K and V tiles (same
+  // swizzled layout), then written with 16-byte stores.
+  const float scale = p.scale;
+#pragma unroll
+  for (int j = 0; j < D / 8; ++j)
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const uint32_t o = sm90::swizzled_offset(BN, key0 + 8 * hh, 8 * j + 2 * t4);
+      *reinterpret_cast<uint32_t*>(sb + Tr::kOffK + o) =
+          pack2<T>(acc_dk[4 * j + 2 * hh] * scale, acc_dk[4 * j + 2 * hh + 1] * scale);
+      *reinterpret_cast<uint32_t*>(sb + Tr::kOffV + o) =
+          pack2<T>(acc_dv[4 * j + 2 * hh], acc_dv[4 * j + 2 * hh + 1]);
+    }
+  __syncthreads();
+  T* gdK = static_cast<T*>(p.dk) + (varlen ? kv_tok * p.dk_seq : b * p.dk_batch) +
+           hk * p.dk_head + c0 * p.dk_seq;
+  T* gdV = static_cast<T*>(p.dv) + (varlen ? kv_tok * p.dv_seq : b * p.dv_batch) +
+           hk * p.dv_head + c0 * p.dv_seq;
+  constexpr int CH = D / 8;
+#pragma unroll
+  for (int i = 0; i < BN * CH / NTH; ++i) {
+    const int c = tid + i * NTH;
+    const int r = c / CH, ch = c % CH;
+    if (r < kv_valid) {
+      const uint32_t o = sm90::swizzled_offset(BN, r, ch * 8);
+      *reinterpret_cast<uint4*>(gdK + r * p.dk_seq + ch * 8) =
+          *reinterpret_cast<const uint4*>(sb + Tr::kOffK + o);
+      *reinterpret_cast<uint4*>(gdV + r * p.dv_seq + ch * 8) =
+          *reinterpret_cast<const uint4*>(sb + Tr::kOffV + o);
+    }
+  }
+}
+
+template <class T, int D>
+__global__ void __launch_bounds__(BwdSm90Traits<D>::kThreads, 1)
+    flash_bwd_dkdv_sm90_kernel(const __grid_constant__ BwdParams p) {
+#if ATTN_SM90_WGMMA
+  flash_bwd_dkdv_sm90_tile<T, D>(p);
+#endif
+}
+
+}  // namespace attn::flash

@@ -1,0 +1,28 @@
+// Host-side handle to the sm_90a (wgmma) dK/dV kernel of dense backward
+// plans at d = 64 and 128 (flash/bwd_sm90_kernel.cuh). The other launches
+// of the backward (preprocess, dQ conversion, split groups' dK/dV
+// conversion) are the sm_80 set's (cuda/flash_bwd.hpp). Plain C++: the
+// kernel is compiled by nvcc in flash_bwd_sm90_d*.cu. Its image holds code
+// only where the build targeted sm_90a: the caller checks
+// cudaFuncGetAttributes' ptxVersion (90) before choosing it.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include "flash/bwd_params.cuh"
+
+namespace attn::cuda {
+
+struct BwdSm90Kernel {
+  // Raises the kernel's dynamic shared-memory limit on the current device.
+  cudaError_t (*prepare)();
+  // Grid (n_blocks, heads_kv * group_splits, batch), as BwdKernels::dkdv.
+  cudaError_t (*dkdv)(const flash::BwdParams& params, int n_blocks, int heads_kv, int batch,
+                      cudaStream_t stream);
+  const void* func;  // for cudaFuncGetAttributes
+};
+
+BwdSm90Kernel bwd_kernel_sm90_d64(bool bf16);
+BwdSm90Kernel bwd_kernel_sm90_d128(bool bf16);
+
+}  // namespace attn::cuda
