@@ -13,8 +13,10 @@
 // src/schedule/dense_schedule.hpp (kv_tiles_of, is_full), redone here
 // because device code does not include host headers. Block-sparse plans
 // (Sparse) take the KV tiles from a list instead (p.sparse, built by
-// src/cuda/block_sparse.cpp), each marked full, dense-masked, or masked by
-// a precomputed bit tile; the loop is the same. Tiles are visited from the
+// src/cuda/block_sparse.hpp), each marked full, dense-masked, or masked by
+// a precomputed bit tile; the loop is the same (or, in
+// flash_fwd_bsparse_persistent_kernel, resident blocks run that body for
+// the query tiles dealt to them at plan creation). Tiles are visited from the
 // last to the first, so the partially masked tiles of a causal diagonal come
 // first. MoBA plans (Moba) take the blocks the selector chose for the tile
 // (p.moba, written into the workspace at run time) and visit every KV tile
