@@ -43,7 +43,9 @@
 // row_hi, q_tiles_of, is_full), redone here because device code does not
 // include host headers. Block-sparse plans (Sparse) take each KV tile's
 // query tiles from a list instead (p.sparse_kv), each marked full,
-// dense-masked, or masked by a precomputed bit tile. MoBA plans (Moba) take
+// dense-masked, or masked by a precomputed bit tile (and may run the body
+// in flash_bwd_dkdv_bsparse_persistent_kernel, over work dealt at plan
+// creation). MoBA plans (Moba) take
 // them from the list the selector wrote for the tile's block (p.moba), and
 // mask a query row that did not select the block by its selection bit; or,
 // in flash_bwd_dkdv_moba_gather_kernel (the body's Gather), walk tiles of

@@ -13,8 +13,10 @@
 // src/schedule/dense_schedule.hpp (kv_tiles_of, is_full), redone here
 // because device code does not include host headers. Block-sparse plans
 // (Sparse) take the KV tiles from a list instead (p.sparse, built by
-// src/cuda/block_sparse.cpp), each marked full, dense-masked, or masked by
-// a precomputed bit tile; the loop is the same. Tiles are visited from the
+// src/cuda/block_sparse.hpp), each marked full, dense-masked, or masked by
+// a precomputed bit tile; the loop is the same (or, in
+// flash_fwd_bsparse_persistent_kernel, resident blocks run that body for
+// the query tiles dealt to them at plan creation). Tiles are visited from the
 // last to the first, so the partially masked tiles of a causal diagonal come
 // first. MoBA plans (Moba) take the blocks the selector chose for the tile
 // (p.moba, written into the workspace at run time) and visit every KV tile
@@ -192,6 +194,10 @@ __device__ __forceinline__ void flash_fwd_tile(const FwdParams& p, int gather_ti
                   ? nullptr
                   : p.lse + (varlen ? q_tok : b * p.lse_batch) + h * p.lse_head + r0;
 
+  // Persist: Q's load starts before the list is read (its address does not
+  // depend on it); it joins K_0's commit group as below.
+  if constexpr (Persist) load_tile<BM, D, NTH>(sQa, gQ, p.q_seq, rows, tid);
+
   auto key_lo = [&](int i) { return flash::key_lo(p, qt, i); };
   auto key_hi = [&](int i) { return flash::key_hi(p, qt, i); };
   const int lo_first = qt.lo_first, hi_last = qt.hi_last;
@@ -257,6 +263,10 @@ __device__ __forceinline__ void flash_fwd_tile(const FwdParams& p, int gather_ti
     }
     if (gL != nullptr)
       for (int r = tid; r < rows; r += NTH) gL[r] = -INFINITY;
+    if constexpr (Persist) {  // Q's load lands before the next item's
+      cp_async_commit();
+      cp_async_wait<0>();
+    }
     return;
   }
 
@@ -286,7 +296,7 @@ __device__ __forceinline__ void flash_fwd_tile(const FwdParams& p, int gather_ti
   if constexpr (Gather)
     load_rows<BM, D, NTH>(sQa, static_cast<const T*>(p.q) + b * p.q_batch + h * p.q_head, p.q_seq,
                           moba_rows(), rows, tid);
-  else
+  else if constexpr (!Persist)
     load_tile<BM, D, NTH>(sQa, gQ, p.q_seq, rows, tid);
   load_k(0);
 #pragma unroll

@@ -360,7 +360,11 @@ std::vector<Case> cases() {
   c = make("d128-bf16-b32-none-empty-rows", BF, 128, 1, 2, 2, 257, 257, NONE, 32, 32);
   c.p_none = 0.6, c.empty_block0 = true, c.mask_heads = 2;
   v.push_back(c);
-  c.name = "d128-bf16-b32-none-empty-rows-persistent";
+  // Query tile 0 of the forward (128 rows) without any key: the persistent
+  // forward's empty-list path.
+  c = make("d128-bf16-b128-none-empty-tile-persistent", BF, 128, 1, 2, 2, 300, 300, NONE, 128,
+           128);
+  c.p_none = 0.6, c.empty_block0 = true, c.mask_heads = 2;
   c.fwd_persist = true, c.bwd_persist = true;
   v.push_back(c);
   c = make("d128-bf16-b64-softcap30", BF, 128, 1, 2, 1, 190, 190, NONE, 64, 64);
