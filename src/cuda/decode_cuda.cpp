@@ -118,9 +118,7 @@ int decode_pipeline_stages() {
 
 int32_t decode_kernel_requested() {
   const char* env = std::getenv("ATTN_CUDA_DECODE_KERNEL");
-  // The default: the variant measured faster on an H200 (bench_decode.py
-  // --variants times both in one run).
-  if (env == nullptr || env[0] == '\0' || std::strcmp(env, "auto") == 0) return kDecodeKernelSm80;
+  if (env == nullptr || env[0] == '\0' || std::strcmp(env, "auto") == 0) return kDecodeKernelAuto;
   if (std::strcmp(env, "sm80") == 0) return kDecodeKernelSm80;
   if (std::strcmp(env, "sm90-bulk") == 0) return kDecodeKernelSm90Bulk;
   invalid_argument("ATTN_CUDA_DECODE_KERNEL must be auto, sm80 or sm90-bulk, got \"", env, "\"");
@@ -135,9 +133,12 @@ bool decode_split_balanced() {
 }
 
 bool decode_use_pdl(int32_t device) {
+  // On by default: the combine's launch overlapping the decode kernel's
+  // last blocks was as fast or faster in every case measured on an H200
+  // (bench_decode.py --variants; 1 x 128K: 3.52 TB/s against 3.40).
   const char* env = std::getenv("ATTN_CUDA_DECODE_PDL");
-  if (env == nullptr || env[0] == '\0' || std::strcmp(env, "0") == 0) return false;
-  if (std::strcmp(env, "1") != 0)
+  if (env != nullptr && std::strcmp(env, "0") == 0) return false;
+  if (env != nullptr && env[0] != '\0' && std::strcmp(env, "1") != 0)
     invalid_argument("ATTN_CUDA_DECODE_PDL must be 0 or 1, got \"", env, "\"");
   DeviceScope scope(device);
   int major = 0;
@@ -175,6 +176,16 @@ int32_t decode_check_supported(int32_t device, const kv::CacheConfig& cache, int
                   "; rebuild with -Dgpu_archs including its architecture");
   }
   check(e, "cudaFuncGetAttributes (decode)");
+  // The default: the bulk-copy kernel for head-major (HND) pages of a
+  // multiple of 8 tokens, where each copy moves 8 contiguous key rows;
+  // measured on an H200 it read 32 x 8K at 4.03 TB/s against the cp.async
+  // kernel's 3.70, and the same at 4 x 64K and 1 x 128K (bench_decode.py
+  // --variants); elsewhere it copies row by row and token-major (NHD) pages
+  // keep the cp.async kernel (bulk 3.34 against 3.75 TB/s there).
+  if (requested == kDecodeKernelAuto)
+    requested = cache.layout == ATTN_KV_LAYOUT_HND && cache.page_size % 8 == 0
+                    ? kDecodeKernelSm90Bulk
+                    : kDecodeKernelSm80;
   int32_t kernel = kDecodeKernelSm80;
   if (requested == kDecodeKernelSm90Bulk && major >= 9) {
     // Code compiled for sm_90 or later, not sm_80 PTX compiled by the driver.

@@ -44,10 +44,11 @@ int decode_pipeline_stages();
 // The decode kernel's variants (cuda::DecodeKernel in decode_kernels.hpp).
 constexpr int32_t kDecodeKernelSm80 = 0;      // cp.async from every thread, sm_80+
 constexpr int32_t kDecodeKernelSm90Bulk = 1;  // bulk copies on mbarriers, sm_90 code
+constexpr int32_t kDecodeKernelAuto = -1;     // the default choice, by layout and device
 
 // The variant ATTN_CUDA_DECODE_KERNEL asks for (a tuning hook, read at plan
-// creation): unset, empty or "auto": the default; "sm80" or "sm90-bulk";
-// other values are an invalid argument.
+// creation): unset, empty or "auto": kDecodeKernelAuto; "sm80" or
+// "sm90-bulk"; other values are an invalid argument.
 int32_t decode_kernel_requested();
 
 // Whether ATTN_CUDA_DECODE_SPLIT (a tuning hook, read at plan creation)
@@ -58,9 +59,9 @@ int32_t decode_kernel_requested();
 bool decode_split_balanced();
 
 // Whether the combine kernel is launched with programmatic dependent
-// launch on `device`: ATTN_CUDA_DECODE_PDL (a tuning hook, read at plan
-// creation) "1" on an sm_90+ device; unset, empty or "0": no; other values
-// are an invalid argument.
+// launch on `device`: on an sm_90+ device unless ATTN_CUDA_DECODE_PDL (a
+// tuning hook, read at plan creation) is "0"; "1", unset or empty: yes;
+// other values are an invalid argument.
 bool decode_use_pdl(int32_t device);
 
 // Throws NOT_SUPPORTED (naming the feature) when the decode kernels cannot
