@@ -13,10 +13,14 @@
 //   dK  += dS^T Q        A (dS^T) from registers, B (Q) MN-major in shared
 //   dQ   = dS K          [BM][D] over the tile's 128 keys: dS^T stored to
 //                        shared memory and read as a transposed A, K as an
-//                        MN-major B; each warpgroup a [64][64] quarter/half
+//                        MN-major B; each warpgroup a [64][64] half of it
 //                        (d = 128: columns 64 wg..; d = 64: rows 64 wg..),
 //                        staged in fp32 and added to the accumulator by one
-//                        bulk reduction per row at the next iteration
+//                        bulk reduction per row in the next iteration
+//
+// Order within an iteration: S^T and dP^T are issued, then the next tile's
+// loads and the previous tile's dQ reductions; P^T is computed while dP^T
+// runs, dS^T while dV runs, and dK runs across the barrier before dQ.
 //
 // Loads: every thread cp.asyncs into the swizzled panels of flash/sm90.cuh
 // (K, V once; Q, dO, LSE2 and D of the next query tile into the other of
@@ -24,9 +28,10 @@
 // iteration's first barrier; a second barrier publishes dS^T (and frees the
 // dQ staging tile) before the dQ GEMM. Masks, the preprocess (D, LSE2), the
 // dQ conversion and split groups' fp32 dK/dV accumulators are those of the
-// sm_80 backward; the instantiation of deterministic plans (Accum = false)
-// skips the dQ part, which the sm_80 deterministic dQ kernel computes. Not here (the host
-// keeps the sm_80 kernel for them): softcap, block-sparse, MoBA.
+// sm_80 backward; the instantiation for deterministic plans (Accum = false)
+// skips the dQ part, which the sm_80 deterministic dQ kernel computes. Not
+// here (the host keeps the sm_80 kernel for them): softcap, block-sparse,
+// MoBA.
 //
 // Built only for sm_90a (ATTN_SM90_WGMMA); other targets get an empty
 // kernel, which the host never launches (it checks the image's PTX version).
