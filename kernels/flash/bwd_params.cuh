@@ -153,7 +153,7 @@ constexpr int bwd_variants(int d) { return d == 64 || d == 128 ? 2 : 1; }
 // [block_m][d]; dS^T [block_n][block_m]; two stages of LSE and D rows; the
 // fp32 dQ staging tile [block_m][d + 8] of the bulk reductions: 180 KB at
 // d = 128, 167 KB at d = 64, one block per SM. ptxas (CUDA 13.0): 255
-// registers at d = 128, 252 at d = 64 (255 and 254 without dQ, for
+// registers at d = 128, 252 at d = 64 (254 and 255 without dQ, for
 // deterministic plans), no spills.
 struct BwdSm90Config {
   int block_m, block_n;
