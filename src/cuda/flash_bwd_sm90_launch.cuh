@@ -21,7 +21,8 @@ cudaError_t bwd_sm90_dkdv(const flash::BwdParams& params, int n_blocks, int head
                           cudaStream_t stream) {
   constexpr flash::BwdSm90Config cfg = flash::bwd_sm90_config(D);
   const dim3 grid{unsigned(n_blocks), unsigned(heads_kv), unsigned(batch)};
-  flash::flash_bwd_dkdv_sm90_kernel<T, D, A><<<grid, cfg.threads(), cfg.smem_bytes(D), stream>>>(params);
+  flash::flash_bwd_dkdv_sm90_kernel<T, D, A>
+      <<<grid, cfg.threads(), cfg.smem_bytes(D), stream>>>(params);
   return cudaGetLastError();
 }
 
