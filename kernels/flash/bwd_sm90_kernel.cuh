@@ -13,10 +13,14 @@
 //   dK  += dS^T Q        A (dS^T) from registers, B (Q) MN-major in shared
 //   dQ   = dS K          [BM][D] over the tile's 128 keys: dS^T stored to
 //                        shared memory and read as a transposed A, K as an
-//                        MN-major B; each warpgroup a [64][64] quarter/half
+//                        MN-major B; each warpgroup a [64][64] half of it
 //                        (d = 128: columns 64 wg..; d = 64: rows 64 wg..),
 //                        staged in fp32 and added to the accumulator by one
-//                        bulk reduction per row at the next iteration
+//                        bulk reduction per row in the next iteration
+//
+// Order within an iteration: S^T and dP^T are issued, then the next tile's
+// loads and the previous tile's dQ reductions; P^T is computed while dP^T
+// runs, dS^T while dV runs, and dK runs across the barrier before dQ.
 //
 // Loads: every thread cp.asyncs into the swizzled panels of flash/sm90.cuh
 // (K, V once; Q, dO, LSE2 and D of the next query tile into the other of
@@ -24,8 +28,10 @@
 // iteration's first barrier; a second barrier publishes dS^T (and frees the
 // dQ staging tile) before the dQ GEMM. Masks, the preprocess (D, LSE2), the
 // dQ conversion and split groups' fp32 dK/dV accumulators are those of the
-// sm_80 backward. Not here (the host keeps the sm_80 kernel for them):
-// softcap, deterministic plans (dQ by its own kernel), block-sparse, MoBA.
+// sm_80 backward; the instantiation for deterministic plans (Accum = false)
+// skips the dQ part, which the sm_80 deterministic dQ kernel computes. Not
+// here (the host keeps the sm_80 kernel for them): softcap, block-sparse,
+// MoBA.
 //
 // Built only for sm_90a (ATTN_SM90_WGMMA); other targets get an empty
 // kernel, which the host never launches (it checks the image's PTX version).
@@ -134,7 +140,9 @@ __device__ __forceinline__ void hold(uint32_t (&a)[N][4]) {
 
 }  // namespace bwd_sm90
 
-template <class T, int D>
+// Accum: dQ is added into p.dq_accum; otherwise (deterministic plans) the
+// kernel computes dK and dV only.
+template <class T, int D, bool Accum>
 __device__ __forceinline__ void flash_bwd_dkdv_sm90_tile(const BwdParams& p) {
   using Tr = BwdSm90Traits<D>;
   constexpr int BM = Tr::kBM, BN = Tr::kBN, NTH = Tr::kThreads, LDQ = Tr::kLdDq;
@@ -232,6 +240,8 @@ __device__ __forceinline__ void flash_bwd_dkdv_sm90_tile(const BwdParams& p) {
   const uint32_t dq_b = sK + uint32_t(kSplitRows ? 0 : wg * BN * 128);
   const float sl2 = p.scale_log2;
 
+  // Deterministic plans (no accumulator) get dQ from the sm_80 dQ kernel.
+  constexpr bool accum = Accum;
   int h = h_first, m = m_begin;  // the tile of this iteration
   // The staged dQ of the previous iteration's tile, one bulk reduction per
   // valid row, issued by thread `row` (the staging writes are behind a
@@ -270,7 +280,7 @@ __device__ __forceinline__ void flash_bwd_dkdv_sm90_tile(const BwdParams& p) {
     // previous tile's dQ reductions go out while the tensor cores run.
     if (it + 1 < n_iter) load_q(it + 1);
     cp_async_commit();
-    if (it > 0) bulk_issue();
+    if (accum && it > 0) bulk_issue();
     sm90::wgmma_wait<1>();
     sm90::reg_fence(s);
     // P^T: column (query) 8 j + 2 t4 + (e & 1) of register 4 j + e.
@@ -320,38 +330,43 @@ __device__ __forceinline__ void flash_bwd_dkdv_sm90_tile(const BwdParams& p) {
         dp[4 * j + e] = s[4 * j + e] * (dp[4 * j + e] - ((e & 1) ? dd.y : dd.x));
     }
     bwd_sm90::pack_a<T, BM>(da, dp);
-    bwd_sm90::store_frags<BN, BM>(sb + Tr::kOffDs, da, key0, t4);
-    sm90::fence_proxy_async();  // dS^T is read by the tensor cores after the barrier
+    if (accum) {
+      bwd_sm90::store_frags<BN, BM>(sb + Tr::kOffDs, da, key0, t4);
+      sm90::fence_proxy_async();  // dS^T is read by the tensor cores after the barrier
+    }
     sm90::wgmma_fence();
     bwd_sm90::issue_grad<T, D, BM>(acc_dk, da, q_st);
     sm90::wgmma_commit();
-    bulk_wait_read<0>();  // the staging tile is read before it is rewritten
-    __syncthreads();      // dS^T complete
-
-    float dq[32];
-    sm90::wgmma_fence();
-    bwd_sm90::issue_dq<T, BN>(dq, dq_a, dq_b);
-    sm90::wgmma_commit();
+    if (accum) {
+      bulk_wait_read<0>();  // the staging tile is read before it is rewritten
+      __syncthreads();      // dS^T complete
+      float dq[32];
+      sm90::wgmma_fence();
+      bwd_sm90::issue_dq<T, BN>(dq, dq_a, dq_b);
+      sm90::wgmma_commit();
+      sm90::wgmma_wait<0>();
+      sm90::reg_fence(dq);
+      // To the staging tile (rows past `rows` hold zeros: dS^T is 0 there,
+      // and no reduction reads them).
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh)
+          *reinterpret_cast<float2*>(stage + (dq_r + ((wtid >> 5) << 4) + g + 8 * hh) * LDQ +
+                                     dq_c + 8 * j + 2 * t4) =
+              make_float2(dq[4 * j + 2 * hh], dq[4 * j + 2 * hh + 1]);
+      fence_proxy_async_shared();  // read by the bulk reductions after the next barrier
+    }
     sm90::wgmma_wait<0>();
     bwd_sm90::hold(pa);
     bwd_sm90::hold(da);
-    sm90::reg_fence(dq);
     sm90::reg_fence(acc_dv);
     sm90::reg_fence(acc_dk);
-    // To the staging tile (rows past `rows` hold zeros: dS^T is 0 there,
-    // and no reduction reads them).
-#pragma unroll
-    for (int j = 0; j < 8; ++j)
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh)
-        *reinterpret_cast<float2*>(stage + (dq_r + ((wtid >> 5) << 4) + g + 8 * hh) * LDQ + dq_c +
-                                   8 * j + 2 * t4) = make_float2(dq[4 * j + 2 * hh], dq[4 * j + 2 * hh + 1]);
-    fence_proxy_async_shared();  // read by the bulk reductions after the next barrier
     if (++m == m_end) m = m_begin, ++h;
   }
   cp_async_wait<0>();
   __syncthreads();  // every warpgroup is done with K and V, the last tile is staged
-  if (n_iter > 0) {
+  if (accum && n_iter > 0) {
     bulk_issue();  // the last tile's dQ
     bulk_wait<0>();  // shared memory must outlive the copies
   }
@@ -408,11 +423,11 @@ __device__ __forceinline__ void flash_bwd_dkdv_sm90_tile(const BwdParams& p) {
   }
 }
 
-template <class T, int D>
+template <class T, int D, bool Accum>
 __global__ void __launch_bounds__(BwdSm90Traits<D>::kThreads, 1)
     flash_bwd_dkdv_sm90_kernel(const __grid_constant__ BwdParams p) {
 #if ATTN_SM90_WGMMA
-  flash_bwd_dkdv_sm90_tile<T, D>(p);
+  flash_bwd_dkdv_sm90_tile<T, D, Accum>(p);
 #endif
 }
 

@@ -296,8 +296,9 @@ class CudaPlan final : public BackendPlan {
                                        int(d), cfg_.block_m, cfg_.block_n, cfg_.warps,
                                        cfg_.stages);
     if (p.backward && len > 0 && size_t(len) < sizeof kernel_name_ && bwd_sm90_) {
-      std::snprintf(kernel_name_ + len, sizeof kernel_name_ - size_t(len), "+bwd-wgmma-%dx%d-bulk",
-                    bwd_sm90_cfg_.block_m, bwd_sm90_cfg_.block_n);
+      std::snprintf(kernel_name_ + len, sizeof kernel_name_ - size_t(len), "+bwd-wgmma-%dx%d-%s",
+                    bwd_sm90_cfg_.block_m, bwd_sm90_cfg_.block_n,
+                    p.deterministic ? "det" : "bulk");
     } else if (p.backward && len > 0 && size_t(len) < sizeof kernel_name_) {
       const char* dq_kind = p.deterministic             ? "det"
                             : bwd_cfg_.bulk_dq && !gather ? "bulk"
@@ -540,9 +541,10 @@ class CudaPlan final : public BackendPlan {
   }
 
   // The sm_90a (wgmma) dK/dV kernel replaces the sm_80 one for dense plans
-  // at d = 64 and 128 without softcap whose dQ is accumulated (not
-  // deterministic), on sm_90 devices whose image of it was compiled for
-  // sm_90a; the other launches of the backward stay those of bwd_.
+  // at d = 64 and 128 without softcap, on sm_90 devices whose image of it
+  // was compiled for sm_90a; the other launches of the backward stay those
+  // of bwd_ (deterministic plans: its dQ kernel, the wgmma kernel's
+  // instantiation without dQ computing dK and dV).
   // ATTN_CUDA_BWD_SM90=0 keeps the sm_80 kernel, and so does
   // ATTN_CUDA_BWD_VARIANT (which asks for an sm_80 variant); read at plan
   // creation.
@@ -551,11 +553,12 @@ class CudaPlan final : public BackendPlan {
     if ((env != nullptr && std::strcmp(env, "0") == 0) || std::getenv("ATTN_CUDA_BWD_VARIANT"))
       return;
     const int64_t d = p.head_dim_qk;
-    if (p.block_mask != nullptr || p.moba_block > 0 || p.softcap > 0.0f || p.deterministic ||
-        (d != 64 && d != 128) || major != 9 || minor != 0)
+    if (p.block_mask != nullptr || p.moba_block > 0 || p.softcap > 0.0f || (d != 64 && d != 128) ||
+        major != 9 || minor != 0)
       return;
     const bool bf16 = p.dtype == ATTN_DTYPE_BF16;
-    const BwdSm90Kernel k = d == 64 ? bwd_kernel_sm90_d64(bf16) : bwd_kernel_sm90_d128(bf16);
+    const BwdSm90Kernel k = d == 64 ? bwd_kernel_sm90_d64(bf16, p.deterministic)
+                                    : bwd_kernel_sm90_d128(bf16, p.deterministic);
     const flash::BwdSm90Config c = flash::bwd_sm90_config(int(d));
     cudaFuncAttributes attrs{};
     if (cudaFuncGetAttributes(&attrs, k.func) != cudaSuccess) {

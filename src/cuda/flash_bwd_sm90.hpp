@@ -22,7 +22,9 @@ struct BwdSm90Kernel {
   const void* func;  // for cudaFuncGetAttributes
 };
 
-BwdSm90Kernel bwd_kernel_sm90_d64(bool bf16);
-BwdSm90Kernel bwd_kernel_sm90_d128(bool bf16);
+// deterministic: the instantiation that leaves dQ to the deterministic dQ
+// kernel (BwdKernels::dq); otherwise dQ is added into the accumulator.
+BwdSm90Kernel bwd_kernel_sm90_d64(bool bf16, bool deterministic);
+BwdSm90Kernel bwd_kernel_sm90_d128(bool bf16, bool deterministic);
 
 }  // namespace attn::cuda

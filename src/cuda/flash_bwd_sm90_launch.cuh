@@ -9,29 +9,37 @@
 
 namespace attn::cuda {
 
-template <class T, int D>
+template <class T, int D, bool A>
 cudaError_t bwd_sm90_prepare() {
-  return cudaFuncSetAttribute(flash::flash_bwd_dkdv_sm90_kernel<T, D>,
+  return cudaFuncSetAttribute(flash::flash_bwd_dkdv_sm90_kernel<T, D, A>,
                               cudaFuncAttributeMaxDynamicSharedMemorySize,
                               int(flash::bwd_sm90_config(D).smem_bytes(D)));
 }
 
-template <class T, int D>
+template <class T, int D, bool A>
 cudaError_t bwd_sm90_dkdv(const flash::BwdParams& params, int n_blocks, int heads_kv, int batch,
                           cudaStream_t stream) {
   constexpr flash::BwdSm90Config cfg = flash::bwd_sm90_config(D);
   const dim3 grid{unsigned(n_blocks), unsigned(heads_kv), unsigned(batch)};
-  flash::flash_bwd_dkdv_sm90_kernel<T, D><<<grid, cfg.threads(), cfg.smem_bytes(D), stream>>>(params);
+  flash::flash_bwd_dkdv_sm90_kernel<T, D, A>
+      <<<grid, cfg.threads(), cfg.smem_bytes(D), stream>>>(params);
   return cudaGetLastError();
 }
 
+template <class T, int D, bool A>
+BwdSm90Kernel make_bwd_kernel_sm90_t() {
+  return {&bwd_sm90_prepare<T, D, A>, &bwd_sm90_dkdv<T, D, A>,
+          reinterpret_cast<const void*>(&flash::flash_bwd_dkdv_sm90_kernel<T, D, A>)};
+}
+
+// deterministic: the instantiation without the dQ part.
 template <int D>
-BwdSm90Kernel make_bwd_kernel_sm90(bool bf16) {
+BwdSm90Kernel make_bwd_kernel_sm90(bool bf16, bool deterministic) {
   if (bf16)
-    return {&bwd_sm90_prepare<__nv_bfloat16, D>, &bwd_sm90_dkdv<__nv_bfloat16, D>,
-            reinterpret_cast<const void*>(&flash::flash_bwd_dkdv_sm90_kernel<__nv_bfloat16, D>)};
-  return {&bwd_sm90_prepare<__half, D>, &bwd_sm90_dkdv<__half, D>,
-          reinterpret_cast<const void*>(&flash::flash_bwd_dkdv_sm90_kernel<__half, D>)};
+    return deterministic ? make_bwd_kernel_sm90_t<__nv_bfloat16, D, false>()
+                         : make_bwd_kernel_sm90_t<__nv_bfloat16, D, true>();
+  return deterministic ? make_bwd_kernel_sm90_t<__half, D, false>()
+                       : make_bwd_kernel_sm90_t<__half, D, true>();
 }
 
 }  // namespace attn::cuda

@@ -5,9 +5,9 @@
 // dim; every case runs both the default plan (dQ by fp32 atomics) and the
 // deterministic one (dQ in its own pass). On sm_90 devices the default
 // plan's dK/dV kernel at d = 64 and 128 without softcap is the sm_90a
-// (wgmma) one unless ATTN_CUDA_BWD_SM90=0 or ATTN_CUDA_BWD_VARIANT is set;
-// each case checks from attn_plan_describe which one ran (deterministic
-// plans always run the sm_80 kernels).
+// (wgmma) one unless ATTN_CUDA_BWD_SM90=0 or ATTN_CUDA_BWD_VARIANT is set
+// (deterministic plans too, with the sm_80 deterministic dQ kernel); each
+// case checks from attn_plan_describe which one ran.
 //
 // Tolerance (FlashAttention's rule), per gradient: max |dX - dX_fp64| <=
 // 2 * max |dX_plain - dX_fp64| + atol, where dX_plain comes from a
@@ -52,7 +52,7 @@ const char* g_filter = nullptr;
 int g_failures = 0;
 bool g_bwd_sm90 = false;  // sm_90 device, ATTN_CUDA_BWD_SM90 != 0, no ATTN_CUDA_BWD_VARIANT
 
-// Whether the default (non-deterministic) plan of c runs the sm_90a dK/dV kernel.
+// Whether the plans of c (default and deterministic) run the sm_90a dK/dV kernel.
 bool expects_bwd_sm90(const CaseShape& c) {
   return g_bwd_sm90 && (c.d == 64 || c.d == 128) && c.softcap == 0.0f;
 }
@@ -443,10 +443,11 @@ void run_case(const Case& c0, attn_context_t cuda_ctx, attn_context_t cpu_ctx) {
     const bool want = expects_bwd_sm90(c);
     const attn_plan_info_t info = describe(plan), info_det = describe(plan_det);
     if ((std::strstr(info.kernel, "+bwd-wgmma-") != nullptr) != want ||
-        std::strstr(info_det.kernel, "+bwd-wgmma-") != nullptr) {
+        (std::strstr(info_det.kernel, "+bwd-wgmma-") != nullptr) != want ||
+        std::strstr(info_det.kernel, "-det") == nullptr) {
       std::printf("FAIL %s: backward kernels %s and (deterministic) %s, expected %s\n",
                   c.name.c_str(), info.kernel, info_det.kernel,
-                  want ? "the sm_90a one by default" : "the sm_80 ones");
+                  want ? "the sm_90a dK/dV kernel" : "the sm_80 ones");
       ++g_failures;
     }
   }
