@@ -134,7 +134,9 @@ fi
 torch_out=""
 if [ "${GPU_CHECK_TIMING:-1}" != 0 ]; then
   step "timing: libattn forward and backward"
-  ATTN_TIME_VARIANTS=${GPU_CHECK_VARIANTS:-0} "$build/tests/gpu/time_flash_bwd" 2>&1 |
+  # The default shapes plus the rest of L = 1K..16K at d = 64 and 128.
+  ATTN_TIME_VARIANTS=${GPU_CHECK_VARIANTS:-0} "$build/tests/gpu/time_flash_bwd" \
+    64,1024,0 64,1024,1 128,1024,0 128,1024,1 64,16384,0 64,16384,1 128,16384,0 2>&1 |
     tee "$logs/timing.log" | grep -v "^RESULT"
 
   if [ "${GPU_CHECK_TORCH:-1}" != 0 ] && python3 -c "import torch" 2>/dev/null; then
@@ -155,8 +157,7 @@ def median_ms(f, reps=20):
     ts.sort()
     return ts[len(ts) // 2]
 
-configs = [(d, L, c) for d in (64, 128) for L in (2048, 8192) for c in (False, True)]
-configs.append((128, 16384, True))
+configs = [(d, L, c) for d in (64, 128) for L in (1024, 2048, 8192, 16384) for c in (False, True)]
 for d, L, causal in configs:
     b, h = max(1, 16384 // L), 2048 // d
     # BSHD memory, as libattn's timing uses; leaves that require grad
