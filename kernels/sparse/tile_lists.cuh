@@ -34,11 +34,13 @@ struct TileLists {
   // slot = (mask_batch > 1 ? b : 0) * mask_heads + (mask_heads > 1 ? hk : 0)
   int32_t words_per_row;  // ceil(other side's tile / 64)
   int32_t rows;           // rows of a bit tile (the listing side's tile)
-  // KV-major lists only: the dK/dV kernel's work items, three words each
+  // KV-major lists: the dK/dV kernel's work items, three words each
   // (KV tile, first visit, end visit), items [item_offsets[slot],
   // item_offsets[slot + 1]) for a slot, longest first. Every tile has at
   // least one item; a long list may be cut into several, whose dK and dV
   // partial sums then meet in fp32 accumulators (BwdParams::dk_accum).
+  // The sm_90a forward's query-major lists have them too, one per query
+  // tile (its order of query tiles); other query-major lists do not.
   const int32_t* items;
   const int32_t* item_offsets;
 };

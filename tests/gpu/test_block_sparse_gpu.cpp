@@ -21,13 +21,19 @@
 // within 2e-3. Rows that see no key: O = 0, LSE = -inf and dQ = 0 exactly;
 // keys no row sees: dK = dV = 0 exactly. Outputs are poisoned (NaN) before
 // every run, and every element must be written. attn_plan_describe must name
-// the block-sparse kernels. (MoBA plans: test_moba_gpu.)
+// the block-sparse kernels: on an sm_90 device the sm_90a (wgmma) forward
+// at d = 64 and 128 without softcap (192x128 tiles at d = 64, which block
+// sizes such as 128, 80 and 48x80 do not divide; 128x128 at d = 128), the
+// sm_80 one otherwise and under ATTN_CUDA_FWD_SM90=0 (its own meson test).
+// (MoBA plans: test_moba_gpu.)
 //
 // Fresh random inputs every run (seed printed; ATTN_TEST_SEED=n repeats
 // one). ATTN_GPU_TEST_FILTER=text runs only the cases whose name contains
 // text. Exit 77 without a CUDA device.
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <random>
 #include <string>
@@ -51,6 +57,18 @@ struct Case : CaseShape {
 using Problem = CaseProblem<Case>;
 
 uint64_t g_seed = 0;
+bool g_sm90 = false;  // sm_90 device and ATTN_CUDA_FWD_SM90 != 0
+
+// The forward kernel a case's plans must name, and its tile.
+struct ExpectedForward {
+  const char* prefix;
+  int32_t tile_q, tile_kv;
+};
+ExpectedForward expected_forward(const Case& c) {
+  if (g_sm90 && (c.d == 64 || c.d == 128) && c.softcap == 0.0f)
+    return {"cuda-sm90-wgmma-", c.d == 64 ? 192 : 128, 128};
+  return {"cuda-fa2-sm80-", 128, 64};
+}
 
 // The selection [mask_batch][mask_heads][lq][lk] of a random blocky mask.
 std::vector<uint8_t> draw_selection(const Case& c, std::mt19937_64& rng) {
@@ -231,10 +249,16 @@ Run run_device(const Case& c0, attn_context_t ctx) {
 
   attn_plan_t plans[2] = {build_plan(p, ctx, mask, false), build_plan(p, ctx, mask, true)};
   ATTN_CHECK(attn_block_mask_destroy(mask));
+  const ExpectedForward want = expected_forward(c);
   for (attn_plan_t plan : plans) {
     const attn_plan_info_t info = describe(plan);
-    if (std::strstr(info.kernel, "bsparse") == nullptr)
-      r.describe_error += std::string(" kernel '") + info.kernel + "' does not say bsparse;";
+    if (std::strstr(info.kernel, "bsparse") == nullptr ||
+        std::strncmp(info.kernel, want.prefix, std::strlen(want.prefix)) != 0 ||
+        info.tile_q != want.tile_q || info.tile_kv != want.tile_kv)
+      r.describe_error += std::string(" kernel '") + info.kernel + "' (tile " +
+                          std::to_string(info.tile_q) + "x" + std::to_string(info.tile_kv) +
+                          ") is not the block-sparse " + want.prefix + " one (" +
+                          std::to_string(want.tile_q) + "x" + std::to_string(want.tile_kv) + ");";
     if (info.visited_tile_pairs > info.total_tile_pairs || info.block_q != c.bq ||
         info.block_kv != c.bk)
       r.describe_error += " visited/total tile pairs or block sizes wrong;";
@@ -297,6 +321,20 @@ std::vector<Case> cases() {
   c = make("d64-fp16-b128-window(64,64)", FP, 64, 1, 2, 2, 300, 300, WIN, 128, 128);
   c.wl = 64, c.wr = 64, c.mask_heads = 2;
   v.push_back(c);
+  // d = 64 over several of the sm_90a kernel's 192-row tiles, with block
+  // sizes that do not divide them (80, 100) and ones that do (32).
+  c = make("d64-bf16-b80-causal-gqa2/1-lq<lk-per-head", BF, 64, 1, 4, 2, 700, 900, CAUSAL, 80, 80);
+  c.mask_heads = 2;
+  v.push_back(c);
+  c = make("d64-fp16-b32-none-empty-rows-per-batch", FP, 64, 2, 2, 2, 450, 420, NONE, 32, 32);
+  c.p_none = 0.6, c.empty_block0 = true, c.mask_batch = 2;
+  v.push_back(c);
+  c = make("d64-bf16-b128-causal-window512+64sinks", BF, 64, 1, 2, 1, 2000, 2000, CAUSAL, 128, 128);
+  c.src = Source::kWindowSinks;
+  v.push_back(c);
+  c = make("d64-fp16-b100-bigbird-causal", FP, 64, 1, 2, 2, 1500, 1500, CAUSAL, 100, 100);
+  c.src = Source::kBigBird;
+  v.push_back(c);
   c = make("d96-fp16-b96-causal", FP, 96, 1, 2, 2, 290, 290, CAUSAL, 96, 96);
   c.mask_heads = 2;
   v.push_back(c);
@@ -322,6 +360,12 @@ std::vector<Case> cases() {
 int main() {
   skip_without_device();
   g_seed = test_seed();
+  cudaDeviceProp prop{};
+  GPU_CHECK(cudaGetDeviceProperties(&prop, 0));
+  const char* sm90_env = std::getenv("ATTN_CUDA_FWD_SM90");
+  g_sm90 = prop.major == 9 && prop.minor == 0 && !(sm90_env && std::strcmp(sm90_env, "0") == 0);
+  std::printf("device sm_%d%d: d = 64/128 forwards expected on the %s kernel\n", prop.major,
+              prop.minor, g_sm90 ? "sm_90a (wgmma)" : "sm_80");
 
   attn_context_t ctx = nullptr;
   ATTN_CHECK(attn_context_create(ATTN_BACKEND_CUDA, 0, 0, &ctx));
