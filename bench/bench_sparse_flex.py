@@ -134,6 +134,7 @@ def main():
         t_b = time_ms(bwd, 3, a.reps)
         tile_flops = 4.0 * info.visited_tile_pairs * info.tile_q * info.tile_kv * d
         row = {"mask": kind, "kernel": info.kernel.decode(), "pairs": info.visible_pairs,
+               "tile": f"{info.tile_q}x{info.tile_kv}",
                "density": info.visible_pairs / (H * L * (L + 1) / 2),
                "tiles": f"{info.visited_tile_pairs}/{info.total_tile_pairs}",
                "fwd": t_f, "bwd": t_b,
@@ -177,7 +178,8 @@ def main():
              "", f"{torch.cuda.get_device_name()}, torch {torch.__version__}; L = {L}, {H} heads, "
              f"d = {d}, bf16, batch 1, causal; median of {a.reps} timed runs after 3 warm-ups.",
              "TFLOP/s on visible pairs (fwd 4 * pairs * d, bwd 2.5x); 'tile' TFLOP/s count every pair "
-             "of the visited 128x64 forward tiles; 'vs dense' = tile TFLOP/s / the dense causal "
+             f"of the visited forward tiles ({dense['tile']} for the dense plan; see the kernels "
+             "below); 'vs dense' = tile TFLOP/s / the dense causal "
              "plan's tile TFLOP/s; err = max relative L2 difference of O, dQ, dK, dV from FlexAttention.",
              "", "| mask | density | tiles visited | ours fwd ms | bwd ms | fwd TFLOP/s | bwd TFLOP/s | "
              "tile fwd | tile bwd | vs dense fwd | vs dense bwd | flex fwd ms | flex bwd ms | err |",
@@ -190,7 +192,8 @@ def main():
             f"{r.get('flex_fwd', float('nan')):.3f} | {r.get('flex_bwd', float('nan')):.3f} | "
             f"{r.get('err', float('nan')):.1e} |")
     lines.append("")
-    lines.append("Kernels: " + "; ".join(f"{r['mask']}: {r['kernel']}" for r in rows))
+    lines.append("Kernels (forward tile): " +
+                 "; ".join(f"{r['mask']}: {r['kernel']} ({r['tile']})" for r in rows))
     text = "\n".join(lines) + "\n"
     print(text)
     if a.out:

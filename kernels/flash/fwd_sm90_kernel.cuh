@@ -25,7 +25,11 @@
 // dense-masked, or masked by its bit tile; the pipeline is the same. The
 // lists' work items (one per query tile, longest list first) give block x
 // its query tile, so that the longest tiles start first and the short ones
-// fill the tail.
+// fill the tail. The tile's visits are copied into a ring in shared memory
+// (kSm90VisitRing entries, refilled half a ring at a time), so that the
+// loads ahead and the masks read them there: a global read of the list
+// at each iteration would stall the warps right before they issue the
+// GEMMs.
 //
 // Built only for sm_90a (ATTN_SM90_WGMMA); other targets get an empty
 // kernel, which the host never launches (it checks the image's PTX version).
@@ -91,6 +95,10 @@ __device__ __forceinline__ void flash_fwd_sm90_tile(const FwdParams& p) {
   const uint32_t sKa = sQa + kQBytes;                 // [ST][BN][D]
   const uint32_t sVa = sKa + uint32_t(ST) * kKvBytes;  // [ST][BN][D]
   unsigned char* const sQ = smem + (sQa - raw);
+  // Sparse: visit v of the tile (KV tile, kind) in entry v % kSm90VisitRing.
+  int32_t* const sRing = reinterpret_cast<int32_t*>(sQ + kQBytes + 2u * uint32_t(ST) * kKvBytes);
+  constexpr int kRing = kSm90VisitRing, kHalf = kRing / 2;
+  static_assert(kHalf >= ST, "a refill lands a barrier before its first use");
 
   const int tid = threadIdx.x, wg = tid >> 7, wtid = tid & 127;
   const int lane = tid & 31, g = lane >> 2, t4 = lane & 3;
@@ -99,14 +107,18 @@ __device__ __forceinline__ void flash_fwd_sm90_tile(const FwdParams& p) {
   // Dense: last query tiles first (under a causal mask they are the
   // longest). Sparse: work item x of the slot, (tile, first visit, end).
   int m_block, n_tiles = 0, n_end = 0;
-  const int32_t* visits = nullptr;  // Sparse: the tile's visits, 2 words each
-  if constexpr (Sparse) {
+  // Sparse: this block's work item, recomputed where needed (registers).
+  auto work_item = [&] {
     const TileLists& sp = p.sparse;
-    const int slot = (sp.mask_batch > 1 ? b : 0) * sp.mask_heads + (sp.mask_heads > 1 ? hk : 0);
-    const int32_t* item = sp.items + 3 * (sp.item_offsets[slot] + int(blockIdx.x));
+    const int b_ = int(blockIdx.z), hk_ = int(blockIdx.y) / p.group;
+    const int slot =
+        (sp.mask_batch > 1 ? b_ : 0) * sp.mask_heads + (sp.mask_heads > 1 ? hk_ : 0);
+    return sp.items + 3 * (sp.item_offsets[slot] + int(blockIdx.x));
+  };
+  if constexpr (Sparse) {
+    const int32_t* item = work_item();
     m_block = item[0];
     n_tiles = item[2] - item[1];
-    visits = sp.visits + 2 * int64_t(item[1]);
   } else {
     m_block = int(gridDim.x) - 1 - int(blockIdx.x);
   }
@@ -128,9 +140,14 @@ __device__ __forceinline__ void flash_fwd_sm90_tile(const FwdParams& p) {
                   : p.lse + (varlen ? qt.q_tok : b * p.lse_batch) + h * p.lse_head + r0;
 
   if constexpr (!Sparse) n_tiles = dense_kv_tiles<BN>(qt, n_end);
+  // Sparse: ring entry of iteration it's visit (the last visit first).
+  auto ring_entry = [&](int it) { return 2 * ((n_tiles - 1 - it) & (kRing - 1)); };
   // KV tile of iteration it (the last first).
-  auto tile_of = [&](int it) {
-    return Sparse ? visits[2 * (n_tiles - 1 - it)] : n_end - 1 - it;
+  auto tile_of = [&](int it) { return Sparse ? sRing[ring_entry(it)] : n_end - 1 - it; };
+  // Sparse: copies visits [lo, hi) of the tile into the ring.
+  auto fill_ring = [&](int lo, int hi) {
+    const int32_t* src = p.sparse.visits + 2 * int64_t(work_item()[1]);
+    for (int w = 2 * lo + tid; w < 2 * hi; w += NTH) sRing[w & (2 * kRing - 1)] = src[w];
   };
   if (n_tiles == 0) {  // no row of the tile sees a key
     constexpr int DT = D / 8;
@@ -167,6 +184,10 @@ __device__ __forceinline__ void flash_fwd_sm90_tile(const FwdParams& p) {
     }
     cp_async_commit();
   };
+  if constexpr (Sparse) {
+    fill_ring(max(0, n_tiles - kRing), n_tiles);
+    __syncthreads();
+  }
   sm90::load_tile_swizzled<BM, D, NTH>(sQa, gQ, p.q_seq, rows, tid);
 #pragma unroll
   for (int grp = 0; grp < ST - 1; ++grp) load_group(grp);
@@ -186,10 +207,18 @@ __device__ __forceinline__ void flash_fwd_sm90_tile(const FwdParams& p) {
 
   // The top of iteration j: g_j has landed for every thread; the next group
   // goes out.
+  // Sparse: at iterations j = k * kHalf (k >= 1) the visits of iterations
+  // [j + kHalf, j + kRing) replace those of [j - kHalf, j), all done;
+  // loads read ST - 1 iterations ahead, so the first of them is read after
+  // the next barrier.
   auto tile_ready = [&](int j) {
     cp_async_wait<ST - 2>();
     sm90::fence_proxy_async();
     __syncthreads();
+    if constexpr (Sparse) {
+      if (j >= kHalf && j % kHalf == 0 && n_tiles - j - kHalf > 0)
+        fill_ring(max(0, n_tiles - j - kRing), n_tiles - j - kHalf);
+    }
     load_group(j + ST - 1);
   };
   // S = Q K_j^T: [64][BN] for this warpgroup (committed as one group).
@@ -215,7 +244,7 @@ __device__ __forceinline__ void flash_fwd_sm90_tile(const FwdParams& p) {
   auto softmax = [&](int j, float (&alpha)[2]) {
     bool dense_mask;
     if constexpr (Sparse) {
-      const int kind = visits[2 * (n_tiles - 1 - j) + 1];
+      const int kind = sRing[ring_entry(j) + 1];
       if (kind >= 0) mask_by_bits(s, p.sparse.bits + int64_t(kind) * (2 * BM), row0, t4);
       dense_mask = kind == kVisitDense;
     } else {
