@@ -8,7 +8,8 @@
 // ones, smaller than, equal to and not dividing the kernels' tiles; masks
 // per KV head, shared by all heads, per sequence; causal, sliding window
 // and causal-with-window plans; odd and unequal lengths; GQA; softcap; rows
-// with no visible key. The builders' patterns (causal window + 64 sinks;
+// with no visible key; a few queries against 60-70K keys (lists of more
+// than 256 KV tiles). The builders' patterns (causal window + 64 sinks;
 // BigBird: window, global keys and queries, random blocks) at a medium
 // size, their selection read back from the mask (attn_block_mask_get_blocks).
 //
@@ -334,6 +335,14 @@ std::vector<Case> cases() {
   v.push_back(c);
   c = make("d64-fp16-b100-bigbird-causal", FP, 64, 1, 2, 2, 1500, 1500, CAUSAL, 100, 100);
   c.src = Source::kBigBird;
+  v.push_back(c);
+  // Few queries, many keys: query tiles that visit more than 256 KV tiles
+  // (the sm_90a forward's ring of visits is refilled, twice or more).
+  c = make("d128-bf16-b64x96-none-long-lists-lk70000", BF, 128, 1, 2, 1, 100, 70000, NONE, 64, 96);
+  c.p_none = 0.1;
+  v.push_back(c);
+  c = make("d64-fp16-b128-causal-long-lists-lk60000", FP, 64, 1, 2, 2, 150, 60000, CAUSAL, 128, 128);
+  c.p_none = 0.1, c.mask_heads = 2;
   v.push_back(c);
   c = make("d96-fp16-b96-causal", FP, 96, 1, 2, 2, 290, 290, CAUSAL, 96, 96);
   c.mask_heads = 2;
