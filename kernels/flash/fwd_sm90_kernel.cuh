@@ -254,7 +254,9 @@ __device__ __forceinline__ void flash_fwd_sm90_tile(const FwdParams& p) {
       const int c0 = tile_of(j) * BN;
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
-        const int row = r0 + row0 + hh * 8;
+        // Sparse: recomputed at each use; hoisted out of the KV loop, the
+        // four bounds were spilled (d = 64).
+        const int row = Sparse ? int(opaque(r0 + row0 + hh * 8)) : r0 + row0 + hh * 8;
         const int lo = key_lo(p, qt, row), hi = key_hi(p, qt, row);
 #pragma unroll
         for (int jj = 0; jj < BN / 8; ++jj)
