@@ -336,6 +336,17 @@ std::vector<Case> cases() {
   c = make("d64-fp16-b100-bigbird-causal", FP, 64, 1, 2, 2, 1500, 1500, CAUSAL, 100, 100);
   c.src = Source::kBigBird;
   v.push_back(c);
+  // Query tiles of the sm_90a forward (192 rows at d = 64, 128 at d = 128)
+  // that visit nothing; a window plan over a batch sharing one mask.
+  c = make("d64-bf16-b192x64-none-empty-tile0-gqa2/1", BF, 64, 1, 2, 1, 500, 460, NONE, 192, 64);
+  c.p_none = 0.5, c.empty_block0 = true;
+  v.push_back(c);
+  c = make("d128-fp16-b128-causal-empty-tile0-per-head", FP, 128, 1, 2, 2, 400, 400, CAUSAL, 128, 128);
+  c.p_none = 0.4, c.empty_block0 = true, c.mask_heads = 2;
+  v.push_back(c);
+  c = make("d64-bf16-b96-window(200,30)-batch2-shared-gqa2/1", BF, 64, 2, 4, 2, 650, 650, WIN, 96, 96);
+  c.wl = 200, c.wr = 30;
+  v.push_back(c);
   // Few queries, many keys: query tiles that visit more than 256 KV tiles
   // (the sm_90a forward's ring of visits is refilled, twice or more).
   c = make("d128-bf16-b64x96-none-long-lists-lk70000", BF, 128, 1, 2, 1, 100, 70000, NONE, 64, 96);
