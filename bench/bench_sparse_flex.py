@@ -23,6 +23,8 @@ compared with FlexAttention's, then each pass is timed with CUDA events
 backward 2.5 x forward, from attn_plan_describe) and, in the "tile" columns,
 every pair of the (query tile, KV tile) pairs the forward visits, which is
 the rate the kernels run at on the work they do.
+Where the plans run the sm_90a forward, a forward-only plan on the sm_80 one
+(ATTN_CUDA_FWD_SM90=0 at its creation) is timed too, for the same ratios.
 
 Usage: bench_sparse_flex.py --lib build/src/libattn.so [--out results.md]
                             [--seqlen 32768] [--reps 10] [--no-flex]
@@ -36,7 +38,8 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # attn_ffi, from any working directory
-from attn_ffi import ATTN_BACKEND_CUDA, Lib, Plan, rel_err, time_ms  # noqa: E402
+from attn_ffi import (ATTN_BACKEND_CUDA, ATTN_PASSES_FORWARD, Lib, Plan, rel_err,  # noqa: E402
+                      time_ms)
 
 vp, i32, i64 = ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64
 P = ctypes.POINTER
@@ -122,9 +125,21 @@ def main():
         table = block_tables(kind, nb, cpu_gen) if kind in ("random", "bigbird") else None
         mask = None if kind == "causal" else make_mask(lib, kind, L, table)
         plan = Plan(lib, ctx, 1, H, H, L, d, block_mask=mask)
+        info = plan.info
+        plan80 = None
+        if info.kernel.decode().startswith("cuda-sm90"):
+            # The same forward on the sm_80 kernel (the variable is read at plan creation).
+            saved = os.environ.get("ATTN_CUDA_FWD_SM90")
+            os.environ["ATTN_CUDA_FWD_SM90"] = "0"
+            try:
+                plan80 = Plan(lib, ctx, 1, H, H, L, d, block_mask=mask, passes=ATTN_PASSES_FORWARD)
+            finally:
+                if saved is None:
+                    del os.environ["ATTN_CUDA_FWD_SM90"]
+                else:
+                    os.environ["ATTN_CUDA_FWD_SM90"] = saved
         if mask is not None:
             lib.dll.attn_block_mask_destroy(mask)
-        info = plan.info
         fwd = lambda: plan.forward(q, k, v, o, lse)
         bwd = lambda: plan.backward(q, k, v, o, lse, do, dq, dk, dv)
         fwd()
@@ -170,6 +185,16 @@ def main():
                 del out, grads, qr, kr, vr
             except Exception as e:  # keep libattn's numbers
                 print(f"FlexAttention failed on {kind}: {type(e).__name__}: {e}", flush=True)
+        if plan80 is not None:
+            info80 = plan80.info
+            fwd80 = lambda: plan80.forward(q, k, v, o, lse)
+            fwd80()  # after the comparison with FlexAttention: it rewrites o
+            torch.cuda.synchronize()
+            row["fwd80"] = time_ms(fwd80, 3, a.reps)
+            row["tile_f80"] = (4.0 * info80.visited_tile_pairs * info80.tile_q * info80.tile_kv * d /
+                               row["fwd80"] / 1e9)
+            row["kernel80"] = info80.kernel.decode()
+            plan80.close()
         plan.close()
         rows.append(row)
         print(row, flush=True)
@@ -180,20 +205,27 @@ def main():
              "TFLOP/s on visible pairs (fwd 4 * pairs * d, bwd 2.5x); 'tile' TFLOP/s count every pair "
              f"of the visited forward tiles ({dense['tile']} for the dense plan; see the kernels "
              "below); 'vs dense' = tile TFLOP/s / the dense causal "
-             "plan's tile TFLOP/s; err = max relative L2 difference of O, dQ, dK, dV from FlexAttention.",
+             "plan's tile TFLOP/s; err = max relative L2 difference of O, dQ, dK, dV from FlexAttention. "
+             "sm80 columns: the forward on the sm_80 kernel (ATTN_CUDA_FWD_SM90=0), its tiles.",
              "", "| mask | density | tiles visited | ours fwd ms | bwd ms | fwd TFLOP/s | bwd TFLOP/s | "
-             "tile fwd | tile bwd | vs dense fwd | vs dense bwd | flex fwd ms | flex bwd ms | err |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "tile fwd | tile bwd | vs dense fwd | vs dense bwd | flex fwd ms | flex bwd ms | err | "
+             "sm80 fwd ms | sm80 tile fwd | sm80 vs dense |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(
             f"| {r['mask']} | {r['density']:.3f} | {r['tiles']} | {r['fwd']:.3f} | {r['bwd']:.3f} | "
             f"{r['tf_f']:.0f} | {r['tf_b']:.0f} | {r['tile_f']:.0f} | {r['tile_b']:.0f} | "
             f"{r['tile_f'] / dense['tile_f']:.2f} | {r['tile_b'] / dense['tile_b']:.2f} | "
             f"{r.get('flex_fwd', float('nan')):.3f} | {r.get('flex_bwd', float('nan')):.3f} | "
-            f"{r.get('err', float('nan')):.1e} |")
+            f"{r.get('err', float('nan')):.1e} | {r.get('fwd80', float('nan')):.3f} | "
+            f"{r.get('tile_f80', float('nan')):.0f} | "
+            f"{r.get('tile_f80', float('nan')) / dense.get('tile_f80', float('nan')):.2f} |")
     lines.append("")
     lines.append("Kernels (forward tile): " +
                  "; ".join(f"{r['mask']}: {r['kernel']} ({r['tile']})" for r in rows))
+    if any("kernel80" in r for r in rows):
+        lines.append("sm80 columns: " + "; ".join(f"{r['mask']}: {r['kernel80']}"
+                                                  for r in rows if "kernel80" in r))
     text = "\n".join(lines) + "\n"
     print(text)
     if a.out:
