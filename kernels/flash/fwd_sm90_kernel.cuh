@@ -184,11 +184,12 @@ __device__ __forceinline__ void flash_fwd_sm90_tile(const FwdParams& p) {
     }
     cp_async_commit();
   };
+  // Q first: its copies need no visit and run while the ring fills.
+  sm90::load_tile_swizzled<BM, D, NTH>(sQa, gQ, p.q_seq, rows, tid);
   if constexpr (Sparse) {
     fill_ring(max(0, n_tiles - kRing), n_tiles);
     __syncthreads();
   }
-  sm90::load_tile_swizzled<BM, D, NTH>(sQa, gQ, p.q_seq, rows, tid);
 #pragma unroll
   for (int grp = 0; grp < ST - 1; ++grp) load_group(grp);
 
