@@ -355,6 +355,14 @@ std::vector<Case> cases() {
   c = make("d64-fp16-b128-causal-long-lists-lk60000", FP, 64, 1, 2, 2, 150, 60000, CAUSAL, 128, 128);
   c.p_none = 0.1, c.mask_heads = 2;
   v.push_back(c);
+  // One query tile against 282 KV tiles: one ring refill, small enough for
+  // compute-sanitizer's racecheck (ATTN_GPU_TEST_FILTER=ring-refill).
+  c = make("d128-bf16-b128-none-ring-refill", BF, 128, 1, 1, 1, 64, 36000, NONE, 128, 128);
+  c.p_none = 0.02;
+  v.push_back(c);
+  c = make("d64-fp16-b64-causal-ring-refill", FP, 64, 1, 1, 1, 100, 36000, CAUSAL, 64, 64);
+  c.p_none = 0.02;
+  v.push_back(c);
   c = make("d96-fp16-b96-causal", FP, 96, 1, 2, 2, 290, 290, CAUSAL, 96, 96);
   c.mask_heads = 2;
   v.push_back(c);
