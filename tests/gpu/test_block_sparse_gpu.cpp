@@ -347,6 +347,10 @@ std::vector<Case> cases() {
   c = make("d64-bf16-b96-window(200,30)-batch2-shared-gqa2/1", BF, 64, 2, 4, 2, 650, 650, WIN, 96, 96);
   c.wl = 200, c.wr = 30;
   v.push_back(c);
+  // Masks per sequence and per KV head at once (slot = b * heads_kv + hk).
+  c = make("d128-fp16-b64x128-causal-per-batch-per-head-gqa2", FP, 128, 2, 4, 2, 420, 420, CAUSAL, 64, 128);
+  c.mask_batch = 2, c.mask_heads = 2;
+  v.push_back(c);
   // Few queries, many keys: query tiles that visit more than 256 KV tiles
   // (the sm_90a forward's ring of visits is refilled, twice or more).
   c = make("d128-bf16-b64x96-none-long-lists-lk70000", BF, 128, 1, 2, 1, 100, 70000, NONE, 64, 96);
