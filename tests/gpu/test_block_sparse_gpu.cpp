@@ -324,7 +324,7 @@ std::vector<Case> cases() {
   v.push_back(c);
   // d = 64 over several of the sm_90a kernel's 192-row tiles, with block
   // sizes that do not divide them (80, 100) and ones that do (32).
-  c = make("d64-bf16-b80-causal-gqa2/1-lq<lk-per-head", BF, 64, 1, 4, 2, 700, 900, CAUSAL, 80, 80);
+  c = make("d64-bf16-b80-causal-lq<lk-per-head-gqa2/1", BF, 64, 1, 4, 2, 700, 900, CAUSAL, 80, 80);
   c.mask_heads = 2;
   v.push_back(c);
   c = make("d64-fp16-b32-none-empty-rows-per-batch", FP, 64, 2, 2, 2, 450, 420, NONE, 32, 32);
