@@ -260,6 +260,10 @@ Run run_device(const Case& c0, attn_context_t ctx) {
                           std::to_string(info.tile_q) + "x" + std::to_string(info.tile_kv) +
                           ") is not the block-sparse " + want.prefix + " one (" +
                           std::to_string(want.tile_q) + "x" + std::to_string(want.tile_kv) + ");";
+    // The whole name fits attn_plan_info_t's 64 characters: the backward's
+    // part comes last and is there.
+    if (std::strlen(info.kernel) + 1 >= sizeof info.kernel || std::strstr(info.kernel, "+bwd-") == nullptr)
+      r.describe_error += std::string(" kernel name '") + info.kernel + "' truncated or without +bwd-;";
     if (info.visited_tile_pairs > info.total_tile_pairs || info.block_q != c.bq ||
         info.block_kv != c.bk)
       r.describe_error += " visited/total tile pairs or block sizes wrong;";
