@@ -23,6 +23,8 @@ compared with FlexAttention's, then each pass is timed with CUDA events
 backward 2.5 x forward, from attn_plan_describe) and, in the "tile" columns,
 every pair of the (query tile, KV tile) pairs the forward visits, which is
 the rate the kernels run at on the work they do.
+Where the plans run the sm_90a forward, a forward-only plan on the sm_80 one
+(ATTN_CUDA_FWD_SM90=0 at its creation) is timed too, for the same ratios.
 
 --variant NAME=VALUE[,NAME=VALUE...] (repeatable) times every sparse mask
 once per variant with those environment variables set while its plan is
@@ -45,7 +47,8 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # attn_ffi, from any working directory
-from attn_ffi import ATTN_BACKEND_CUDA, Lib, Plan, rel_err, time_ms  # noqa: E402
+from attn_ffi import (ATTN_BACKEND_CUDA, ATTN_PASSES_FORWARD, Lib, Plan, rel_err,  # noqa: E402
+                      time_ms)
 
 vp, i32, i64 = ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64
 P = ctypes.POINTER
@@ -150,9 +153,21 @@ def main():
                     del os.environ[n]
                 else:
                     os.environ[n] = old
+        info = plan.info
+        plan80 = None
+        if info.kernel.decode().startswith("cuda-sm90"):
+            # The same forward on the sm_80 kernel (the variable is read at plan creation).
+            saved = os.environ.get("ATTN_CUDA_FWD_SM90")
+            os.environ["ATTN_CUDA_FWD_SM90"] = "0"
+            try:
+                plan80 = Plan(lib, ctx, 1, H, H, L, d, block_mask=mask, passes=ATTN_PASSES_FORWARD)
+            finally:
+                if saved is None:
+                    del os.environ["ATTN_CUDA_FWD_SM90"]
+                else:
+                    os.environ["ATTN_CUDA_FWD_SM90"] = saved
         if mask is not None:
             lib.dll.attn_block_mask_destroy(mask)
-        info = plan.info
         fwd = lambda: plan.forward(q, k, v, o, lse)
         bwd = lambda: plan.backward(q, k, v, o, lse, do, dq, dk, dv)
         fwd()
@@ -161,13 +176,18 @@ def main():
         t_f = time_ms(fwd, 3, a.reps)
         t_b = time_ms(bwd, 3, a.reps)
         tile_flops = 4.0 * info.visited_tile_pairs * info.tile_q * info.tile_kv * d
+        # The backward's "tile" rate counts the sm_80 forward's tiles (128x64) where
+        # both exist, as results before the sm_90a forward did.
+        i_b = plan80.info if plan80 is not None else info
+        tile_flops_b = 4.0 * i_b.visited_tile_pairs * i_b.tile_q * i_b.tile_kv * d
         label = kind if not spec else f"{kind} [{spec}]"
         row = {"mask": label, "kernel": info.kernel.decode(), "pairs": info.visible_pairs,
+               "tile": f"{info.tile_q}x{info.tile_kv}",
                "density": info.visible_pairs / (H * L * (L + 1) / 2),
                "tiles": f"{info.visited_tile_pairs}/{info.total_tile_pairs}",
                "fwd": t_f, "bwd": t_b,
                "tf_f": info.flops_forward / t_f / 1e9, "tf_b": info.flops_backward / t_b / 1e9,
-               "tile_f": tile_flops / t_f / 1e9, "tile_b": 2.5 * tile_flops / t_b / 1e9}
+               "tile_f": tile_flops / t_f / 1e9, "tile_b": 2.5 * tile_flops_b / t_b / 1e9}
         if kind == "causal":
             dense = row
         if flex is not None and vi == 0:
@@ -198,6 +218,16 @@ def main():
                 del out, grads, qr, kr, vr
             except Exception as e:  # keep libattn's numbers
                 print(f"FlexAttention failed on {kind}: {type(e).__name__}: {e}", flush=True)
+        if plan80 is not None:
+            info80 = plan80.info
+            fwd80 = lambda: plan80.forward(q, k, v, o, lse)
+            fwd80()  # after the comparison with FlexAttention: it rewrites o
+            torch.cuda.synchronize()
+            row["fwd80"] = time_ms(fwd80, 3, a.reps)
+            row["tile_f80"] = (4.0 * info80.visited_tile_pairs * info80.tile_q * info80.tile_kv * d /
+                               row["fwd80"] / 1e9)
+            row["kernel80"] = info80.kernel.decode()
+            plan80.close()
         plan.close()
         rows.append(row)
         print(row, flush=True)
@@ -206,20 +236,30 @@ def main():
              "", f"{torch.cuda.get_device_name()}, torch {torch.__version__}; L = {L}, {H} heads, "
              f"d = {d}, bf16, batch 1, causal; median of {a.reps} timed runs after 3 warm-ups.",
              "TFLOP/s on visible pairs (fwd 4 * pairs * d, bwd 2.5x); 'tile' TFLOP/s count every pair "
-             "of the visited 128x64 forward tiles; 'vs dense' = tile TFLOP/s / the dense causal "
-             "plan's tile TFLOP/s; err = max relative L2 difference of O, dQ, dK, dV from FlexAttention.",
+             f"of the visited forward tiles ({dense['tile']} for the dense plan; see the kernels "
+             "below; 'tile bwd': the sm_80 forward's tiles where it is timed too); "
+             "'vs dense' = tile TFLOP/s / the dense causal "
+             "plan's tile TFLOP/s; err = max relative L2 difference of O, dQ, dK, dV from FlexAttention. "
+             "sm80 columns: the forward on the sm_80 kernel (ATTN_CUDA_FWD_SM90=0), its tiles.",
              "", "| mask | density | tiles visited | ours fwd ms | bwd ms | fwd TFLOP/s | bwd TFLOP/s | "
-             "tile fwd | tile bwd | vs dense fwd | vs dense bwd | flex fwd ms | flex bwd ms | err |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "tile fwd | tile bwd | vs dense fwd | vs dense bwd | flex fwd ms | flex bwd ms | err | "
+             "sm80 fwd ms | sm80 tile fwd | sm80 vs dense |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(
             f"| {r['mask']} | {r['density']:.3f} | {r['tiles']} | {r['fwd']:.3f} | {r['bwd']:.3f} | "
             f"{r['tf_f']:.0f} | {r['tf_b']:.0f} | {r['tile_f']:.0f} | {r['tile_b']:.0f} | "
             f"{r['tile_f'] / dense['tile_f']:.2f} | {r['tile_b'] / dense['tile_b']:.2f} | "
             f"{r.get('flex_fwd', float('nan')):.3f} | {r.get('flex_bwd', float('nan')):.3f} | "
-            f"{r.get('err', float('nan')):.1e} |")
+            f"{r.get('err', float('nan')):.1e} | {r.get('fwd80', float('nan')):.3f} | "
+            f"{r.get('tile_f80', float('nan')):.0f} | "
+            f"{r.get('tile_f80', float('nan')) / dense.get('tile_f80', float('nan')):.2f} |")
     lines.append("")
-    lines.append("Kernels: " + "; ".join(f"{r['mask']}: {r['kernel']}" for r in rows))
+    lines.append("Kernels (forward tile): " +
+                 "; ".join(f"{r['mask']}: {r['kernel']} ({r['tile']})" for r in rows))
+    if any("kernel80" in r for r in rows):
+        lines.append("sm80 columns: " + "; ".join(f"{r['mask']}: {r['kernel80']}"
+                                                  for r in rows if "kernel80" in r))
     text = "\n".join(lines) + "\n"
     print(text)
     if a.out:

@@ -123,11 +123,13 @@ if [ "${GPU_CHECK_SANITIZE:-1}" != 0 ] && command -v compute-sanitizer >/dev/nul
   sanitize racecheck decode_sm90-bulk_units "$bin" ATTN_CUDA_DECODE_KERNEL=sm90-bulk \
     ATTN_CUDA_DECODE_SPLIT=balanced ATTN_GPU_TEST_QUICK=1 "ATTN_GPU_TEST_FILTER=long + short"
   # Block-sparse: every case (tile lists with full, masked and bit-tile
-  # entries, cut dK/dV lists), on both backward paths; races on the small
-  # causal GQA cases (d = 64, 128, 256).
+  # entries, cut dK/dV lists), on both backward paths, the second one with
+  # the sm_80 forward (the first runs the sm_90a one on sm_90 devices);
+  # races on the small causal GQA cases (d = 64, 128, 256).
   bin="$build/tests/gpu/test_block_sparse_gpu"
   sanitize memcheck sparse "$bin"
-  sanitize memcheck sparse_fallback "$bin" ATTN_CUDA_BWD_VARIANT=1 ATTN_CUDA_BWD_GROUP_SPLIT=2
+  sanitize memcheck sparse_fallback "$bin" ATTN_CUDA_BWD_VARIANT=1 ATTN_CUDA_BWD_GROUP_SPLIT=2 \
+    ATTN_CUDA_FWD_SM90=0
   sanitize racecheck sparse "$bin" ATTN_GPU_TEST_FILTER=-causal-gqa
 fi
 

@@ -76,12 +76,16 @@ constexpr FwdConfig fwd_config(int d) {
 // per consumer warpgroup, KV tiles of block_n keys in `stages` buffers.
 // Shared memory holds Q [block_m][D] and K, V [block_n][D] per stage, in
 // 128-byte swizzled panels without padding, plus 1024 bytes to align the
-// first panel to the swizzle atom.
+// first panel to the swizzle atom, then the block-sparse instantiation's
+// ring of visits (kSm90VisitRing x 2 words; reserved for the dense one too:
+// either runs one block per SM, on far less than the SM's shared memory).
+constexpr int kSm90VisitRing = 256;
 struct FwdSm90Config {
   int block_m, block_n, warpgroups, stages;
   constexpr int threads() const { return warpgroups * 128; }
   constexpr size_t smem_bytes(int d) const {
-    return size_t(block_m + 2 * stages * block_n) * size_t(d) * 2u + 1024u;
+    return size_t(block_m + 2 * stages * block_n) * size_t(d) * 2u + 1024u +
+           size_t(kSm90VisitRing) * 8u;
   }
 };
 

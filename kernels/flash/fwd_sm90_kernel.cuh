@@ -19,6 +19,18 @@
 // latter is in flight.
 // Softcap plans run the sm_80 kernel (the host does not pick this one).
 //
+// Block-sparse plans (Sparse) take the KV tiles from the tile lists
+// (p.sparse, query-major, built for this kernel's BM x BN tiles), as the
+// sm_80 kernel's Sparse instantiation does: each visit full (no predicate),
+// dense-masked, or masked by its bit tile; the pipeline is the same. The
+// lists' work items (one per query tile, longest list first) give block x
+// its query tile, so that the longest tiles start first and the short ones
+// fill the tail. The tile's visits are copied into a ring in shared memory
+// (kSm90VisitRing entries, refilled half a ring at a time), so that the
+// loads ahead and the masks read them there: a global read of the list
+// at each iteration would stall the warps right before they issue the
+// GEMMs.
+//
 // Built only for sm_90a (ATTN_SM90_WGMMA); other targets get an empty
 // kernel, which the host never launches (it checks the image's PTX version).
 #pragma once
@@ -47,7 +59,29 @@ struct FwdSm90Traits {
   static_assert((D == 64 || D == 128) && kBlockN == 128, "the wgmma shapes instantiated");
 };
 
-template <class T, int D>
+// Sparse: every pair of row `row` (of the tile) and the KV tile's column
+// jj * 8 + 2 * t4 + e whose bit is clear in the bit tile tb ([BM][2] 64-bit
+// words, BN = 128) becomes -inf in s (this thread's accumulator layout).
+template <int NS>
+__device__ __forceinline__ void mask_by_bits(float (&s)[NS], const uint64_t* tb, int row0,
+                                             int t4) {
+  static_assert(NS == 64, "BN = 128: two words per row");
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const uint64_t* w = tb + 2 * (row0 + hh * 8);
+    // Shifted so that column jj * 8 + e of a word is bit (jj % 8) * 8 + e.
+    const uint64_t w0 = w[0] >> (2 * t4), w1 = w[1] >> (2 * t4);
+#pragma unroll
+    for (int jj = 0; jj < 16; ++jj)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const uint64_t word = jj < 8 ? w0 : w1;
+        if (!((word >> ((jj & 7) * 8 + e)) & 1u)) s[jj * 4 + hh * 2 + e] = -INFINITY;
+      }
+  }
+}
+
+template <class T, int D, bool Sparse>
 __device__ __forceinline__ void flash_fwd_sm90_tile(const FwdParams& p) {
   using Tr = FwdSm90Traits<D>;
   constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN, ST = Tr::kStages, NTH = Tr::kThreads;
@@ -61,18 +95,38 @@ __device__ __forceinline__ void flash_fwd_sm90_tile(const FwdParams& p) {
   const uint32_t sKa = sQa + kQBytes;                 // [ST][BN][D]
   const uint32_t sVa = sKa + uint32_t(ST) * kKvBytes;  // [ST][BN][D]
   unsigned char* const sQ = smem + (sQa - raw);
+  // Sparse: visit v of the tile (KV tile, kind) in entry v % kSm90VisitRing.
+  int32_t* const sRing = reinterpret_cast<int32_t*>(sQ + kQBytes + 2u * uint32_t(ST) * kKvBytes);
+  constexpr int kRing = kSm90VisitRing, kHalf = kRing / 2;
+  static_assert(kHalf >= ST, "a refill lands a barrier before its first use");
 
   const int tid = threadIdx.x, wg = tid >> 7, wtid = tid & 127;
   const int lane = tid & 31, g = lane >> 2, t4 = lane & 3;
   const int b = blockIdx.z, h = blockIdx.y;
-  // Last query tiles first: under a causal mask they are the longest.
-  const int m_block = int(gridDim.x) - 1 - int(blockIdx.x);
+  const int hk = h / p.group;
+  // Dense: last query tiles first (under a causal mask they are the
+  // longest). Sparse: work item x of the slot, (tile, first visit, end).
+  int m_block, n_tiles = 0, n_end = 0;
+  // Sparse: this block's work item, recomputed where needed (registers).
+  auto work_item = [&] {
+    const TileLists& sp = p.sparse;
+    const int b_ = int(blockIdx.z), hk_ = int(blockIdx.y) / p.group;
+    const int slot =
+        (sp.mask_batch > 1 ? b_ : 0) * sp.mask_heads + (sp.mask_heads > 1 ? hk_ : 0);
+    return sp.items + kItemWords * (sp.item_offsets[slot] + int(blockIdx.x));
+  };
+  if constexpr (Sparse) {
+    const int32_t* item = work_item();
+    m_block = item[0];
+    n_tiles = item[2] - item[1];
+  } else {
+    m_block = int(gridDim.x) - 1 - int(blockIdx.x);
+  }
 
   QueryTile qt;
   if (!query_tile_of<BM>(p, b, m_block, qt)) return;
   const int lk = qt.lk, r0 = qt.r0, rows = qt.rows;
   const bool varlen = p.cu_q != nullptr;
-  const int hk = h / p.group;
   const T* gQ = static_cast<const T*>(p.q) + (varlen ? qt.q_tok * p.q_seq : b * p.q_batch) +
                 h * p.q_head + r0 * p.q_seq;
   const T* gK = static_cast<const T*>(p.k) + (varlen ? qt.kv_tok * p.k_seq : b * p.k_batch) +
@@ -85,8 +139,16 @@ __device__ __forceinline__ void flash_fwd_sm90_tile(const FwdParams& p) {
                   ? nullptr
                   : p.lse + (varlen ? qt.q_tok : b * p.lse_batch) + h * p.lse_head + r0;
 
-  int n_end;
-  const int n_tiles = dense_kv_tiles<BN>(qt, n_end);
+  if constexpr (!Sparse) n_tiles = dense_kv_tiles<BN>(qt, n_end);
+  // Sparse: ring entry of iteration it's visit (the last visit first).
+  auto ring_entry = [&](int it) { return 2 * ((n_tiles - 1 - it) & (kRing - 1)); };
+  // KV tile of iteration it (the last first).
+  auto tile_of = [&](int it) { return Sparse ? sRing[ring_entry(it)] : n_end - 1 - it; };
+  // Sparse: copies visits [lo, hi) of the tile into the ring.
+  auto fill_ring = [&](int lo, int hi) {
+    const int32_t* src = p.sparse.visits + 2 * int64_t(work_item()[1]);
+    for (int w = 2 * lo + tid; w < 2 * hi; w += NTH) sRing[w & (2 * kRing - 1)] = src[w];
+  };
   if (n_tiles == 0) {  // no row of the tile sees a key
     constexpr int DT = D / 8;
     for (int c = tid; c < BM * DT; c += NTH) {
@@ -109,20 +171,25 @@ __device__ __forceinline__ void flash_fwd_sm90_tile(const FwdParams& p) {
   // needs g_j: ST - 2 younger groups may stay in flight.
   auto load_group = [&](int grp) {
     if (grp < n_tiles) {
-      const int n = n_end - 1 - grp;
+      const int n = tile_of(grp);
       sm90::load_tile_swizzled<BN, D, NTH>(sKa + uint32_t(grp % ST) * kKvBytes,
                                            gK + int64_t(n) * BN * p.k_seq, p.k_seq, lk - n * BN,
                                            tid);
     }
     if (grp >= 1 && grp - 1 < n_tiles) {
-      const int n = n_end - grp;
+      const int n = tile_of(grp - 1);
       sm90::load_tile_swizzled<BN, D, NTH>(sVa + uint32_t((grp - 1) % ST) * kKvBytes,
                                            gV + int64_t(n) * BN * p.v_seq, p.v_seq, lk - n * BN,
                                            tid);
     }
     cp_async_commit();
   };
+  // Q first: its copies need no visit and run while the ring fills.
   sm90::load_tile_swizzled<BM, D, NTH>(sQa, gQ, p.q_seq, rows, tid);
+  if constexpr (Sparse) {
+    fill_ring(max(0, n_tiles - kRing), n_tiles);
+    __syncthreads();
+  }
 #pragma unroll
   for (int grp = 0; grp < ST - 1; ++grp) load_group(grp);
 
@@ -141,10 +208,18 @@ __device__ __forceinline__ void flash_fwd_sm90_tile(const FwdParams& p) {
 
   // The top of iteration j: g_j has landed for every thread; the next group
   // goes out.
+  // Sparse: at iterations j = k * kHalf (k >= 1) the visits of iterations
+  // [j + kHalf, j + kRing) replace those of [j - kHalf, j), all done;
+  // loads read ST - 1 iterations ahead, so the first of them is read after
+  // the next barrier.
   auto tile_ready = [&](int j) {
     cp_async_wait<ST - 2>();
     sm90::fence_proxy_async();
     __syncthreads();
+    if constexpr (Sparse) {
+      if (j >= kHalf && j % kHalf == 0 && n_tiles - j - kHalf > 0)
+        fill_ring(max(0, n_tiles - j - kRing), n_tiles - j - kHalf);
+    }
     load_group(j + ST - 1);
   };
   // S = Q K_j^T: [64][BN] for this warpgroup (committed as one group).
@@ -168,11 +243,21 @@ __device__ __forceinline__ void flash_fwd_sm90_tile(const FwdParams& p) {
   // factor that takes O to S_j's row maxima. Each row lives in the 4 lanes
   // of a quad.
   auto softmax = [&](int j, float (&alpha)[2]) {
-    const int c0 = (n_end - 1 - j) * BN;
-    if (!dense_tile_full<BN>(qt, c0)) {
+    bool dense_mask;
+    if constexpr (Sparse) {
+      const int kind = sRing[ring_entry(j) + 1];
+      if (kind >= 0) mask_by_bits(s, p.sparse.bits + int64_t(kind) * (2 * BM), row0, t4);
+      dense_mask = kind == kVisitDense;
+    } else {
+      dense_mask = !dense_tile_full<BN>(qt, (n_end - 1 - j) * BN);
+    }
+    if (dense_mask) {
+      const int c0 = tile_of(j) * BN;
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
-        const int row = r0 + row0 + hh * 8;
+        // Sparse: recomputed at each use; hoisted out of the KV loop, the
+        // four bounds were spilled (d = 64).
+        const int row = Sparse ? int(opaque(r0 + row0 + hh * 8)) : r0 + row0 + hh * 8;
         const int lo = key_lo(p, qt, row), hi = key_hi(p, qt, row);
 #pragma unroll
         for (int jj = 0; jj < BN / 8; ++jj)
@@ -279,11 +364,11 @@ __device__ __forceinline__ void flash_fwd_sm90_tile(const FwdParams& p) {
   }
 }
 
-template <class T, int D>
+template <class T, int D, bool Sparse = false>
 __global__ void __launch_bounds__(FwdSm90Traits<D>::kThreads, 1)
     flash_fwd_sm90_kernel(const __grid_constant__ FwdParams p) {
 #if ATTN_SM90_WGMMA
-  flash_fwd_sm90_tile<T, D>(p);
+  flash_fwd_sm90_tile<T, D, Sparse>(p);
 #endif
 }
 

@@ -47,7 +47,9 @@ struct TileLists {
   // cut_tiles[slot * max_cut + c] is the KV tile of slot c (-1: none).
   // Query-major lists of the persistent forward: its work items (sequence,
   // query head, query tile, list length), block x's [item_offsets[x],
-  // item_offsets[x + 1]); empty otherwise.
+  // item_offsets[x + 1]); of the sm_90a forward: one item per query tile
+  // (query tile, first visit, end visit, -1), slot by slot, longest list
+  // first; empty otherwise.
   const int32_t* items;
   const int32_t* item_offsets;
   const int32_t* cut_tiles;

@@ -275,13 +275,17 @@ class CudaPlan final : public BackendPlan {
     // with fp32 atomics, "-bulk" with bulk reductions from shared memory
     // (sm_90), "-det" computes it in a separate pass without them.
     // Block-sparse and MoBA plans say "-bsparse" or "-moba..." and leave out
-    // warps and stages, so that the name fits attn_plan_info_t's 64
+    // warps and stages (on sm_90a also the tile, which info.tile_q and
+    // tile_kv give), so that the name fits attn_plan_info_t's 64
     // characters; block-sparse ones also "sm80" (the same kernel family),
     // for room for their markers: "-p" after "bsparse" and after "+bwd" (the
     // persistent kernels) and "-cut" (below).
     const char* kind = moba ? (moba_->gathers() ? "moba-gather" : "moba")
                             : fwd_persist_ ? "bsparse-p" : "bsparse";
-    int len = moba     ? std::snprintf(kernel_name_, sizeof kernel_name_,
+    int len = sparse && sm90_ ? std::snprintf(kernel_name_, sizeof kernel_name_,
+                                              "cuda-sm90-wgmma-%s-d%d-bsparse",
+                                              dtype_name(p.dtype), int(d))
+              : moba   ? std::snprintf(kernel_name_, sizeof kernel_name_,
                                        "cuda-fa2-sm80-%s-d%d-%s-%dx%d", dtype_name(p.dtype),
                                        int(d), kind, cfg_.block_m, cfg_.block_n)
               : sparse ? std::snprintf(kernel_name_, sizeof kernel_name_,
@@ -514,20 +518,25 @@ class CudaPlan final : public BackendPlan {
     }
   }
 
-  // The sm_90a (wgmma) forward replaces the sm_80 one for dense plans at
-  // d = 64 and 128 without softcap, on sm_90 devices whose image of it was
-  // compiled for sm_90a (ptxVersion 90: built for other targets its body is
-  // empty). ATTN_CUDA_FWD_SM90=0 keeps the sm_80 kernel (read at plan
-  // creation; any other value, or none, takes the sm_90a one where it applies).
+  // The sm_90a (wgmma) forward replaces the sm_80 one for dense and
+  // block-sparse plans (its Sparse instantiation) at d = 64 and 128 without
+  // softcap, on sm_90 devices whose image of it was compiled for sm_90a
+  // (ptxVersion 90: built for other targets its body is empty).
+  // ATTN_CUDA_FWD_SM90=0 keeps the sm_80 kernel (read at plan creation; any
+  // other value, or none, takes the sm_90a one where it applies).
   void pick_sm90_forward(const Problem& p, int major, int minor, size_t smem_optin) {
     const char* env = std::getenv("ATTN_CUDA_FWD_SM90");
     if (env != nullptr && std::strcmp(env, "0") == 0) return;
+    // ATTN_CUDA_BSPARSE_FWD_PERSIST=1 asks for the persistent sm_80 kernel.
+    if (fwd_persist_) return;
     const int64_t d = p.head_dim_qk;
-    if (p.block_mask != nullptr || p.moba_block > 0 || p.softcap > 0.0f || (d != 64 && d != 128) ||
-        major != 9 || minor != 0)
+    if (p.moba_block > 0 || p.softcap > 0.0f || (d != 64 && d != 128) || major != 9 || minor != 0)
       return;
     const bool bf16 = p.dtype == ATTN_DTYPE_BF16;
-    const FwdKernel k = d == 64 ? fwd_kernel_sm90_d64(bf16) : fwd_kernel_sm90_d128(bf16);
+    const FwdKernel k = p.block_mask != nullptr
+                            ? (d == 64 ? fwd_kernel_sm90_bsparse_d64(bf16)
+                                       : fwd_kernel_sm90_bsparse_d128(bf16))
+                            : (d == 64 ? fwd_kernel_sm90_d64(bf16) : fwd_kernel_sm90_d128(bf16));
     const flash::FwdSm90Config c = flash::fwd_sm90_config(int(d));
     cudaFuncAttributes attrs{};
     if (cudaFuncGetAttributes(&attrs, k.func) != cudaSuccess) {
@@ -588,7 +597,9 @@ class CudaPlan final : public BackendPlan {
     HostTileLists sets[3];
     flash::TileLists* dst[3] = {&params_.sparse, &bwd_params_.sparse_kv, &bwd_params_.sparse_dq};
     const int n = !p.backward ? 1 : p.deterministic ? 3 : 2;
-    sets[0] = build_tile_lists(mask, p.window, cfg_.block_m, cfg_.block_n, false);
+    sets[0] = build_tile_lists(mask, p.window, tile_q(), tile_kv(), false);
+    // The sm_90a forward takes its query tiles from work items, longest first.
+    if (sm90_) cut_work_items(sets[0], mask->batch() * mask->heads(), INT32_MAX);
     if (fwd_persist_) {
       fwd_persist_ = order_forward_items(sets[0], p.batch, p.heads_q, p.group(), mask->batch(),
                                          mask->heads(), fwd_grid_);

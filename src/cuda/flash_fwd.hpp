@@ -29,5 +29,9 @@ FwdKernel fwd_kernel_d256(bool bf16, bool sparse);
 // checks cudaFuncGetAttributes' ptxVersion (90) before choosing it.
 FwdKernel fwd_kernel_sm90_d64(bool bf16);
 FwdKernel fwd_kernel_sm90_d128(bool bf16);
+// Its Sparse instantiation, for block-sparse plans (grid x: the work items
+// of the forward tile lists, flash::TileLists::items).
+FwdKernel fwd_kernel_sm90_bsparse_d64(bool bf16);
+FwdKernel fwd_kernel_sm90_bsparse_d128(bool bf16);
 
 }  // namespace attn::cuda

@@ -8,7 +8,8 @@
 // ones, smaller than, equal to and not dividing the kernels' tiles; masks
 // per KV head, shared by all heads, per sequence; causal, sliding window
 // and causal-with-window plans; odd and unequal lengths; GQA; softcap; rows
-// with no visible key. The builders' patterns (causal window + 64 sinks;
+// with no visible key; a few queries against 60-70K keys (lists of more
+// than 256 KV tiles). The builders' patterns (causal window + 64 sinks;
 // BigBird: window, global keys and queries, random blocks) at a medium
 // size, their selection read back from the mask (attn_block_mask_get_blocks).
 //
@@ -34,7 +35,11 @@
 // within 2e-3. Rows that see no key: O = 0, LSE = -inf and dQ = 0 exactly;
 // keys no row sees: dK = dV = 0 exactly. Outputs are poisoned (NaN) before
 // every run, and every element must be written. attn_plan_describe must name
-// the block-sparse kernels. (MoBA plans: test_moba_gpu.)
+// the block-sparse kernels: on an sm_90 device the sm_90a (wgmma) forward
+// at d = 64 and 128 without softcap (192x128 tiles at d = 64, which block
+// sizes such as 128, 80 and 48x80 do not divide; 128x128 at d = 128), the
+// sm_80 one otherwise and under ATTN_CUDA_FWD_SM90=0 (its own meson test).
+// (MoBA plans: test_moba_gpu.)
 //
 // Fresh random inputs every run (seed printed; ATTN_TEST_SEED=n repeats
 // one). ATTN_GPU_TEST_FILTER=text runs only the cases whose name contains
@@ -42,6 +47,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <random>
 #include <string>
@@ -71,6 +77,19 @@ struct Case : CaseShape {
 using Problem = CaseProblem<Case>;
 
 uint64_t g_seed = 0;
+bool g_sm90 = false;  // sm_90 device and ATTN_CUDA_FWD_SM90 != 0
+
+// The forward kernel a case's plans must name, and its tile.
+struct ExpectedForward {
+  const char* prefix;
+  int32_t tile_q, tile_kv;
+};
+ExpectedForward expected_forward(const Case& c) {
+  // (The persistent block-sparse forward, a tuning hook, is an sm_80 kernel.)
+  if (g_sm90 && (c.d == 64 || c.d == 128) && c.softcap == 0.0f && !c.fwd_persist)
+    return {"cuda-sm90-wgmma-", c.d == 64 ? 192 : 128, 128};
+  return {"cuda-fa2-", 128, 64};
+}
 
 // The selection [mask_batch][mask_heads][lq][lk] of a random blocky mask.
 std::vector<uint8_t> draw_selection(const Case& c, std::mt19937_64& rng) {
@@ -291,10 +310,20 @@ Run run_device(const Case& c0, attn_context_t ctx) {
     plans[1] = build_plan(p, ctx, mask, true);
   }
   ATTN_CHECK(attn_block_mask_destroy(mask));
+  const ExpectedForward want = expected_forward(c);
   for (int det = 0; det < 2; ++det) {
     const attn_plan_info_t info = describe(plans[det]);
-    if (std::strstr(info.kernel, "bsparse") == nullptr)
-      r.describe_error += std::string(" kernel '") + info.kernel + "' does not say bsparse;";
+    if (std::strstr(info.kernel, "bsparse") == nullptr ||
+        std::strncmp(info.kernel, want.prefix, std::strlen(want.prefix)) != 0 ||
+        info.tile_q != want.tile_q || info.tile_kv != want.tile_kv)
+      r.describe_error += std::string(" kernel '") + info.kernel + "' (tile " +
+                          std::to_string(info.tile_q) + "x" + std::to_string(info.tile_kv) +
+                          ") is not the block-sparse " + want.prefix + " one (" +
+                          std::to_string(want.tile_q) + "x" + std::to_string(want.tile_kv) + ");";
+    // The whole name fits attn_plan_info_t's 64 characters: the backward's
+    // part comes last and is there.
+    if (std::strlen(info.kernel) + 1 >= sizeof info.kernel || std::strstr(info.kernel, "+bwd-") == nullptr)
+      r.describe_error += std::string(" kernel name '") + info.kernel + "' truncated or without +bwd-;";
     if (info.visited_tile_pairs > info.total_tile_pairs || info.block_q != c.bq ||
         info.block_kv != c.bk)
       r.describe_error += " visited/total tile pairs or block sizes wrong;";
@@ -375,6 +404,51 @@ std::vector<Case> cases() {
   c = make("d64-fp16-b128-window(64,64)", FP, 64, 1, 2, 2, 300, 300, WIN, 128, 128);
   c.wl = 64, c.wr = 64, c.mask_heads = 2;
   v.push_back(c);
+  // d = 64 over several of the sm_90a kernel's 192-row tiles, with block
+  // sizes that do not divide them (80, 100) and ones that do (32).
+  c = make("d64-bf16-b80-causal-lq<lk-per-head-gqa2/1", BF, 64, 1, 4, 2, 700, 900, CAUSAL, 80, 80);
+  c.mask_heads = 2;
+  v.push_back(c);
+  c = make("d64-fp16-b32-none-empty-rows-per-batch", FP, 64, 2, 2, 2, 450, 420, NONE, 32, 32);
+  c.p_none = 0.6, c.empty_block0 = true, c.mask_batch = 2;
+  v.push_back(c);
+  c = make("d64-bf16-b128-causal-window512+64sinks", BF, 64, 1, 2, 1, 2000, 2000, CAUSAL, 128, 128);
+  c.src = Source::kWindowSinks;
+  v.push_back(c);
+  c = make("d64-fp16-b100-bigbird-causal", FP, 64, 1, 2, 2, 1500, 1500, CAUSAL, 100, 100);
+  c.src = Source::kBigBird;
+  v.push_back(c);
+  // Query tiles of the sm_90a forward (192 rows at d = 64, 128 at d = 128)
+  // that visit nothing; a window plan over a batch sharing one mask.
+  c = make("d64-bf16-b192x64-none-empty-tile0-gqa2/1", BF, 64, 1, 2, 1, 500, 460, NONE, 192, 64);
+  c.p_none = 0.5, c.empty_block0 = true;
+  v.push_back(c);
+  c = make("d128-fp16-b128-causal-empty-tile0-per-head", FP, 128, 1, 2, 2, 400, 400, CAUSAL, 128, 128);
+  c.p_none = 0.4, c.empty_block0 = true, c.mask_heads = 2;
+  v.push_back(c);
+  c = make("d64-bf16-b96-window(200,30)-batch2-shared-gqa2/1", BF, 64, 2, 4, 2, 650, 650, WIN, 96, 96);
+  c.wl = 200, c.wr = 30;
+  v.push_back(c);
+  // Masks per sequence and per KV head at once (slot = b * heads_kv + hk).
+  c = make("d128-fp16-b64x128-causal-per-batch-per-head-gqa2", FP, 128, 2, 4, 2, 420, 420, CAUSAL, 64, 128);
+  c.mask_batch = 2, c.mask_heads = 2;
+  v.push_back(c);
+  // Few queries, many keys: query tiles that visit more than 256 KV tiles
+  // (the sm_90a forward's ring of visits is refilled, twice or more).
+  c = make("d128-bf16-b64x96-none-long-lists-lk70000", BF, 128, 1, 2, 1, 100, 70000, NONE, 64, 96);
+  c.p_none = 0.1;
+  v.push_back(c);
+  c = make("d64-fp16-b128-causal-long-lists-lk60000", FP, 64, 1, 2, 2, 150, 60000, CAUSAL, 128, 128);
+  c.p_none = 0.1, c.mask_heads = 2;
+  v.push_back(c);
+  // One query tile against 282 KV tiles: one ring refill, small enough for
+  // compute-sanitizer's racecheck (ATTN_GPU_TEST_FILTER=ring-refill).
+  c = make("d128-bf16-b128-none-ring-refill", BF, 128, 1, 1, 1, 64, 36000, NONE, 128, 128);
+  c.p_none = 0.02;
+  v.push_back(c);
+  c = make("d64-fp16-b64-causal-ring-refill", FP, 64, 1, 1, 1, 100, 36000, CAUSAL, 64, 64);
+  c.p_none = 0.02;
+  v.push_back(c);
   c = make("d96-fp16-b96-causal", FP, 96, 1, 2, 2, 290, 290, CAUSAL, 96, 96);
   c.mask_heads = 2;
   v.push_back(c);
@@ -432,6 +506,12 @@ std::vector<Case> cases() {
 int main() {
   skip_without_device();
   g_seed = test_seed();
+  cudaDeviceProp prop{};
+  GPU_CHECK(cudaGetDeviceProperties(&prop, 0));
+  const char* sm90_env = std::getenv("ATTN_CUDA_FWD_SM90");
+  g_sm90 = prop.major == 9 && prop.minor == 0 && !(sm90_env && std::strcmp(sm90_env, "0") == 0);
+  std::printf("device sm_%d%d: d = 64/128 forwards expected on the %s kernel\n", prop.major,
+              prop.minor, g_sm90 ? "sm_90a (wgmma)" : "sm_80");
 
   attn_context_t ctx = nullptr;
   ATTN_CHECK(attn_context_create(ATTN_BACKEND_CUDA, 0, 0, &ctx));

@@ -1,0 +1,199 @@
+// The tile lists the CUDA kernels walk (src/cuda/block_sparse.hpp), built on
+// the host and checked here without a GPU, in every tile shape the CUDA
+// plans use: the sm_90a forward's (192 x 128 at d = 64, 128 x 128 at
+// d = 128, with one work item per query tile, longest list first), the
+// sm_80 forward's (128 x 64) and the dK/dV kernel's KV-major lists (64 x 128
+// and 128 x 128).
+//
+// Masks: random block selections (per block: none, whole, or a random bit
+// tile) with block sizes that divide the tiles and ones that do not, under
+// causal, sliding-window and no dense masks, odd lengths, per-sequence and
+// per-head slots. For every listed visit, the pairs the kernel lets through
+// (all for a full visit, the dense bounds for a dense one, the bit tile's
+// bits otherwise) must be exactly the visible pairs (dense mask AND
+// selection) inside the sequence; full visits must not reach past the last
+// key; and the visits of a tile must cover every visible pair of its rows.
+// Seed printed; ATTN_TEST_SEED=n repeats a run.
+#include <chrono>
+#include <cinttypes>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "cuda/block_sparse.hpp"
+
+using namespace attn;
+using attn::cuda::HostTileLists;
+
+namespace {
+
+int g_failures = 0;
+
+void expect(bool ok, const char* what, const char* where) {
+  if (ok) return;
+  if (++g_failures <= 20) std::printf("FAIL %s: %s\n", where, what);
+}
+
+struct Shape {
+  int64_t batch, heads, lq, lk, bq, bk;
+  WindowBounds window;
+};
+
+std::shared_ptr<BlockMask> random_mask(const Shape& s, std::mt19937_64& rng) {
+  auto m = std::make_shared<BlockMask>(s.batch, s.heads, s.lq, s.lk, s.bq, s.bk);
+  std::vector<uint64_t> tile(size_t(m->words_per_tile()));
+  for (int64_t mb = 0; mb < s.batch; ++mb)
+    for (int64_t mh = 0; mh < s.heads; ++mh)
+      for (int64_t qb = 0; qb < m->num_q_blocks(); ++qb)
+        for (int64_t kb = 0; kb < m->num_kv_blocks(); ++kb) {
+          const uint64_t r = rng() % 10;
+          if (r < 4) continue;  // none
+          if (r < 7) {
+            m->add(mb, mh, qb, kb, nullptr);  // whole
+            continue;
+          }
+          for (uint64_t& w : tile) w = rng() & rng();  // about a quarter of the pairs
+          m->add(mb, mh, qb, kb, tile.data());
+        }
+  return m;
+}
+
+// Checks the lists of a tile_q x tile_kv kernel against brute force.
+void check(const Shape& s, int64_t tile_q, int64_t tile_kv, bool kv_major, bool items,
+           std::mt19937_64& rng, const char* name) {
+  const std::shared_ptr<BlockMask> mask = random_mask(s, rng);
+  const SequenceMask dense(s.lq, s.lk, s.window);
+  const int64_t slots = s.batch * s.heads;
+  // visible[slot][i][j]: the dense mask and the selection.
+  std::vector<uint8_t> visible(size_t(slots * s.lq * s.lk), 0);
+  for (int64_t k = 0; k < slots; ++k)
+    for (int64_t i = 0; i < s.lq; ++i) {
+      const int64_t lo = dense.key_lo(i), hi = dense.key_hi(i);
+      if (lo > hi) continue;
+      uint8_t* row = visible.data() + size_t((k * s.lq + i) * s.lk);
+      for (int64_t j = lo; j <= hi; ++j) row[j] = 1;
+      mask->for_each_hidden(k / s.heads, k % s.heads, i, lo, hi + 1, [&](int64_t j0, int64_t j1) {
+        for (int64_t j = j0; j < j1; ++j) row[j] = 0;
+      });
+    }
+
+  HostTileLists l = cuda::build_tile_lists(mask, s.window, tile_q, tile_kv, kv_major);
+  if (items) cuda::cut_work_items(l, slots, INT32_MAX);
+  const int64_t nqt = (s.lq + tile_q - 1) / tile_q, nkt = (s.lk + tile_kv - 1) / tile_kv;
+  const int64_t tiles = kv_major ? nkt : nqt;
+  expect(l.tiles == tiles, "lists per slot", name);
+  expect(l.rows == (kv_major ? tile_kv : tile_q), "bit tile rows", name);
+  expect(l.words_per_row == ((kv_major ? tile_q : tile_kv) + 63) / 64, "bit tile words per row",
+         name);
+  expect(int64_t(l.offsets.size()) == slots * tiles + 1, "offsets", name);
+  if (g_failures > 0) return;
+  const size_t tile_words = size_t(l.rows) * size_t(l.words_per_row);
+
+  std::vector<uint8_t> covered;
+  for (int64_t k = 0; k < slots; ++k) {
+    for (int64_t t = 0; t < tiles; ++t) {
+      // Pairs (query tile rows or KV tile keys) x (all keys or all rows).
+      covered.assign(size_t(kv_major ? tile_kv * s.lq : tile_q * s.lk), 0);
+      int32_t last = -1;
+      for (int32_t v = l.offsets[size_t(k * tiles + t)]; v < l.offsets[size_t(k * tiles + t) + 1];
+           ++v) {
+        const int32_t other = l.visits[size_t(2 * v)], kind = l.visits[size_t(2 * v) + 1];
+        expect(other > last && other < (kv_major ? nqt : nkt), "visits in increasing order", name);
+        last = other;
+        const int64_t qt = kv_major ? other : t, kt = kv_major ? t : other;
+        if (kind == flash::kVisitFull)
+          expect((kt + 1) * tile_kv <= s.lk, "a full visit reaches past the last key", name);
+        const bool kind_ok = kind == flash::kVisitFull || kind == flash::kVisitDense ||
+                             (kind >= 0 && size_t(kind + 1) * tile_words <= l.bits.size());
+        expect(kind_ok, "visit kind", name);
+        if (!kind_ok) continue;
+        for (int64_t r = 0; r < tile_q; ++r)
+          for (int64_t c = 0; c < tile_kv; ++c) {
+            const int64_t i = qt * tile_q + r, j = kt * tile_kv + c;
+            bool through;  // what the kernel lets through
+            if (kind == flash::kVisitFull) {
+              through = true;
+            } else if (kind == flash::kVisitDense) {
+              through = j >= dense.key_lo(i) && j <= dense.key_hi(i);
+            } else {
+              const uint64_t* bits = l.bits.data() + size_t(kind) * tile_words;
+              // Query-major: row r, bit c; KV-major: row c, bit r.
+              const int64_t row = kv_major ? c : r, col = kv_major ? r : c;
+              through = (bits[size_t(row * l.words_per_row + col / 64)] >> (col % 64)) & 1u;
+              if (i >= s.lq || j >= s.lk) expect(!through, "bits outside the sequence", name);
+            }
+            if (i >= s.lq || j >= s.lk) continue;  // not written / zero keys
+            const bool want = visible[size_t((k * s.lq + i) * s.lk + j)] != 0;
+            expect(through == want, "the pairs a visit lets through", name);
+            if (through) covered[size_t(kv_major ? c * s.lq + i : r * s.lk + j)] = 1;
+          }
+      }
+      // Every visible pair of the tile is visited.
+      for (int64_t a = 0; a < (kv_major ? tile_kv : tile_q); ++a)
+        for (int64_t b = 0; b < (kv_major ? s.lq : s.lk); ++b) {
+          const int64_t i = kv_major ? b : t * tile_q + a, j = kv_major ? t * tile_kv + a : b;
+          if (i >= s.lq || j >= s.lk || !visible[size_t((k * s.lq + i) * s.lk + j)]) continue;
+          expect(covered[size_t(a * (kv_major ? s.lq : s.lk) + b)] != 0, "a visible pair not visited",
+                 name);
+        }
+    }
+    if (!items && !kv_major) continue;
+    // Work items: one per tile, its whole list, longest first.
+    std::vector<uint8_t> seen(size_t(tiles), 0);
+    int32_t prev = INT32_MAX;
+    expect(int64_t(l.item_offsets.size()) == slots + 1, "item offsets", name);
+    expect(l.item_offsets[size_t(k) + 1] - l.item_offsets[size_t(k)] == tiles, "items per slot",
+           name);
+    for (int32_t it = l.item_offsets[size_t(k)]; it < l.item_offsets[size_t(k) + 1]; ++it) {
+      const int32_t* item = l.items.data() + size_t(flash::kItemWords) * size_t(it);
+      const int32_t t = item[0], a = item[1], e = item[2];
+      expect(item[3] == -1, "an uncut list has no accumulator slot", name);
+      expect(t >= 0 && t < tiles && !seen[size_t(t)], "each tile once", name);
+      if (t < 0 || t >= tiles) continue;
+      seen[size_t(t)] = 1;
+      expect(a == l.offsets[size_t(k * tiles + t)] && e == l.offsets[size_t(k * tiles + t) + 1],
+             "an item holds its tile's list", name);
+      expect(e - a <= prev, "items longest first", name);
+      prev = e - a;
+    }
+  }
+}
+
+}  // namespace
+
+int main() {
+  const char* env = std::getenv("ATTN_TEST_SEED");
+  const uint64_t seed = env ? std::strtoull(env, nullptr, 10)
+                            : uint64_t(std::chrono::system_clock::now().time_since_epoch().count());
+  std::printf("seed %" PRIu64 " (ATTN_TEST_SEED=%" PRIu64 " repeats this run)\n", seed, seed);
+  std::mt19937_64 rng(seed);
+  const WindowBounds none{-1, -1}, causal{-1, 0}, window{200, 30};
+  struct Case {
+    const char* name;
+    Shape s;
+    int64_t tile_q, tile_kv;
+    bool kv_major, items;
+  };
+  const Case cases[] = {
+      // The sm_90a forward, d = 64 (192 x 128) and d = 128 (128 x 128).
+      {"sm90-d64-b80-causal", {1, 1, 700, 900, 80, 80, causal}, 192, 128, false, true},
+      {"sm90-d64-b32-none-per-batch", {2, 1, 450, 420, 32, 32, none}, 192, 128, false, true},
+      {"sm90-d64-b96-window-per-head", {1, 2, 650, 650, 96, 96, window}, 192, 128, false, true},
+      {"sm90-d64-b192x64-none", {1, 1, 500, 460, 192, 64, none}, 192, 128, false, true},
+      {"sm90-d128-b128-causal", {1, 2, 400, 389, 128, 128, causal}, 128, 128, false, true},
+      {"sm90-d128-b48x100-window", {2, 1, 333, 333, 48, 100, window}, 128, 128, false, true},
+      // The sm_80 forward and the dK/dV kernel's KV-major lists.
+      {"sm80-fwd-b48x80-causal", {1, 1, 277, 300, 48, 80, causal}, 128, 64, false, false},
+      {"dkdv-64x128-b96-window", {1, 2, 390, 420, 96, 96, window}, 64, 128, true, false},
+      {"dkdv-128x128-b64-causal", {2, 1, 300, 300, 64, 64, causal}, 128, 128, true, false},
+  };
+  for (const Case& c : cases) {
+    const int before = g_failures;
+    check(c.s, c.tile_q, c.tile_kv, c.kv_major, c.items, rng, c.name);
+    std::printf("%s %s\n", g_failures == before ? "ok  " : "FAIL", c.name);
+  }
+  std::printf("%d failure(s)\n", g_failures);
+  return g_failures == 0 ? 0 : 1;
+}
