@@ -1,5 +1,6 @@
-// Instantiates and launches flash_fwd_sm90_kernel<T, D>; included by
-// flash_fwd_sm90_d64.cu and flash_fwd_sm90_d128.cu (fp16 and bf16 each).
+// Instantiates and launches flash_fwd_sm90_kernel<T, D, BM, Cap>; included
+// by flash_fwd_sm90_d64.cu and flash_fwd_sm90_d128.cu (fp16 and bf16, with
+// and without softcap, each tile shape of fwd_sm90_config).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -9,29 +10,36 @@
 
 namespace attn::cuda {
 
-template <class T, int D>
+template <class T, int D, int BM, bool Cap>
 cudaError_t fwd_sm90_prepare() {
-  return cudaFuncSetAttribute(flash::flash_fwd_sm90_kernel<T, D>,
+  return cudaFuncSetAttribute(flash::flash_fwd_sm90_kernel<T, D, BM, Cap>,
                               cudaFuncAttributeMaxDynamicSharedMemorySize,
-                              int(flash::fwd_sm90_config(D).smem_bytes(D)));
+                              int(flash::fwd_sm90_config(D, BM).smem_bytes(D)));
 }
 
-template <class T, int D>
+template <class T, int D, int BM, bool Cap>
 cudaError_t fwd_sm90_launch(const flash::FwdParams& params, int m_blocks, int heads_q, int batch,
                             cudaStream_t stream) {
-  constexpr flash::FwdSm90Config cfg = flash::fwd_sm90_config(D);
+  constexpr flash::FwdSm90Config cfg = flash::fwd_sm90_config(D, BM);
   const dim3 grid{unsigned(m_blocks), unsigned(heads_q), unsigned(batch)};
-  flash::flash_fwd_sm90_kernel<T, D><<<grid, cfg.threads(), cfg.smem_bytes(D), stream>>>(params);
+  flash::flash_fwd_sm90_kernel<T, D, BM, Cap>
+      <<<grid, cfg.threads(), cfg.smem_bytes(D), stream>>>(params);
   return cudaGetLastError();
 }
 
-template <int D>
-FwdKernel make_fwd_kernel_sm90(bool bf16) {
+template <class T, int D, int BM, bool Cap>
+FwdKernel make_fwd_kernel_sm90_t() {
+  return {&fwd_sm90_prepare<T, D, BM, Cap>, &fwd_sm90_launch<T, D, BM, Cap>,
+          reinterpret_cast<const void*>(&flash::flash_fwd_sm90_kernel<T, D, BM, Cap>)};
+}
+
+template <int D, int BM>
+FwdKernel make_fwd_kernel_sm90(bool bf16, bool softcap) {
   if (bf16)
-    return {&fwd_sm90_prepare<__nv_bfloat16, D>, &fwd_sm90_launch<__nv_bfloat16, D>,
-            reinterpret_cast<const void*>(&flash::flash_fwd_sm90_kernel<__nv_bfloat16, D>)};
-  return {&fwd_sm90_prepare<__half, D>, &fwd_sm90_launch<__half, D>,
-          reinterpret_cast<const void*>(&flash::flash_fwd_sm90_kernel<__half, D>)};
+    return softcap ? make_fwd_kernel_sm90_t<__nv_bfloat16, D, BM, true>()
+                   : make_fwd_kernel_sm90_t<__nv_bfloat16, D, BM, false>();
+  return softcap ? make_fwd_kernel_sm90_t<__half, D, BM, true>()
+                 : make_fwd_kernel_sm90_t<__half, D, BM, false>();
 }
 
 }  // namespace attn::cuda

@@ -1,0 +1,79 @@
+// The query tile of the sm_90a forward at d = 64: 192 rows (three
+// warpgroups) or 128 (two), flash::fwd_sm90_config(64, block_m). Plain C++
+// (no CUDA): the choice is arithmetic on the plan, made at plan creation.
+//
+// Both shapes run one block per SM (registers). A 192-row block keeps 12
+// warps busy and so runs a KV tile at a better rate per row, but a short or
+// causal sequence pays for it: L = 2K has 10.7 such tiles, the last one a
+// third empty and, under a causal mask, the longest (bottom rows see every
+// key); 128-row tiles pad nothing there and cut the diagonal finer. The
+// estimate deals the grid's blocks to the SMs in launch order (query tiles
+// of a head last-first, then heads, then sequences), each the first SM free,
+// a block costing (KV tiles visited + 1 for the prologue and epilogue) x
+// rows / rate, and takes the shape that finishes first; so the wave count
+// and the last wave's fill weigh as well as the padding.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <functional>
+#include <queue>
+#include <vector>
+
+#include "plan/problem.hpp"
+#include "schedule/dense_schedule.hpp"
+
+namespace attn::cuda {
+
+// Throughput per query row of the 128-row shape relative to the 192-row one
+// (two warpgroups hide less of the softmax behind the tensor cores). An
+// estimate, to be replaced by the ratio time_flash_fwd measures on a full
+// mask at L = 8K (where padding and waves barely differ): 0.9.
+inline constexpr double kFwdSm90Rate128 = 0.9;
+
+// Estimated run time of the forward with block_m-row query tiles, in units
+// of one KV tile of a 192-row block; sms: the device's multiprocessor count.
+inline double fwd_sm90_makespan(const Problem& p, int64_t block_m, int64_t block_n, int64_t sms) {
+  const double per_tile = double(block_m) / 192.0 / (block_m == 192 ? 1.0 : kFwdSm90Rate128);
+  // Past this many blocks the tail is a small fraction: total work / SMs.
+  constexpr int64_t kSimulated = int64_t(1) << 18;
+  int64_t m_blocks = 0;
+  for (int64_t b = 0; b < p.batch; ++b)
+    m_blocks = std::max(m_blocks, (p.lq(b) + block_m - 1) / block_m);
+  const bool simulate = m_blocks * p.heads_q * p.batch <= kSimulated;
+  std::priority_queue<double, std::vector<double>, std::greater<double>> free_at;
+  if (simulate)
+    for (int64_t i = 0; i < sms; ++i) free_at.push(0.0);
+  double total = 0.0, finish = 0.0;
+  std::vector<double> cost(static_cast<size_t>(m_blocks));  // per query tile, in launch order
+  for (int64_t b = 0; b < p.batch; ++b) {
+    const DenseTileSchedule sched(p.sequence_mask(b), block_m, block_n);
+    for (int64_t x = 0; x < m_blocks; ++x) {
+      const int64_t m = m_blocks - 1 - x;  // the kernel's order: last tiles first
+      if (m >= sched.num_q_tiles()) {
+        cost[size_t(x)] = 0.0;  // returns at once
+        continue;
+      }
+      const TileRange r = sched.kv_tiles_of(m);
+      cost[size_t(x)] = double(r.end - r.begin + 1) * per_tile;
+    }
+    for (int64_t h = 0; h < p.heads_q; ++h)
+      for (int64_t x = 0; x < m_blocks; ++x) {
+        total += cost[size_t(x)];
+        if (!simulate || cost[size_t(x)] == 0.0) continue;
+        const double end = free_at.top() + cost[size_t(x)];
+        free_at.pop();
+        free_at.push(end);
+        finish = std::max(finish, end);
+      }
+  }
+  return simulate ? finish : total / double(sms);
+}
+
+// 128 or 192 for a dense d = 64 plan (block_n: the KV tile, the same for both).
+inline int fwd_sm90_block_m_d64(const Problem& p, int64_t block_n, int64_t sms) {
+  return fwd_sm90_makespan(p, 128, block_n, sms) < fwd_sm90_makespan(p, 192, block_n, sms) ? 128
+                                                                                           : 192;
+}
+
+}  // namespace attn::cuda
