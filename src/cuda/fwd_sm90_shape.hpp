@@ -35,6 +35,7 @@ inline constexpr double kFwdSm90Rate128 = 0.9;
 // of one KV tile of a 192-row block; sms: the device's multiprocessor count.
 inline double fwd_sm90_makespan(const Problem& p, int64_t block_m, int64_t block_n, int64_t sms) {
   const double per_tile = double(block_m) / 192.0 / (block_m == 192 ? 1.0 : kFwdSm90Rate128);
+  sms = std::max<int64_t>(sms, 1);
   // Past this many blocks the tail is a small fraction: total work / SMs.
   constexpr int64_t kSimulated = int64_t(1) << 18;
   int64_t m_blocks = 0;
@@ -57,11 +58,12 @@ inline double fwd_sm90_makespan(const Problem& p, int64_t block_m, int64_t block
       const TileRange r = sched.kv_tiles_of(m);
       cost[size_t(x)] = double(r.end - r.begin + 1) * per_tile;
     }
+    for (const double c : cost) total += double(p.heads_q) * c;
+    if (!simulate) continue;
     for (int64_t h = 0; h < p.heads_q; ++h)
-      for (int64_t x = 0; x < m_blocks; ++x) {
-        total += cost[size_t(x)];
-        if (!simulate || cost[size_t(x)] == 0.0) continue;
-        const double end = free_at.top() + cost[size_t(x)];
+      for (const double c : cost) {
+        if (c == 0.0) continue;
+        const double end = free_at.top() + c;
         free_at.pop();
         free_at.push(end);
         finish = std::max(finish, end);
