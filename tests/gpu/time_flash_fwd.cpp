@@ -11,7 +11,7 @@
 // then with ATTN_CUDA_FWD_SM90=0 (the sm_80 forward) when that picks another
 // kernel. The kernel column names each. ATTN_TIME_FWD_COMPARE=0 times the
 // default only; a caller's ATTN_CUDA_FWD_SM90 or ATTN_CUDA_FWD_SM90_BM holds
-// for the first pass(es).
+// for the first pass(es). ATTN_TIME_SOFTCAP=cap times softcap plans instead.
 // Usage: time_flash_fwd [extra "d,L,causal" cases ...]
 
 #include <cstdlib>
