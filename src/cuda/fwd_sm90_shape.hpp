@@ -36,12 +36,12 @@ inline constexpr double kFwdSm90Rate128 = 0.9;
 inline double fwd_sm90_makespan(const Problem& p, int64_t block_m, int64_t block_n, int64_t sms) {
   const double per_tile = double(block_m) / 192.0 / (block_m == 192 ? 1.0 : kFwdSm90Rate128);
   sms = std::max<int64_t>(sms, 1);
-  // Past this many blocks the tail is a small fraction: total work / SMs.
-  constexpr int64_t kSimulated = int64_t(1) << 18;
+  // Past 64 waves the last one is a small fraction: total work / SMs.
+  const int64_t simulated = 64 * sms;
   int64_t m_blocks = 0;
   for (int64_t b = 0; b < p.batch; ++b)
     m_blocks = std::max(m_blocks, (p.lq(b) + block_m - 1) / block_m);
-  const bool simulate = m_blocks * p.heads_q * p.batch <= kSimulated;
+  const bool simulate = m_blocks * p.heads_q * p.batch <= simulated;
   std::priority_queue<double, std::vector<double>, std::greater<double>> free_at;
   if (simulate)
     for (int64_t i = 0; i < sms; ++i) free_at.push(0.0);
