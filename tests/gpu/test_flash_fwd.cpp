@@ -683,6 +683,28 @@ void test_describe(attn_context_t ctx) {
   expect(ok, sm90 ? "attn_plan_describe names the sm_90a kernel and its 128x128 tile"
                   : "attn_plan_describe names the sm_80 kernel and its 128x64 tile");
   attn_plan_destroy(plan);
+  // The d = 64 tile the plan picks by itself (cuda/fwd_sm90_shape.hpp, tested
+  // without a GPU by tests/unit): on this device's SM count, short causal
+  // sequences take 128 rows, long full ones that both tiles divide 192.
+  if (!sm90 || g_sm90_bm != 0) return;
+  struct Pick {
+    int64_t batch, heads, l;
+    attn_mask_t mask;
+    int want;
+  };
+  for (const Pick& k : {Pick{16, 32, 1024, ATTN_MASK_CAUSAL, 128},
+                        Pick{1, 32, 15360, ATTN_MASK_NONE, 192}}) {
+    Case x;
+    x.d = 64, x.batch = k.batch, x.hq = x.hkv = k.heads, x.lq = x.lk = k.l, x.mask = k.mask;
+    attn_plan_t pk = build_plan(make_problem(x), ctx);
+    const attn_plan_info_t pi = describe(pk);
+    const std::string what = std::string("d = 64 ") +
+                             (k.mask == ATTN_MASK_CAUSAL ? "causal" : "full") + " L = " +
+                             std::to_string(k.l) + ": " + std::to_string(k.want) +
+                             "-row tiles (" + pi.kernel + ")";
+    expect(pi.tile_q == k.want, what.c_str());
+    attn_plan_destroy(pk);
+  }
 }
 
 void test_not_supported(attn_context_t ctx) {
