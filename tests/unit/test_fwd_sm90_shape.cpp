@@ -38,22 +38,28 @@ attn::Problem make(int64_t batch, int64_t heads, int64_t lq, int64_t lk, int64_t
 }
 
 // Cost of every block of one sequence: (KV tiles holding a visible key of
-// the tile's rows + 1) x bm / 192 / rate, by looking at every pair.
+// the tile's rows + 1 + the masked-tile extra for each of them that has an
+// invisible pair or ends past the last key) x bm / 192 / rate, by looking
+// at every pair.
 std::vector<double> brute_costs(const attn::Problem& p, int64_t bm) {
   const int64_t lq = p.seqlen_q, lk = p.seqlen_kv, off = lk - lq, bn = 128;
   const double per = double(bm) / 192.0 / (bm == 192 ? 1.0 : attn::cuda::kFwdSm90Rate128);
   std::vector<double> out;
   for (int64_t r0 = 0; r0 < lq; r0 += bm) {
-    int64_t tiles = 0;
+    int64_t tiles = 0, masked = 0;
     for (int64_t c0 = 0; c0 < lk; c0 += bn) {
-      bool seen = false;
-      for (int64_t i = r0; i < std::min(lq, r0 + bm) && !seen; ++i)
-        for (int64_t j = c0; j < std::min(lk, c0 + bn) && !seen; ++j)
-          seen = (p.window.left < 0 || j >= i + off - p.window.left) &&
-                 (p.window.right < 0 || j <= i + off + p.window.right);
+      bool seen = false, hidden = c0 + bn > lk;
+      for (int64_t i = r0; i < std::min(lq, r0 + bm); ++i)
+        for (int64_t j = c0; j < std::min(lk, c0 + bn); ++j) {
+          const bool vis = (p.window.left < 0 || j >= i + off - p.window.left) &&
+                           (p.window.right < 0 || j <= i + off + p.window.right);
+          seen = seen || vis;
+          hidden = hidden || !vis;
+        }
       tiles += seen ? 1 : 0;
+      masked += seen && hidden ? 1 : 0;
     }
-    out.push_back(double(tiles + 1) * per);
+    out.push_back((double(tiles + 1) + attn::cuda::kFwdSm90MaskedTile * double(masked)) * per);
   }
   return out;
 }
