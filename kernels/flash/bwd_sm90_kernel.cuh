@@ -30,8 +30,12 @@
 // dQ conversion and split groups' fp32 dK/dV accumulators are those of the
 // sm_80 backward; the instantiation for deterministic plans (Accum = false)
 // skips the dQ part, which the sm_80 deterministic dQ kernel computes. Not
-// here (the host keeps the sm_80 kernel for them): softcap, block-sparse,
-// MoBA.
+// here (the host keeps the sm_80 kernel for them): block-sparse, MoBA.
+// Softcap plans run the Cap instantiation: the logit z = cap tanh(u) and
+// dS^T = P^T (dP^T - D) (1 - (z/cap)^2), as flash/bwd_kernel.cuh; it waits
+// for dP^T before the exponentials and folds the tanh derivative into it
+// there, so that no gate array lives across the dV GEMM. Without Cap the
+// code is that of the kernel before softcap existed.
 //
 // Built only for sm_90a (ATTN_SM90_WGMMA); other targets get an empty
 // kernel, which the host never launches (it checks the image's PTX version).
@@ -141,8 +145,8 @@ __device__ __forceinline__ void hold(uint32_t (&a)[N][4]) {
 }  // namespace bwd_sm90
 
 // Accum: dQ is added into p.dq_accum; otherwise (deterministic plans) the
-// kernel computes dK and dV only.
-template <class T, int D, bool Accum>
+// kernel computes dK and dV only. Cap: softcap plans.
+template <class T, int D, bool Accum, bool Cap>
 __device__ __forceinline__ void flash_bwd_dkdv_sm90_tile(const BwdParams& p) {
   using Tr = BwdSm90Traits<D>;
   constexpr int BM = Tr::kBM, BN = Tr::kBN, NTH = Tr::kThreads, LDQ = Tr::kLdDq;
@@ -281,8 +285,27 @@ __device__ __forceinline__ void flash_bwd_dkdv_sm90_tile(const BwdParams& p) {
     if (it + 1 < n_iter) load_q(it + 1);
     cp_async_commit();
     if (accum && it > 0) bulk_issue();
-    sm90::wgmma_wait<1>();
-    sm90::reg_fence(s);
+    if constexpr (Cap) {
+      // Both GEMMs done: z = cap tanh(u) = cap - cap q with q = 2 / (e^{2u}
+      // + 1), and dP^T - D becomes (dP^T - D) (1 - tanh^2) = (dP^T - D) q (2 - q).
+      sm90::wgmma_wait<0>();
+      sm90::reg_fence(s);
+      sm90::reg_fence(dp);
+      const float cap = p.softcap, cin = p.softcap_in;
+#pragma unroll
+      for (int j = 0; j < BM / 8; ++j) {
+        const float2 dd = *reinterpret_cast<const float2*>(del_s + 8 * j + 2 * t4);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float q = __fdividef(2.0f, fast_exp2(s[4 * j + e] * cin) + 1.0f);
+          s[4 * j + e] = cap - cap * q;
+          dp[4 * j + e] = (dp[4 * j + e] - ((e & 1) ? dd.y : dd.x)) * (q * (2.0f - q));
+        }
+      }
+    } else {
+      sm90::wgmma_wait<1>();
+      sm90::reg_fence(s);
+    }
     // P^T: column (query) 8 j + 2 t4 + (e & 1) of register 4 j + e.
 #pragma unroll
     for (int j = 0; j < BM / 8; ++j) {
@@ -320,14 +343,19 @@ __device__ __forceinline__ void flash_bwd_dkdv_sm90_tile(const BwdParams& p) {
     sm90::wgmma_fence();
     bwd_sm90::issue_grad<T, D, BM>(acc_dv, pa, do_st);
     sm90::wgmma_commit();
-    sm90::wgmma_wait<1>();  // dP^T done
-    sm90::reg_fence(dp);
+    if constexpr (Cap) {
 #pragma unroll
-    for (int j = 0; j < BM / 8; ++j) {
-      const float2 dd = *reinterpret_cast<const float2*>(del_s + 8 * j + 2 * t4);
+      for (int i = 0; i < NS; ++i) dp[i] *= s[i];  // dP^T - D, gated above
+    } else {
+      sm90::wgmma_wait<1>();  // dP^T done
+      sm90::reg_fence(dp);
 #pragma unroll
-      for (int e = 0; e < 4; ++e)
-        dp[4 * j + e] = s[4 * j + e] * (dp[4 * j + e] - ((e & 1) ? dd.y : dd.x));
+      for (int j = 0; j < BM / 8; ++j) {
+        const float2 dd = *reinterpret_cast<const float2*>(del_s + 8 * j + 2 * t4);
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          dp[4 * j + e] = s[4 * j + e] * (dp[4 * j + e] - ((e & 1) ? dd.y : dd.x));
+      }
     }
     bwd_sm90::pack_a<T, BM>(da, dp);
     if (accum) {
@@ -423,11 +451,11 @@ __device__ __forceinline__ void flash_bwd_dkdv_sm90_tile(const BwdParams& p) {
   }
 }
 
-template <class T, int D, bool Accum>
+template <class T, int D, bool Accum, bool Cap = false>
 __global__ void __launch_bounds__(BwdSm90Traits<D>::kThreads, 1)
     flash_bwd_dkdv_sm90_kernel(const __grid_constant__ BwdParams p) {
 #if ATTN_SM90_WGMMA
-  flash_bwd_dkdv_sm90_tile<T, D, Accum>(p);
+  flash_bwd_dkdv_sm90_tile<T, D, Accum, Cap>(p);
 #endif
 }
 

@@ -98,4 +98,13 @@ constexpr FwdSm90Config fwd_sm90_config(int d) {
   return d == 64 ? FwdSm90Config{192, 128, 3, 3} : FwdSm90Config{128, 128, 2, 2};
 }
 
+// The shapes the sm_90a forward is built in: the one above, and at d = 64
+// also 128-row query tiles (two warpgroups, 3 stages; registers allow one
+// block per SM either way), which the host picks when the 192-row tiles
+// would pad many rows or leave SMs idle (short or causal sequences:
+// cuda/fwd_sm90_shape.hpp). block_m = 0: the first.
+constexpr FwdSm90Config fwd_sm90_config(int d, int block_m) {
+  return d == 64 && block_m == 128 ? FwdSm90Config{128, 128, 2, 3} : fwd_sm90_config(d);
+}
+
 }  // namespace attn::flash

@@ -17,7 +17,9 @@
 // KV tile before the tensor cores read it. Each warpgroup issues the next
 // S GEMM together with the current P V GEMM and runs the softmax while the
 // latter is in flight.
-// Softcap plans run the sm_80 kernel (the host does not pick this one).
+// Cap (softcap plans): S becomes cap * tanh(S scale / cap) before the mask,
+// as in flash/fwd_kernel.cuh; without it the code is that of the kernel
+// before softcap existed.
 //
 // Block-sparse plans (Sparse) take the KV tiles from the tile lists
 // (p.sparse, query-major, built for this kernel's BM x BN tiles), as the
@@ -48,14 +50,15 @@
 
 namespace attn::flash {
 
-template <int D>
+// BM: the query tile's rows (fwd_sm90_config(D, BM)).
+template <int D, int BM = fwd_sm90_config(D).block_m>
 struct FwdSm90Traits {
-  static constexpr FwdSm90Config kCfg = fwd_sm90_config(D);
+  static constexpr FwdSm90Config kCfg = fwd_sm90_config(D, BM);
   static constexpr int kBlockM = kCfg.block_m;
   static constexpr int kBlockN = kCfg.block_n;
   static constexpr int kStages = kCfg.stages;
   static constexpr int kThreads = kCfg.threads();
-  static_assert(kBlockM == 64 * kCfg.warpgroups, "64 rows per warpgroup");
+  static_assert(kBlockM == BM && kBlockM == 64 * kCfg.warpgroups, "64 rows per warpgroup");
   static_assert((D == 64 || D == 128) && kBlockN == 128, "the wgmma shapes instantiated");
 };
 
@@ -81,9 +84,9 @@ __device__ __forceinline__ void mask_by_bits(float (&s)[NS], const uint64_t* tb,
   }
 }
 
-template <class T, int D, bool Sparse>
+template <class T, int D, int BM_, bool Cap, bool Sparse>
 __device__ __forceinline__ void flash_fwd_sm90_tile(const FwdParams& p) {
-  using Tr = FwdSm90Traits<D>;
+  using Tr = FwdSm90Traits<D, BM_>;
   constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN, ST = Tr::kStages, NTH = Tr::kThreads;
   constexpr int NS = BN / 2, NO = D / 2;  // accumulators per thread: S, O
   constexpr uint32_t kQBytes = uint32_t(BM * D * 2), kKvBytes = uint32_t(BN * D * 2);
@@ -243,6 +246,14 @@ __device__ __forceinline__ void flash_fwd_sm90_tile(const FwdParams& p) {
   // factor that takes O to S_j's row maxima. Each row lives in the 4 lanes
   // of a quad.
   auto softmax = [&](int j, float (&alpha)[2]) {
+    if constexpr (Cap) {
+      // cap * tanh(y) with tanh(y) = 1 - 2 / (e^{2y} + 1): one exp2, exact
+      // at both saturations (scale_log2 is then log2(e)).
+      const float cap = p.softcap, cin = p.softcap_in;
+#pragma unroll
+      for (int i = 0; i < NS; ++i)
+        s[i] = cap - __fdividef(2.0f * cap, fast_exp2(s[i] * cin) + 1.0f);
+    }
     bool dense_mask;
     if constexpr (Sparse) {
       const int kind = sRing[ring_entry(j) + 1];
@@ -364,11 +375,12 @@ __device__ __forceinline__ void flash_fwd_sm90_tile(const FwdParams& p) {
   }
 }
 
-template <class T, int D, bool Sparse = false>
-__global__ void __launch_bounds__(FwdSm90Traits<D>::kThreads, 1)
+template <class T, int D, int BM = fwd_sm90_config(D).block_m, bool Cap = false,
+          bool Sparse = false>
+__global__ void __launch_bounds__(FwdSm90Traits<D, BM>::kThreads, 1)
     flash_fwd_sm90_kernel(const __grid_constant__ FwdParams p) {
 #if ATTN_SM90_WGMMA
-  flash_fwd_sm90_tile<T, D, Sparse>(p);
+  flash_fwd_sm90_tile<T, D, BM, Cap, Sparse>(p);
 #endif
 }
 

@@ -60,6 +60,7 @@
 #include "cuda/flash_bwd.hpp"
 #include "cuda/flash_bwd_sm90.hpp"
 #include "cuda/flash_fwd.hpp"
+#include "cuda/fwd_sm90_shape.hpp"
 #include "cuda/moba_kernels.hpp"
 #include "cuda/moba_plan.hpp"
 #include "cuda/moba_select.hpp"
@@ -518,26 +519,49 @@ class CudaPlan final : public BackendPlan {
     }
   }
 
-  // The sm_90a (wgmma) forward replaces the sm_80 one for dense and
-  // block-sparse plans (its Sparse instantiation) at d = 64 and 128 without
-  // softcap, on sm_90 devices whose image of it was compiled for sm_90a
-  // (ptxVersion 90: built for other targets its body is empty).
-  // ATTN_CUDA_FWD_SM90=0 keeps the sm_80 kernel (read at plan creation; any
-  // other value, or none, takes the sm_90a one where it applies).
+  // The sm_90a (wgmma) forward replaces the sm_80 one for dense plans at
+  // d = 64 and 128 (softcap plans take its Cap instantiation) and for
+  // block-sparse ones without softcap (its Sparse instantiation), on sm_90
+  // devices whose image of it was compiled for sm_90a (ptxVersion 90: built
+  // for other targets its body is empty). ATTN_CUDA_FWD_SM90=0 keeps the
+  // sm_80 kernel (read at plan creation; any other value, or none, takes
+  // the sm_90a one where it applies). At d = 64 a dense plan's query tile is
+  // 192 or 128 rows, whichever cuda/fwd_sm90_shape.hpp estimates faster for
+  // this grid; ATTN_CUDA_FWD_SM90_BM=128 or 192 forces one (tests, timing;
+  // another value is ignored). Softcap at d = 64 is built with 128 rows only
+  // (the 192-row shape spills under it); block-sparse plans keep the default
+  // shape (their tile lists are built for it).
   void pick_sm90_forward(const Problem& p, int major, int minor, size_t smem_optin) {
     const char* env = std::getenv("ATTN_CUDA_FWD_SM90");
     if (env != nullptr && std::strcmp(env, "0") == 0) return;
     // ATTN_CUDA_BSPARSE_FWD_PERSIST=1 asks for the persistent sm_80 kernel.
     if (fwd_persist_) return;
     const int64_t d = p.head_dim_qk;
-    if (p.moba_block > 0 || p.softcap > 0.0f || (d != 64 && d != 128) || major != 9 || minor != 0)
+    const bool sparse = p.block_mask != nullptr, softcap = p.softcap > 0.0f;
+    if (p.moba_block > 0 || (sparse && softcap) || (d != 64 && d != 128) || major != 9 ||
+        minor != 0)
       return;
     const bool bf16 = p.dtype == ATTN_DTYPE_BF16;
-    const FwdKernel k = p.block_mask != nullptr
-                            ? (d == 64 ? fwd_kernel_sm90_bsparse_d64(bf16)
-                                       : fwd_kernel_sm90_bsparse_d128(bf16))
-                            : (d == 64 ? fwd_kernel_sm90_d64(bf16) : fwd_kernel_sm90_d128(bf16));
-    const flash::FwdSm90Config c = flash::fwd_sm90_config(int(d));
+    int block_m = flash::fwd_sm90_config(int(d)).block_m;
+    if (d == 64 && softcap) {
+      block_m = 128;
+    } else if (d == 64 && !sparse) {
+      const char* bm_env = std::getenv("ATTN_CUDA_FWD_SM90_BM");
+      const int forced = bm_env != nullptr ? std::atoi(bm_env) : 0;
+      if (forced == 128 || forced == 192) {
+        block_m = forced;
+      } else {
+        int sms = 0;
+        check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device_),
+              "cudaDeviceGetAttribute");
+        block_m = fwd_sm90_block_m_d64(p, flash::fwd_sm90_config(64).block_n, sms);
+      }
+    }
+    const FwdKernel k = sparse ? (d == 64 ? fwd_kernel_sm90_bsparse_d64(bf16)
+                                          : fwd_kernel_sm90_bsparse_d128(bf16))
+                        : d == 64 ? fwd_kernel_sm90_d64(bf16, block_m, softcap)
+                                  : fwd_kernel_sm90_d128(bf16, softcap);
+    const flash::FwdSm90Config c = flash::fwd_sm90_config(int(d), block_m);
     cudaFuncAttributes attrs{};
     if (cudaFuncGetAttributes(&attrs, k.func) != cudaSuccess) {
       (void)cudaGetLastError();  // no image: the sm_80 kernel
@@ -550,10 +574,10 @@ class CudaPlan final : public BackendPlan {
   }
 
   // The sm_90a (wgmma) dK/dV kernel replaces the sm_80 one for dense plans
-  // at d = 64 and 128 without softcap, on sm_90 devices whose image of it
-  // was compiled for sm_90a; the other launches of the backward stay those
-  // of bwd_ (deterministic plans: its dQ kernel, the wgmma kernel's
-  // instantiation without dQ computing dK and dV).
+  // at d = 64 and 128 (softcap plans take its Cap instantiation), on sm_90
+  // devices whose image of it was compiled for sm_90a; the other launches
+  // of the backward stay those of bwd_ (deterministic plans: its dQ kernel,
+  // the wgmma kernel's instantiation without dQ computing dK and dV).
   // ATTN_CUDA_BWD_SM90=0 keeps the sm_80 kernel, and so does
   // ATTN_CUDA_BWD_VARIANT (which asks for an sm_80 variant); read at plan
   // creation.
@@ -562,12 +586,12 @@ class CudaPlan final : public BackendPlan {
     if ((env != nullptr && std::strcmp(env, "0") == 0) || std::getenv("ATTN_CUDA_BWD_VARIANT"))
       return;
     const int64_t d = p.head_dim_qk;
-    if (p.block_mask != nullptr || p.moba_block > 0 || p.softcap > 0.0f || (d != 64 && d != 128) ||
-        major != 9 || minor != 0)
+    if (p.block_mask != nullptr || p.moba_block > 0 || (d != 64 && d != 128) || major != 9 ||
+        minor != 0)
       return;
-    const bool bf16 = p.dtype == ATTN_DTYPE_BF16;
-    const BwdSm90Kernel k = d == 64 ? bwd_kernel_sm90_d64(bf16, p.deterministic)
-                                    : bwd_kernel_sm90_d128(bf16, p.deterministic);
+    const bool bf16 = p.dtype == ATTN_DTYPE_BF16, softcap = p.softcap > 0.0f;
+    const BwdSm90Kernel k = d == 64 ? bwd_kernel_sm90_d64(bf16, p.deterministic, softcap)
+                                    : bwd_kernel_sm90_d128(bf16, p.deterministic, softcap);
     const flash::BwdSm90Config c = flash::bwd_sm90_config(int(d));
     cudaFuncAttributes attrs{};
     if (cudaFuncGetAttributes(&attrs, k.func) != cudaSuccess) {

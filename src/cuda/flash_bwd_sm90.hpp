@@ -24,7 +24,8 @@ struct BwdSm90Kernel {
 
 // deterministic: the instantiation that leaves dQ to the deterministic dQ
 // kernel (BwdKernels::dq); otherwise dQ is added into the accumulator.
-BwdSm90Kernel bwd_kernel_sm90_d64(bool bf16, bool deterministic);
-BwdSm90Kernel bwd_kernel_sm90_d128(bool bf16, bool deterministic);
+// softcap: the instantiation that applies the plan's cap.
+BwdSm90Kernel bwd_kernel_sm90_d64(bool bf16, bool deterministic, bool softcap);
+BwdSm90Kernel bwd_kernel_sm90_d128(bool bf16, bool deterministic, bool softcap);
 
 }  // namespace attn::cuda

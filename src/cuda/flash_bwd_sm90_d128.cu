@@ -2,7 +2,7 @@
 #include "cuda/flash_bwd_sm90_launch.cuh"
 
 namespace attn::cuda {
-BwdSm90Kernel bwd_kernel_sm90_d128(bool bf16, bool deterministic) {
-  return make_bwd_kernel_sm90<128>(bf16, deterministic);
+BwdSm90Kernel bwd_kernel_sm90_d128(bool bf16, bool deterministic, bool softcap) {
+  return make_bwd_kernel_sm90<128>(bf16, deterministic, softcap);
 }
 }  // namespace attn::cuda

@@ -1,5 +1,6 @@
-// Instantiates and launches flash_bwd_dkdv_sm90_kernel<T, D>; included by
-// flash_bwd_sm90_d64.cu and flash_bwd_sm90_d128.cu (fp16 and bf16 each).
+// Instantiates and launches flash_bwd_dkdv_sm90_kernel<T, D, Accum, Cap>;
+// included by flash_bwd_sm90_d64.cu and flash_bwd_sm90_d128.cu (fp16 and
+// bf16, with and without dQ, with and without softcap).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -9,37 +10,44 @@
 
 namespace attn::cuda {
 
-template <class T, int D, bool A>
+template <class T, int D, bool A, bool Cap>
 cudaError_t bwd_sm90_prepare() {
-  return cudaFuncSetAttribute(flash::flash_bwd_dkdv_sm90_kernel<T, D, A>,
+  return cudaFuncSetAttribute(flash::flash_bwd_dkdv_sm90_kernel<T, D, A, Cap>,
                               cudaFuncAttributeMaxDynamicSharedMemorySize,
                               int(flash::bwd_sm90_config(D).smem_bytes(D)));
 }
 
-template <class T, int D, bool A>
+template <class T, int D, bool A, bool Cap>
 cudaError_t bwd_sm90_dkdv(const flash::BwdParams& params, int n_blocks, int heads_kv, int batch,
                           cudaStream_t stream) {
   constexpr flash::BwdSm90Config cfg = flash::bwd_sm90_config(D);
   const dim3 grid{unsigned(n_blocks), unsigned(heads_kv), unsigned(batch)};
-  flash::flash_bwd_dkdv_sm90_kernel<T, D, A>
+  flash::flash_bwd_dkdv_sm90_kernel<T, D, A, Cap>
       <<<grid, cfg.threads(), cfg.smem_bytes(D), stream>>>(params);
   return cudaGetLastError();
 }
 
-template <class T, int D, bool A>
+template <class T, int D, bool A, bool Cap>
 BwdSm90Kernel make_bwd_kernel_sm90_t() {
-  return {&bwd_sm90_prepare<T, D, A>, &bwd_sm90_dkdv<T, D, A>,
-          reinterpret_cast<const void*>(&flash::flash_bwd_dkdv_sm90_kernel<T, D, A>)};
+  return {&bwd_sm90_prepare<T, D, A, Cap>, &bwd_sm90_dkdv<T, D, A, Cap>,
+          reinterpret_cast<const void*>(&flash::flash_bwd_dkdv_sm90_kernel<T, D, A, Cap>)};
 }
 
-// deterministic: the instantiation without the dQ part.
+template <class T, int D, bool Cap>
+BwdSm90Kernel make_bwd_kernel_sm90_cap(bool deterministic) {
+  return deterministic ? make_bwd_kernel_sm90_t<T, D, false, Cap>()
+                       : make_bwd_kernel_sm90_t<T, D, true, Cap>();
+}
+
+// deterministic: the instantiation without the dQ part; softcap: the one
+// that applies the plan's cap.
 template <int D>
-BwdSm90Kernel make_bwd_kernel_sm90(bool bf16, bool deterministic) {
+BwdSm90Kernel make_bwd_kernel_sm90(bool bf16, bool deterministic, bool softcap) {
   if (bf16)
-    return deterministic ? make_bwd_kernel_sm90_t<__nv_bfloat16, D, false>()
-                         : make_bwd_kernel_sm90_t<__nv_bfloat16, D, true>();
-  return deterministic ? make_bwd_kernel_sm90_t<__half, D, false>()
-                       : make_bwd_kernel_sm90_t<__half, D, true>();
+    return softcap ? make_bwd_kernel_sm90_cap<__nv_bfloat16, D, true>(deterministic)
+                   : make_bwd_kernel_sm90_cap<__nv_bfloat16, D, false>(deterministic);
+  return softcap ? make_bwd_kernel_sm90_cap<__half, D, true>(deterministic)
+                 : make_bwd_kernel_sm90_cap<__half, D, false>(deterministic);
 }
 
 }  // namespace attn::cuda

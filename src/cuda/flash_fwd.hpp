@@ -27,10 +27,14 @@ FwdKernel fwd_kernel_d256(bool bf16, bool sparse);
 // The sm_90a (wgmma) dense forward, d = 64 and 128 (flash/fwd_sm90_kernel.cuh).
 // Its image holds code only where the build targeted sm_90a: the caller
 // checks cudaFuncGetAttributes' ptxVersion (90) before choosing it.
-FwdKernel fwd_kernel_sm90_d64(bool bf16);
-FwdKernel fwd_kernel_sm90_d128(bool bf16);
-// Its Sparse instantiation, for block-sparse plans (grid x: the work items
-// of the forward tile lists, flash::TileLists::items).
+// block_m: the query tile's rows, 192 or 128 (flash::fwd_sm90_config(64,
+// block_m)); softcap: the instantiation that applies the plan's cap (at
+// d = 64 built with 128-row tiles only: softcap ignores block_m).
+FwdKernel fwd_kernel_sm90_d64(bool bf16, int block_m, bool softcap);
+FwdKernel fwd_kernel_sm90_d128(bool bf16, bool softcap);
+// Its Sparse instantiation, for block-sparse plans without softcap, in the
+// default tile shape (grid x: the work items of the forward tile lists,
+// flash::TileLists::items).
 FwdKernel fwd_kernel_sm90_bsparse_d64(bool bf16);
 FwdKernel fwd_kernel_sm90_bsparse_d128(bool bf16);
 

@@ -3,5 +3,7 @@
 #include "cuda/flash_fwd_sm90_launch.cuh"
 
 namespace attn::cuda {
-FwdKernel fwd_kernel_sm90_bsparse_d128(bool bf16) { return make_fwd_kernel_sm90<128, true>(bf16); }
+FwdKernel fwd_kernel_sm90_bsparse_d128(bool bf16) {
+  return make_fwd_kernel_sm90_bsparse<128>(bf16);
+}
 }  // namespace attn::cuda

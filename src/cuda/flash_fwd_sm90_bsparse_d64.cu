@@ -3,5 +3,5 @@
 #include "cuda/flash_fwd_sm90_launch.cuh"
 
 namespace attn::cuda {
-FwdKernel fwd_kernel_sm90_bsparse_d64(bool bf16) { return make_fwd_kernel_sm90<64, true>(bf16); }
+FwdKernel fwd_kernel_sm90_bsparse_d64(bool bf16) { return make_fwd_kernel_sm90_bsparse<64>(bf16); }
 }  // namespace attn::cuda

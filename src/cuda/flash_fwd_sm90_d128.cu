@@ -2,5 +2,7 @@
 #include "cuda/flash_fwd_sm90_launch.cuh"
 
 namespace attn::cuda {
-FwdKernel fwd_kernel_sm90_d128(bool bf16) { return make_fwd_kernel_sm90<128, false>(bf16); }
+FwdKernel fwd_kernel_sm90_d128(bool bf16, bool softcap) {
+  return make_fwd_kernel_sm90<128, 128>(bf16, softcap);
+}
 }  // namespace attn::cuda

@@ -1,6 +1,8 @@
-// Instantiates and launches flash_fwd_sm90_kernel<T, D, Sparse>; included
-// by flash_fwd_sm90_d{64,128}.cu (dense) and flash_fwd_sm90_bsparse_d{64,128}.cu
-// (block-sparse), fp16 and bf16 each.
+// Instantiates and launches flash_fwd_sm90_kernel<T, D, BM, Cap, Sparse>;
+// included by flash_fwd_sm90_d{64,128}.cu (dense: fp16 and bf16, with and
+// without softcap, each tile shape of fwd_sm90_config) and
+// flash_fwd_sm90_bsparse_d{64,128}.cu (block-sparse: the default tile shape,
+// no softcap).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -10,35 +12,46 @@
 
 namespace attn::cuda {
 
-template <class T, int D, bool Sparse>
+template <class T, int D, int BM, bool Cap, bool Sparse>
 cudaError_t fwd_sm90_prepare() {
-  return cudaFuncSetAttribute(flash::flash_fwd_sm90_kernel<T, D, Sparse>,
+  return cudaFuncSetAttribute(flash::flash_fwd_sm90_kernel<T, D, BM, Cap, Sparse>,
                               cudaFuncAttributeMaxDynamicSharedMemorySize,
-                              int(flash::fwd_sm90_config(D).smem_bytes(D)));
-}
-
-template <class T, int D, bool Sparse>
-cudaError_t fwd_sm90_launch(const flash::FwdParams& params, int m_blocks, int heads_q, int batch,
-                            cudaStream_t stream) {
-  constexpr flash::FwdSm90Config cfg = flash::fwd_sm90_config(D);
-  const dim3 grid{unsigned(m_blocks), unsigned(heads_q), unsigned(batch)};
-  flash::flash_fwd_sm90_kernel<T, D, Sparse>
-      <<<grid, cfg.threads(), cfg.smem_bytes(D), stream>>>(params);
-  return cudaGetLastError();
-}
-
-template <class T, int D, bool Sparse>
-FwdKernel make_fwd_kernel_sm90_t() {
-  return {&fwd_sm90_prepare<T, D, Sparse>, &fwd_sm90_launch<T, D, Sparse>,
-          reinterpret_cast<const void*>(&flash::flash_fwd_sm90_kernel<T, D, Sparse>)};
+                              int(flash::fwd_sm90_config(D, BM).smem_bytes(D)));
 }
 
 // m_blocks: the query tiles per (sequence, head); Sparse: the work items of
 // a slot of the tile lists (one per query tile).
-template <int D, bool Sparse>
-FwdKernel make_fwd_kernel_sm90(bool bf16) {
-  return bf16 ? make_fwd_kernel_sm90_t<__nv_bfloat16, D, Sparse>()
-              : make_fwd_kernel_sm90_t<__half, D, Sparse>();
+template <class T, int D, int BM, bool Cap, bool Sparse>
+cudaError_t fwd_sm90_launch(const flash::FwdParams& params, int m_blocks, int heads_q, int batch,
+                            cudaStream_t stream) {
+  constexpr flash::FwdSm90Config cfg = flash::fwd_sm90_config(D, BM);
+  const dim3 grid{unsigned(m_blocks), unsigned(heads_q), unsigned(batch)};
+  flash::flash_fwd_sm90_kernel<T, D, BM, Cap, Sparse>
+      <<<grid, cfg.threads(), cfg.smem_bytes(D), stream>>>(params);
+  return cudaGetLastError();
+}
+
+template <class T, int D, int BM, bool Cap, bool Sparse = false>
+FwdKernel make_fwd_kernel_sm90_t() {
+  return {&fwd_sm90_prepare<T, D, BM, Cap, Sparse>, &fwd_sm90_launch<T, D, BM, Cap, Sparse>,
+          reinterpret_cast<const void*>(&flash::flash_fwd_sm90_kernel<T, D, BM, Cap, Sparse>)};
+}
+
+template <int D, int BM>
+FwdKernel make_fwd_kernel_sm90(bool bf16, bool softcap) {
+  if (bf16)
+    return softcap ? make_fwd_kernel_sm90_t<__nv_bfloat16, D, BM, true>()
+                   : make_fwd_kernel_sm90_t<__nv_bfloat16, D, BM, false>();
+  return softcap ? make_fwd_kernel_sm90_t<__half, D, BM, true>()
+                 : make_fwd_kernel_sm90_t<__half, D, BM, false>();
+}
+
+// The block-sparse instantiation: the default tile shape, no softcap.
+template <int D>
+FwdKernel make_fwd_kernel_sm90_bsparse(bool bf16) {
+  constexpr int BM = flash::fwd_sm90_config(D).block_m;
+  return bf16 ? make_fwd_kernel_sm90_t<__nv_bfloat16, D, BM, false, true>()
+              : make_fwd_kernel_sm90_t<__half, D, BM, false, true>();
 }
 
 }  // namespace attn::cuda

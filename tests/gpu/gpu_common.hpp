@@ -387,6 +387,9 @@ inline attn_plan_t timing_plan(attn_context_t ctx, const TimingShape& c, bool ba
   ATTN_CHECK(attn_plan_desc_set_shape(pd, c.batch(), c.heads(), c.heads(), c.l, c.l, c.d, c.d));
   ATTN_CHECK(attn_plan_desc_set_dtype(pd, ATTN_DTYPE_BF16));
   ATTN_CHECK(attn_plan_desc_set_mask(pd, c.causal ? ATTN_MASK_CAUSAL : ATTN_MASK_NONE, -1, -1));
+  // ATTN_TIME_SOFTCAP=cap times the kernels' softcap instantiations.
+  if (const char* cap = std::getenv("ATTN_TIME_SOFTCAP"))
+    ATTN_CHECK(attn_plan_desc_set_softcap(pd, float(std::atof(cap))));
   if (backward) {
     ATTN_CHECK(attn_plan_desc_set_passes(pd, ATTN_PASSES_FORWARD_BACKWARD));
     ATTN_CHECK(attn_plan_desc_set_deterministic(pd, deterministic ? 1 : 0));

@@ -4,7 +4,7 @@
 // softcap, dtypes, layouts with non-default strides and every supported head
 // dim; every case runs both the default plan (dQ by fp32 atomics) and the
 // deterministic one (dQ in its own pass). On sm_90 devices the default
-// plan's dK/dV kernel at d = 64 and 128 without softcap is the sm_90a
+// plan's dK/dV kernel at d = 64 and 128 (softcap included) is the sm_90a
 // (wgmma) one unless ATTN_CUDA_BWD_SM90=0 or ATTN_CUDA_BWD_VARIANT is set
 // (deterministic plans too, with the sm_80 deterministic dQ kernel); each
 // case checks from attn_plan_describe which one ran.
@@ -53,9 +53,7 @@ int g_failures = 0;
 bool g_bwd_sm90 = false;  // sm_90 device, ATTN_CUDA_BWD_SM90 != 0, no ATTN_CUDA_BWD_VARIANT
 
 // Whether the plans of c (default and deterministic) run the sm_90a dK/dV kernel.
-bool expects_bwd_sm90(const CaseShape& c) {
-  return g_bwd_sm90 && (c.d == 64 || c.d == 128) && c.softcap == 0.0f;
-}
+bool expects_bwd_sm90(const CaseShape& c) { return g_bwd_sm90 && (c.d == 64 || c.d == 128); }
 
 struct Case : CaseShape {
   bool vs_cpu = true;  // compare every element with the CPU backend
@@ -644,6 +642,20 @@ std::vector<Case> cases() {
     x.name = "softcap10-window-d64", x.softcap = 10.0f, x.qmul = 3.0f, x.d = 64,
     x.dtype = ATTN_DTYPE_BF16, x.mask = ATTN_MASK_WINDOW, x.wl = 40, x.wr = 10, x.lq = 300,
     x.lk = 280, x.allow_empty = true;
+    add(x);
+    // More of the sm_90a kernel's softcap instantiation: fp16 at d = 64 and
+    // 128, GQA, varlen, a cap that barely bends and one that saturates.
+    x.name = "softcap50-causal-d64-fp16-gqa2", x.softcap = 50.0f, x.qmul = 1.0f,
+    x.dtype = ATTN_DTYPE_FP16, x.mask = ATTN_MASK_CAUSAL, x.hq = 4, x.hkv = 2, x.lq = x.lk = 260,
+    x.allow_empty = false;
+    add(x);
+    x.name = "softcap3-none-d128-fp16-150x333", x.softcap = 3.0f, x.qmul = 3.0f, x.d = 128,
+    x.mask = ATTN_MASK_NONE, x.hq = x.hkv = 2, x.lq = 150, x.lk = 333;
+    add(x);
+    x = b;
+    x.name = "softcap12-varlen-causal-d64", x.softcap = 12.0f, x.qmul = 2.0f, x.d = 64,
+    x.mask = ATTN_MASK_CAUSAL, x.hq = 2, x.hkv = 1, x.seq_q = {129, 0, 200, 64},
+    x.seq_kv = {129, 7, 300, 64}, x.allow_empty = true;
     add(x);
     x = b;
     x.name = "peaky-q8-fp16-scale0.3", x.qmul = 8.0f, x.scale = 0.3f, x.dtype = ATTN_DTYPE_FP16,

@@ -14,13 +14,16 @@
 // Also: CUDA graph capture and replay give the same bits as a direct run,
 // attn_plan_describe names the kernel and its tile, and unsupported requests
 // fail at plan creation with NOT_SUPPORTED.
-// Kernel choice: on an sm_90 device, dense plans at d = 64 and 128 without
-// softcap must run the sm_90a (wgmma) forward, unless ATTN_CUDA_FWD_SM90=0,
+// Kernel choice: on an sm_90 device, dense plans at d = 64 and 128 (softcap
+// included) must run the sm_90a (wgmma) forward, unless ATTN_CUDA_FWD_SM90=0,
 // under which every plan must run the sm_80 one; each case checks the name
 // attn_plan_describe gives (the build must include sm_90a, as
-// scripts/gpu-check.sh's does).
+// scripts/gpu-check.sh's does). Under ATTN_CUDA_FWD_SM90_BM=128 or 192 the
+// d = 64 cases must also name that query tile (softcap ones: 128, the only
+// one built with it), and tile_q must match.
 // ATTN_GPU_TEST_QUICK=1 runs only small cases (for compute-sanitizer);
-// ATTN_GPU_TEST_FILTER=text only the cases whose name contains text.
+// ATTN_GPU_TEST_FILTER=text only the cases whose name contains text;
+// ATTN_GPU_TEST_HEAD_DIM=n only the cases of head dim n.
 // Exit 77 without a CUDA device.
 
 #include <algorithm>
@@ -44,11 +47,18 @@ uint64_t g_seed = 0;
 bool g_quick = false;
 const char* g_filter = nullptr;
 int g_failures = 0;
+int64_t g_head_dim = 0;  // ATTN_GPU_TEST_HEAD_DIM, 0: every head dim
 bool g_sm90 = false;  // sm_90 device and ATTN_CUDA_FWD_SM90 != 0
+int g_sm90_bm = 0;    // ATTN_CUDA_FWD_SM90_BM when 128 or 192, else 0
 
 // The forward kernel a plan of case c must run.
-bool expects_sm90(const CaseShape& c) {
-  return g_sm90 && (c.d == 64 || c.d == 128) && c.softcap == 0.0f;
+bool expects_sm90(const CaseShape& c) { return g_sm90 && (c.d == 64 || c.d == 128); }
+
+// The query tile the sm_90a forward must take for case c; 0: 128 or 192
+// (the plan's own estimate decides).
+int expected_sm90_rows(const CaseShape& c) {
+  if (c.d == 128) return 128;
+  return c.softcap > 0.0f ? 128 : g_sm90_bm;
 }
 
 struct Case : CaseShape {
@@ -225,6 +235,7 @@ const uint32_t kLsePoison = 0x7fc0beefu;
 void run_case(const Case& c0, attn_context_t cuda_ctx, attn_context_t cpu_ctx) {
   if (g_quick && c0.big) return;
   if (g_filter != nullptr && c0.name.find(g_filter) == std::string::npos) return;
+  if (g_head_dim != 0 && c0.d != g_head_dim) return;
   const auto t0 = std::chrono::steady_clock::now();
   std::mt19937_64 rng(g_seed ^ std::hash<std::string>{}(c0.name));
   const Problem p = make_problem(c0);
@@ -238,6 +249,18 @@ void run_case(const Case& c0, attn_context_t cuda_ctx, attn_context_t cpu_ctx) {
   if (std::strstr(info.kernel, want_kernel) != info.kernel) {
     std::printf("FAIL %s: runs %s, expected %s...\n", c.name.c_str(), info.kernel, want_kernel);
     ++g_failures;
+  }
+  if (expects_sm90(c)) {
+    // Unforced d = 64: either tile, as long as name and tile_q agree.
+    const int bm = expected_sm90_rows(c) != 0 ? expected_sm90_rows(c)
+                   : info.tile_q == 128       ? 128
+                                              : 192;
+    const std::string tile = "-d" + std::to_string(c.d) + "-" + std::to_string(bm) + "x128-";
+    if (std::strstr(info.kernel, tile.c_str()) == nullptr || info.tile_q != bm) {
+      std::printf("FAIL %s: runs %s (tile_q %d), expected the %s tile\n", c.name.c_str(),
+                  info.kernel, int(info.tile_q), tile.c_str());
+      ++g_failures;
+    }
   }
   size_t ws = 1;
   ATTN_CHECK(attn_plan_workspace_size(plan, ATTN_PASS_FORWARD, &ws));
@@ -480,6 +503,25 @@ std::vector<Case> cases() {
     x.name = "softcap5-none-d256-fp16", x.softcap = 5.0f, x.qmul = 2.0f, x.d = 256,
     x.dtype = ATTN_DTYPE_FP16, x.mask = ATTN_MASK_NONE, x.lq = 200, x.lk = 257;
     add(x);
+    // The sm_90a kernels' softcap instantiations: d = 64 (128-row tiles)
+    // and 128, saturating and not, both dtypes, a window and varlen.
+    x.name = "softcap20-causal-d64-q4-gqa2", x.softcap = 20.0f, x.qmul = 4.0f, x.d = 64,
+    x.dtype = ATTN_DTYPE_BF16, x.mask = ATTN_MASK_CAUSAL, x.lq = x.lk = 333, x.hq = 4, x.hkv = 2;
+    add(x);
+    x.name = "softcap2-none-d64-fp16-300x520", x.softcap = 2.0f, x.qmul = 3.0f,
+    x.dtype = ATTN_DTYPE_FP16, x.mask = ATTN_MASK_NONE, x.lq = 300, x.lk = 520, x.hq = x.hkv = 2;
+    add(x);
+    x.name = "softcap50-none-d128-fp16-129x700", x.softcap = 50.0f, x.qmul = 1.0f, x.d = 128,
+    x.lq = 129, x.lk = 700;
+    add(x);
+    x.name = "softcap8-window(70,10)-d128-q3", x.softcap = 8.0f, x.qmul = 3.0f,
+    x.dtype = ATTN_DTYPE_BF16, x.mask = ATTN_MASK_WINDOW, x.wl = 70, x.wr = 10, x.lq = x.lk = 400;
+    add(x);
+    x = b;
+    x.name = "softcap15-varlen-causal-d64", x.softcap = 15.0f, x.qmul = 3.0f, x.d = 64,
+    x.mask = ATTN_MASK_CAUSAL, x.hq = 2, x.hkv = 1, x.seq_q = {129, 0, 300, 64},
+    x.seq_kv = {129, 5, 400, 64}, x.allow_empty = true;
+    add(x);
     x = b;
     x.name = "peaky-q8-fp16-scale0.3", x.qmul = 8.0f, x.scale = 0.3f, x.dtype = ATTN_DTYPE_FP16,
     x.lq = x.lk = 200, x.mask = ATTN_MASK_CAUSAL;
@@ -504,6 +546,25 @@ std::vector<Case> cases() {
                  "-" + dn[t] + "-d64-none-400x130";
         add(x);
       }
+  // d = 64 at lengths around both query tiles (128 and 192 rows): causal,
+  // partial last tiles, GQA, lq != lk, varlen.
+  for (int64_t l : {191, 193, 384, 640}) {
+    Case x = b;
+    x.d = 64, x.mask = ATTN_MASK_CAUSAL, x.lq = x.lk = l, x.hq = 4, x.hkv = 2, x.batch = 2;
+    x.name = "d64-causal-L" + std::to_string(l) + "-b2-gqa2";
+    add(x);
+  }
+  {
+    Case x = b;
+    x.d = 64, x.mask = ATTN_MASK_CAUSAL, x.dtype = ATTN_DTYPE_FP16;
+    x.name = "d64-causal-300x700-fp16", x.lq = 300, x.lk = 700;
+    add(x);
+    x.name = "d64-causal-700x300-fp16-empty", x.lq = 700, x.lk = 300, x.allow_empty = true;
+    add(x);
+    x.name = "d64-varlen-causal-bf16", x.dtype = ATTN_DTYPE_BF16, x.hq = 4, x.hkv = 1,
+    x.seq_q = {192, 1, 0, 257, 128}, x.seq_kv = {192, 3, 4, 257, 500}, x.allow_empty = true;
+    add(x);
+  }
   // Larger shapes: sampled rows against fp64, every row against the CPU backend.
   {
     Case x = b;
@@ -519,6 +580,8 @@ std::vector<Case> cases() {
     add(x);
     x.name = "big-none-L4K-b2-gqa2-bf16-d64", x.lq = x.lk = 4096, x.d = 64, x.batch = 2, x.hq = 2,
     x.hkv = 1;
+    add(x);
+    x.name = "big-causal-L2K-b2-gqa2-bf16-d64", x.lq = x.lk = 2048, x.mask = ATTN_MASK_CAUSAL;
     add(x);
     x.name = "big-causal-3000x5000-fp16-d128", x.lq = 3000, x.lk = 5000, x.d = 128, x.batch = 1,
     x.dtype = ATTN_DTYPE_FP16, x.mask = ATTN_MASK_CAUSAL;
@@ -620,6 +683,28 @@ void test_describe(attn_context_t ctx) {
   expect(ok, sm90 ? "attn_plan_describe names the sm_90a kernel and its 128x128 tile"
                   : "attn_plan_describe names the sm_80 kernel and its 128x64 tile");
   attn_plan_destroy(plan);
+  // The d = 64 tile the plan picks by itself (cuda/fwd_sm90_shape.hpp, tested
+  // without a GPU by tests/unit): on this device's SM count, short causal
+  // sequences take 128 rows, long full ones that both tiles divide 192.
+  if (!sm90 || g_sm90_bm != 0) return;
+  struct Pick {
+    int64_t batch, heads, l;
+    attn_mask_t mask;
+    int want;
+  };
+  for (const Pick& k : {Pick{16, 32, 1024, ATTN_MASK_CAUSAL, 128},
+                        Pick{1, 32, 15360, ATTN_MASK_NONE, 192}}) {
+    Case x;
+    x.d = 64, x.batch = k.batch, x.hq = x.hkv = k.heads, x.lq = x.lk = k.l, x.mask = k.mask;
+    attn_plan_t pk = build_plan(make_problem(x), ctx);
+    const attn_plan_info_t pi = describe(pk);
+    const std::string what = std::string("d = 64 ") +
+                             (k.mask == ATTN_MASK_CAUSAL ? "causal" : "full") + " L = " +
+                             std::to_string(k.l) + ": " + std::to_string(k.want) +
+                             "-row tiles (" + pi.kernel + ")";
+    expect(pi.tile_q == k.want, what.c_str());
+    attn_plan_destroy(pk);
+  }
 }
 
 void test_not_supported(attn_context_t ctx) {
@@ -683,6 +768,8 @@ int main() {
   const char* quick = std::getenv("ATTN_GPU_TEST_QUICK");
   g_quick = quick != nullptr && quick[0] == '1';
   g_filter = std::getenv("ATTN_GPU_TEST_FILTER");
+  const char* head_dim_env = std::getenv("ATTN_GPU_TEST_HEAD_DIM");
+  g_head_dim = head_dim_env ? std::atoll(head_dim_env) : 0;
   std::printf("seed %" PRIu64 " (ATTN_TEST_SEED=%" PRIu64 " repeats this run)%s\n", g_seed, g_seed,
               g_quick ? ", quick" : "");
 
@@ -690,6 +777,9 @@ int main() {
   GPU_CHECK(cudaGetDeviceProperties(&prop, 0));
   const char* sm90_env = std::getenv("ATTN_CUDA_FWD_SM90");
   g_sm90 = prop.major == 9 && prop.minor == 0 && !(sm90_env && std::strcmp(sm90_env, "0") == 0);
+  const char* bm_env = std::getenv("ATTN_CUDA_FWD_SM90_BM");
+  const int bm = bm_env ? std::atoi(bm_env) : 0;
+  g_sm90_bm = bm == 128 || bm == 192 ? bm : 0;
   std::printf("device sm_%d%d: d = 64/128 plans expected on the %s forward\n", prop.major,
               prop.minor, g_sm90 ? "sm_90a (wgmma)" : "sm_80");
 
@@ -700,7 +790,7 @@ int main() {
   test_describe(cuda_ctx);
   test_not_supported(cuda_ctx);
   for (const Case& c : cases()) run_case(c, cuda_ctx, cpu_ctx);
-  if (!g_quick && g_filter == nullptr) test_graph(cuda_ctx);
+  if (!g_quick && g_filter == nullptr && g_head_dim == 0) test_graph(cuda_ctx);
 
   attn_context_destroy(cpu_ctx);
   attn_context_destroy(cuda_ctx);
