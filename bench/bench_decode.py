@@ -424,7 +424,8 @@ def main():
     copy_bytes = big.numel() * big.element_size()
     copy_tbs = 2 * copy_bytes / (copy_ms * 1e-3) / 1e12
     del big, dst
-    l2_mib = torch.cuda.get_device_properties(0).L2_cache_size / 2**20
+    l2_bytes = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 0)
+    l2_text = f"{l2_bytes / 2**20:.0f} MiB" if l2_bytes else "size not reported"
     elem = torch.empty(1, dtype=torch.bfloat16, device="cuda").element_size()
     smallest = min((2 * B * L * hkv * d * elem for B, L, _, _ in cases), default=0) / 2**20
 
@@ -435,8 +436,8 @@ def main():
                 f"same state of the device. A round's figure is the median of its {reps} CUDA-event timings of "
                 f"one call each; timing: {timing}. Each TB/s column is the median over the rounds, its min-max "
                 f"column the spread over the rounds; each ratio (ours/X) is the median of the per-round ratios, "
-                f"with their min-max. The K/V of every case (>= {smallest:.0f} MiB) exceed L2 ({l2_mib:.0f} MiB), "
-                f"so no call finds its inputs in cache.")
+                f"with their min-max. The K/V of every case (>= {smallest:.0f} MiB) are many times L2 "
+                f"({l2_text}): a call finds at most what the previous one left there in cache.")
     lines = [f"# Paged decode: libattn CUDA vs PyTorch SDPA, {datetime.date.today()}", "",
              f"commit `{commit}`, {torch.cuda.get_device_name()}, torch {torch.__version__}; bf16, d = {d}, "
              f"heads q/kv {hq}/{hkv}, one query token per sequence, libattn page size {ps} unless stated; "
