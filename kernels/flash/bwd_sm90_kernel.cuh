@@ -335,6 +335,21 @@ __device__ __forceinline__ void flash_bwd_dkdv_sm90_tile(const BwdParams& p) {
     if (it + 1 < n_iter) load_q(it + 1);
     cp_async_commit();
     if (accum && it > 0) bulk_issue();
+    // Sparse: the visit's kind, and for a bit tile this thread's key rows
+    // key0, key0 + 8 of it ([BN keys][WPR words]), read while the GEMMs run.
+    constexpr int WPR = (BM + 63) / 64;
+    int kind = kVisitDense;
+    uint64_t bit_rows[2][WPR];
+    if constexpr (Sparse) {
+      kind = visits[2 * m + 1];
+      if (kind >= 0) {
+        const uint64_t* tb = p.sparse_kv.bits + int64_t(kind) * (BN * WPR);
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+          for (int x = 0; x < WPR; ++x) bit_rows[hh][x] = tb[(key0 + 8 * hh) * WPR + x];
+      }
+    }
     if constexpr (Cap) {
       // Both GEMMs done: z = cap tanh(u) = cap - cap q with q = 2 / (e^{2u}
       // + 1), and dP^T - D becomes (dP^T - D) (1 - tanh^2) = (dP^T - D) q (2 - q).
@@ -370,30 +385,20 @@ __device__ __forceinline__ void flash_bwd_dkdv_sm90_tile(const BwdParams& p) {
     // (dP and D are finite). Sparse: the visit's kind says full, dense mask
     // or bit tile.
     bool full;
-    int kind = kVisitDense;
     if constexpr (Sparse) {
-      kind = visits[2 * m + 1];
       full = kind == kVisitFull;
     } else {
       full = c0 + BN <= lk && c0 - r1 >= dmin && c0 + BN - 1 - r0 <= dmax;
     }
     if (Sparse && kind >= 0) {
-      // Bit tile [BN keys][WPR words]: this thread's key rows key0, key0 + 8;
-      // column (query) 8 j + 2 t4 + (e & 1) of register 4 j + e lies in word
-      // j / 8 (a constant per unrolled j).
-      constexpr int WPR = (BM + 63) / 64;
-      const uint64_t* tb = p.sparse_kv.bits + int64_t(kind) * (BN * WPR);
-      uint64_t w[2][WPR];
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh)
-#pragma unroll
-        for (int x = 0; x < WPR; ++x) w[hh][x] = tb[(key0 + 8 * hh) * WPR + x];
+      // Bit tile: column (query) 8 j + 2 t4 + (e & 1) of register 4 j + e
+      // lies in word j / 8 (a constant per unrolled j).
 #pragma unroll
       for (int j = 0; j < BM / 8; ++j)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int col = 8 * j + 2 * t4 + (e & 1);
-          if (!((w[e >> 1][(8 * j) >> 6] >> (col & 63)) & 1u)) s[4 * j + e] = 0.0f;
+          if (!((bit_rows[e >> 1][(8 * j) >> 6] >> (col & 63)) & 1u)) s[4 * j + e] = 0.0f;
         }
     } else if (!full) {
       auto clampi = [](long long x) {
