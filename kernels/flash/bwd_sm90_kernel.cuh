@@ -30,7 +30,20 @@
 // dQ conversion and split groups' fp32 dK/dV accumulators are those of the
 // sm_80 backward; the instantiation for deterministic plans (Accum = false)
 // skips the dQ part, which the sm_80 deterministic dQ kernel computes. Not
-// here (the host keeps the sm_80 kernel for them): block-sparse, MoBA.
+// here (the host keeps the sm_80 kernel for them): MoBA.
+//
+// Block-sparse plans (Sparse, flash_bwd_dkdv_sm90_bsparse_kernel, no
+// softcap) walk a work item of the KV-major tile lists (sparse/tile_lists.cuh,
+// built in this kernel's BM x BN tiles) instead of the dense interval, as
+// the sm_80 kernel's Sparse instantiation does: the block's linear index
+// counts KV heads fastest (long lists start first), the item gives the KV
+// tile and a range of its list, and each visit is full (no predicate),
+// dense-masked (the interval test below) or a bit tile (one bit per (key,
+// query) pair, rows = keys). A cut list's items add dK and dV into its
+// tile's slot of the compact fp32 accumulators (split groups: into the
+// whole ones), as the sm_80 kernel's, so that the host's conversions and
+// the dQ path are those of the sm_80 backward. Without Sparse the code is
+// that of the dense kernel before it existed.
 // Softcap plans run the Cap instantiation: the logit z = cap tanh(u) and
 // dS^T = P^T (dP^T - D) (1 - (z/cap)^2), as flash/bwd_kernel.cuh; it waits
 // for dP^T before the exponentials and folds the tanh derivative into it
@@ -145,9 +158,11 @@ __device__ __forceinline__ void hold(uint32_t (&a)[N][4]) {
 }  // namespace bwd_sm90
 
 // Accum: dQ is added into p.dq_accum; otherwise (deterministic plans) the
-// kernel computes dK and dV only. Cap: softcap plans.
-template <class T, int D, bool Accum, bool Cap>
+// kernel computes dK and dV only. Cap: softcap plans. Sparse: block-sparse
+// plans (p.sparse_kv; not with Cap).
+template <class T, int D, bool Accum, bool Cap, bool Sparse = false>
 __device__ __forceinline__ void flash_bwd_dkdv_sm90_tile(const BwdParams& p) {
+  static_assert(!(Sparse && Cap), "no softcap on block-sparse plans");
   using Tr = BwdSm90Traits<D>;
   constexpr int BM = Tr::kBM, BN = Tr::kBN, NTH = Tr::kThreads, LDQ = Tr::kLdDq;
   constexpr int NS = BM / 2;  // S^T, dP^T accumulators per thread
@@ -166,11 +181,31 @@ __device__ __forceinline__ void flash_bwd_dkdv_sm90_tile(const BwdParams& p) {
   const int tid = threadIdx.x, wg = tid >> 7, wtid = tid & 127;
   const int lane = tid & 31, g = lane >> 2, t4 = lane & 3;
   // by = hk * group_splits + part: KV head hk, query heads [h_first,
-  // h_first + heads_per) of its group; bx: the KV tile.
-  const int b = blockIdx.z, by = int(blockIdx.y), hk = by / p.group_splits;
+  // h_first + heads_per) of its group; bx: the KV tile. Sparse: bx is a
+  // work item of the slot and the linear index counts (KV head, part)
+  // fastest (flash_bwd_dkdv_tile's order).
+  const int b = blockIdx.z;
+  int bx = int(blockIdx.x), by = int(blockIdx.y);
+  if constexpr (Sparse) {
+    const int lin = bx + by * int(gridDim.x), ny = int(gridDim.y);
+    bx = lin / ny;
+    by = lin - bx * ny;
+  }
+  const int hk = by / p.group_splits;
   const int heads_per = p.group / p.group_splits;
   const int h_first = hk * p.group + (by - hk * p.group_splits) * heads_per;
-  const int c0 = int(blockIdx.x) * BN;  // first key of the tile
+  // Sparse: the item's KV tile, its visits [item_begin, item_end) and the
+  // tile's accumulator slot (-1: its list is not cut).
+  int kv_tile = bx, item_begin = 0, item_end = 0, acc_slot = -1;
+  if constexpr (Sparse) {
+    const TileLists& sp = p.sparse_kv;
+    const int slot = (sp.mask_batch > 1 ? b : 0) * sp.mask_heads + (sp.mask_heads > 1 ? hk : 0);
+    const int i0 = sp.item_offsets[slot];
+    if (bx >= sp.item_offsets[slot + 1] - i0) return;  // this slot has fewer items
+    const int32_t* item = sp.items + kItemWords * (i0 + bx);
+    kv_tile = item[0], item_begin = item[1], item_end = item[2], acc_slot = item[3];
+  }
+  const int c0 = kv_tile * BN;  // first key of the tile
 
   int lq = p.seqlen_q, lk = p.seqlen_kv;
   int64_t q_tok = int64_t(b) * p.seqlen_q, kv_tok = 0;
@@ -192,15 +227,30 @@ __device__ __forceinline__ void flash_bwd_dkdv_sm90_tile(const BwdParams& p) {
   const int dmax = p.window_right < 0 ? int(kFar) : clamp_far((long long)off + p.window_right);
   const int row_lo = max(0, c0 - dmax);
   const int row_hi = int(min((long long)lq - 1, (long long)c0 + kv_valid - 1 - dmin));
-  const int m_begin = row_lo <= row_hi ? row_lo / BM : 0;
-  const int n_mt = row_lo <= row_hi ? row_hi / BM - m_begin + 1 : 0;
+  // Sparse: m counts the visits of the item (query tile, kind) instead of
+  // query tiles.
+  const int32_t* visits = nullptr;
+  int m_begin, n_mt;
+  if constexpr (Sparse) {
+    m_begin = 0;
+    n_mt = item_end - item_begin;
+    visits = p.sparse_kv.visits + 2 * int64_t(item_begin);
+  } else {
+    m_begin = row_lo <= row_hi ? row_lo / BM : 0;
+    n_mt = row_lo <= row_hi ? row_hi / BM - m_begin + 1 : 0;
+  }
   const int m_end = m_begin + n_mt;
   const int n_iter = n_mt * heads_per;
+  // The query tile of step mm.
+  auto q_tile = [&](int mm) {
+    if constexpr (Sparse) return visits[2 * mm];
+    else return mm;
+  };
 
-  // Iteration it: query head h_first + it / n_mt, query tile m_begin + it % n_mt.
+  // Iteration it: query head h_first + it / n_mt, query tile q_tile(m_begin + it % n_mt).
   int ld_h = h_first, ld_m = m_begin;  // the next tile to load
   auto load_q = [&](int it) {
-    const int h = ld_h, r0 = ld_m * BM;
+    const int h = ld_h, r0 = q_tile(ld_m) * BM;
     if (++ld_m == m_end) ld_m = m_begin, ++ld_h;
     const int rows = min(BM, lq - r0);
     const uint32_t st = uint32_t(it & 1);
@@ -253,7 +303,7 @@ __device__ __forceinline__ void flash_bwd_dkdv_sm90_tile(const BwdParams& p) {
   auto bulk_issue = [&] {
     const bool first = m == m_begin;
     const int pm = first ? m_end - 1 : m - 1, ph = first ? h - 1 : h;
-    const int pr0 = pm * BM;
+    const int pr0 = q_tile(pm) * BM;
     if (tid < min(BM, lq - pr0)) {
       float* dst = p.dq_accum + ((opaque(q_tok) + pr0 + tid) * p.heads_q + ph) * D;
       bulk_reduce_add_f32(dst, sStage + uint32_t(tid * LDQ * 4), D * 4);
@@ -267,7 +317,7 @@ __device__ __forceinline__ void flash_bwd_dkdv_sm90_tile(const BwdParams& p) {
     sm90::fence_proxy_async();
     __syncthreads();  // tile `it` landed; iteration it-1 is done with the other stage and dS^T
 
-    const int r0 = m * BM, rows = min(BM, lq - r0), r1 = r0 + rows - 1;
+    const int r0 = q_tile(m) * BM, rows = min(BM, lq - r0), r1 = r0 + rows - 1;
     const uint32_t st = uint32_t(it & 1);
     const uint32_t q_st = sQ + st * Tr::kTileQ, do_st = sDo + st * Tr::kTileQ;
     const float* lse_s = stat + st * 2 * BM;
@@ -285,6 +335,21 @@ __device__ __forceinline__ void flash_bwd_dkdv_sm90_tile(const BwdParams& p) {
     if (it + 1 < n_iter) load_q(it + 1);
     cp_async_commit();
     if (accum && it > 0) bulk_issue();
+    // Sparse: the visit's kind, and for a bit tile this thread's key rows
+    // key0, key0 + 8 of it ([BN keys][WPR words]), read while the GEMMs run.
+    constexpr int WPR = (BM + 63) / 64;
+    int kind = kVisitDense;
+    uint64_t bit_rows[2][WPR];
+    if constexpr (Sparse) {
+      kind = visits[2 * m + 1];
+      if (kind >= 0) {
+        const uint64_t* tb = p.sparse_kv.bits + int64_t(kind) * (BN * WPR);
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+          for (int x = 0; x < WPR; ++x) bit_rows[hh][x] = tb[(key0 + 8 * hh) * WPR + x];
+      }
+    }
     if constexpr (Cap) {
       // Both GEMMs done: z = cap tanh(u) = cap - cap q with q = 2 / (e^{2u}
       // + 1), and dP^T - D becomes (dP^T - D) (1 - tanh^2) = (dP^T - D) q (2 - q).
@@ -317,9 +382,25 @@ __device__ __forceinline__ void flash_bwd_dkdv_sm90_tile(const BwdParams& p) {
     // Mask (P = 0 by selection: the value may be inf past the last key):
     // key jl (local) sees query il (local) when jl - hi_rel <= il <=
     // jl - lo_rel and jl < kv_valid. dS = P (dP - D) is then 0 there too
-    // (dP and D are finite).
-    const bool full = c0 + BN <= lk && c0 - r1 >= dmin && c0 + BN - 1 - r0 <= dmax;
-    if (!full) {
+    // (dP and D are finite). Sparse: the visit's kind says full, dense mask
+    // or bit tile.
+    bool full;
+    if constexpr (Sparse) {
+      full = kind == kVisitFull;
+    } else {
+      full = c0 + BN <= lk && c0 - r1 >= dmin && c0 + BN - 1 - r0 <= dmax;
+    }
+    if (Sparse && kind >= 0) {
+      // Bit tile: column (query) 8 j + 2 t4 + (e & 1) of register 4 j + e
+      // lies in word j / 8 (a constant per unrolled j).
+#pragma unroll
+      for (int j = 0; j < BM / 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int col = 8 * j + 2 * t4 + (e & 1);
+          if (!((bit_rows[e >> 1][(8 * j) >> 6] >> (col & 63)) & 1u)) s[4 * j + e] = 0.0f;
+        }
+    } else if (!full) {
       auto clampi = [](long long x) {
         return int(x < -(BM + 1) ? -(BM + 1) : (x > BN + 1 ? BN + 1 : x));
       };
@@ -399,16 +480,27 @@ __device__ __forceinline__ void flash_bwd_dkdv_sm90_tile(const BwdParams& p) {
     bulk_wait<0>();  // shared memory must outlive the copies
   }
 
-  if (p.dk_accum != nullptr) {
+  // Block-sparse plans without split groups accumulate only the tiles whose
+  // list is cut, in slots of their own (compact); the others store directly.
+  bool compact = false;
+  if constexpr (Sparse) compact = p.group_splits == 1;
+  if (compact ? acc_slot >= 0 : p.dk_accum != nullptr) {
     // A split group: add this block's share (dK unscaled) into the fp32
-    // accumulators [token][heads_kv][D]; rows past the sequence add nothing.
+    // accumulators [token][heads_kv][D]; a cut list (compact): into its
+    // tile's slot of [batch][heads_kv][max_cut][BN][D]. Rows past the
+    // sequence add nothing.
     const int64_t heads_kv = p.heads_q / p.group;
     const int64_t tok0 = (varlen ? kv_tok : int64_t(b) * p.seqlen_kv) + c0;
+    int64_t slot_row0 = 0;
+    if constexpr (Sparse)
+      slot_row0 = ((int64_t(b) * heads_kv + hk) * p.sparse_kv.max_cut + acc_slot) * BN;
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
       const int row = key0 + 8 * hh;
       if (row >= kv_valid) continue;
-      const int64_t at = ((tok0 + row) * heads_kv + hk) * D + 2 * t4;
+      int64_t at = ((tok0 + row) * heads_kv + hk) * D + 2 * t4;
+      if constexpr (Sparse)
+        if (compact) at = (slot_row0 + row) * D + 2 * t4;
 #pragma unroll
       for (int j = 0; j < D / 8; ++j) {
         red_add_f32x2(p.dk_accum + at + 8 * j, acc_dk[4 * j + 2 * hh], acc_dk[4 * j + 2 * hh + 1]);
@@ -456,6 +548,16 @@ __global__ void __launch_bounds__(BwdSm90Traits<D>::kThreads, 1)
     flash_bwd_dkdv_sm90_kernel(const __grid_constant__ BwdParams p) {
 #if ATTN_SM90_WGMMA
   flash_bwd_dkdv_sm90_tile<T, D, Accum, Cap>(p);
+#endif
+}
+
+// Block-sparse plans: grid (the most work items of a slot, heads_kv *
+// group_splits, batch), the sm_80 Sparse instantiation's.
+template <class T, int D, bool Accum>
+__global__ void __launch_bounds__(BwdSm90Traits<D>::kThreads, 1)
+    flash_bwd_dkdv_sm90_bsparse_kernel(const __grid_constant__ BwdParams p) {
+#if ATTN_SM90_WGMMA
+  flash_bwd_dkdv_sm90_tile<T, D, Accum, false, true>(p);
 #endif
 }
 

@@ -24,7 +24,9 @@
 // persistent dK/dV kernel (likewise, work items dealt at plan creation,
 // "+bwd-p"); ATTN_CUDA_BSPARSE_PREFETCH=1, L2 prefetches of later dK/dV
 // blocks' K and V; ATTN_CUDA_BSPARSE_ITEM=n, dK/dV work items of at most n
-// visits (split_kv_lists).
+// visits (split_kv_lists); ATTN_CUDA_BWD_SM90_SPARSE=1, on sm_90 devices
+// the sm_90a (wgmma) dK/dV kernel's Sparse instantiation at d = 64 and 128
+// ("+bwd-wgmma-bs"; off by default until it has run on a device).
 //
 // MoBA plans run the kernels' Moba instantiations after the selector
 // (cuda/moba_select.hpp), which writes the run-time schedule into the
@@ -280,7 +282,8 @@ class CudaPlan final : public BackendPlan {
     // tile_kv give), so that the name fits attn_plan_info_t's 64
     // characters; block-sparse ones also "sm80" (the same kernel family),
     // for room for their markers: "-p" after "bsparse" and after "+bwd" (the
-    // persistent kernels) and "-cut" (below).
+    // persistent kernels) and "-cut" (below); their sm_90a dK/dV kernel says
+    // "+bwd-wgmma-bs".
     const char* kind = moba ? (moba_->gathers() ? "moba-gather" : "moba")
                             : fwd_persist_ ? "bsparse-p" : "bsparse";
     int len = sparse && sm90_ ? std::snprintf(kernel_name_, sizeof kernel_name_,
@@ -300,7 +303,11 @@ class CudaPlan final : public BackendPlan {
                                        "cuda-fa2-sm80-%s-d%d-%dx%d-w%d-s%d", dtype_name(p.dtype),
                                        int(d), cfg_.block_m, cfg_.block_n, cfg_.warps,
                                        cfg_.stages);
-    if (p.backward && len > 0 && size_t(len) < sizeof kernel_name_ && bwd_sm90_) {
+    if (p.backward && len > 0 && size_t(len) < sizeof kernel_name_ && bwd_sm90_ && sparse) {
+      // Block-sparse: "-bs" instead of the tile (BwdSm90Config's), for room.
+      std::snprintf(kernel_name_ + len, sizeof kernel_name_ - size_t(len), "+bwd-wgmma-bs-%s",
+                    p.deterministic ? "det" : "bulk");
+    } else if (p.backward && len > 0 && size_t(len) < sizeof kernel_name_ && bwd_sm90_) {
       std::snprintf(kernel_name_ + len, sizeof kernel_name_ - size_t(len), "+bwd-wgmma-%dx%d-%s",
                     bwd_sm90_cfg_.block_m, bwd_sm90_cfg_.block_n,
                     p.deterministic ? "det" : "bulk");
@@ -580,18 +587,30 @@ class CudaPlan final : public BackendPlan {
   // the wgmma kernel's instantiation without dQ computing dK and dV).
   // ATTN_CUDA_BWD_SM90=0 keeps the sm_80 kernel, and so does
   // ATTN_CUDA_BWD_VARIANT (which asks for an sm_80 variant); read at plan
-  // creation.
+  // creation. Block-sparse plans without softcap take its Sparse
+  // instantiation only under ATTN_CUDA_BWD_SM90_SPARSE=1 (not yet timed
+  // against the sm_80 one on a device), and not with the sm_80 kernel's own
+  // tuning hooks (the persistent dK/dV kernel, L2 prefetches).
   void pick_sm90_backward(const Problem& p, int major, int minor, size_t smem_optin) {
     const char* env = std::getenv("ATTN_CUDA_BWD_SM90");
     if ((env != nullptr && std::strcmp(env, "0") == 0) || std::getenv("ATTN_CUDA_BWD_VARIANT"))
       return;
     const int64_t d = p.head_dim_qk;
-    if (p.block_mask != nullptr || p.moba_block > 0 || (d != 64 && d != 128) || major != 9 ||
-        minor != 0)
-      return;
-    const bool bf16 = p.dtype == ATTN_DTYPE_BF16, softcap = p.softcap > 0.0f;
-    const BwdSm90Kernel k = d == 64 ? bwd_kernel_sm90_d64(bf16, p.deterministic, softcap)
-                                    : bwd_kernel_sm90_d128(bf16, p.deterministic, softcap);
+    const bool sparse = p.block_mask != nullptr, softcap = p.softcap > 0.0f;
+    if (sparse) {
+      const char* sparse_env = std::getenv("ATTN_CUDA_BWD_SM90_SPARSE");
+      const char* prefetch_env = std::getenv("ATTN_CUDA_BSPARSE_PREFETCH");
+      if (sparse_env == nullptr || std::atoi(sparse_env) == 0 || softcap || bwd_persist_ ||
+          (prefetch_env != nullptr && std::atoi(prefetch_env) != 0))
+        return;
+    }
+    if (p.moba_block > 0 || (d != 64 && d != 128) || major != 9 || minor != 0) return;
+    const bool bf16 = p.dtype == ATTN_DTYPE_BF16;
+    const BwdSm90Kernel k =
+        sparse ? (d == 64 ? bwd_kernel_sm90_bsparse_d64(bf16, p.deterministic)
+                          : bwd_kernel_sm90_bsparse_d128(bf16, p.deterministic))
+        : d == 64 ? bwd_kernel_sm90_d64(bf16, p.deterministic, softcap)
+                  : bwd_kernel_sm90_d128(bf16, p.deterministic, softcap);
     const flash::BwdSm90Config c = flash::bwd_sm90_config(int(d));
     cudaFuncAttributes attrs{};
     if (cudaFuncGetAttributes(&attrs, k.func) != cudaSuccess) {
@@ -632,7 +651,12 @@ class CudaPlan final : public BackendPlan {
         check(kernel_.prepare(), "cudaFuncSetAttribute");
       }
     }
-    if (n > 1) sets[1] = build_tile_lists(mask, p.window, bwd_cfg_.block_m, bwd_cfg_.block_n, true);
+    // The dK/dV kernel's KV-major lists, in its tiles (rows of a bit tile:
+    // its keys).
+    if (n > 1) {
+      const int bwd_block_m = bwd_sm90_ ? bwd_sm90_cfg_.block_m : bwd_cfg_.block_m;
+      sets[1] = build_tile_lists(mask, p.window, bwd_block_m, bwd_block_n(), true);
+    }
     if (n > 2) {
       const flash::DqConfig dq = flash::dq_config(int(p.head_dim_qk));
       sets[2] = build_tile_lists(mask, p.window, dq.block_m, dq.block_n, false);
@@ -883,7 +907,7 @@ class CudaPlan final : public BackendPlan {
   int64_t kv_accum_rows() const {
     const Problem& p = problem_;
     if (compact_kv_accum())
-      return p.batch * p.heads_kv * int64_t(bwd_params_.sparse_kv.max_cut) * bwd_cfg_.block_n;
+      return p.batch * p.heads_kv * int64_t(bwd_params_.sparse_kv.max_cut) * bwd_block_n();
     return group_splits_ > 1 ? p.total_kv() * p.heads_kv : 0;
   }
   size_t kv_accum_bytes() const {

@@ -1,9 +1,10 @@
 // Host-side handle to the sm_90a (wgmma) dK/dV kernel of dense backward
-// plans at d = 64 and 128 (flash/bwd_sm90_kernel.cuh). The other launches
-// of the backward (preprocess, dQ conversion, split groups' dK/dV
-// conversion) are the sm_80 set's (cuda/flash_bwd.hpp). Plain C++: the
-// kernel is compiled by nvcc in flash_bwd_sm90_d*.cu. Its image holds code
-// only where the build targeted sm_90a: the caller checks
+// plans at d = 64 and 128 (flash/bwd_sm90_kernel.cuh), and of block-sparse
+// ones (its Sparse instantiation, chosen under ATTN_CUDA_BWD_SM90_SPARSE=1).
+// The other launches of the backward (preprocess, dQ conversion, split
+// groups' dK/dV conversion) are the sm_80 set's (cuda/flash_bwd.hpp). Plain
+// C++: the kernel is compiled by nvcc in flash_bwd_sm90_*.cu. Its image
+// holds code only where the build targeted sm_90a: the caller checks
 // cudaFuncGetAttributes' ptxVersion (90) before choosing it.
 #pragma once
 
@@ -27,5 +28,10 @@ struct BwdSm90Kernel {
 // softcap: the instantiation that applies the plan's cap.
 BwdSm90Kernel bwd_kernel_sm90_d64(bool bf16, bool deterministic, bool softcap);
 BwdSm90Kernel bwd_kernel_sm90_d128(bool bf16, bool deterministic, bool softcap);
+// The block-sparse instantiations (no softcap): dkdv's grid is (the most
+// work items of a slot, heads_kv * group_splits, batch), as
+// BwdKernels::dkdv's for block-sparse plans.
+BwdSm90Kernel bwd_kernel_sm90_bsparse_d64(bool bf16, bool deterministic);
+BwdSm90Kernel bwd_kernel_sm90_bsparse_d128(bool bf16, bool deterministic);
 
 }  // namespace attn::cuda

@@ -38,7 +38,12 @@
 // the block-sparse kernels: on an sm_90 device the sm_90a (wgmma) forward
 // at d = 64 and 128 without softcap (192x128 tiles at d = 64, which block
 // sizes such as 128, 80 and 48x80 do not divide; 128x128 at d = 128), the
-// sm_80 one otherwise and under ATTN_CUDA_FWD_SM90=0 (its own meson test).
+// sm_80 one otherwise and under ATTN_CUDA_FWD_SM90=0 (its own meson test);
+// under ATTN_CUDA_BWD_SM90_SPARSE=1 (its own meson test) on an sm_90 device
+// the sm_90a (wgmma) dK/dV kernel's block-sparse instantiation
+// ("+bwd-wgmma-bs-") at d = 64 and 128 without softcap, except in the cases
+// that ask for the sm_80 kernel's tuning hooks (persistent dK/dV kernel,
+// prefetch), and the sm_80 dK/dV kernel everywhere else.
 // (MoBA plans: test_moba_gpu.)
 //
 // Fresh random inputs every run (seed printed; ATTN_TEST_SEED=n repeats
@@ -79,6 +84,9 @@ using Problem = CaseProblem<Case>;
 
 uint64_t g_seed = 0;
 bool g_sm90 = false;  // sm_90 device and ATTN_CUDA_FWD_SM90 != 0
+// sm_90 device, ATTN_CUDA_BWD_SM90_SPARSE=1, and neither ATTN_CUDA_BWD_SM90=0
+// nor ATTN_CUDA_BWD_VARIANT (which keep the sm_80 dK/dV kernel).
+bool g_sm90_bwd_sparse = false;
 
 // The forward kernel a case's plans must name, and its tile.
 struct ExpectedForward {
@@ -90,6 +98,12 @@ ExpectedForward expected_forward(const Case& c) {
   if (g_sm90 && (c.d == 64 || c.d == 128) && c.softcap == 0.0f && !c.fwd_persist)
     return {"cuda-sm90-wgmma-", c.d == 64 ? 192 : 128, 128};
   return {"cuda-fa2-", 128, 64};
+}
+
+// Whether a case's plans must run the sm_90a block-sparse dK/dV kernel.
+bool expects_sm90_backward(const Case& c) {
+  return g_sm90_bwd_sparse && (c.d == 64 || c.d == 128) && c.softcap == 0.0f &&
+         !c.bwd_persist && !c.prefetch;
 }
 
 // The selection [mask_batch][mask_heads][lq][lk] of a random blocky mask.
@@ -339,6 +353,10 @@ Run run_device(const Case& c0, attn_context_t ctx) {
     if ((std::strstr(info.kernel, "+bwd-p-") != nullptr) != c.bwd_persist)
       r.describe_error += std::string(" kernel '") + info.kernel + "': expected the " +
                           (c.bwd_persist ? "persistent" : "one-block-per-item") + " dK/dV kernel;";
+    const bool sm90_bwd = expects_sm90_backward(c);
+    if ((std::strstr(info.kernel, "+bwd-wgmma-bs-") != nullptr) != sm90_bwd)
+      r.describe_error += std::string(" kernel '") + info.kernel + "': expected the " +
+                          (sm90_bwd ? "sm_90a" : "sm_80") + " block-sparse dK/dV kernel;";
   }
 
   run_passes(r, plans);
@@ -515,6 +533,14 @@ int main() {
   g_sm90 = prop.major == 9 && prop.minor == 0 && !(sm90_env && std::strcmp(sm90_env, "0") == 0);
   std::printf("device sm_%d%d: d = 64/128 forwards expected on the %s kernel\n", prop.major,
               prop.minor, g_sm90 ? "sm_90a (wgmma)" : "sm_80");
+  const char* bwd_sparse_env = std::getenv("ATTN_CUDA_BWD_SM90_SPARSE");
+  const char* bwd_sm90_env = std::getenv("ATTN_CUDA_BWD_SM90");
+  g_sm90_bwd_sparse = prop.major == 9 && prop.minor == 0 && bwd_sparse_env != nullptr &&
+                      std::atoi(bwd_sparse_env) != 0 &&
+                      !(bwd_sm90_env && std::strcmp(bwd_sm90_env, "0") == 0) &&
+                      std::getenv("ATTN_CUDA_BWD_VARIANT") == nullptr;
+  std::printf("d = 64/128 dK/dV expected on the %s block-sparse kernel\n",
+              g_sm90_bwd_sparse ? "sm_90a (wgmma)" : "sm_80");
 
   attn_context_t ctx = nullptr;
   ATTN_CHECK(attn_context_create(ATTN_BACKEND_CUDA, 0, 0, &ctx));

@@ -2,8 +2,9 @@
 // the host and checked here without a GPU, in every tile shape the CUDA
 // plans use: the sm_90a forward's (192 x 128 at d = 64, 128 x 128 at
 // d = 128, with one work item per query tile, longest list first), the
-// sm_80 forward's (128 x 64) and the dK/dV kernel's KV-major lists (64 x 128
-// and 128 x 128).
+// sm_80 forward's (128 x 64) and the dK/dV kernels' KV-major lists (64 x 128
+// and 128 x 128; the sm_90a dK/dV kernel's, from flash::bwd_sm90_config,
+// with several words per bit-tile row at d = 64).
 //
 // Masks: random block selections (per block: none, whole, or a random bit
 // tile) with block sizes that divide the tiles and ones that do not, under
@@ -23,6 +24,7 @@
 #include <vector>
 
 #include "cuda/block_sparse.hpp"
+#include "flash/bwd_params.cuh"
 
 using namespace attn;
 using attn::cuda::HostTileLists;
@@ -188,6 +190,11 @@ int main() {
       {"sm80-fwd-b48x80-causal", {1, 1, 277, 300, 48, 80, causal}, 128, 64, false, false},
       {"dkdv-64x128-b96-window", {1, 2, 390, 420, 96, 96, window}, 64, 128, true, false},
       {"dkdv-128x128-b64-causal", {2, 1, 300, 300, 64, 64, causal}, 128, 128, true, false},
+      // The sm_90a dK/dV kernel's KV-major lists, d = 64 and 128.
+      {"dkdv-sm90-d64-b80-causal", {1, 2, 333, 401, 80, 80, causal},
+       flash::bwd_sm90_config(64).block_m, flash::bwd_sm90_config(64).block_n, true, false},
+      {"dkdv-sm90-d128-b48x96-window", {2, 1, 290, 310, 48, 96, window},
+       flash::bwd_sm90_config(128).block_m, flash::bwd_sm90_config(128).block_n, true, false},
   };
   for (const Case& c : cases) {
     const int before = g_failures;
