@@ -30,7 +30,9 @@
 //     ring_plan.hpp) runs --warmup + --repeat more forwards and backwards;
 //     each piece's median is reported: block kernels, merges /
 //     accumulations, the wait for the K/V exchange, the dK/dV exchange as
-//     exposed on the compute stream, prologue and epilogue;
+//     exposed on the compute stream, prologue and epilogue; each block next
+//     to the same block's compute-only time (the compute-only blocks are
+//     also timed one by one);
 //   - the backward with ATTN_RING_DKV_HOME=1 (own shard's dK/dV kept home,
 //     one dK/dV exchange fewer, the last one overlapped with the own
 //     blocks): timed as the ring above, profiled likewise, and its dQ, dK,
@@ -171,6 +173,9 @@ struct RankConfigResult {
   Stat home_bwd;           // the backward with ATTN_RING_DKV_HOME=1
   double home_diff = 0.0;  // its dQ, dK, dV against the default ring's: max |diff| / max |value|
   std::vector<PieceSeries> pieces[kNumVariants][2];  // [variant][0 fwd, 1 bwd]
+  // Compute-only, block by block (ring order): its step and times per call.
+  std::vector<int> comp_block_step;
+  std::vector<std::vector<float>> comp_block_ms[2];  // [0 fwd, 1 bwd][block]
   std::string profile_note;
   uint64_t blocks_computed = 0, blocks_skipped = 0, full_blocks = 0, diagonal_blocks = 0;
   uint64_t pairs = 0, bytes_fwd = 0, bytes_bwd = 0;
@@ -237,6 +242,7 @@ bool all_finite_f32(const float* dev, size_t count) {
 // ---------------------------------------------------------------------------
 
 struct Block {
+  int step;               // ring step
   int q_chunk, kv_chunk;  // local chunk indices (K/V: of the shard held at that step)
   bool full;              // fully visible; else diagonal (causal, aligned)
   uint64_t pairs;         // per head
@@ -258,9 +264,9 @@ std::vector<Block> ring_blocks(const Config& cfg, int n, int rank, int64_t chunk
         const int64_t gq = global_chunk(cfg.layout, n, rank, qc);
         const int64_t gk = global_chunk(cfg.layout, n, owner, kc);
         if (cfg.mask == ATTN_MASK_NONE || gq > gk)
-          blocks.push_back({qc, kc, true, uint64_t(chunk * chunk)});
+          blocks.push_back({t, qc, kc, true, uint64_t(chunk * chunk)});
         else if (gq == gk)
-          blocks.push_back({qc, kc, false, uint64_t(chunk * (chunk + 1) / 2)});
+          blocks.push_back({t, qc, kc, false, uint64_t(chunk * (chunk + 1) / 2)});
         else
           ++*skipped;
       }
@@ -622,6 +628,42 @@ void run_rank(Shared& sh, int r) {
                                  bws, stream));
       }
     });
+    // The same blocks timed one by one (events between them), for the
+    // breakdown's block rows.
+    {
+      std::vector<cudaEvent_t> ev(blocks.size() + 1);
+      for (cudaEvent_t& e : ev) CUDA_CHECK(cudaEventCreate(&e));
+      for (const Block& b : blocks) cr.comp_block_step.push_back(b.step);
+      for (int pass = 0; pass < 2; ++pass) {
+        cr.comp_block_ms[pass].assign(blocks.size(), {});
+        for (int it = 0; it < o.warmup + o.repeat; ++it) {
+          CUDA_CHECK(cudaStreamSynchronize(stream));
+          sh.barrier->wait();
+          CUDA_CHECK(cudaEventRecord(ev[0], stream));
+          for (size_t i = 0; i < blocks.size(); ++i) {
+            const Block& b = blocks[i];
+            attn_plan_t bp = block_plan[b.full ? 0 : 1];
+            if (pass == 0)
+              ATTN_CHECK(attn_forward(bp, at(Q, b.q_chunk), at(K, b.kv_chunk), at(V, b.kv_chunk),
+                                      bo[i], blse[i], bwsp, bws, stream));
+            else
+              ATTN_CHECK(attn_backward(bp, at(Q, b.q_chunk), at(K, b.kv_chunk),
+                                       at(V, b.kv_chunk), bo[i], blse[i], at(DO, b.q_chunk),
+                                       at(DQ, b.q_chunk), at(DK, b.kv_chunk), at(DV, b.kv_chunk),
+                                       bwsp, bws, stream));
+            CUDA_CHECK(cudaEventRecord(ev[i + 1], stream));
+          }
+          CUDA_CHECK(cudaEventSynchronize(ev.back()));
+          if (it < o.warmup) continue;
+          for (size_t i = 0; i < blocks.size(); ++i) {
+            float ms = 0;
+            CUDA_CHECK(cudaEventElapsedTime(&ms, ev[i], ev[i + 1]));
+            cr.comp_block_ms[pass][i].push_back(ms);
+          }
+        }
+      }
+      for (cudaEvent_t e : ev) CUDA_CHECK(cudaEventDestroy(e));
+    }
     CUDA_CHECK(cudaStreamSynchronize(stream));
     for (size_t i = 0; i < blocks.size(); ++i) {
       if (!all_finite_bf16(bo[i], cbytes / 2))
@@ -710,6 +752,20 @@ void print_breakdown(const Shared& sh, int ci, int var, int pass) {
       same = o[i].step == first[i].step && o[i].block == first[i].block &&
              o[i].what == first[i].what;
   }
+  // The compute-only time of the block a piece ran (same step, same index
+  // within the step), or a dash.
+  auto comp_of = [&](int r, const PieceSeries& p) -> std::string {
+    const RankConfigResult& c = sh.results[size_t(r)].cfg[ci];
+    if (p.what != RingPiece::block) return "-";
+    int seen = 0;
+    for (size_t i = 0; i < c.comp_block_step.size(); ++i)
+      if (c.comp_block_step[i] == p.step && seen++ == p.block) {
+        char buf[32];
+        std::snprintf(buf, sizeof buf, "%.3f", median_of(c.comp_block_ms[pass][i]));
+        return buf;
+      }
+    return "?";
+  };
   auto where = [](const PieceSeries& p) {
     return (p.step < 0 ? std::string("-") : std::to_string(p.step)) + " | " +
            (p.block < 0 ? std::string("-") : std::to_string(p.block)) + " | " +
@@ -719,22 +775,26 @@ void print_breakdown(const Shared& sh, int ci, int var, int pass) {
               "\n\n");
   if (same) {
     std::printf("| step | block | piece |");
-    for (int r = 0; r < n; ++r) std::printf(" rank %d ms |", r);
+    for (int r = 0; r < n; ++r) std::printf(" rank %d ms | rank %d comp-only ms |", r, r);
     std::printf("\n|---|---|---|");
-    for (int r = 0; r < n; ++r) std::printf("---|");
+    for (int r = 0; r < n; ++r) std::printf("---|---|");
     std::printf("\n");
     for (size_t i = 0; i < first.size(); ++i) {
       std::printf("| %s |", where(first[i]).c_str());
-      for (int r = 0; r < n; ++r)
-        std::printf(" %.3f |", median_of(sh.results[size_t(r)].cfg[ci].pieces[var][pass][i].ms));
+      for (int r = 0; r < n; ++r) {
+        const PieceSeries& p = sh.results[size_t(r)].cfg[ci].pieces[var][pass][i];
+        std::printf(" %.3f | %s |", median_of(p.ms), comp_of(r, p).c_str());
+      }
       std::printf("\n");
     }
     return;
   }
-  std::printf("| rank | step | block | piece | median ms |\n|---|---|---|---|---|\n");
+  std::printf("| rank | step | block | piece | median ms | comp-only ms |\n"
+              "|---|---|---|---|---|---|\n");
   for (int r = 0; r < n; ++r)
     for (const PieceSeries& p : sh.results[size_t(r)].cfg[ci].pieces[var][pass])
-      std::printf("| %d | %s | %.3f |\n", r, where(p).c_str(), median_of(p.ms));
+      std::printf("| %d | %s | %.3f | %s |\n", r, where(p).c_str(), median_of(p.ms),
+                  comp_of(r, p).c_str());
 }
 
 double tflops(uint64_t pairs, double d, double mult, double ms) {
@@ -913,7 +973,10 @@ int main(int argc, char** argv) {
               "communication); dK/dV exchange: the accumulators' exchange as the stream "
               "waits for it; prologue: zeroing, K/V packing (and, with DKV_HOME, the first own "
               "block's K/V exchange start); epilogue: outputs from the fp32 sums. The "
-              "forward has no DKV_HOME variant (it is the default forward).\n",
+              "forward has no DKV_HOME variant (it is the default forward). comp-only ms: the "
+              "same block as a dense plan alone, timed one by one after the compute-only "
+              "runs (a block slower in the ring than alone shares the GPU with the NCCL "
+              "kernels of an exchange in flight, or waits for them).\n",
               o.warmup, o.repeat);
   for (int ci = 0; ci < kNumConfigs; ++ci) {
     print_breakdown(sh, ci, kDefault, 0);
