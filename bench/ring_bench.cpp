@@ -46,7 +46,8 @@
 // outputs and workspaces are filled with NaN first, and O, LSE, dQ, dK, dV
 // of the ring are checked for NaN/inf after the last call.
 //
-// Output: a markdown report, the summary table last. ATTN_COMMIT names the
+// Output: a markdown report: the exchange, per-rank and summary tables,
+// then the DKV_HOME backward and the per-step breakdown. ATTN_COMMIT names the
 // commit in the header. Exit status: 0 success, 1 failure (CUDA, NCCL or
 // libattn error, NaN, schedule mismatch), 2 bad command line, 77 fewer than
 // 2 GPUs. Host code only: the C API, the CUDA runtime API and NCCL, and the
@@ -176,7 +177,6 @@ struct RankConfigResult {
   // Compute-only, block by block (ring order): its step and times per call.
   std::vector<int> comp_block_step;
   std::vector<std::vector<float>> comp_block_ms[2];  // [0 fwd, 1 bwd][block]
-  std::string profile_note;
   uint64_t blocks_computed = 0, blocks_skipped = 0, full_blocks = 0, diagonal_blocks = 0;
   uint64_t pairs = 0, bytes_fwd = 0, bytes_bwd = 0;
   int64_t chunk = 0;
@@ -971,8 +971,8 @@ int main(int argc, char** argv) {
               "merge or the dQ/dK/dV fp32 additions after each block; wait K/V: the compute "
               "stream waiting for the K/V exchange after the step's blocks (exposed "
               "communication); dK/dV exchange: the accumulators' exchange as the stream "
-              "waits for it; prologue: zeroing, K/V packing (and, with DKV_HOME, the first own "
-              "block's K/V exchange start); epilogue: outputs from the fp32 sums. The "
+              "waits for it; prologue: zeroing, gathers, K/V packing; epilogue: outputs from "
+              "the fp32 sums (with DKV_HOME: after adding the returned dK/dV). The "
               "forward has no DKV_HOME variant (it is the default forward). comp-only ms: the "
               "same block as a dense plan alone, timed one by one after the compute-only "
               "runs (a block slower in the ring than alone shares the GPU with the NCCL "
