@@ -25,6 +25,18 @@
 //     Its block count and (query, key) pairs are checked against
 //     attn_ring_plan_describe. Its backward runs on O and LSE of an untimed
 //     forward of each block.
+//   - per-step breakdown: a ring plan created with ATTN_RING_PROFILE=1
+//     (CUDA events between the pieces of each step, see src/ring/
+//     ring_plan.hpp) runs --warmup + --repeat more forwards and backwards;
+//     each piece's median is reported: block kernels, merges /
+//     accumulations, the wait for the K/V exchange, the dK/dV exchange as
+//     exposed on the compute stream, prologue and epilogue; each block next
+//     to the same block's compute-only time (the compute-only blocks are
+//     also timed one by one);
+//   - the backward with ATTN_RING_DKV_HOME=1 (own shard's dK/dV kept home,
+//     one dK/dV exchange fewer, the last one overlapped with the own
+//     blocks): timed as the ring above, profiled likewise, and its dQ, dK,
+//     dV compared with the default ring's (max |difference| / max |value|).
 // Before the configurations, every rank times a plain ncclSend/ncclRecv
 // exchange (send to rank + 1, receive from rank - 1, one group, as the ring
 // transport does) of the ring's forward bytes per step (K and V, bf16) and
@@ -34,14 +46,20 @@
 // outputs and workspaces are filled with NaN first, and O, LSE, dQ, dK, dV
 // of the ring are checked for NaN/inf after the last call.
 //
-// Output: a markdown report, the summary table last. ATTN_COMMIT names the
+// Output: a markdown report: the exchange, per-rank and summary tables,
+// then the DKV_HOME backward and the per-step breakdown. ATTN_COMMIT names the
 // commit in the header. Exit status: 0 success, 1 failure (CUDA, NCCL or
 // libattn error, NaN, schedule mismatch), 2 bad command line, 77 fewer than
-// 2 GPUs. Host code only: the C API, the CUDA runtime API and NCCL.
+// 2 GPUs. Host code only: the C API, the CUDA runtime API and NCCL, and the
+// library's internal attn::ring::ring_profile() for the breakdown (so it
+// links the static library).
 
 #include <attn/attn.h>
 #include <cuda_runtime_api.h>
 #include <nccl.h>
+
+#include "api/handles.hpp"
+#include "ring/ring_plan.hpp"
 
 #include <algorithm>
 #include <cerrno>
@@ -141,8 +159,24 @@ Stat stat_of(std::vector<float> ms) {
   return s;
 }
 
+// The pieces of one profiled pass, in stream order, with their times over
+// the repeats.
+struct PieceSeries {
+  int32_t step = -1, block = -1;
+  attn::ring::RingPiece what = attn::ring::RingPiece::prologue;
+  std::vector<float> ms;
+};
+enum Variant { kDefault, kDkvHome, kNumVariants };
+const char* const kVariantName[kNumVariants] = {"default", "ATTN_RING_DKV_HOME=1"};
+
 struct RankConfigResult {
   Stat ring_fwd, ring_bwd, comp_fwd, comp_bwd;
+  Stat home_bwd;           // the backward with ATTN_RING_DKV_HOME=1
+  double home_diff = 0.0;  // its dQ, dK, dV against the default ring's: max |diff| / max |value|
+  std::vector<PieceSeries> pieces[kNumVariants][2];  // [variant][0 fwd, 1 bwd]
+  // Compute-only, block by block (ring order): its step and times per call.
+  std::vector<int> comp_block_step;
+  std::vector<std::vector<float>> comp_block_ms[2];  // [0 fwd, 1 bwd][block]
   uint64_t blocks_computed = 0, blocks_skipped = 0, full_blocks = 0, diagonal_blocks = 0;
   uint64_t pairs = 0, bytes_fwd = 0, bytes_bwd = 0;
   int64_t chunk = 0;
@@ -208,6 +242,7 @@ bool all_finite_f32(const float* dev, size_t count) {
 // ---------------------------------------------------------------------------
 
 struct Block {
+  int step;               // ring step
   int q_chunk, kv_chunk;  // local chunk indices (K/V: of the shard held at that step)
   bool full;              // fully visible; else diagonal (causal, aligned)
   uint64_t pairs;         // per head
@@ -229,9 +264,9 @@ std::vector<Block> ring_blocks(const Config& cfg, int n, int rank, int64_t chunk
         const int64_t gq = global_chunk(cfg.layout, n, rank, qc);
         const int64_t gk = global_chunk(cfg.layout, n, owner, kc);
         if (cfg.mask == ATTN_MASK_NONE || gq > gk)
-          blocks.push_back({qc, kc, true, uint64_t(chunk * chunk)});
+          blocks.push_back({t, qc, kc, true, uint64_t(chunk * chunk)});
         else if (gq == gk)
-          blocks.push_back({qc, kc, false, uint64_t(chunk * (chunk + 1) / 2)});
+          blocks.push_back({t, qc, kc, false, uint64_t(chunk * (chunk + 1) / 2)});
         else
           ++*skipped;
       }
@@ -248,6 +283,13 @@ attn_plan_desc_t make_desc(const Options& o, int64_t seqlen, attn_mask_t mask) {
   ATTN_CHECK(attn_plan_desc_set_mask(d, mask, -1, -1));
   ATTN_CHECK(attn_plan_desc_set_passes(d, ATTN_PASSES_FORWARD_BACKWARD));
   return d;
+}
+
+float bf16_to_float(uint16_t h) {
+  const uint32_t u = uint32_t(h) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
 }
 
 // ---------------------------------------------------------------------------
@@ -285,6 +327,39 @@ class Timer {
   cudaStream_t s_;
   cudaEvent_t a_ = nullptr, b_ = nullptr;
 };
+
+// Creates every rank's ring plan with the environment variables `vars` set
+// (the ring reads its options at plan creation). Rank 0 sets and unsets
+// them while the others wait at the barrier: no thread reads the
+// environment while it changes.
+attn_plan_t create_ring_plan_with_env(Shared& sh, int r, const std::vector<const char*>& vars,
+                                      attn_context_t ctx, attn_plan_desc_t desc, attn_comm_t comm,
+                                      attn_ring_layout_t layout) {
+  sh.barrier->wait();
+  if (r == 0)
+    for (const char* v : vars) setenv(v, "1", 1);
+  sh.barrier->wait();
+  attn_plan_t plan;
+  ATTN_CHECK(attn_ring_plan_create(ctx, desc, comm, layout, &plan));
+  sh.barrier->wait();
+  if (r == 0)
+    for (const char* v : vars) unsetenv(v);
+  sh.barrier->wait();
+  return plan;
+}
+
+// Adds the pieces of the last `pass` of `plan` to `series` (the same
+// sequence every call).
+void collect_pieces(attn_plan_t plan, attn_pass_t pass, std::vector<PieceSeries>& series) {
+  const std::vector<attn::ring::RingPieceTime> got = attn::ring::ring_profile(*plan->plan, pass);
+  if (got.empty()) die("ring_profile: the plan made with ATTN_RING_PROFILE=1 recorded nothing");
+  if (series.empty()) series.resize(got.size());
+  if (series.size() != got.size()) die("ring_profile: the pieces differ between calls");
+  for (size_t i = 0; i < got.size(); ++i) {
+    series[i].step = got[i].step, series[i].block = got[i].block, series[i].what = got[i].what;
+    series[i].ms.push_back(got[i].ms);
+  }
+}
 
 // Runs `call` warmup + repeat times; each timed call starts after every
 // rank has drained its stream and met at the barrier.
@@ -410,6 +485,78 @@ void run_rank(Shared& sh, int r) {
     if (!all_finite_f32(lse, lse_elems))
       die(std::string(cfg.name) + ": rank " + std::to_string(r) + ": ring LSE holds NaN or inf");
     ATTN_CHECK(attn_plan_destroy(plan));
+
+    // --- the backward with the own dK/dV kept home, against the default's --
+    std::vector<uint16_t> ref_grads[3];
+    for (int i = 0; i < 3; ++i) {
+      ref_grads[i].resize(elems);
+      CUDA_CHECK(cudaMemcpy(ref_grads[i].data(), t[DQ + i], bytes, cudaMemcpyDeviceToHost));
+    }
+    {
+      attn_plan_desc_t hd = make_desc(o, seqlen, cfg.mask);
+      attn_plan_t home = create_ring_plan_with_env(sh, r, {"ATTN_RING_DKV_HOME"}, ctx, hd, comm,
+                                                   cfg.layout);
+      ATTN_CHECK(attn_plan_desc_destroy(hd));
+      size_t hws = 0;
+      ATTN_CHECK(attn_plan_workspace_size(home, ATTN_PASS_BACKWARD, &hws));
+      void* hwsp;
+      CUDA_CHECK(cudaMalloc(&hwsp, hws));
+      CUDA_CHECK(cudaMemset(hwsp, 0xff, hws));
+      for (int i = DQ; i <= DV; ++i) CUDA_CHECK(cudaMemset(t[i], 0xff, bytes));  // NaN
+      cr.home_bwd = time_calls(sh, stream, true, [&] {
+        ATTN_CHECK(attn_backward(home, t[Q], t[K], t[V], t[O], lse, t[DO], t[DQ], t[DK], t[DV],
+                                 hwsp, hws, stream));
+      });
+      CUDA_CHECK(cudaStreamSynchronize(stream));
+      std::vector<uint16_t> h(elems);
+      for (int i = 0; i < 3; ++i) {
+        CUDA_CHECK(cudaMemcpy(h.data(), t[DQ + i], bytes, cudaMemcpyDeviceToHost));
+        double diff = 0, mag = 0;
+        for (size_t j = 0; j < elems; ++j) {
+          const double a = bf16_to_float(h[j]), b = bf16_to_float(ref_grads[i][j]);
+          if (!std::isfinite(a))
+            die(std::string(cfg.name) + ": rank " + std::to_string(r) +
+                ": ATTN_RING_DKV_HOME=1 backward holds NaN or inf");
+          diff = std::max(diff, std::fabs(a - b));
+          mag = std::max(mag, std::fabs(b));
+        }
+        cr.home_diff = std::max(cr.home_diff, mag > 0 ? diff / mag : diff);
+      }
+      ATTN_CHECK(attn_plan_destroy(home));
+      CUDA_CHECK(cudaFree(hwsp));
+    }
+
+    // --- per-step breakdown: profiled plans, default and dkv_home -----------
+    for (int var = 0; var < kNumVariants; ++var) {
+      std::vector<const char*> vars = {"ATTN_RING_PROFILE"};
+      if (var == kDkvHome) vars.push_back("ATTN_RING_DKV_HOME");
+      attn_plan_desc_t pd = make_desc(o, seqlen, cfg.mask);
+      attn_plan_t prof = create_ring_plan_with_env(sh, r, vars, ctx, pd, comm, cfg.layout);
+      ATTN_CHECK(attn_plan_desc_destroy(pd));
+      size_t pf = 0, pb = 0;
+      ATTN_CHECK(attn_plan_workspace_size(prof, ATTN_PASS_FORWARD, &pf));
+      ATTN_CHECK(attn_plan_workspace_size(prof, ATTN_PASS_BACKWARD, &pb));
+      void* pws = ws;
+      if (std::max(pf, pb) > std::max(ws_fwd, ws_bwd)) {
+        CUDA_CHECK(cudaMalloc(&pws, std::max(pf, pb)));
+      }
+      for (int i = 0; i < o.warmup + o.repeat; ++i) {
+        CUDA_CHECK(cudaStreamSynchronize(stream));
+        sh.barrier->wait();
+        if (var == kDefault) {  // the dkv_home forward is the default one
+          ATTN_CHECK(attn_forward(prof, t[Q], t[K], t[V], t[O], lse, pws, pf, stream));
+          if (i >= o.warmup) collect_pieces(prof, ATTN_PASS_FORWARD, cr.pieces[var][0]);
+          CUDA_CHECK(cudaStreamSynchronize(stream));
+          sh.barrier->wait();
+        }
+        ATTN_CHECK(attn_backward(prof, t[Q], t[K], t[V], t[O], lse, t[DO], t[DQ], t[DK], t[DV],
+                                 pws, pb, stream));
+        if (i >= o.warmup) collect_pieces(prof, ATTN_PASS_BACKWARD, cr.pieces[var][1]);
+      }
+      CUDA_CHECK(cudaStreamSynchronize(stream));
+      ATTN_CHECK(attn_plan_destroy(prof));
+      if (pws != ws) CUDA_CHECK(cudaFree(pws));
+    }
     CUDA_CHECK(cudaFree(ws));
 
     // --- compute-only: the ring's blocks as dense plans, no communication ---
@@ -481,6 +628,42 @@ void run_rank(Shared& sh, int r) {
                                  bws, stream));
       }
     });
+    // The same blocks timed one by one (events between them), for the
+    // breakdown's block rows.
+    {
+      std::vector<cudaEvent_t> ev(blocks.size() + 1);
+      for (cudaEvent_t& e : ev) CUDA_CHECK(cudaEventCreate(&e));
+      for (const Block& b : blocks) cr.comp_block_step.push_back(b.step);
+      for (int pass = 0; pass < 2; ++pass) {
+        cr.comp_block_ms[pass].assign(blocks.size(), {});
+        for (int it = 0; it < o.warmup + o.repeat; ++it) {
+          CUDA_CHECK(cudaStreamSynchronize(stream));
+          sh.barrier->wait();
+          CUDA_CHECK(cudaEventRecord(ev[0], stream));
+          for (size_t i = 0; i < blocks.size(); ++i) {
+            const Block& b = blocks[i];
+            attn_plan_t bp = block_plan[b.full ? 0 : 1];
+            if (pass == 0)
+              ATTN_CHECK(attn_forward(bp, at(Q, b.q_chunk), at(K, b.kv_chunk), at(V, b.kv_chunk),
+                                      bo[i], blse[i], bwsp, bws, stream));
+            else
+              ATTN_CHECK(attn_backward(bp, at(Q, b.q_chunk), at(K, b.kv_chunk),
+                                       at(V, b.kv_chunk), bo[i], blse[i], at(DO, b.q_chunk),
+                                       at(DQ, b.q_chunk), at(DK, b.kv_chunk), at(DV, b.kv_chunk),
+                                       bwsp, bws, stream));
+            CUDA_CHECK(cudaEventRecord(ev[i + 1], stream));
+          }
+          CUDA_CHECK(cudaEventSynchronize(ev.back()));
+          if (it < o.warmup) continue;
+          for (size_t i = 0; i < blocks.size(); ++i) {
+            float ms = 0;
+            CUDA_CHECK(cudaEventElapsedTime(&ms, ev[i], ev[i + 1]));
+            cr.comp_block_ms[pass][i].push_back(ms);
+          }
+        }
+      }
+      for (cudaEvent_t e : ev) CUDA_CHECK(cudaEventDestroy(e));
+    }
     CUDA_CHECK(cudaStreamSynchronize(stream));
     for (size_t i = 0; i < blocks.size(); ++i) {
       if (!all_finite_bf16(bo[i], cbytes / 2))
@@ -526,6 +709,92 @@ bool parse_int(const char* s, int64_t lo, int64_t hi, int64_t* out) {
   if (errno != 0 || end == s || *end != '\0' || v < lo || v > hi) return false;
   *out = v;
   return true;
+}
+
+double median_of(std::vector<float> v) { return v.empty() ? 0.0 : stat_of(std::move(v)).median; }
+
+// The breakdown of one profiled pass over the ranks: a summary row per rank
+// (pieces of each kind summed, each piece at its median), then the pieces.
+void print_breakdown(const Shared& sh, int ci, int var, int pass) {
+  using attn::ring::RingPiece;
+  const int n = sh.n;
+  const Config& cfg = kConfigs[ci];
+  const char* pname = pass == 0 ? "fwd" : "bwd";
+  std::printf("\n### %s, %s, %s\n\n", cfg.name, pname, kVariantName[var]);
+  std::printf("| rank | ring ms (timed) | pieces total | blocks | %s | wait K/V | dK/dV exchange | "
+              "prologue | epilogue | comp-only ms | total - comp-only |\n"
+              "|---|---|---|---|---|---|---|---|---|---|---|\n",
+              pass == 0 ? "merges" : "accumulations");
+  for (int r = 0; r < n; ++r) {
+    const RankConfigResult& c = sh.results[size_t(r)].cfg[ci];
+    double sum[7] = {0, 0, 0, 0, 0, 0, 0}, total = 0;
+    for (const PieceSeries& p : c.pieces[var][pass]) {
+      const double m = median_of(p.ms);
+      sum[int(p.what)] += m;
+      total += m;
+    }
+    const double timed = pass == 0 ? c.ring_fwd.median
+                                   : (var == kDkvHome ? c.home_bwd.median : c.ring_bwd.median);
+    const double comp = pass == 0 ? c.comp_fwd.median : c.comp_bwd.median;
+    std::printf("| %d | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n", r,
+                timed, total, sum[int(RingPiece::block)],
+                sum[int(RingPiece::merge)] + sum[int(RingPiece::accumulate)],
+                sum[int(RingPiece::wait_kv)], sum[int(RingPiece::exchange_dkv)],
+                sum[int(RingPiece::prologue)], sum[int(RingPiece::epilogue)], comp, total - comp);
+  }
+  // Pieces: one column per rank when every rank ran the same sequence.
+  const std::vector<PieceSeries>& first = sh.results[0].cfg[ci].pieces[var][pass];
+  bool same = true;
+  for (int r = 1; r < n && same; ++r) {
+    const std::vector<PieceSeries>& o = sh.results[size_t(r)].cfg[ci].pieces[var][pass];
+    same = o.size() == first.size();
+    for (size_t i = 0; same && i < o.size(); ++i)
+      same = o[i].step == first[i].step && o[i].block == first[i].block &&
+             o[i].what == first[i].what;
+  }
+  // The compute-only time of the block a piece ran (same step, same index
+  // within the step), or a dash.
+  auto comp_of = [&](int r, const PieceSeries& p) -> std::string {
+    const RankConfigResult& c = sh.results[size_t(r)].cfg[ci];
+    if (p.what != RingPiece::block) return "-";
+    int seen = 0;
+    for (size_t i = 0; i < c.comp_block_step.size(); ++i)
+      if (c.comp_block_step[i] == p.step && seen++ == p.block) {
+        char buf[32];
+        std::snprintf(buf, sizeof buf, "%.3f", median_of(c.comp_block_ms[pass][i]));
+        return buf;
+      }
+    return "?";
+  };
+  auto where = [](const PieceSeries& p) {
+    return (p.step < 0 ? std::string("-") : std::to_string(p.step)) + " | " +
+           (p.block < 0 ? std::string("-") : std::to_string(p.block)) + " | " +
+           attn::ring::ring_piece_name(p.what);
+  };
+  std::printf("\nPieces in stream order, median ms (step -: before the first / after the last):"
+              "\n\n");
+  if (same) {
+    std::printf("| step | block | piece |");
+    for (int r = 0; r < n; ++r) std::printf(" rank %d ms | rank %d comp-only ms |", r, r);
+    std::printf("\n|---|---|---|");
+    for (int r = 0; r < n; ++r) std::printf("---|---|");
+    std::printf("\n");
+    for (size_t i = 0; i < first.size(); ++i) {
+      std::printf("| %s |", where(first[i]).c_str());
+      for (int r = 0; r < n; ++r) {
+        const PieceSeries& p = sh.results[size_t(r)].cfg[ci].pieces[var][pass][i];
+        std::printf(" %.3f | %s |", median_of(p.ms), comp_of(r, p).c_str());
+      }
+      std::printf("\n");
+    }
+    return;
+  }
+  std::printf("| rank | step | block | piece | median ms | comp-only ms |\n"
+              "|---|---|---|---|---|---|\n");
+  for (int r = 0; r < n; ++r)
+    for (const PieceSeries& p : sh.results[size_t(r)].cfg[ci].pieces[var][pass])
+      std::printf("| %d | %s | %.3f | %s |\n", r, where(p).c_str(), median_of(p.ms),
+                  comp_of(r, p).c_str());
 }
 
 double tflops(uint64_t pairs, double d, double mult, double ms) {
@@ -679,6 +948,40 @@ int main(int argc, char** argv) {
                 kConfigs[ci].name, v[0][0], v[1][0], v[0][0] / v[1][0], v[2][0], v[3][0],
                 v[2][0] / v[3][0], v[0][0] / v[0][1], v[2][0] / v[2][1], v[1][0] / v[1][1],
                 v[3][0] / v[3][1]);
+  }
+
+  std::printf("\n## Backward with ATTN_RING_DKV_HOME=1 (own shard's dK/dV kept home)\n\n");
+  std::printf("| config | rank | default bwd ms | dkv_home bwd ms | dkv_home / default | "
+              "dkv_home / comp | dQ, dK, dV vs default (max diff / max value) |\n"
+              "|---|---|---|---|---|---|---|\n");
+  for (int ci = 0; ci < kNumConfigs; ++ci)
+    for (int r = 0; r < n; ++r) {
+      const RankConfigResult& c = sh.results[size_t(r)].cfg[ci];
+      std::printf("| %s | %d | %.2f (%.2f) | %.2f (%.2f) | %.3f | %.3f | %.2e |\n",
+                  kConfigs[ci].name, r, c.ring_bwd.median, c.ring_bwd.min, c.home_bwd.median,
+                  c.home_bwd.min, c.home_bwd.median / c.ring_bwd.median,
+                  c.home_bwd.median / c.comp_bwd.median, c.home_diff);
+    }
+
+  std::printf("\n## Per-step breakdown (ATTN_RING_PROFILE=1)\n\n");
+  std::printf("Ring plans created with ATTN_RING_PROFILE=1 record a CUDA event on the rank's "
+              "stream after each piece; a piece's time runs from the previous event to its own. "
+              "%d warm-up + %d profiled calls per pass, separate from the timed ones above; "
+              "medians. blocks: the blocks' dense kernels; merges / accumulations: the (O, LSE) "
+              "merge or the dQ/dK/dV fp32 additions after each block; wait K/V: the compute "
+              "stream waiting for the K/V exchange after the step's blocks (exposed "
+              "communication); dK/dV exchange: the accumulators' exchange as the stream "
+              "waits for it; prologue: zeroing, gathers, K/V packing; epilogue: outputs from "
+              "the fp32 sums (with DKV_HOME: after adding the returned dK/dV). The "
+              "forward has no DKV_HOME variant (it is the default forward). comp-only ms: the "
+              "same block as a dense plan alone, timed one by one after the compute-only "
+              "runs (a block slower in the ring than alone shares the GPU with the NCCL "
+              "kernels of an exchange in flight, or waits for them).\n",
+              o.warmup, o.repeat);
+  for (int ci = 0; ci < kNumConfigs; ++ci) {
+    print_breakdown(sh, ci, kDefault, 0);
+    print_breakdown(sh, ci, kDefault, 1);
+    print_breakdown(sh, ci, kDkvHome, 1);
   }
   return 0;
 }

@@ -10,6 +10,12 @@
 #
 # Problem (both): bf16, batch 1, 16 heads, d 128, RANKS x 65536 tokens.
 #
+# The report's ring_bench section also holds, per configuration, rank and
+# pass, where the ring's time goes (ring plans with ATTN_RING_PROFILE=1:
+# CUDA events between block kernels, merges / accumulations, the waits on
+# the exchanges, prologue and epilogue), and the backward with
+# ATTN_RING_DKV_HOME=1 next to the default one.
+#
 # Environment (all optional):
 #   BUILD_DIR     build directory (/tmp/attn-bench-ring; configured here if it
 #                 is not: release, -Dgpu_archs=$GPU_ARCHS, -Dcuda=enabled,

@@ -14,6 +14,11 @@
 // input dtype before the end. K/V travel in the input dtype; the dK/dV
 // accumulators travel in fp32.
 //
+// With RingOptions::dkv_home (ATTN_RING_DKV_HOME=1 at plan creation, off by
+// default) the backward keeps the own shard's dK/dV home, in the order the
+// CUDA ring plan uses (backward_dkv_home there), so that these in-process
+// rings test that schedule too.
+//
 // The copies are chunk-major: local chunk c of every sequence, packed back
 // to back, then chunk c + 1. One chunk is then a packed (THD) batch whose
 // sequence b has the chunk length of b, so every block runs as one varlen
@@ -158,10 +163,11 @@ using Traffic = RingSchedule::Traffic;
 class CpuRingPlan final : public RingBackendPlan {
  public:
   CpuRingPlan(const ContextConfig& ctx, const Problem& global, std::shared_ptr<Transport> transport,
-              const RingSchedule& schedule)
+              const RingSchedule& schedule, const RingOptions& options)
       : ctx_(ctx), g_(global), tr_(std::move(transport)), sched_(schedule) {
     rank_ = sched_.rank;
     n_ = sched_.size;
+    dkv_home_ = options.dkv_home && g_.backward && n_ > 1;
     chunks_ = sched_.chunks;
     q_ = local_shape(g_, sched_.cq_seq, chunks_, g_.heads_q, g_.head_dim_qk);
     o_ = local_shape(g_, sched_.cq_seq, chunks_, g_.heads_q, g_.head_dim_v);
@@ -268,8 +274,12 @@ class CpuRingPlan final : public RingBackendPlan {
     for_each_lse_run(q_, [&](int64_t user, int64_t packed, int64_t n) {
       std::memcpy(lse_c + packed, a.lse + user, sizeof(float) * size_t(n));
     });
-    pack_kv(a.k, a.v, kv[0]);
     std::fill(dkv[0], dkv[0] + nk + nv, 0.0f);
+    if (dkv_home_) {
+      backward_dkv_home(a, kv, dkv);
+      return;
+    }
+    pack_kv(a.k, a.v, kv[0]);
 
     Exchange x;
     bool in_flight = false;
@@ -325,12 +335,98 @@ class CpuRingPlan final : public RingBackendPlan {
     const BackendPlan* plan;
   };
 
+  // Block i of step t on the K/V in kf, vf: its dense backward, then dQ
+  // into the local sum and dK, dV into dkv (dK then dV).
+  void backward_block(const BackwardArgs& a, int32_t t, size_t i, float* dkv) const {
+    char* ws = workspace_base(a.workspace);
+    const Block& blk = blocks_[size_t(t)][i];
+    const int32_t qc = blk.q_chunk, kc = blk.kv_chunk;
+    float* kf = floats(ws, bwd_.kf);
+    float* vf = floats(ws, bwd_.vf);
+    float* dq_part = floats(ws, bwd_.dq_part);
+    float* dk_part = floats(ws, bwd_.dk_part);
+    float* dv_part = floats(ws, bwd_.dv_part);
+    blk.plan->backward(BackwardArgs{
+        floats(ws, bwd_.qf) + chunk_offset(q_, qc), kf + chunk_offset(k_, kc),
+        vf + chunk_offset(v_, kc), floats(ws, bwd_.of) + chunk_offset(o_, qc),
+        floats(ws, bwd_.lse_chunks) + qc * g_.heads_q * q_.rows(),
+        floats(ws, bwd_.dof) + chunk_offset(o_, qc), dq_part + chunk_offset(q_, qc),
+        dk_part + chunk_offset(k_, kc), dv_part + chunk_offset(v_, kc), ws + bwd_.sub, a.stream});
+    add_chunk(floats(ws, bwd_.dq_acc), dq_part, q_, qc);
+    add_chunk(dkv, dk_part, k_, kc);
+    add_chunk(dkv + k_.elements(), dv_part, v_, kc);
+  }
+
+  // The backward with the own shard's dK/dV kept home: step 0's blocks (own
+  // K/V) split around the foreign steps, the first before them, the others
+  // after, while the travelling accumulator (zero at step 1, the foreign
+  // holders' sums) goes home; the owner adds it to its own sums. Exchanges:
+  // K/V after steps 0 .. n - 2, dK/dV after steps 1 .. n - 1.
+  void backward_dkv_home(const BackwardArgs& a, char* const kv[2], float* const dkv[2]) const {
+    char* ws = workspace_base(a.workspace);
+    char* kv_own = ws + bwd_.kv_own;
+    float* dkv_own = floats(ws, bwd_.dkv_own);
+    float* kf = floats(ws, bwd_.kf);
+    float* vf = floats(ws, bwd_.vf);
+    const int64_t nk = k_.elements(), nkv = k_.elements() + v_.elements();
+    const size_t own = blocks_[0].size(), own_head = std::min<size_t>(own, 1);
+    pack_kv(a.k, a.v, kv_own);
+    std::fill(dkv_own, dkv_own + nkv, 0.0f);
+
+    Exchange x;
+    bool in_flight = false;
+    int kv_cur = 0, dkv_cur = 0;
+    try {
+      x = {kv_own, kv[0], kv_bytes_, tag(ATTN_PASS_BACKWARD, 0, Traffic::kv)};
+      tr_->start(x, a.stream);
+      in_flight = true;
+      unpack_kv(kv_own, kf, vf);
+      for (size_t i = 0; i < own_head; ++i) backward_block(a, 0, i, dkv_own);
+      in_flight = false;
+      tr_->finish(x, a.stream);
+      for (int32_t t = 1; t < n_; ++t) {
+        if (t + 1 < n_) {
+          x = {kv[kv_cur], kv[1 - kv_cur], kv_bytes_, tag(ATTN_PASS_BACKWARD, t, Traffic::kv)};
+          tr_->start(x, a.stream);
+          in_flight = true;
+        }
+        unpack_kv(kv[kv_cur], kf, vf);
+        for (size_t i = 0; i < blocks_[size_t(t)].size(); ++i)
+          backward_block(a, t, i, dkv[dkv_cur]);
+        if (in_flight) {
+          in_flight = false;
+          tr_->finish(x, a.stream);
+          kv_cur = 1 - kv_cur;
+        }
+        x = {dkv[dkv_cur], dkv[1 - dkv_cur], dkv_bytes_, tag(ATTN_PASS_BACKWARD, t, Traffic::dkv)};
+        tr_->start(x, a.stream);
+        dkv_cur = 1 - dkv_cur;
+        if (t + 1 < n_)
+          tr_->finish(x, a.stream);  // the next holder adds into it at once
+        else
+          in_flight = true;  // going home, while the rest of the own blocks run
+      }
+      unpack_kv(kv_own, kf, vf);
+      for (size_t i = own_head; i < own; ++i) backward_block(a, 0, i, dkv_own);
+      in_flight = false;
+      tr_->finish(x, a.stream);
+    } catch (...) {
+      fail_group(in_flight ? &x : nullptr, a.stream);
+      throw;
+    }
+    const float* home = dkv[dkv_cur];
+    for (int64_t i = 0; i < nkv; ++i) dkv_own[i] += home[i];
+    from_fp32(floats(ws, bwd_.dq_acc), q_, g_.dtype, a.dq);
+    from_fp32(dkv_own, k_, g_.dtype, a.dk);
+    from_fp32(dkv_own + nk, v_, g_.dtype, a.dv);
+  }
+
   struct ForwardSpace {
     size_t qf, o_acc, o_part, lse_acc, lse_part, kv[2], kf, vf, sub, bytes = 0;
   };
   struct BackwardSpace {
-    size_t qf, of, dof, dq_acc, dq_part, lse_chunks, kv[2], kf, vf, dkv[2], dk_part, dv_part, sub,
-        bytes = 0;
+    size_t qf, of, dof, dq_acc, dq_part, lse_chunks, kv[2], kf, vf, dkv[2], dk_part, dv_part,
+        kv_own = 0, dkv_own = 0, sub, bytes = 0;
   };
 
   // One dense plan for the fully visible blocks (no mask) and one per
@@ -346,6 +442,7 @@ class CpuRingPlan final : public RingBackendPlan {
         blocks_[t].push_back(
             Block{sched_.steps[t][i].q_chunk, sched_.steps[t][i].kv_chunk, plans[t][i]});
     fill_facts(facts, sched_, tr_->name());
+    if (dkv_home_) facts.exchanges_backward = 2 * n_ - 2;  // no dK/dV exchange after step 0
   }
 
   // A dense fp32 varlen plan over one block: query chunk and KV chunk of
@@ -419,6 +516,9 @@ class CpuRingPlan final : public RingBackendPlan {
       bwd_.dkv[1] = bl.add(dkv_bytes_);
       bwd_.dk_part = bl.add(nk * f);
       bwd_.dv_part = bl.add(nv * f);
+      const size_t home = dkv_home_ ? 1 : 0;  // the own K/V message and dK/dV sums
+      bwd_.kv_own = bl.add(home * kv_bytes_);
+      bwd_.dkv_own = bl.add(home * dkv_bytes_);
       bwd_.sub = bl.add(sub_bwd);
       bwd_.bytes = bl.total_bytes();
     }
@@ -477,6 +577,7 @@ class CpuRingPlan final : public RingBackendPlan {
   std::vector<std::vector<Block>> blocks_;
   std::vector<std::unique_ptr<Plan>> sub_plans_;
   size_t kv_bytes_ = 0, dkv_bytes_ = 0;
+  bool dkv_home_ = false;  // RingOptions::dkv_home, where it applies (backward, 2+ ranks)
   ForwardSpace fwd_;
   BackwardSpace bwd_;
 };
@@ -485,8 +586,9 @@ class CpuRingPlan final : public RingBackendPlan {
 
 std::unique_ptr<RingBackendPlan> make_cpu_ring_plan(const ContextConfig& ctx, const Problem& global,
                                                     std::shared_ptr<Transport> transport,
-                                                    const RingSchedule& schedule) {
-  return std::make_unique<CpuRingPlan>(ctx, global, std::move(transport), schedule);
+                                                    const RingSchedule& schedule,
+                                                    const RingOptions& options) {
+  return std::make_unique<CpuRingPlan>(ctx, global, std::move(transport), schedule, options);
 }
 
 }  // namespace attn::ring

@@ -25,6 +25,11 @@
 // once, from the fp32 sums, after the last exchange. All of it is enqueued
 // on the caller's stream; the transport orders its own stream with it by
 // events, and nothing waits on the host.
+//
+// Two options, read from the environment at plan creation (RingOptions,
+// both off by default): ATTN_RING_PROFILE=1 records CUDA events between the
+// pieces of every step for ring_profile(); ATTN_RING_DKV_HOME=1 runs the
+// backward with the own shard's dK/dV kept home (backward_dkv_home).
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -99,11 +104,58 @@ void require_lse_aligned(const float* lse) {
 
 using Traffic = RingSchedule::Traffic;
 
+// CUDA events between the pieces of one pass, created with the plan; each
+// execution re-records them (a plan profiles one execution at a time).
+class PassProfile {
+ public:
+  void create(size_t marks) {
+    events_.assign(marks, nullptr);
+    labels_.assign(marks, RingPieceTime{-1, -1, RingPiece::prologue, 0.0f});
+    for (cudaEvent_t& ev : events_) check(cudaEventCreate(&ev), "cudaEventCreate (profile)");
+  }
+  void destroy() noexcept {
+    for (cudaEvent_t ev : events_)
+      if (ev != nullptr) (void)cudaEventDestroy(ev);
+    events_.clear();
+  }
+  bool on() const { return !events_.empty(); }
+
+  // The start of a pass.
+  void begin(cudaStream_t stream) {
+    used_ = 0;
+    mark(stream, -1, -1, RingPiece::prologue);
+  }
+  // The end of a piece (what ran on the stream since the previous mark).
+  void mark(cudaStream_t stream, int32_t step, int32_t block, RingPiece what) {
+    if (used_ >= events_.size()) return;
+    check(cudaEventRecord(events_[used_], stream), "cudaEventRecord (profile)");
+    labels_[used_] = RingPieceTime{step, block, what, 0.0f};
+    ++used_;
+  }
+  std::vector<RingPieceTime> read() const {
+    std::vector<RingPieceTime> out;
+    if (used_ < 2) return out;
+    check(cudaEventSynchronize(events_[used_ - 1]), "cudaEventSynchronize (profile)");
+    for (size_t i = 1; i < used_; ++i) {
+      RingPieceTime p = labels_[i];
+      check(cudaEventElapsedTime(&p.ms, events_[i - 1], events_[i]), "cudaEventElapsedTime");
+      out.push_back(p);
+    }
+    return out;
+  }
+
+ private:
+  std::vector<cudaEvent_t> events_;
+  std::vector<RingPieceTime> labels_;
+  size_t used_ = 0;
+};
+
 class CudaRingPlan final : public RingBackendPlan {
  public:
   CudaRingPlan(const ContextConfig& ctx, const Problem& global, std::shared_ptr<Transport> transport,
-               const RingSchedule& schedule)
+               const RingSchedule& schedule, const RingOptions& options)
       : ctx_(ctx), g_(global), tr_(std::move(transport)), s_(schedule) {
+    dkv_home_ = options.dkv_home && g_.backward && s_.size > 1;
     es_ = dtype_size(g_.dtype);
     if (g_.varlen) {
       // Chunk-major THD: [chunks * rows, heads, dim], seen as one sequence.
@@ -146,19 +198,13 @@ class CudaRingPlan final : public RingBackendPlan {
       for (size_t i = 0; i < s_.steps[t].size(); ++i)
         blocks_[t].push_back(Block{s_.steps[t][i].q_chunk, s_.steps[t][i].kv_chunk, plans[t][i]});
     fill_facts(facts, s_, tr_->name());
+    if (dkv_home_) facts.exchanges_backward = 2 * s_.size - 2;  // no dK/dV exchange after step 0
     build_workspace();
     if (permuted_) upload_token_maps();
+    if (options.profile) create_profiles();
   }
 
-  ~CudaRingPlan() override {
-    if (maps_dev_ == nullptr) return;
-    int prev = 0;
-    const bool switched = cudaGetDevice(&prev) == cudaSuccess && prev != ctx_.device &&
-                          cudaSetDevice(ctx_.device) == cudaSuccess;
-    (void)cudaFree(maps_dev_);
-    if (switched) (void)cudaSetDevice(prev);
-    (void)cudaGetLastError();
-  }
+  ~CudaRingPlan() override { release(); }
   CudaRingPlan(const CudaRingPlan&) = delete;
   CudaRingPlan& operator=(const CudaRingPlan&) = delete;
 
@@ -170,6 +216,11 @@ class CudaRingPlan final : public RingBackendPlan {
   int32_t num_threads() const override { return 1; }
   const char* algorithm() const override { return "ring-attention"; }
   const char* kernel() const override { return any_plan() ? any_plan()->kernel() : "none"; }
+
+  std::vector<RingPieceTime> profile(attn_pass_t pass) const override {
+    cuda::DeviceScope scope(ctx_.device, "ring (CUDA)");
+    return (pass == ATTN_PASS_FORWARD ? prof_fwd_ : prof_bwd_).read();
+  }
 
   void forward(const ForwardArgs& a) const override {
     require_aligned(a.q, "q");
@@ -189,6 +240,8 @@ class CudaRingPlan final : public RingBackendPlan {
     const int64_t e = int64_t(es_);
 
     tr_->check_usable();
+    PassProfile& prof = prof_fwd_;
+    if (prof.on()) prof.begin(stream);
     Exchange x;
     bool in_flight = false;
     try {
@@ -201,6 +254,7 @@ class CudaRingPlan final : public RingBackendPlan {
             "cudaMemsetAsync");
       device_fill(lse_acc, -std::numeric_limits<float>::infinity(), bh_ * s_.sq, a.stream);
       pack_kv(a.k, a.v, kv[0], stream);
+      if (prof.on()) prof.mark(stream, -1, -1, RingPiece::prologue);
       int cur = 0;
       for (int32_t t = 0; t < s_.size; ++t) {
         if (t + 1 < s_.size) {
@@ -210,17 +264,22 @@ class CudaRingPlan final : public RingBackendPlan {
         }
         const char* k = kv[cur];
         const char* v = kv[cur] + size_t(k_.elements()) * es_;
+        int32_t bi = 0;
         for (const Block& blk : blocks_[size_t(t)]) {
           const int64_t qs = blk.q_chunk * rows_q_, ks = blk.kv_chunk * rows_k_;
           blk.plan->forward(ForwardArgs{q + q_.row_offset(qs) * e, k + k_.row_offset(ks) * e,
                                         v + v_.row_offset(ks) * e, o_part + o_.row_offset(qs) * e,
                                         lse_part, sub_ws, a.stream});
+          if (prof.on()) prof.mark(stream, t, bi, RingPiece::block);
           device_merge(o_acc, lse_acc + blk.q_chunk * bh_ * rows_q_, o_part, lse_part, g_.dtype,
                        o_.chunk(qs, rows_q_), a.stream);
+          if (prof.on()) prof.mark(stream, t, bi, RingPiece::merge);
+          ++bi;
         }
         if (in_flight) {
           in_flight = false;
           tr_->finish(x, a.stream);
+          if (prof.on()) prof.mark(stream, t, -1, RingPiece::wait_kv);
           cur = 1 - cur;
         }
       }
@@ -229,18 +288,19 @@ class CudaRingPlan final : public RingBackendPlan {
       throw;
     }
     store_output(a.o, o_acc, o_, map_q(), a.stream);
-    if (a.lse == nullptr) return;
-    if (permuted_) {
-      device_permute_lse(a.lse, lse_acc, map_q(), s_.chunks, g_.heads_q, rows_q_, s_.sq, true,
-                         a.stream);
-      return;
+    if (a.lse != nullptr) {
+      if (permuted_)
+        device_permute_lse(a.lse, lse_acc, map_q(), s_.chunks, g_.heads_q, rows_q_, s_.sq, true,
+                           a.stream);
+      else
+        for (int32_t c = 0; c < s_.chunks; ++c)
+          check(cudaMemcpy2DAsync(a.lse + c * rows_q_, sizeof(float) * size_t(s_.sq),
+                                  lse_acc + c * bh_ * rows_q_, sizeof(float) * size_t(rows_q_),
+                                  sizeof(float) * size_t(rows_q_), size_t(bh_),
+                                  cudaMemcpyDeviceToDevice, stream),
+                "cudaMemcpy2DAsync (LSE)");
     }
-    for (int32_t c = 0; c < s_.chunks; ++c)
-      check(cudaMemcpy2DAsync(a.lse + c * rows_q_, sizeof(float) * size_t(s_.sq),
-                              lse_acc + c * bh_ * rows_q_, sizeof(float) * size_t(rows_q_),
-                              sizeof(float) * size_t(rows_q_), size_t(bh_),
-                              cudaMemcpyDeviceToDevice, stream),
-            "cudaMemcpy2DAsync (LSE)");
+    if (prof.on()) prof.mark(stream, -1, -1, RingPiece::epilogue);
   }
 
   void backward(const BackwardArgs& a) const override {
@@ -255,78 +315,43 @@ class CudaRingPlan final : public RingBackendPlan {
     require_aligned(a.dv, "dv");
     cuda::DeviceScope scope(ctx_.device, "ring (CUDA)");
     cudaStream_t stream = static_cast<cudaStream_t>(a.stream);
-    char* ws = workspace_base(a.workspace);
-    float* dq_acc = reinterpret_cast<float*>(ws + bwd_.dq_acc);
-    char* dq_part = ws + bwd_.dq_part;
-    float* lse_c = reinterpret_cast<float*>(ws + bwd_.lse_chunks);
-    char* kv[2] = {ws + bwd_.kv[0], ws + bwd_.kv[1]};
-    float* dkv[2] = {reinterpret_cast<float*>(ws + bwd_.dkv[0]),
-                     reinterpret_cast<float*>(ws + bwd_.dkv[1])};
-    char* dk_part = ws + bwd_.dk_part;
-    char* dv_part = ws + bwd_.dv_part;
-    void* sub_ws = ws + bwd_.sub;
-    const int64_t nk = k_.elements(), nv = v_.elements();
-    const int64_t e = int64_t(es_);
+    BackwardBuffers b = backward_buffers(a);
+    PassProfile& prof = prof_bwd_;
 
     tr_->check_usable();
+    if (prof.on()) prof.begin(stream);
+    if (dkv_home_) {
+      backward_dkv_home(a, b);
+      return;
+    }
     Exchange x;
     bool in_flight = false;
     int kv_cur = 0, dkv_cur = 0;
     try {
-      const char *q = bytes(a.q), *o = bytes(a.o), *d_o = bytes(a.d_o);
-      if (permuted_) {
-        gather_q_side(ws + bwd_.q_perm, a.q, q_, a.stream);
-        gather_q_side(ws + bwd_.o_perm, a.o, o_, a.stream);
-        gather_q_side(ws + bwd_.do_perm, a.d_o, o_, a.stream);
-        q = ws + bwd_.q_perm, o = ws + bwd_.o_perm, d_o = ws + bwd_.do_perm;
-      }
-      check(cudaMemsetAsync(dq_acc, 0, sizeof(float) * size_t(q_.elements()), stream),
-            "cudaMemsetAsync");
-      check(cudaMemsetAsync(dkv[0], 0, sizeof(float) * size_t(nk + nv), stream),
-            "cudaMemsetAsync");
-      // The dense plans read LSE as [batch, heads, chunk rows]: one copy per chunk.
-      if (permuted_)
-        device_permute_lse(lse_c, a.lse, map_q(), s_.chunks, g_.heads_q, rows_q_, s_.sq, false,
-                           a.stream);
-      else
-        for (int32_t c = 0; c < s_.chunks; ++c)
-          check(cudaMemcpy2DAsync(lse_c + c * bh_ * rows_q_, sizeof(float) * size_t(rows_q_),
-                                  a.lse + c * rows_q_, sizeof(float) * size_t(s_.sq),
-                                  sizeof(float) * size_t(rows_q_), size_t(bh_),
-                                  cudaMemcpyDeviceToDevice, stream),
-                "cudaMemcpy2DAsync (LSE)");
-      pack_kv(a.k, a.v, kv[0], stream);
+      backward_prologue(a, b);
+      pack_kv(a.k, a.v, b.kv[0], stream);
+      if (prof.on()) prof.mark(stream, -1, -1, RingPiece::prologue);
       for (int32_t t = 0; t < s_.size; ++t) {
         if (t + 1 < s_.size) {
-          x = {kv[kv_cur], kv[1 - kv_cur], kv_bytes_, s_.tag(ATTN_PASS_BACKWARD, t, Traffic::kv)};
+          x = {b.kv[kv_cur], b.kv[1 - kv_cur], kv_bytes_,
+               s_.tag(ATTN_PASS_BACKWARD, t, Traffic::kv)};
           tr_->start(x, a.stream);
           in_flight = true;
         }
-        const char* k = kv[kv_cur];
-        const char* v = kv[kv_cur] + size_t(nk) * es_;
-        float* dk_acc = dkv[dkv_cur];
-        float* dv_acc = dkv[dkv_cur] + nk;
-        for (const Block& blk : blocks_[size_t(t)]) {
-          const int64_t qs = blk.q_chunk * rows_q_, ks = blk.kv_chunk * rows_k_;
-          blk.plan->backward(BackwardArgs{
-              q + q_.row_offset(qs) * e, k + k_.row_offset(ks) * e, v + v_.row_offset(ks) * e,
-              o + o_.row_offset(qs) * e, lse_c + blk.q_chunk * bh_ * rows_q_,
-              d_o + o_.row_offset(qs) * e, dq_part + q_.row_offset(qs) * e,
-              dk_part + k_.row_offset(ks) * e, dv_part + v_.row_offset(ks) * e, sub_ws, a.stream});
-          device_accumulate(dq_acc, dq_part, g_.dtype, q_.chunk(qs, rows_q_), a.stream);
-          device_accumulate(dk_acc, dk_part, g_.dtype, k_.chunk(ks, rows_k_), a.stream);
-          device_accumulate(dv_acc, dv_part, g_.dtype, v_.chunk(ks, rows_k_), a.stream);
-        }
+        for (size_t i = 0; i < blocks_[size_t(t)].size(); ++i)
+          backward_block(a, b, t, i, b.kv[kv_cur], b.dkv[dkv_cur]);
         if (in_flight) {
           in_flight = false;
           tr_->finish(x, a.stream);
+          if (prof.on()) prof.mark(stream, t, -1, RingPiece::wait_kv);
           kv_cur = 1 - kv_cur;
         }
         if (s_.size > 1) {  // the accumulators follow their K/V, then go home
-          x = {dkv[dkv_cur], dkv[1 - dkv_cur], dkv_bytes_,
+          x = {b.dkv[dkv_cur], b.dkv[1 - dkv_cur], dkv_bytes_,
                s_.tag(ATTN_PASS_BACKWARD, t, Traffic::dkv)};
           tr_->start(x, a.stream);
           tr_->finish(x, a.stream);
+          if (prof.on()) prof.mark(stream, t, -1, RingPiece::exchange_dkv);
           dkv_cur = 1 - dkv_cur;
         }
       }
@@ -334,12 +359,197 @@ class CudaRingPlan final : public RingBackendPlan {
       fail_ring_group(*tr_, s_.rank, in_flight ? &x : nullptr, a.stream);
       throw;
     }
-    store_output(a.dq, dq_acc, q_, map_q(), a.stream);
-    store_output(a.dk, dkv[dkv_cur], k_, map_k(), a.stream);
-    store_output(a.dv, dkv[dkv_cur] + nk, v_, map_k(), a.stream);
+    store_output(a.dq, b.dq_acc, q_, map_q(), a.stream);
+    store_output(a.dk, b.dkv[dkv_cur], k_, map_k(), a.stream);
+    store_output(a.dv, b.dkv[dkv_cur] + k_.elements(), v_, map_k(), a.stream);
+    if (prof.on()) prof.mark(stream, -1, -1, RingPiece::epilogue);
   }
 
  private:
+  // The backward's workspace regions and its query-side inputs (chunk-major
+  // copies for varlen zigzag, filled by backward_prologue).
+  struct BackwardBuffers {
+    float* dq_acc;
+    char* dq_part;
+    float* lse_c;
+    char* kv[2];
+    float* dkv[2];
+    char* kv_own;    // dkv_home: the own K/V, never received into
+    float* dkv_own;  // dkv_home: the own shard's dK, dV sums
+    char* dk_part;
+    char* dv_part;
+    void* sub_ws;
+    const char *q, *o, *d_o;
+  };
+
+  // The backward with the own shard's dK/dV kept home (RingOptions::dkv_home,
+  // 2 or more ranks). Step 0's blocks (the own K/V, from a copy that never
+  // travels) are split: the first runs while the first K/V exchange is in
+  // flight, the others after the last foreign step, while the travelling
+  // accumulator goes home. That accumulator starts at zero at step 1 and
+  // collects the foreign holders' dK/dV; the owner adds it to its own sums.
+  // Every rank posts the same exchanges in the same order: K/V after steps
+  // 0 .. size - 2, dK/dV after steps 1 .. size - 1.
+  void backward_dkv_home(const BackwardArgs& a, BackwardBuffers& b) const {
+    cudaStream_t stream = static_cast<cudaStream_t>(a.stream);
+    PassProfile& prof = prof_bwd_;
+    const std::vector<Block>& own = blocks_[0];
+    const size_t own_head = std::min<size_t>(own.size(), 1);
+    Exchange x;
+    bool in_flight = false;
+    int kv_cur = 0, dkv_cur = 0;
+    try {
+      backward_prologue(a, b);
+      check(cudaMemsetAsync(b.dkv_own, 0, dkv_bytes_, stream), "cudaMemsetAsync");
+      pack_kv(a.k, a.v, b.kv_own, stream);
+      if (prof.on()) prof.mark(stream, -1, -1, RingPiece::prologue);
+      x = {b.kv_own, b.kv[0], kv_bytes_, s_.tag(ATTN_PASS_BACKWARD, 0, Traffic::kv)};
+      tr_->start(x, a.stream);
+      in_flight = true;
+      for (size_t i = 0; i < own_head; ++i) backward_block(a, b, 0, i, b.kv_own, b.dkv_own);
+      in_flight = false;
+      tr_->finish(x, a.stream);
+      if (prof.on()) prof.mark(stream, 0, -1, RingPiece::wait_kv);
+      for (int32_t t = 1; t < s_.size; ++t) {
+        if (t + 1 < s_.size) {
+          x = {b.kv[kv_cur], b.kv[1 - kv_cur], kv_bytes_,
+               s_.tag(ATTN_PASS_BACKWARD, t, Traffic::kv)};
+          tr_->start(x, a.stream);
+          in_flight = true;
+        }
+        for (size_t i = 0; i < blocks_[size_t(t)].size(); ++i)
+          backward_block(a, b, t, i, b.kv[kv_cur], b.dkv[dkv_cur]);
+        if (in_flight) {
+          in_flight = false;
+          tr_->finish(x, a.stream);
+          if (prof.on()) prof.mark(stream, t, -1, RingPiece::wait_kv);
+          kv_cur = 1 - kv_cur;
+        }
+        x = {b.dkv[dkv_cur], b.dkv[1 - dkv_cur], dkv_bytes_,
+             s_.tag(ATTN_PASS_BACKWARD, t, Traffic::dkv)};
+        tr_->start(x, a.stream);
+        dkv_cur = 1 - dkv_cur;
+        if (t + 1 < s_.size) {  // the next holder adds into it at once
+          tr_->finish(x, a.stream);
+          if (prof.on()) prof.mark(stream, t, -1, RingPiece::exchange_dkv);
+        } else {
+          in_flight = true;  // going home: the rest of the own blocks cover it
+        }
+      }
+      for (size_t i = own_head; i < own.size(); ++i)
+        backward_block(a, b, 0, i, b.kv_own, b.dkv_own);
+      in_flight = false;
+      tr_->finish(x, a.stream);
+      if (prof.on()) prof.mark(stream, s_.size - 1, -1, RingPiece::exchange_dkv);
+    } catch (...) {
+      fail_ring_group(*tr_, s_.rank, in_flight ? &x : nullptr, a.stream);
+      throw;
+    }
+    // The own sums plus the foreign ones that came home (fp32 += fp32, all rows).
+    device_accumulate(b.dkv_own, b.dkv[dkv_cur], ATTN_DTYPE_FP32, k_.chunk(0, k_.seq), a.stream);
+    device_accumulate(b.dkv_own + k_.elements(), b.dkv[dkv_cur] + k_.elements(), ATTN_DTYPE_FP32,
+                      v_.chunk(0, v_.seq), a.stream);
+    store_output(a.dq, b.dq_acc, q_, map_q(), a.stream);
+    store_output(a.dk, b.dkv_own, k_, map_k(), a.stream);
+    store_output(a.dv, b.dkv_own + k_.elements(), v_, map_k(), a.stream);
+    if (prof.on()) prof.mark(stream, -1, -1, RingPiece::epilogue);
+  }
+
+  BackwardBuffers backward_buffers(const BackwardArgs& a) const {
+    char* ws = workspace_base(a.workspace);
+    BackwardBuffers b;
+    b.dq_acc = reinterpret_cast<float*>(ws + bwd_.dq_acc);
+    b.dq_part = ws + bwd_.dq_part;
+    b.lse_c = reinterpret_cast<float*>(ws + bwd_.lse_chunks);
+    b.kv[0] = ws + bwd_.kv[0];
+    b.kv[1] = ws + bwd_.kv[1];
+    b.dkv[0] = reinterpret_cast<float*>(ws + bwd_.dkv[0]);
+    b.dkv[1] = reinterpret_cast<float*>(ws + bwd_.dkv[1]);
+    b.kv_own = ws + bwd_.kv_own;
+    b.dkv_own = reinterpret_cast<float*>(ws + bwd_.dkv_own);
+    b.dk_part = ws + bwd_.dk_part;
+    b.dv_part = ws + bwd_.dv_part;
+    b.sub_ws = ws + bwd_.sub;
+    b.q = bytes(a.q), b.o = bytes(a.o), b.d_o = bytes(a.d_o);
+    if (permuted_) b.q = ws + bwd_.q_perm, b.o = ws + bwd_.o_perm, b.d_o = ws + bwd_.do_perm;
+    return b;
+  }
+
+  // Zeroes the sums (dQ, the first dK/dV accumulator), gathers the
+  // query-side inputs (varlen zigzag) and lays out LSE per chunk.
+  void backward_prologue(const BackwardArgs& a, const BackwardBuffers& b) const {
+    cudaStream_t stream = static_cast<cudaStream_t>(a.stream);
+    char* ws = workspace_base(a.workspace);
+    if (permuted_) {
+      gather_q_side(ws + bwd_.q_perm, a.q, q_, a.stream);
+      gather_q_side(ws + bwd_.o_perm, a.o, o_, a.stream);
+      gather_q_side(ws + bwd_.do_perm, a.d_o, o_, a.stream);
+    }
+    check(cudaMemsetAsync(b.dq_acc, 0, sizeof(float) * size_t(q_.elements()), stream),
+          "cudaMemsetAsync");
+    check(cudaMemsetAsync(b.dkv[0], 0, dkv_bytes_, stream), "cudaMemsetAsync");
+    // The dense plans read LSE as [batch, heads, chunk rows]: one copy per chunk.
+    if (permuted_)
+      device_permute_lse(b.lse_c, a.lse, map_q(), s_.chunks, g_.heads_q, rows_q_, s_.sq, false,
+                         a.stream);
+    else
+      for (int32_t c = 0; c < s_.chunks; ++c)
+        check(cudaMemcpy2DAsync(b.lse_c + c * bh_ * rows_q_, sizeof(float) * size_t(rows_q_),
+                                a.lse + c * rows_q_, sizeof(float) * size_t(s_.sq),
+                                sizeof(float) * size_t(rows_q_), size_t(bh_),
+                                cudaMemcpyDeviceToDevice, stream),
+              "cudaMemcpy2DAsync (LSE)");
+  }
+
+  // Block i of step t on the K/V at `kv` (K then V): its dense backward,
+  // then dQ into the local sum and dK, dV into `dkv` (dK then dV, fp32).
+  void backward_block(const BackwardArgs& a, const BackwardBuffers& b, int32_t t, size_t i,
+                      const char* kv, float* dkv) const {
+    const Block& blk = blocks_[size_t(t)][i];
+    const int64_t e = int64_t(es_), nk = k_.elements();
+    const int64_t qs = blk.q_chunk * rows_q_, ks = blk.kv_chunk * rows_k_;
+    const char* k = kv;
+    const char* v = kv + size_t(nk) * es_;
+    blk.plan->backward(BackwardArgs{
+        b.q + q_.row_offset(qs) * e, k + k_.row_offset(ks) * e, v + v_.row_offset(ks) * e,
+        b.o + o_.row_offset(qs) * e, b.lse_c + blk.q_chunk * bh_ * rows_q_,
+        b.d_o + o_.row_offset(qs) * e, b.dq_part + q_.row_offset(qs) * e,
+        b.dk_part + k_.row_offset(ks) * e, b.dv_part + v_.row_offset(ks) * e, b.sub_ws,
+        a.stream});
+    cudaStream_t stream = static_cast<cudaStream_t>(a.stream);
+    if (prof_bwd_.on()) prof_bwd_.mark(stream, t, int32_t(i), RingPiece::block);
+    device_accumulate(b.dq_acc, b.dq_part, g_.dtype, q_.chunk(qs, rows_q_), a.stream);
+    device_accumulate(dkv, b.dk_part, g_.dtype, k_.chunk(ks, rows_k_), a.stream);
+    device_accumulate(dkv + nk, b.dv_part, g_.dtype, v_.chunk(ks, rows_k_), a.stream);
+    if (prof_bwd_.on()) prof_bwd_.mark(stream, t, int32_t(i), RingPiece::accumulate);
+  }
+
+  void create_profiles() {
+    cuda::DeviceScope scope(ctx_.device, "ring (CUDA)");
+    // Marks: start, prologue, per step a block and a merge / accumulation
+    // per block, a K/V wait and a dK/dV exchange; the epilogue; a spare.
+    size_t marks = 4;
+    for (const auto& step : blocks_) marks += 2 * step.size() + 2;
+    try {
+      prof_fwd_.create(marks);
+      if (g_.backward) prof_bwd_.create(marks);
+    } catch (...) {
+      release();  // the constructor fails: no destructor runs
+      throw;
+    }
+  }
+
+  void release() noexcept {
+    int prev = 0;
+    const bool switched = cudaGetDevice(&prev) == cudaSuccess && prev != ctx_.device &&
+                          cudaSetDevice(ctx_.device) == cudaSuccess;
+    prof_fwd_.destroy();
+    prof_bwd_.destroy();
+    if (maps_dev_ != nullptr) (void)cudaFree(maps_dev_);
+    maps_dev_ = nullptr;
+    if (switched) (void)cudaSetDevice(prev);
+    (void)cudaGetLastError();
+  }
   struct Block {
     int32_t q_chunk, kv_chunk;
     const BackendPlan* plan;
@@ -350,7 +560,8 @@ class CudaRingPlan final : public RingBackendPlan {
   };
   struct BackwardSpace {
     size_t dq_acc = 0, dq_part = 0, lse_chunks = 0, kv[2] = {0, 0}, dkv[2] = {0, 0}, dk_part = 0,
-           dv_part = 0, q_perm = 0, o_perm = 0, do_perm = 0, sub = 0, bytes = 0;
+           dv_part = 0, q_perm = 0, o_perm = 0, do_perm = 0, kv_own = 0, dkv_own = 0, sub = 0,
+           bytes = 0;
   };
 
   const BackendPlan* any_plan() const {
@@ -435,6 +646,9 @@ class CudaRingPlan final : public RingBackendPlan {
       bwd_.q_perm = bl.add(perm * nq * es_);
       bwd_.o_perm = bl.add(perm * no * es_);
       bwd_.do_perm = bl.add(perm * no * es_);
+      const size_t home = dkv_home_ ? 1 : 0;  // the own K/V copy and dK/dV sums
+      bwd_.kv_own = bl.add(home * kv_bytes_);
+      bwd_.dkv_own = bl.add(home * dkv_bytes_);
       bwd_.sub = bl.add(sub_bwd);
       bwd_.bytes = bl.total_bytes();
     }
@@ -521,14 +735,17 @@ class CudaRingPlan final : public RingBackendPlan {
   size_t kv_bytes_ = 0, dkv_bytes_ = 0;
   ForwardSpace fwd_;
   BackwardSpace bwd_;
+  bool dkv_home_ = false;                    // RingOptions::dkv_home, where it applies
+  mutable PassProfile prof_fwd_, prof_bwd_;  // RingOptions::profile: events of the last pass
 };
 
 }  // namespace
 
 std::unique_ptr<RingBackendPlan> make_cuda_ring_plan(const ContextConfig& ctx, const Problem& global,
                                                      std::shared_ptr<Transport> transport,
-                                                     const RingSchedule& schedule) {
-  return std::make_unique<CudaRingPlan>(ctx, global, std::move(transport), schedule);
+                                                     const RingSchedule& schedule,
+                                                     const RingOptions& options) {
+  return std::make_unique<CudaRingPlan>(ctx, global, std::move(transport), schedule, options);
 }
 
 }  // namespace attn::ring

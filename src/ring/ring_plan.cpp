@@ -1,5 +1,7 @@
 #include "ring/ring_plan.hpp"
 
+#include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <string>
 
@@ -7,6 +9,21 @@
 #include "core/error.hpp"
 
 namespace attn::ring {
+namespace {
+
+bool env_on(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr && std::strcmp(v, "1") == 0;
+}
+
+RingOptions options_from_env() {
+  RingOptions o;
+  o.profile = env_on("ATTN_RING_PROFILE");
+  o.dkv_home = env_on("ATTN_RING_DKV_HOME");
+  return o;
+}
+
+}  // namespace
 
 void fill_facts(RingFacts& f, const RingSchedule& s, const char* transport) {
   f.layout = s.layout;
@@ -70,18 +87,23 @@ std::unique_ptr<Plan> create_ring_plan(const ContextConfig& ctx, const PlanDesc&
   // empty rows, what the backend supports); its backend binding is then
   // replaced by the ring.
   std::unique_ptr<Plan> plan = create_plan(ctx, desc);
-  const RingSchedule schedule =
+  RingSchedule schedule =
       RingSchedule::build(plan->problem, transport->rank(), transport->size(), layout);
+  const RingOptions options = options_from_env();
+  // The order of the backward's exchanges depends on dkv_home: ranks must agree on it too.
+  // (Tags derive from the fingerprint, so both ranks' tags change alike.)
+  if (options.dkv_home) schedule.fingerprint ^= 0x646b765f686f6d65ull;
   // Every rank must build the same ring (a no-op where mismatches are
   // caught at the first exchange instead).
   transport->agree(schedule.fingerprint);
   switch (ctx.backend) {
     case ATTN_BACKEND_CPU:
-      plan->impl = make_cpu_ring_plan(ctx, plan->problem, std::move(transport), schedule);
+      plan->impl = make_cpu_ring_plan(ctx, plan->problem, std::move(transport), schedule, options);
       break;
     case ATTN_BACKEND_CUDA:
 #if ATTN_HAVE_CUDA && ATTN_HAVE_NCCL
-      plan->impl = make_cuda_ring_plan(ctx, plan->problem, std::move(transport), schedule);
+      plan->impl = make_cuda_ring_plan(ctx, plan->problem, std::move(transport), schedule,
+                                         options);
       break;
 #else
       not_supported("ctx: this build of libattn has no CUDA ring attention (needs NCCL)");
@@ -89,6 +111,24 @@ std::unique_ptr<Plan> create_ring_plan(const ContextConfig& ctx, const PlanDesc&
     default: fail(ATTN_STATUS_INTERNAL_ERROR, "context with unresolved backend");
   }
   return plan;
+}
+
+const char* ring_piece_name(RingPiece what) {
+  switch (what) {
+    case RingPiece::prologue: return "prologue";
+    case RingPiece::block: return "block";
+    case RingPiece::merge: return "merge";
+    case RingPiece::accumulate: return "accumulate";
+    case RingPiece::wait_kv: return "wait K/V";
+    case RingPiece::exchange_dkv: return "dK/dV exchange";
+    case RingPiece::epilogue: return "epilogue";
+  }
+  return "?";
+}
+
+std::vector<RingPieceTime> ring_profile(const Plan& plan, attn_pass_t pass) {
+  const auto* ring = dynamic_cast<const RingBackendPlan*>(plan.impl.get());
+  return ring != nullptr ? ring->profile(pass) : std::vector<RingPieceTime>{};
 }
 
 const RingFacts* ring_facts(const Plan& plan) {

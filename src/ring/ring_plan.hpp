@@ -6,6 +6,7 @@
 #include <attn/attn.h>
 
 #include <memory>
+#include <vector>
 
 #include "attn_config.h"
 #include "core/context.hpp"
@@ -31,11 +32,53 @@ struct RingFacts {
   const char* transport = "";
 };
 
+// What one timed piece of a ring execution was (RingPieceTime).
+enum class RingPiece : int32_t {
+  prologue,      // before the first step: zeroing, packing K/V, gathers
+  block,         // one block's dense kernels
+  merge,         // forward: the block's (O, LSE) merge into the running state
+  accumulate,    // backward: the block's dQ, dK, dV added into the fp32 sums
+  wait_kv,       // the compute stream waiting for the K/V exchange to land
+  exchange_dkv,  // backward: the dK/dV accumulators' exchange, as exposed on the stream
+  epilogue,      // after the last step: outputs from the fp32 sums
+};
+const char* ring_piece_name(RingPiece what);
+
+// One piece of the last execution of a pass, in stream order: `ms` from the
+// end of the previous piece (the start of the pass for the first).
+struct RingPieceTime {
+  int32_t step;   // ring step (-1: prologue / epilogue)
+  int32_t block;  // index of the block in its step, or -1
+  RingPiece what;
+  float ms;
+};
+
+// Diagnostics and schedule options of the ring plans, read from the
+// environment at plan creation (create_ring_plan). Both off by default.
+struct RingOptions {
+  // ATTN_RING_PROFILE=1 (CUDA ring plans): CUDA events between the pieces
+  // of each step (ring_profile() reads them); nothing else changes.
+  bool profile = false;
+  // ATTN_RING_DKV_HOME=1 (backward, 2 or more ranks): the rank's own K/V
+  // shard's dK/dV stay home; its blocks run one before the foreign steps
+  // (covering the first K/V exchange) and the rest after them, covering the
+  // return of the travelling accumulator, which then starts at step 1: one
+  // dK/dV exchange fewer, and the last one overlapped with compute.
+  bool dkv_home = false;
+};
+
 // A backend's ring plan: a BackendPlan that also describes its ring.
 class RingBackendPlan : public BackendPlan {
  public:
   RingFacts facts;
+  // The pieces of the last `pass` execution (waits for it to finish); empty
+  // unless the plan profiles (RingOptions::profile).
+  virtual std::vector<RingPieceTime> profile(attn_pass_t) const { return {}; }
 };
+
+// The pieces of a ring plan's last `pass` (RingBackendPlan::profile); empty
+// for other plans. Diagnostics for ring_bench; not part of the C API.
+std::vector<RingPieceTime> ring_profile(const Plan& plan, attn_pass_t pass);
 
 // Fills the facts that follow from the schedule (all but the bytes).
 void fill_facts(RingFacts& facts, const RingSchedule& schedule, const char* transport);
@@ -59,11 +102,13 @@ const RingFacts* ring_facts(const Plan& plan);
 // The backends' ring plans (the global problem is validated).
 std::unique_ptr<RingBackendPlan> make_cpu_ring_plan(const ContextConfig& ctx, const Problem& global,
                                                     std::shared_ptr<Transport> transport,
-                                                    const RingSchedule& schedule);
+                                                    const RingSchedule& schedule,
+                                                    const RingOptions& options);
 #if ATTN_HAVE_CUDA && ATTN_HAVE_NCCL
 std::unique_ptr<RingBackendPlan> make_cuda_ring_plan(const ContextConfig& ctx, const Problem& global,
                                                      std::shared_ptr<Transport> transport,
-                                                     const RingSchedule& schedule);
+                                                     const RingSchedule& schedule,
+                                                     const RingOptions& options);
 #endif
 
 }  // namespace attn::ring

@@ -23,6 +23,7 @@
 #include <chrono>
 #include <cinttypes>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <numeric>
@@ -274,6 +275,7 @@ struct RankResult {
                 bwd = ATTN_STATUS_INTERNAL_ERROR;
   std::string message, transport;
   uint64_t blocks_skipped = 0;
+  int32_t exchanges_backward = -1;
   Outputs out;
 };
 
@@ -307,6 +309,7 @@ void run_rank(const Case& c, const Lengths& l, int n, int r, ncclComm_t nccl, co
     ATTN_CHECK(attn_ring_plan_describe(plan, &info));
     res->transport = info.transport;
     res->blocks_skipped = info.blocks_skipped;
+    res->exchanges_backward = info.exchanges_backward;
     const size_t nl = size_t(lq->cu.back() * c.hq);
     DeviceTensors t(lq->count(), lk->count(), nl);
     t.upload(local_in);
@@ -399,6 +402,11 @@ void run_case(const Case& c, int n, ncclComm_t* comms) {
   ring.lse.assign(ref[4].size(), 0.0f);
   bool ok = true;
   uint64_t skipped = 0;
+  // ATTN_RING_DKV_HOME=1 (the ring_nccl_dkv_home entry): one dK/dV exchange
+  // fewer, which also shows that the option took.
+  const char* home_env = std::getenv("ATTN_RING_DKV_HOME");
+  const bool dkv_home = home_env != nullptr && std::strcmp(home_env, "1") == 0;
+  const int32_t want_exchanges = n > 1 ? 2 * n - 1 - (dkv_home ? 1 : 0) : 0;
   for (int r = 0; r < n; ++r) {
     RankResult& rr = res[size_t(r)];
     if (rr.create != ATTN_STATUS_SUCCESS || rr.fwd != ATTN_STATUS_SUCCESS ||
@@ -408,6 +416,11 @@ void run_case(const Case& c, int n, ncclComm_t* comms) {
                   attn_status_string(rr.bwd), rr.transport.c_str(), rr.message.c_str());
       ok = false;
       continue;
+    }
+    if (rr.exchanges_backward != want_exchanges) {
+      std::printf("  rank %d: attn_ring_plan_describe: %d backward exchanges, expected %d\n", r,
+                  int(rr.exchanges_backward), int(want_exchanges));
+      ok = false;
     }
     skipped += rr.blocks_skipped;
     shard(c, n, r, c.chunks_q, gq, lq, ring.o, rr.out.o, false);

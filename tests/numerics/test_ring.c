@@ -141,6 +141,7 @@ typedef struct rank_job {
   void *o, *dq, *dk, *dv;     /* local outputs */
   float *lse;
   attn_status_t st_create, st_fwd, st_bwd;
+  int32_t exchanges_backward; /* attn_ring_plan_describe */
   char message[512];
 } rank_job;
 
@@ -156,6 +157,11 @@ static void *rank_main(void *arg) {
     attn_context_destroy(ctx);
     return NULL;
   }
+  attn_ring_plan_info_t info;
+  info.struct_size = sizeof info;
+  j->exchanges_backward = attn_ring_plan_describe(plan, &info) == ATTN_STATUS_SUCCESS
+                              ? info.exchanges_backward
+                              : -1;
   size_t fwd = 0, bwd = 0;
   attn_plan_workspace_size(plan, ATTN_PASS_FORWARD, &fwd);
   attn_plan_workspace_size(plan, ATTN_PASS_BACKWARD, &bwd);
@@ -361,6 +367,11 @@ static void run_case(void **state) {
   void *dk_r = malloc(geom_count(&gk) * es), *dv_r = malloc(geom_count(&gv) * es);
   float *lse_r = malloc(sizeof(float) * lse_n);
   int ok = 1;
+  /* ATTN_RING_DKV_HOME=1 (the numerics-ring-dkv-home entry): the own dK/dV
+     stay home, one dK/dV exchange fewer; this also shows the option took. */
+  const char *home_env = getenv("ATTN_RING_DKV_HOME");
+  const int dkv_home = home_env != NULL && strcmp(home_env, "1") == 0;
+  const int32_t want_exchanges = n > 1 ? 2 * n - 1 - (dkv_home ? 1 : 0) : 0;
   for (int32_t r = 0; r < n; ++r) {
     rank_job *j = &jobs[r];
     if (j->st_create != ATTN_STATUS_SUCCESS || j->st_fwd != ATTN_STATUS_SUCCESS ||
@@ -370,6 +381,11 @@ static void run_case(void **state) {
                   attn_status_string(j->st_bwd), j->message);
       ok = 0;
       continue;
+    }
+    if (j->exchanges_backward != want_exchanges) {
+      print_error("rank %d: attn_ring_plan_describe: %d backward exchanges, expected %d\n", r,
+                  j->exchanges_backward, want_exchanges);
+      ok = 0;
     }
     shard_copy(c, r, &go, &lgo, cu_q, lcu_q, es, o_r, j->o, 0);
     shard_copy(c, r, &gq, &lgq, cu_q, lcu_q, es, dq_r, j->dq, 0);
