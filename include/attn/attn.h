@@ -1198,7 +1198,7 @@ typedef struct attn_ring_plan_info {
   int32_t steps;              /* attention steps per pass (= size) */
   int32_t exchanges_forward;  /* sends per forward: size - 1 */
   int32_t exchanges_backward; /* sends per backward: K/V size - 1 times, dK/dV size times
-                                 (size - 1 on CUDA with ATTN_RING_DKV_HOME=1 set at plan
+                                 (size - 1 with ATTN_RING_DKV_HOME=1 set at plan
                                  creation: the own shard's dK/dV stay home) */
   int64_t local_seqlen_q;     /* positions of each sequence this rank holds
                                  (varlen: of all sequences together) */
