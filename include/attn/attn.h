@@ -727,7 +727,8 @@ ATTN_API attn_status_t attn_plan_desc_set_block_mask(attn_plan_desc_t desc,
  * every past block (top_k >= ceil(seqlen_kv / block_size) - 1) selects the
  * whole causal mask: that plan runs as the dense causal plan on either
  * backend (attn_plan_describe's algorithm then starts with
- * "moba-keeps-every-block:"), and the CUDA limits below do not apply. The
+ * "moba-keeps-every-block:"; ring plans refuse MoBA all the same), and the
+ * CUDA limits below do not apply. The
  * CUDA backend (forward and backward, the passes' workspaces holding the
  * selection) needs block_size a multiple of 128 and top_k <= 32, else
  * NOT_SUPPORTED; its fp32 gates are summed in another order than the CPU
@@ -1198,8 +1199,9 @@ typedef struct attn_ring_plan_info {
   int32_t steps;              /* attention steps per pass (= size) */
   int32_t exchanges_forward;  /* sends per forward: size - 1 */
   int32_t exchanges_backward; /* sends per backward: K/V size - 1 times, dK/dV size times
-                                 (size - 1 with ATTN_RING_DKV_HOME=1 set at plan
-                                 creation: the own shard's dK/dV stay home) */
+                                 (0 in all on 1 rank; dK/dV size - 1 times in a backward
+                                 plan created with ATTN_RING_DKV_HOME=1: the own shard's
+                                 dK/dV stay home) */
   int64_t local_seqlen_q;     /* positions of each sequence this rank holds
                                  (varlen: of all sequences together) */
   int64_t local_seqlen_kv;

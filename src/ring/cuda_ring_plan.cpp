@@ -35,6 +35,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <mutex>
 #include <vector>
 
 #include "core/dtype.hpp"
@@ -219,10 +220,20 @@ class CudaRingPlan final : public RingBackendPlan {
 
   std::vector<RingPieceTime> profile(attn_pass_t pass) const override {
     cuda::DeviceScope scope(ctx_.device, "ring (CUDA)");
+    const std::lock_guard<std::mutex> lock(prof_mutex_);
     return (pass == ATTN_PASS_FORWARD ? prof_fwd_ : prof_bwd_).read();
   }
 
+  // A profiling plan records each pass into one set of events: its passes
+  // (and reads of the profile) take turns, so that concurrent calls on the
+  // plan stay as safe as without profiling. Plans without it lock nothing.
+  std::unique_lock<std::mutex> profile_turn() const {
+    return prof_fwd_.on() || prof_bwd_.on() ? std::unique_lock<std::mutex>(prof_mutex_)
+                                            : std::unique_lock<std::mutex>();
+  }
+
   void forward(const ForwardArgs& a) const override {
+    const std::unique_lock<std::mutex> turn = profile_turn();
     require_aligned(a.q, "q");
     require_aligned(a.k, "k");
     require_aligned(a.v, "v");
@@ -304,6 +315,7 @@ class CudaRingPlan final : public RingBackendPlan {
   }
 
   void backward(const BackwardArgs& a) const override {
+    const std::unique_lock<std::mutex> turn = profile_turn();
     require_aligned(a.q, "q");
     require_aligned(a.k, "k");
     require_aligned(a.v, "v");
@@ -737,6 +749,7 @@ class CudaRingPlan final : public RingBackendPlan {
   BackwardSpace bwd_;
   bool dkv_home_ = false;                    // RingOptions::dkv_home, where it applies
   mutable PassProfile prof_fwd_, prof_bwd_;  // RingOptions::profile: events of the last pass
+  mutable std::mutex prof_mutex_;             // profile_turn()
 };
 
 }  // namespace

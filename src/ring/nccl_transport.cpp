@@ -85,8 +85,8 @@ class NcclTransport final : public Transport {
     for (size_t r = 0; r < n; ++r)
       if (all[r] != fingerprint)
         fail(ATTN_STATUS_COMMUNICATION_ERROR, "ring (NCCL rank ", rank_, " of ", size_, "): rank ",
-             r, " created its ring plan from another descriptor, layout or rank count ",
-             "(plans differ between ranks)");
+             r, " created its ring plan from another descriptor, layout or rank count, ",
+             "or with another ATTN_RING_DKV_HOME (plans differ between ranks)");
   }
 
   void check_usable() override {

@@ -11,15 +11,19 @@
 namespace attn::ring {
 namespace {
 
-bool env_on(const char* name) {
+// "1": on; unset, empty or "0": off; any other value is an invalid argument,
+// so that a typo does not leave the option silently off.
+bool env_flag(const char* name) {
   const char* v = std::getenv(name);
-  return v != nullptr && std::strcmp(v, "1") == 0;
+  if (v == nullptr || v[0] == '\0' || std::strcmp(v, "0") == 0) return false;
+  if (std::strcmp(v, "1") == 0) return true;
+  invalid_argument(name, " must be 0 or 1, got \"", v, "\"");
 }
 
 RingOptions options_from_env() {
   RingOptions o;
-  o.profile = env_on("ATTN_RING_PROFILE");
-  o.dkv_home = env_on("ATTN_RING_DKV_HOME");
+  o.profile = env_flag("ATTN_RING_PROFILE");
+  o.dkv_home = env_flag("ATTN_RING_DKV_HOME");
   return o;
 }
 
@@ -90,9 +94,11 @@ std::unique_ptr<Plan> create_ring_plan(const ContextConfig& ctx, const PlanDesc&
   RingSchedule schedule =
       RingSchedule::build(plan->problem, transport->rank(), transport->size(), layout);
   const RingOptions options = options_from_env();
-  // The order of the backward's exchanges depends on dkv_home: ranks must agree on it too.
-  // (Tags derive from the fingerprint, so both ranks' tags change alike.)
-  if (options.dkv_home) schedule.fingerprint ^= 0x646b765f686f6d65ull;
+  // The order of the backward's exchanges depends on dkv_home: ranks must agree on it too
+  // where it applies (a backward over 2 or more ranks). (Tags derive from the fingerprint,
+  // so both ranks' tags change alike.)
+  if (options.dkv_home && plan->problem.backward && transport->size() > 1)
+    schedule.fingerprint ^= 0x646b765f686f6d65ull;
   // Every rank must build the same ring (a no-op where mismatches are
   // caught at the first exchange instead).
   transport->agree(schedule.fingerprint);

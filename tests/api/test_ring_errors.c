@@ -230,6 +230,16 @@ static void test_ring_plan_create_errors(void **state) {
               attn_ring_plan_create(ctx, desc, comms[0], contig, &plan));
   EXPECT_OK(attn_plan_desc_set_shape(desc, B, HQ, HKV, 12, 12, D, D));
 
+  /* The ring's options from the environment take 0 or 1, nothing else. */
+  setenv("ATTN_RING_DKV_HOME", "yes", 1);
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "ATTN_RING_DKV_HOME",
+              attn_ring_plan_create(ctx, desc, comms[0], contig, &plan));
+  unsetenv("ATTN_RING_DKV_HOME");
+  setenv("ATTN_RING_PROFILE", "true", 1);
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "ATTN_RING_PROFILE",
+              attn_ring_plan_create(ctx, desc, comms[0], contig, &plan));
+  unsetenv("ATTN_RING_PROFILE");
+
   /* Varlen: every sequence's lengths must divide like seqlen does. Lengths
    * 6, 3, 12 cut into 3 chunks each, not 6 (zigzag over 3 ranks). */
   const int32_t cu[4] = {0, 6, 9, 21}, cu_kv_odd[4] = {0, 6, 10, 22};
