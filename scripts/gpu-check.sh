@@ -99,6 +99,12 @@ if [ "${GPU_CHECK_SANITIZE:-1}" != 0 ] && command -v compute-sanitizer >/dev/nul
     sanitize memcheck "$t" "$bin" ATTN_GPU_TEST_QUICK=1
     sanitize racecheck "$t" "$bin" ATTN_GPU_TEST_FILTER=causal-L129
   done
+  # The sm_90a forward's 128-row d = 64 tile (the estimate picks 192 rows
+  # for most small cases), softcap cases included.
+  sanitize memcheck fwd_bm128 "$build/tests/gpu/test_flash_fwd" ATTN_GPU_TEST_QUICK=1 \
+    ATTN_CUDA_FWD_SM90_BM=128 ATTN_GPU_TEST_HEAD_DIM=64
+  sanitize racecheck fwd_bm128 "$build/tests/gpu/test_flash_fwd" ATTN_CUDA_FWD_SM90_BM=128 \
+    ATTN_GPU_TEST_HEAD_DIM=64 ATTN_GPU_TEST_FILTER=causal-L129
   # Decode, on both kernel variants with the balanced split (its runs use
   # the split kernels, its unsplit and fixed cases the others): every case
   # with the long sequences shortened (memcheck); the long single sequence
@@ -131,6 +137,10 @@ if [ "${GPU_CHECK_SANITIZE:-1}" != 0 ] && command -v compute-sanitizer >/dev/nul
   sanitize memcheck sparse_fallback "$bin" ATTN_CUDA_BWD_VARIANT=1 ATTN_CUDA_BWD_GROUP_SPLIT=2 \
     ATTN_CUDA_FWD_SM90=0
   sanitize racecheck sparse "$bin" ATTN_GPU_TEST_FILTER=-causal-gqa
+  # The sm_90a (wgmma) block-sparse dK/dV kernel.
+  sanitize memcheck sparse_sm90bwd "$bin" ATTN_CUDA_BWD_SM90_SPARSE=1
+  sanitize racecheck sparse_sm90bwd "$bin" ATTN_CUDA_BWD_SM90_SPARSE=1 \
+    ATTN_GPU_TEST_FILTER=-causal-gqa
 fi
 
 torch_out=""
