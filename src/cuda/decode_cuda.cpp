@@ -113,8 +113,7 @@ int decode_pipeline_stages() {
   if (env == nullptr || env[0] == '\0') return 2;
   if (std::strcmp(env, "2") == 0) return 2;
   if (std::strcmp(env, "3") == 0) return 3;
-  if (std::strcmp(env, "4") == 0) return 4;
-  invalid_argument("ATTN_CUDA_DECODE_STAGES must be 2, 3 or 4, got \"", env, "\"");
+  invalid_argument("ATTN_CUDA_DECODE_STAGES must be 2 or 3, got \"", env, "\"");
 }
 
 int32_t decode_kernel_requested() {
@@ -196,11 +195,6 @@ int32_t decode_check_supported(int32_t device, const kv::CacheConfig& cache, int
     else
       (void)cudaGetLastError();
   }
-  if (stages == 4 && kernel != kDecodeKernelSm90Bulk)
-    invalid_argument("ATTN_CUDA_DECODE_STAGES=4: only the sm90-bulk decode kernel has four stages, "
-                     "and this plan runs the sm80 one (device ", device, ", ",
-                     cache.layout == ATTN_KV_LAYOUT_HND ? "HND" : "NHD", " pages of ", cache.page_size,
-                     " tokens)");
   // At plan creation rather than in execute, which may be under capture.
   check(decode_kernels_allow_smem(cache.dtype == ATTN_DTYPE_BF16, int(cache.head_dim_qk), stages,
                                   DecodeKernel(kernel), balanced),

@@ -37,8 +37,8 @@ void kv_append_enqueue(int32_t device, const kv::CacheConfig& cfg, void* k_base,
                        void* stream);
 
 // Stages of the decode kernel's pipeline: 2, or what
-// ATTN_CUDA_DECODE_STAGES says (2 or 3, or 4 for the bulk-copy kernel; a
-// tuning hook, read at plan creation; other values are an invalid argument).
+// ATTN_CUDA_DECODE_STAGES says (2 or 3; a tuning hook, read at plan
+// creation; other values are an invalid argument).
 int decode_pipeline_stages();
 
 // The decode kernel's variants (cuda::DecodeKernel in decode_kernels.hpp).

@@ -1,6 +1,6 @@
 // Instantiates and launches the paged decode kernels (fp16 and bf16, head
 // dims 64 and 128, two- and three-stage pipelines, the cp.async and the
-// sm_90 bulk-copy variants, the latter also with four stages) and the KV append kernel.
+// sm_90 bulk-copy variants) and the KV append kernel.
 #include <algorithm>
 #include <cuda_runtime.h>
 
@@ -20,12 +20,6 @@ struct KernelChoice {
 };
 template <class T, int D, int S>
 KernelChoice kernel_of(DecodeKernel variant, bool balanced) {
-  if constexpr (S == 4) {
-    (void)variant;
-    return {balanced ? decode::paged_decode_bulk_kernel<T, D, S, true>
-                     : decode::paged_decode_bulk_kernel<T, D, S, false>,
-            decode::BulkSmem<D, S>::kBytes};
-  }
   if (variant == DecodeKernel::kSm90Bulk)
     return {balanced ? decode::paged_decode_bulk_kernel<T, D, S, true>
                      : decode::paged_decode_bulk_kernel<T, D, S, false>,
@@ -36,14 +30,6 @@ KernelChoice kernel_of(DecodeKernel variant, bool balanced) {
 
 // kernel_of for the runtime choice of dtype, head dim and pipeline stages.
 KernelChoice choose(bool bf16, int head_dim, int stages, DecodeKernel variant, bool balanced) {
-  if (stages == 4) {
-    // Bulk-copy kernel only (decode_check_supported refuses the other).
-    if (head_dim == 64)
-      return bf16 ? kernel_of<__nv_bfloat16, 64, 4>(DecodeKernel::kSm90Bulk, balanced)
-                  : kernel_of<__half, 64, 4>(DecodeKernel::kSm90Bulk, balanced);
-    return bf16 ? kernel_of<__nv_bfloat16, 128, 4>(DecodeKernel::kSm90Bulk, balanced)
-                : kernel_of<__half, 128, 4>(DecodeKernel::kSm90Bulk, balanced);
-  }
   if (stages == 3) {
     if (head_dim == 64)
       return bf16 ? kernel_of<__nv_bfloat16, 64, 3>(variant, balanced)

@@ -557,7 +557,7 @@ void DecodePlan::describe(attn_decode_plan_info_t& info) const {
   std::snprintf(info.algorithm, sizeof info.algorithm, "%s%s",
                 max_partials_ > 0 ? "paged-decode-gqa-packed-split-kv" : "paged-decode-gqa-packed",
                 device_balanced() ? "-balanced" : "");
-  // CUDA: the variant, then "-s3" / "-s4" for three- / four-stage pipelines and "-pdl"
+  // CUDA: the variant, then "-s3" for the three-stage pipeline and "-pdl"
   // for the combine's programmatic dependent launch (where the plan can
   // split at all: without partial states the combine never runs).
   const char* kernel = "cpu-scalar";
@@ -565,10 +565,8 @@ void DecodePlan::describe(attn_decode_plan_info_t& info) const {
   if (on_device_)
     kernel = device_kernel_ == cuda::kDecodeKernelSm90Bulk ? "cuda-sm90-bulk-paged" : "cuda-sm80-mma-paged";
 #endif
-  char stages[8] = "";
-  if (on_device_ && device_stages_ != 2) std::snprintf(stages, sizeof stages, "-s%d", device_stages_);
-  std::snprintf(info.kernel, sizeof info.kernel, "%s%s%s", kernel, stages,
-                device_pdl_ && max_partials_ > 0 ? "-pdl" : "");
+  std::snprintf(info.kernel, sizeof info.kernel, "%s%s%s", kernel,
+                on_device_ && device_stages_ == 3 ? "-s3" : "", device_pdl_ && max_partials_ > 0 ? "-pdl" : "");
   if (cfg_.kv_chunk_tokens == 0 && (on_device_ || threads_ > 1)) {
     info.split_target_tasks = on_device_ ? device_wave_ : threads_;
     info.split_min_chunk_tokens = kMinAutoChunkTokens;
