@@ -1,7 +1,8 @@
 // Paged decode on sm_80+: attention of a batch's newest query tokens over
 // the pages of a KV cache, the GQA group packed as the rows of one m16 tile.
 //
-// Block (unit, KV head g, row tile z), 128 threads (with the balanced
+// Block (unit, KV head g, row tile z) (unit and g flattened into the
+// grid's x, see block_slot), 128 threads (with the balanced
 // split a block runs a list of units, one after the other). Rows of the
 // tile are r = z * 16 + i (i < 16) of the sequence's q_len * G packed rows, row r
 // being query token r / G, query head g * G + r % G. The block streams the
@@ -197,9 +198,23 @@ __device__ __forceinline__ void merge_and_store(unsigned char* smem, const Decod
   }
 }
 
+// The decode grid's x dimension is (block slot, KV head) flattened, the KV
+// head fastest, so that the blocks of the prepared units, which are the
+// first slots, are also the first blocks launched: the grid has the plan's
+// most units (one shape for every prepared batch), and with the KV head as
+// a grid dimension of its own the blocks past the prepared units were
+// launched between them, leaving some SMs with more of the real work than
+// others (an H200 read 32 x 8K at 3.8 TB/s instead of 4.2).
+__device__ __forceinline__ int64_t block_slot(const DecodeParams& p) {
+  return int64_t(blockIdx.x) / p.heads_kv;
+}
+__device__ __forceinline__ int block_kv_head(const DecodeParams& p) {
+  return int(int64_t(blockIdx.x) % p.heads_kv);
+}
+
 // Calls run(unit) for each work unit of this block, one after the other
 // (a barrier in between: the last unit's merge read shared memory): with
-// the balanced split those of p.block_units, else unit blockIdx.x, if
+// the balanced split those of p.block_units, else unit block_slot(p), if
 // prepared (a kernel of its own: the loop costs registers). The block's start
 // is a chain of dependent loads before its first K/V copy; it is kept to
 // three there: the unit (read with the header: the grid is the plan's max
@@ -209,13 +224,14 @@ __device__ __forceinline__ void merge_and_store(unsigned char* smem, const Decod
 template <bool kBalanced, class Run>
 __device__ __forceinline__ void for_each_unit(const DecodeParams& p, const Run& run) {
   if constexpr (!kBalanced) {
-    const int64_t unit_index = blockIdx.x;
+    const int64_t unit_index = block_slot(p);
     const int64_t num_units = p.header->num_units;
     const WorkUnit u = p.units[unit_index];
     if (unit_index < num_units) run(u);
     return;
   }
-  const int32_t first = p.block_units[blockIdx.x], last = p.block_units[blockIdx.x + 1];
+  const int64_t slot = block_slot(p);
+  const int32_t first = p.block_units[slot], last = p.block_units[slot + 1];
   for (int32_t i = first; i < last; ++i) {
     if (i > first) __syncthreads();
     run(p.units[i]);
@@ -261,7 +277,7 @@ __device__ __forceinline__ void decode_unit(const DecodeParams& p, const WorkUni
     if (j < tiles) fetch_entries(j);
 
   const SeqMeta sm = p.seqs[u.seq];
-  const int g = blockIdx.y;
+  const int g = block_kv_head(p);
   const int G = p.group;
   const int rows = int(sm.q_len) * G;
   const int row0 = blockIdx.z * 16;

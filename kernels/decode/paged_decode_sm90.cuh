@@ -145,7 +145,7 @@ __device__ __forceinline__ void decode_unit_bulk(const DecodeParams& p, const Wo
     if (j < tiles) fetch_entries(j);
 
   const SeqMeta sm = p.seqs[u.seq];
-  const int g = blockIdx.y;
+  const int g = block_kv_head(p);
   const int G = p.group;
   const int rows = int(sm.q_len) * G;
   const int row0 = blockIdx.z * 16;

@@ -292,6 +292,7 @@ void decode_launch(const kv::DecodePlan& plan, const kv::KvCache& cache,
   p.heads_q = int32_t(cfg.heads_q);
   p.group = int32_t(plan.group());
   p.max_q = int32_t(cfg.max_query_tokens);
+  p.heads_kv = int32_t(cc.heads_kv);
   p.window = cc.window;
   p.sinks = cc.sink_tokens;
   p.scale = cfg.scale;

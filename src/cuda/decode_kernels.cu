@@ -2,6 +2,7 @@
 // dims 64 and 128, two- and three-stage pipelines, the cp.async and the
 // sm_90 bulk-copy variants) and the KV append kernel.
 #include <algorithm>
+#include <climits>
 #include <cuda_runtime.h>
 
 #include "cuda/decode_kernels.hpp"
@@ -80,7 +81,9 @@ cudaError_t decode_kernels_launch(const decode::DecodeParams& p, bool bf16, int 
                                   int heads_kv, int row_tiles, bool combine, bool pdl,
                                   int64_t max_batch, cudaStream_t stream) {
   const KernelChoice k = choose(bf16, head_dim, stages, variant, balanced);
-  const dim3 grid{unsigned(blocks), unsigned(heads_kv), unsigned(row_tiles)};
+  // x: (block slot, KV head), the head fastest (decode::block_slot).
+  if (blocks * heads_kv > INT32_MAX) return cudaErrorInvalidConfiguration;
+  const dim3 grid{unsigned(blocks * heads_kv), 1, unsigned(row_tiles)};
   k.fn<<<grid, decode::kThreads, k.smem_bytes, stream>>>(p);
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess || !combine) return e;

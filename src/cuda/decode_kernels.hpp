@@ -29,7 +29,7 @@ cudaError_t decode_kernels_allow_smem(bool bf16, int head_dim, int stages, Decod
 // Decode blocks of that kernel that fit on one SM.
 cudaError_t decode_kernels_blocks_per_sm(bool bf16, int head_dim, int stages, DecodeKernel variant,
                                          bool balanced, int* blocks);
-// Enqueues the decode kernel, grid (blocks, heads_kv, row_tiles), and when
+// Enqueues the decode kernel, grid (blocks * heads_kv, 1, row_tiles), and when
 // `combine` the combine kernel, grid (max_batch, heads_q, up to 8 query
 // tokens), with programmatic dependent launch when `pdl` (sm_90+).
 cudaError_t decode_kernels_launch(const decode::DecodeParams& p, bool bf16, int head_dim,
