@@ -265,6 +265,14 @@ void DecodeStaging::upload(void* device_base, const std::vector<std::pair<size_t
   pending_ = true;
 }
 
+bool stream_is_capturing(int32_t device, void* stream) {
+  DeviceScope scope(device);
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  check(cudaStreamIsCapturing(static_cast<cudaStream_t>(stream), &status),
+        "cudaStreamIsCapturing");
+  return status != cudaStreamCaptureStatusNone;
+}
+
 void decode_launch(const kv::DecodePlan& plan, const kv::KvCache& cache,
                    const kv::DecodeWorkspace& ws, int64_t blocks, const void* q, void* o,
                    float* lse, bool may_split, void* stream) {

@@ -107,9 +107,13 @@ class DecodeStaging {
   bool pending_ = false;
 };
 
+// Whether `stream` (a cudaStream_t; null: the legacy default stream) of
+// `device` is being captured into a CUDA graph.
+bool stream_is_capturing(int32_t device, void* stream);
+
 // Launches the decode kernel, `blocks` x heads_kv x row tiles (and, when
-// the plan can split, the combine kernel) of `plan` on stream; everything
-// they read is in the workspace.
+// `may_split`, the combine kernel) of `plan` on stream; everything they
+// read is in the workspace.
 void decode_launch(const kv::DecodePlan& plan, const kv::KvCache& cache,
                    const kv::DecodeWorkspace& ws, int64_t blocks, const void* q, void* o,
                    float* lse, bool may_split, void* stream);

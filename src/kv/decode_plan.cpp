@@ -396,7 +396,16 @@ void DecodePlan::prepare(const KvCache& cache, int32_t num_seqs, const int64_t* 
     char* base = workspace_base(workspace);
     prepared_.erase(uintptr_t(base));  // stale until the upload is enqueued
     staging->upload(base, pieces, stream);
-    prepared_[uintptr_t(base)] = Prepared{uintptr_t(&cache), cache.generation()};
+    // Blocks holding work: the units, or with the balanced split the
+    // blocks up to the last with a unit.
+    int64_t launch_blocks = int64_t(units.size());
+    if (device_balanced()) {
+      launch_blocks = 0;
+      for (size_t b = 0; b + 1 < block_units.size(); ++b)
+        if (block_units[b] < block_units[b + 1]) launch_blocks = int64_t(b) + 1;
+    }
+    prepared_[uintptr_t(base)] = Prepared{uintptr_t(&cache), cache.generation(),
+                                          std::max<int64_t>(launch_blocks, 1), split_seqs > 0};
   }
 #endif
 
@@ -534,8 +543,15 @@ void DecodePlan::execute_device(const KvCache& cache, const void* q, void* o, fl
     invalid_argument("workspace: prepared before the cache last changed (append, add, fork or ",
                      "release); call attn_decode_prepare again");
 #if ATTN_HAVE_CUDA
-  cuda::decode_launch(*this, cache, carve(workspace), device_grid_blocks(), q, o, lse,
-                      max_partials_ > 0, stream);
+  // Under stream capture the grid and the combine are the plan's largest,
+  // so that the graph serves every later prepare (its metadata is read from
+  // the workspace at replay); outside it, exactly the prepared batch's.
+  if (cuda::stream_is_capturing(device(), stream))
+    cuda::decode_launch(*this, cache, carve(workspace), device_grid_blocks(), q, o, lse,
+                        max_partials_ > 0, stream);
+  else
+    cuda::decode_launch(*this, cache, carve(workspace), rec.launch_blocks, q, o, lse, rec.split,
+                        stream);
 #else
   (void)q, (void)o, (void)lse, (void)stream;
 #endif

@@ -172,9 +172,17 @@ class DecodePlan {
   bool device_pdl_ = false;
   int64_t device_blocks_ = 0;  // balanced split: blocks per (KV head, row tile); 0: waves
   std::shared_ptr<void> staging_;
+  // A workspace's last prepare, as execute needs it: which cache and state
+  // it describes, and for launches outside graph capture the grid that
+  // covers exactly its blocks (blocks past them only return, yet an H200
+  // read 32 x 8K at 3.85 TB/s with the plan's largest grid against 4.10
+  // with exactly the batch's) and whether any sequence was split (else the
+  // combine kernel has nothing to merge).
   struct Prepared {
     uintptr_t cache_id;
     uint64_t generation;
+    int64_t launch_blocks;
+    bool split;
   };
   mutable std::mutex prepared_mutex_;
   mutable std::unordered_map<uintptr_t, Prepared> prepared_;
