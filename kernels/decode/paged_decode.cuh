@@ -200,11 +200,9 @@ __device__ __forceinline__ void merge_and_store(unsigned char* smem, const Decod
 
 // The decode grid's x dimension is (block slot, KV head) flattened, the KV
 // head fastest, so that the blocks of the prepared units, which are the
-// first slots, are also the first blocks launched: the grid has the plan's
-// most units (one shape for every prepared batch), and with the KV head as
-// a grid dimension of its own the blocks past the prepared units were
-// launched between them, leaving some SMs with more of the real work than
-// others (an H200 read 32 x 8K at 3.8 TB/s instead of 4.2).
+// first slots, are also the first blocks launched when the grid is the
+// plan's largest (under graph capture: one shape for every prepare), rather
+// than launched between blocks that only return.
 __device__ __forceinline__ int64_t block_slot(const DecodeParams& p) {
   return int64_t(blockIdx.x) / p.heads_kv;
 }
