@@ -147,6 +147,13 @@ bool decode_use_pdl(int32_t device) {
   return major >= 9;
 }
 
+bool decode_issue_early() {
+  const char* env = std::getenv("ATTN_CUDA_DECODE_EARLY");
+  if (env == nullptr || env[0] == '\0' || std::strcmp(env, "0") == 0) return false;
+  if (std::strcmp(env, "1") == 0) return true;
+  invalid_argument("ATTN_CUDA_DECODE_EARLY must be 0 or 1, got \"", env, "\"");
+}
+
 int32_t decode_check_supported(int32_t device, const kv::CacheConfig& cache, int64_t heads_q,
                                int64_t max_query_tokens, int stages, int32_t requested,
                                bool balanced) {
@@ -301,6 +308,7 @@ void decode_launch(const kv::DecodePlan& plan, const kv::KvCache& cache,
   p.group = int32_t(plan.group());
   p.max_q = int32_t(cfg.max_query_tokens);
   p.heads_kv = int32_t(cc.heads_kv);
+  p.issue_early = plan.device_early() ? 1 : 0;
   p.window = cc.window;
   p.sinks = cc.sink_tokens;
   p.scale = cfg.scale;

@@ -22,7 +22,8 @@
 // refused without writing O, NOT_SUPPORTED for what the kernel lacks, and
 // ATTN_CUDA_DECODE_STAGES refused unless 2 or 3, ATTN_CUDA_DECODE_KERNEL
 // refused unless auto, sm80 or sm90-bulk, ATTN_CUDA_DECODE_SPLIT unless
-// auto, waves or balanced, ATTN_CUDA_DECODE_PDL unless 0 or 1. The page memory is the test's,
+// auto, waves or balanced, ATTN_CUDA_DECODE_PDL and ATTN_CUDA_DECODE_EARLY
+// unless 0 or 1. The page memory is the test's,
 // every byte 0xff (NaN) before the first append, so that slots holding no
 // token must not weigh in. Under ATTN_CUDA_DECODE_KERNEL=sm80 or sm90-bulk
 // every plan must name that kernel in describe() (sm90-bulk on sm_90+
@@ -44,6 +45,7 @@
 #include <map>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gpu_common.hpp"
@@ -674,15 +676,40 @@ void stages_env_case() {
   attn_context_destroy(ctx);
 }
 
-// ATTN_CUDA_DECODE_KERNEL: a value other than auto, sm80 or sm90-bulk is
-// refused at plan creation (message naming it, *plan unchanged); sm80 and
-// (on an sm_90+ device) sm90-bulk are named by describe(). The same for
-// ATTN_CUDA_DECODE_SPLIT (auto, waves, balanced) and ATTN_CUDA_DECODE_PDL
-// (0, 1). The variables are restored after.
+// Sets (value non-null) or unsets an environment variable for a scope and
+// restores what it was.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    const char* prev = std::getenv(name);
+    had_ = prev != nullptr;
+    if (had_) saved_ = prev;
+    set(value);
+  }
+  void set(const char* value) {
+    if (value != nullptr) setenv(name_, value, 1);
+    else unsetenv(name_);
+  }
+  ~ScopedEnv() { set(had_ ? saved_.c_str() : nullptr); }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+  bool had_ = false;
+  std::string saved_;
+};
+
+// The tuning variables of the decode kernel: a value outside each one's set
+// is refused at plan creation (INVALID_ARGUMENT, message naming it, *plan
+// unchanged); the accepted values are named by describe(): ATTN_CUDA_DECODE_KERNEL
+// (auto, sm80, sm90-bulk: the kernel), ATTN_CUDA_DECODE_SPLIT (auto, waves,
+// balanced: "-balanced" in the algorithm of an automatic split, not of a
+// fixed one), ATTN_CUDA_DECODE_PDL (0, 1: "-pdl" on sm_90+) and
+// ATTN_CUDA_DECODE_EARLY (0, 1: "-early" where the bulk kernel runs). The
+// variables are restored after.
 void kernel_env_case() {
   if (!selected("kernel env")) return;
-  const char* prev = std::getenv("ATTN_CUDA_DECODE_KERNEL");
-  const std::string saved = prev != nullptr ? prev : "";
   CacheShape cs;
   attn_context_t ctx = nullptr;
   ATTN_CHECK(attn_context_create(ATTN_BACKEND_CUDA, 0, 0, &ctx));
@@ -695,94 +722,71 @@ void kernel_env_case() {
   c.heads_q = 4;
   c.max_batch = 2;
   c.max_query_tokens = 1;
-  setenv("ATTN_CUDA_DECODE_KERNEL", "sm91", 1);
-  attn_decode_plan_t plan = reinterpret_cast<attn_decode_plan_t>(&c);  // must stay as is
-  const attn_status_t st = attn_decode_plan_create(ctx, cache, &c, &plan);
-  const std::string msg = attn_last_error_message();
-  bool ok = st == ATTN_STATUS_INVALID_ARGUMENT &&
-            msg.find("ATTN_CUDA_DECODE_KERNEL") != std::string::npos &&
-            plan == reinterpret_cast<attn_decode_plan_t>(&c);
   int major = 0;
   GPU_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
-  std::string names;
-  const struct {
-    const char* env;
-    const char* kernel;
-  } want[] = {{"sm80", "cuda-sm80-mma-paged"},
-              {"sm90-bulk", major >= 9 ? "cuda-sm90-bulk-paged" : "cuda-sm80-mma-paged"}};
-  for (const auto& w : want) {
-    setenv("ATTN_CUDA_DECODE_KERNEL", w.env, 1);
-    attn_decode_plan_t p = nullptr;
-    ATTN_CHECK(attn_decode_plan_create(ctx, cache, &c, &p));
-    attn_decode_plan_info_t pi;
-    std::memset(&pi, 0, sizeof pi);
-    pi.struct_size = sizeof pi;
-    ATTN_CHECK(attn_decode_plan_describe(p, &pi));
-    ok = ok && std::strncmp(pi.kernel, w.kernel, std::strlen(w.kernel)) == 0;
-    names += std::string(w.env) + ": " + pi.kernel + "; ";
-    attn_decode_plan_destroy(p);
-  }
-  if (prev != nullptr) setenv("ATTN_CUDA_DECODE_KERNEL", saved.c_str(), 1);
-  else unsetenv("ATTN_CUDA_DECODE_KERNEL");
-  // ATTN_CUDA_DECODE_SPLIT: the same for auto, waves and balanced (named
-  // by the algorithm of an automatic split, not of a fixed one).
-  const char* prev_split = std::getenv("ATTN_CUDA_DECODE_SPLIT");
-  const std::string saved_split = prev_split != nullptr ? prev_split : "";
-  setenv("ATTN_CUDA_DECODE_SPLIT", "even", 1);
-  plan = reinterpret_cast<attn_decode_plan_t>(&c);
-  const attn_status_t st2 = attn_decode_plan_create(ctx, cache, &c, &plan);
-  const std::string msg2 = attn_last_error_message();
-  ok = ok && st2 == ATTN_STATUS_INVALID_ARGUMENT &&
-       msg2.find("ATTN_CUDA_DECODE_SPLIT") != std::string::npos &&
-       plan == reinterpret_cast<attn_decode_plan_t>(&c);
-  const struct {
-    const char* env;
-    int64_t chunk;
-    bool balanced;
-  } splits[] = {{"waves", 0, false}, {"balanced", 0, true}, {"balanced", 64, false}};
-  for (const auto& w : splits) {
-    setenv("ATTN_CUDA_DECODE_SPLIT", w.env, 1);
+  bool ok = true;
+  std::string messages, names;
+  // `name`=`bad` must be refused as above.
+  auto refused = [&](const char* name, const char* bad) {
+    ScopedEnv env(name, bad);
+    attn_decode_plan_t plan = reinterpret_cast<attn_decode_plan_t>(&c);  // must stay as is
+    const attn_status_t st = attn_decode_plan_create(ctx, cache, &c, &plan);
+    const std::string msg = attn_last_error_message();
+    ok = ok && st == ATTN_STATUS_INVALID_ARGUMENT && msg.find(name) != std::string::npos &&
+         plan == reinterpret_cast<attn_decode_plan_t>(&c);
+    messages += msg + " | ";
+  };
+  // describe() of a plan (kv_chunk_tokens `chunk`) created under name=value.
+  auto described = [&](const char* name, const char* value, int64_t chunk) {
+    ScopedEnv env(name, value);
     attn_decode_config_t cc = c;
-    cc.kv_chunk_tokens = w.chunk;
+    cc.kv_chunk_tokens = chunk;
     attn_decode_plan_t p = nullptr;
     ATTN_CHECK(attn_decode_plan_create(ctx, cache, &cc, &p));
     attn_decode_plan_info_t pi;
     std::memset(&pi, 0, sizeof pi);
     pi.struct_size = sizeof pi;
     ATTN_CHECK(attn_decode_plan_describe(p, &pi));
+    attn_decode_plan_destroy(p);
+    names += std::string(name + std::strlen("ATTN_CUDA_DECODE_")) + "=" + value + " chunk " +
+             std::to_string(chunk) + ": " + pi.kernel + " " + pi.algorithm + "; ";
+    return pi;
+  };
+
+  refused("ATTN_CUDA_DECODE_KERNEL", "sm91");
+  const char* bulk_name = major >= 9 ? "cuda-sm90-bulk-paged" : "cuda-sm80-mma-paged";
+  for (const auto& [value, kernel] : {std::pair<const char*, const char*>{"sm80", "cuda-sm80-mma-paged"},
+                                      {"sm90-bulk", bulk_name}}) {
+    const attn_decode_plan_info_t pi = described("ATTN_CUDA_DECODE_KERNEL", value, 0);
+    ok = ok && std::strncmp(pi.kernel, kernel, std::strlen(kernel)) == 0;
+  }
+
+  refused("ATTN_CUDA_DECODE_SPLIT", "even");
+  const struct {
+    const char* env;
+    int64_t chunk;
+    bool balanced;
+  } splits[] = {{"waves", 0, false}, {"balanced", 0, true}, {"balanced", 64, false}};
+  for (const auto& w : splits) {
+    const attn_decode_plan_info_t pi = described("ATTN_CUDA_DECODE_SPLIT", w.env, w.chunk);
     ok = ok && (std::strstr(pi.algorithm, "-balanced") != nullptr) == w.balanced;
-    names += std::string(w.env) + " chunk " + std::to_string(w.chunk) + ": " + pi.algorithm + "; ";
-    attn_decode_plan_destroy(p);
   }
-  if (prev_split != nullptr) setenv("ATTN_CUDA_DECODE_SPLIT", saved_split.c_str(), 1);
-  else unsetenv("ATTN_CUDA_DECODE_SPLIT");
-  // ATTN_CUDA_DECODE_PDL: 0 or 1 (named "-pdl" on sm_90+ devices).
-  const char* prev_pdl = std::getenv("ATTN_CUDA_DECODE_PDL");
-  const std::string saved_pdl = prev_pdl != nullptr ? prev_pdl : "";
-  setenv("ATTN_CUDA_DECODE_PDL", "yes", 1);
-  plan = reinterpret_cast<attn_decode_plan_t>(&c);
-  const attn_status_t st3 = attn_decode_plan_create(ctx, cache, &c, &plan);
-  const std::string msg3 = attn_last_error_message();
-  ok = ok && st3 == ATTN_STATUS_INVALID_ARGUMENT &&
-       msg3.find("ATTN_CUDA_DECODE_PDL") != std::string::npos &&
-       plan == reinterpret_cast<attn_decode_plan_t>(&c);
+
+  refused("ATTN_CUDA_DECODE_PDL", "yes");
   for (const char* v : {"0", "1"}) {
-    setenv("ATTN_CUDA_DECODE_PDL", v, 1);
-    attn_decode_plan_t p = nullptr;
-    ATTN_CHECK(attn_decode_plan_create(ctx, cache, &c, &p));
-    attn_decode_plan_info_t pi;
-    std::memset(&pi, 0, sizeof pi);
-    pi.struct_size = sizeof pi;
-    ATTN_CHECK(attn_decode_plan_describe(p, &pi));
-    const bool named = std::strstr(pi.kernel, "-pdl") != nullptr;
-    ok = ok && named == (v[0] == '1' && major >= 9);
-    names += std::string("pdl ") + v + ": " + pi.kernel + "; ";
-    attn_decode_plan_destroy(p);
+    const attn_decode_plan_info_t pi = described("ATTN_CUDA_DECODE_PDL", v, 0);
+    ok = ok && (std::strstr(pi.kernel, "-pdl") != nullptr) == (v[0] == '1' && major >= 9);
   }
-  if (prev_pdl != nullptr) setenv("ATTN_CUDA_DECODE_PDL", saved_pdl.c_str(), 1);
-  else unsetenv("ATTN_CUDA_DECODE_PDL");
-  std::printf("%-58s %s (%s | %s | %s; %s)\n", "kernel env: KERNEL=sm91, SPLIT=even, PDL=yes refused",
-              ok ? "ok" : "FAIL", msg.c_str(), msg2.c_str(), msg3.c_str(), names.c_str());
+
+  refused("ATTN_CUDA_DECODE_EARLY", "2");
+  for (const char* v : {"0", "1"}) {
+    const attn_decode_plan_info_t pi = described("ATTN_CUDA_DECODE_EARLY", v, 0);
+    const bool bulk = std::strncmp(pi.kernel, "cuda-sm90-bulk-paged", 20) == 0;
+    ok = ok && (std::strstr(pi.kernel, "-early") != nullptr) == (v[0] == '1' && bulk);
+  }
+
+  std::printf("%-58s %s (%s%s)\n", "kernel env: KERNEL, SPLIT, PDL, EARLY refused and named",
+              ok ? "ok" : "FAIL", messages.c_str(), names.c_str());
   if (!ok) ++g_failures;
   attn_kv_cache_destroy(cache);
   attn_context_destroy(ctx);
