@@ -62,6 +62,7 @@
 #include "core/error.hpp"
 #include "cuda/block_sparse.hpp"
 #include "cuda/bsparse_fwd.hpp"
+#include "cuda/kernel_name.hpp"
 #include "cuda/cuda_util.hpp"
 #include "cuda/flash_bwd.hpp"
 #include "cuda/flash_bwd_sm90.hpp"
@@ -323,54 +324,44 @@ class CudaPlan final : public BackendPlan {
     // characters; block-sparse ones also "sm80" (the same kernel family),
     // for room for their markers: "-p" after "bsparse" and after "+bwd" (the
     // persistent kernels) and "-cut" (below); their sm_90a dK/dV kernel says
-    // "+bwd-wgmma-bs".
-    const char* kind = moba ? (moba_->gathers() ? "moba-gather" : "moba")
-                            : fwd_persist_ ? "bsparse-p" : "bsparse";
-    int len = sparse && sm90_ ? std::snprintf(kernel_name_, sizeof kernel_name_,
-                                              "cuda-sm90-wgmma-%s-d%d-bsparse",
-                                              dtype_name(p.dtype), int(d))
-              : moba   ? std::snprintf(kernel_name_, sizeof kernel_name_,
-                                       "cuda-fa2-sm80-%s-d%d-%s-%dx%d", dtype_name(p.dtype),
-                                       int(d), kind, cfg_.block_m, cfg_.block_n)
-              : sparse ? std::snprintf(kernel_name_, sizeof kernel_name_,
-                                       "cuda-fa2-%s-d%d-%s-%dx%d", dtype_name(p.dtype), int(d),
-                                       kind, cfg_.block_m, cfg_.block_n)
-              : sm90_  ? std::snprintf(kernel_name_, sizeof kernel_name_,
-                                       "cuda-sm90-wgmma-%s-d%d-%dx%d-s%d", dtype_name(p.dtype),
-                                       int(d), sm90_cfg_.block_m, sm90_cfg_.block_n,
-                                       sm90_cfg_.stages)
-                       : std::snprintf(kernel_name_, sizeof kernel_name_,
-                                       "cuda-fa2-sm80-%s-d%d-%dx%d-w%d-s%d", dtype_name(p.dtype),
-                                       int(d), cfg_.block_m, cfg_.block_n, cfg_.warps,
-                                       cfg_.stages);
-    if (p.backward && len > 0 && size_t(len) < sizeof kernel_name_ && bwd_sm90_ && sparse) {
-      // Block-sparse: "-bs" instead of the tile (BwdSm90Config's), for room.
-      std::snprintf(kernel_name_ + len, sizeof kernel_name_ - size_t(len), "+bwd-wgmma-bs-%s",
-                    p.deterministic ? "det" : "bulk");
-    } else if (p.backward && len > 0 && size_t(len) < sizeof kernel_name_ && bwd_sm90_) {
-      std::snprintf(kernel_name_ + len, sizeof kernel_name_ - size_t(len), "+bwd-wgmma-%dx%d-%s",
-                    bwd_sm90_cfg_.block_m, bwd_sm90_cfg_.block_n,
-                    p.deterministic ? "det" : "bulk");
-    } else if (p.backward && len > 0 && size_t(len) < sizeof kernel_name_) {
-      const char* dq_kind = p.deterministic             ? "det"
-                            : bwd_cfg_.bulk_dq && !gather ? "bulk"
-                                                          : "atomic";
-      if (sparse || moba)
-        std::snprintf(kernel_name_ + len, sizeof kernel_name_ - size_t(len), "+bwd%s-%dx%d-%s-%s",
-                      bwd_persist_ ? "-p" : "", bwd_cfg_.block_m, bwd_cfg_.block_n,
-                      bwd_cfg_.register_path() ? "r" : "s", dq_kind);
-      else
-        std::snprintf(kernel_name_ + len, sizeof kernel_name_ - size_t(len), "+bwd-%dx%d-w%d%s-%s",
-                      bwd_cfg_.block_m, bwd_cfg_.block_n, bwd_cfg_.warps,
-                      bwd_cfg_.register_path() ? "r" : "s", dq_kind);
+    // "+bwd-wgmma-bs". Where a name would still not fit (extreme group
+    // splits, MoBA gather names), cuda/kernel_name.hpp shortens fixed parts
+    // so that "-cut" and "-gsN" are never lost.
+    using F = KernelNameFacts::Forward;
+    using B = KernelNameFacts::Backward;
+    KernelNameFacts name;
+    name.dtype = dtype_name(p.dtype);
+    name.head_dim = int(d);
+    name.forward = sparse && sm90_ ? F::kSparseSm90
+                   : moba          ? F::kMoba
+                   : sparse        ? F::kSparseSm80
+                   : sm90_         ? F::kSm90
+                                   : F::kSm80;
+    name.kind = moba ? (moba_->gathers() ? "moba-gather" : "moba")
+                     : fwd_persist_ ? "bsparse-p" : "bsparse";
+    name.fwd_block_m = sm90_ ? sm90_cfg_.block_m : cfg_.block_m;
+    name.fwd_block_n = sm90_ ? sm90_cfg_.block_n : cfg_.block_n;
+    name.fwd_warps = cfg_.warps;
+    name.fwd_stages = sm90_ ? sm90_cfg_.stages : cfg_.stages;
+    if (p.backward) {
+      name.backward = bwd_sm90_ && sparse ? B::kSm90Sparse
+                      : bwd_sm90_         ? B::kSm90
+                      : sparse || moba    ? B::kSm80Listed
+                                          : B::kSm80;
+      name.bwd_persist = bwd_persist_;
+      name.bwd_block_m = bwd_sm90_ ? bwd_sm90_cfg_.block_m : bwd_cfg_.block_m;
+      name.bwd_block_n = bwd_sm90_ ? bwd_sm90_cfg_.block_n : bwd_cfg_.block_n;
+      name.bwd_warps = bwd_cfg_.warps;
+      name.bwd_register_path = bwd_cfg_.register_path();
+      name.dq_kind = p.deterministic                            ? "det"
+                     : bwd_sm90_ || (bwd_cfg_.bulk_dq && !gather) ? "bulk"
+                                                                  : "atomic";
     }
-    len = int(std::strlen(kernel_name_));
     // "-cut": some dK/dV lists are cut, their tiles accumulated in fp32
     // (compact_kv_accum(); split groups accumulate every tile).
-    if (compact_kv_accum() && size_t(len) < sizeof kernel_name_)
-      std::snprintf(kernel_name_ + len, sizeof kernel_name_ - size_t(len), "-cut");
-    if (group_splits_ > 1 && size_t(len) < sizeof kernel_name_)
-      std::snprintf(kernel_name_ + len, sizeof kernel_name_ - size_t(len), "-gs%d", group_splits_);
+    name.cut = compact_kv_accum();
+    name.group_splits = group_splits_;
+    compose_kernel_name(name, kernel_name_, sizeof kernel_name_);
   }
 
   ~CudaPlan() override {
