@@ -31,14 +31,14 @@ once per variant with those environment variables set while its plan is
 created (the CUDA backend's block-sparse tuning hooks, listed at the top of
 src/cuda/cuda_backend.cpp: ATTN_CUDA_BSPARSE_FWD_PERSIST=1,
 ATTN_CUDA_BSPARSE_BWD_PERSIST=1, ATTN_CUDA_BSPARSE_PREFETCH=1,
-ATTN_CUDA_BSPARSE_ITEM=n, ATTN_CUDA_BWD_SM90_SPARSE=1 for the sm_90a
-(wgmma) block-sparse dK/dV kernel, "+bwd-wgmma-bs" in the kernel column);
-"" is the library's defaults. FlexAttention runs with the first variant
+ATTN_CUDA_BSPARSE_ITEM=n, ATTN_CUDA_BWD_SM90_SPARSE=0 for the sm_80
+block-sparse dK/dV kernel where the default is the sm_90a (wgmma) one,
+"+bwd-wgmma-bs" in the kernel column); "" is the library's defaults. FlexAttention runs with the first variant
 only.
 
 Usage: bench_sparse_flex.py --lib build/src/libattn.so [--out results.md]
                             [--seqlen 32768] [--reps 10] [--no-flex]
-                            [--variant "" --variant ATTN_CUDA_BWD_SM90_SPARSE=1,...]
+                            [--variant "" --variant ATTN_CUDA_BWD_SM90_SPARSE=0,...]
 """
 import argparse
 import ctypes

@@ -33,8 +33,9 @@
 //     exposed on the compute stream, prologue and epilogue; each block next
 //     to the same block's compute-only time (the compute-only blocks are
 //     also timed one by one);
-//   - the backward with ATTN_RING_DKV_HOME=1 (own shard's dK/dV kept home,
-//     one dK/dV exchange fewer, the last one overlapped with the own
+//   - the backward with ATTN_RING_DKV_HOME=0 (every shard's dK/dV sent
+//     round the ring, one dK/dV exchange more than the default, which keeps
+//     the own shard's home and overlaps the last exchange with the own
 //     blocks): timed as the ring above, profiled likewise, and its dQ, dK,
 //     dV compared with the default ring's (max |difference| / max |value|).
 // Before the configurations, every rank times a plain ncclSend/ncclRecv
@@ -74,6 +75,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -166,13 +168,14 @@ struct PieceSeries {
   attn::ring::RingPiece what = attn::ring::RingPiece::prologue;
   std::vector<float> ms;
 };
-enum Variant { kDefault, kDkvHome, kNumVariants };
-const char* const kVariantName[kNumVariants] = {"default", "ATTN_RING_DKV_HOME=1"};
+enum Variant { kDefault, kDkvExchange, kNumVariants };
+const char* const kVariantName[kNumVariants] = {"default (own dK/dV kept home)",
+                                                "ATTN_RING_DKV_HOME=0"};
 
 struct RankConfigResult {
   Stat ring_fwd, ring_bwd, comp_fwd, comp_bwd;
-  Stat home_bwd;           // the backward with ATTN_RING_DKV_HOME=1
-  double home_diff = 0.0;  // its dQ, dK, dV against the default ring's: max |diff| / max |value|
+  Stat exchange_bwd;           // the backward with ATTN_RING_DKV_HOME=0
+  double exchange_diff = 0.0;  // its dQ, dK, dV against the default ring's: max |diff| / max |value|
   std::vector<PieceSeries> pieces[kNumVariants][2];  // [variant][0 fwd, 1 bwd]
   // Compute-only, block by block (ring order): its step and times per call.
   std::vector<int> comp_block_step;
@@ -329,21 +332,22 @@ class Timer {
 };
 
 // Creates every rank's ring plan with the environment variables `vars` set
-// (the ring reads its options at plan creation). Rank 0 sets and unsets
+// to their values (the ring reads its options at plan creation). Rank 0 sets and unsets
 // them while the others wait at the barrier: no thread reads the
 // environment while it changes.
-attn_plan_t create_ring_plan_with_env(Shared& sh, int r, const std::vector<const char*>& vars,
+using EnvVars = std::vector<std::pair<const char*, const char*>>;  // (name, value)
+attn_plan_t create_ring_plan_with_env(Shared& sh, int r, const EnvVars& vars,
                                       attn_context_t ctx, attn_plan_desc_t desc, attn_comm_t comm,
                                       attn_ring_layout_t layout) {
   sh.barrier->wait();
   if (r == 0)
-    for (const char* v : vars) setenv(v, "1", 1);
+    for (const auto& [name, value] : vars) setenv(name, value, 1);
   sh.barrier->wait();
   attn_plan_t plan;
   ATTN_CHECK(attn_ring_plan_create(ctx, desc, comm, layout, &plan));
   sh.barrier->wait();
   if (r == 0)
-    for (const char* v : vars) unsetenv(v);
+    for (const auto& v : vars) unsetenv(v.first);
   sh.barrier->wait();
   return plan;
 }
@@ -486,7 +490,7 @@ void run_rank(Shared& sh, int r) {
       die(std::string(cfg.name) + ": rank " + std::to_string(r) + ": ring LSE holds NaN or inf");
     ATTN_CHECK(attn_plan_destroy(plan));
 
-    // --- the backward with the own dK/dV kept home, against the default's --
+    // --- the backward with every dK/dV sent round, against the default's --
     std::vector<uint16_t> ref_grads[3];
     for (int i = 0; i < 3; ++i) {
       ref_grads[i].resize(elems);
@@ -494,17 +498,17 @@ void run_rank(Shared& sh, int r) {
     }
     {
       attn_plan_desc_t hd = make_desc(o, seqlen, cfg.mask);
-      attn_plan_t home = create_ring_plan_with_env(sh, r, {"ATTN_RING_DKV_HOME"}, ctx, hd, comm,
-                                                   cfg.layout);
+      attn_plan_t exch = create_ring_plan_with_env(sh, r, {{"ATTN_RING_DKV_HOME", "0"}}, ctx, hd,
+                                                   comm, cfg.layout);
       ATTN_CHECK(attn_plan_desc_destroy(hd));
       size_t hws = 0;
-      ATTN_CHECK(attn_plan_workspace_size(home, ATTN_PASS_BACKWARD, &hws));
+      ATTN_CHECK(attn_plan_workspace_size(exch, ATTN_PASS_BACKWARD, &hws));
       void* hwsp;
       CUDA_CHECK(cudaMalloc(&hwsp, hws));
       CUDA_CHECK(cudaMemset(hwsp, 0xff, hws));
       for (int i = DQ; i <= DV; ++i) CUDA_CHECK(cudaMemset(t[i], 0xff, bytes));  // NaN
-      cr.home_bwd = time_calls(sh, stream, true, [&] {
-        ATTN_CHECK(attn_backward(home, t[Q], t[K], t[V], t[O], lse, t[DO], t[DQ], t[DK], t[DV],
+      cr.exchange_bwd = time_calls(sh, stream, true, [&] {
+        ATTN_CHECK(attn_backward(exch, t[Q], t[K], t[V], t[O], lse, t[DO], t[DQ], t[DK], t[DV],
                                  hwsp, hws, stream));
       });
       CUDA_CHECK(cudaStreamSynchronize(stream));
@@ -516,20 +520,20 @@ void run_rank(Shared& sh, int r) {
           const double a = bf16_to_float(h[j]), b = bf16_to_float(ref_grads[i][j]);
           if (!std::isfinite(a))
             die(std::string(cfg.name) + ": rank " + std::to_string(r) +
-                ": ATTN_RING_DKV_HOME=1 backward holds NaN or inf");
+                ": ATTN_RING_DKV_HOME=0 backward holds NaN or inf");
           diff = std::max(diff, std::fabs(a - b));
           mag = std::max(mag, std::fabs(b));
         }
-        cr.home_diff = std::max(cr.home_diff, mag > 0 ? diff / mag : diff);
+        cr.exchange_diff = std::max(cr.exchange_diff, mag > 0 ? diff / mag : diff);
       }
-      ATTN_CHECK(attn_plan_destroy(home));
+      ATTN_CHECK(attn_plan_destroy(exch));
       CUDA_CHECK(cudaFree(hwsp));
     }
 
-    // --- per-step breakdown: profiled plans, default and dkv_home -----------
+    // --- per-step breakdown: profiled plans, default and dK/dV exchange -----
     for (int var = 0; var < kNumVariants; ++var) {
-      std::vector<const char*> vars = {"ATTN_RING_PROFILE"};
-      if (var == kDkvHome) vars.push_back("ATTN_RING_DKV_HOME");
+      EnvVars vars = {{"ATTN_RING_PROFILE", "1"}};
+      if (var == kDkvExchange) vars.push_back({"ATTN_RING_DKV_HOME", "0"});
       attn_plan_desc_t pd = make_desc(o, seqlen, cfg.mask);
       attn_plan_t prof = create_ring_plan_with_env(sh, r, vars, ctx, pd, comm, cfg.layout);
       ATTN_CHECK(attn_plan_desc_destroy(pd));
@@ -543,7 +547,7 @@ void run_rank(Shared& sh, int r) {
       for (int i = 0; i < o.warmup + o.repeat; ++i) {
         CUDA_CHECK(cudaStreamSynchronize(stream));
         sh.barrier->wait();
-        if (var == kDefault) {  // the dkv_home forward is the default one
+        if (var == kDefault) {  // the option changes the backward only
           ATTN_CHECK(attn_forward(prof, t[Q], t[K], t[V], t[O], lse, pws, pf, stream));
           if (i >= o.warmup) collect_pieces(prof, ATTN_PASS_FORWARD, cr.pieces[var][0]);
           CUDA_CHECK(cudaStreamSynchronize(stream));
@@ -734,7 +738,8 @@ void print_breakdown(const Shared& sh, int ci, int var, int pass) {
       total += m;
     }
     const double timed = pass == 0 ? c.ring_fwd.median
-                                   : (var == kDkvHome ? c.home_bwd.median : c.ring_bwd.median);
+                                   : (var == kDkvExchange ? c.exchange_bwd.median
+                                                          : c.ring_bwd.median);
     const double comp = pass == 0 ? c.comp_fwd.median : c.comp_bwd.median;
     std::printf("| %d | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n", r,
                 timed, total, sum[int(RingPiece::block)],
@@ -950,17 +955,18 @@ int main(int argc, char** argv) {
                 v[3][0] / v[3][1]);
   }
 
-  std::printf("\n## Backward with ATTN_RING_DKV_HOME=1 (own shard's dK/dV kept home)\n\n");
-  std::printf("| config | rank | default bwd ms | dkv_home bwd ms | dkv_home / default | "
-              "dkv_home / comp | dQ, dK, dV vs default (max diff / max value) |\n"
+  std::printf("\n## Backward: default (own shard's dK/dV kept home) and ATTN_RING_DKV_HOME=0 "
+              "(every shard's dK/dV sent round)\n\n");
+  std::printf("| config | rank | default bwd ms | DKV_HOME=0 bwd ms | default / DKV_HOME=0 | "
+              "default / comp | DKV_HOME=0 dQ, dK, dV vs default (max diff / max value) |\n"
               "|---|---|---|---|---|---|---|\n");
   for (int ci = 0; ci < kNumConfigs; ++ci)
     for (int r = 0; r < n; ++r) {
       const RankConfigResult& c = sh.results[size_t(r)].cfg[ci];
       std::printf("| %s | %d | %.2f (%.2f) | %.2f (%.2f) | %.3f | %.3f | %.2e |\n",
-                  kConfigs[ci].name, r, c.ring_bwd.median, c.ring_bwd.min, c.home_bwd.median,
-                  c.home_bwd.min, c.home_bwd.median / c.ring_bwd.median,
-                  c.home_bwd.median / c.comp_bwd.median, c.home_diff);
+                  kConfigs[ci].name, r, c.ring_bwd.median, c.ring_bwd.min, c.exchange_bwd.median,
+                  c.exchange_bwd.min, c.ring_bwd.median / c.exchange_bwd.median,
+                  c.ring_bwd.median / c.comp_bwd.median, c.exchange_diff);
     }
 
   std::printf("\n## Per-step breakdown (ATTN_RING_PROFILE=1)\n\n");
@@ -972,8 +978,9 @@ int main(int argc, char** argv) {
               "stream waiting for the K/V exchange after the step's blocks (exposed "
               "communication); dK/dV exchange: the accumulators' exchange as the stream "
               "waits for it; prologue: zeroing, gathers, K/V packing; epilogue: outputs from "
-              "the fp32 sums (with DKV_HOME: after adding the returned dK/dV). The "
-              "forward has no DKV_HOME variant (it is the default forward). comp-only ms: the "
+              "the fp32 sums (in the default backward: after adding the returned dK/dV). The "
+              "forward has no ATTN_RING_DKV_HOME=0 variant (the option changes the backward "
+              "only). comp-only ms: the "
               "same block as a dense plan alone, timed one by one after the compute-only "
               "runs (a block slower in the ring than alone shares the GPU with the NCCL "
               "kernels of an exchange in flight, or waits for them).\n",
@@ -981,7 +988,7 @@ int main(int argc, char** argv) {
   for (int ci = 0; ci < kNumConfigs; ++ci) {
     print_breakdown(sh, ci, kDefault, 0);
     print_breakdown(sh, ci, kDefault, 1);
-    print_breakdown(sh, ci, kDkvHome, 1);
+    print_breakdown(sh, ci, kDkvExchange, 1);
   }
   return 0;
 }

@@ -13,8 +13,9 @@
 # The report's ring_bench section also holds, per configuration, rank and
 # pass, where the ring's time goes (ring plans with ATTN_RING_PROFILE=1:
 # CUDA events between block kernels, merges / accumulations, the waits on
-# the exchanges, prologue and epilogue), and the backward with
-# ATTN_RING_DKV_HOME=1 next to the default one.
+# the exchanges, prologue and epilogue), and the default backward (the own
+# shard's dK/dV kept home) next to the one with ATTN_RING_DKV_HOME=0 (every
+# shard's dK/dV sent round the ring).
 #
 # Environment (all optional):
 #   BUILD_DIR     build directory (/tmp/attn-bench-ring; configured here if it

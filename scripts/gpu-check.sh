@@ -130,16 +130,17 @@ if [ "${GPU_CHECK_SANITIZE:-1}" != 0 ] && command -v compute-sanitizer >/dev/nul
     ATTN_CUDA_DECODE_SPLIT=balanced ATTN_GPU_TEST_QUICK=1 "ATTN_GPU_TEST_FILTER=long + short"
   # Block-sparse: every case (tile lists with full, masked and bit-tile
   # entries, cut dK/dV lists), on both backward paths, the second one with
-  # the sm_80 forward (the first runs the sm_90a one on sm_90 devices);
+  # the sm_80 forward (the first runs the sm_90a one on sm_90 devices, and
+  # the sm_90a (wgmma) dK/dV kernel at d = 64 and 128 without softcap);
   # races on the small causal GQA cases (d = 64, 128, 256).
   bin="$build/tests/gpu/test_block_sparse_gpu"
   sanitize memcheck sparse "$bin"
   sanitize memcheck sparse_fallback "$bin" ATTN_CUDA_BWD_VARIANT=1 ATTN_CUDA_BWD_GROUP_SPLIT=2 \
     ATTN_CUDA_FWD_SM90=0
   sanitize racecheck sparse "$bin" ATTN_GPU_TEST_FILTER=-causal-gqa
-  # The sm_90a (wgmma) block-sparse dK/dV kernel.
-  sanitize memcheck sparse_sm90bwd "$bin" ATTN_CUDA_BWD_SM90_SPARSE=1
-  sanitize racecheck sparse_sm90bwd "$bin" ATTN_CUDA_BWD_SM90_SPARSE=1 \
+  # The sm_80 block-sparse dK/dV kernel where the default is the wgmma one.
+  sanitize memcheck sparse_sm80bwd "$bin" ATTN_CUDA_BWD_SM90_SPARSE=0
+  sanitize racecheck sparse_sm80bwd "$bin" ATTN_CUDA_BWD_SM90_SPARSE=0 \
     ATTN_GPU_TEST_FILTER=-causal-gqa
 fi
 

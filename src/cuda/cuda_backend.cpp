@@ -17,16 +17,19 @@
 // tile lists (cuda/block_sparse.hpp) instead of the dense intervals: one set
 // per kernel tile shape (forward; dK/dV, KV-major; the deterministic dQ),
 // uploaded into one device allocation at plan creation and freed with the
-// plan. Tuning hooks, read at plan creation, so that one run can time both
-// sides: ATTN_CUDA_BSPARSE_FWD_PERSIST=1, the persistent forward (blocks
+// plan. Tuning hooks, read at plan creation (CudaHooks: a malformed value
+// is an invalid argument), so that one run can time both sides:
+// ATTN_CUDA_BSPARSE_FWD_PERSIST=1, the persistent forward (blocks
 // that stay resident and loop over query tiles dealt at plan creation,
 // "-bsparse-p" in the kernel name); ATTN_CUDA_BSPARSE_BWD_PERSIST=1, the
 // persistent dK/dV kernel (likewise, work items dealt at plan creation,
 // "+bwd-p"); ATTN_CUDA_BSPARSE_PREFETCH=1, L2 prefetches of later dK/dV
 // blocks' K and V; ATTN_CUDA_BSPARSE_ITEM=n, dK/dV work items of at most n
-// visits (split_kv_lists); ATTN_CUDA_BWD_SM90_SPARSE=1, on sm_90 devices
-// the sm_90a (wgmma) dK/dV kernel's Sparse instantiation at d = 64 and 128
-// ("+bwd-wgmma-bs"; off by default until it has run on a device).
+// visits (split_kv_lists); ATTN_CUDA_BWD_SM90_SPARSE=0, the sm_80 dK/dV
+// kernel where sm_90 devices otherwise run the sm_90a (wgmma) one's Sparse
+// instantiation at d = 64 and 128 ("+bwd-wgmma-bs"; faster on an H200 at
+// L = 32K, d = 128, causal: window + sinks 9.44 -> 7.19 ms, random 4.35 ->
+// 3.39, BigBird 2.12 -> 1.61).
 //
 // MoBA plans run the kernels' Moba instantiations after the selector
 // (cuda/moba_select.hpp), which writes the run-time schedule into the
@@ -55,9 +58,11 @@
 #include <string>
 
 #include "core/dtype.hpp"
+#include "core/env.hpp"
 #include "core/error.hpp"
 #include "cuda/block_sparse.hpp"
 #include "cuda/bsparse_fwd.hpp"
+#include "cuda/kernel_name.hpp"
 #include "cuda/cuda_util.hpp"
 #include "cuda/flash_bwd.hpp"
 #include "cuda/flash_bwd_sm90.hpp"
@@ -113,23 +118,60 @@ constexpr size_t kWorkspaceAlign = 256;
 
 size_t align_up(size_t x) { return (x + kWorkspaceAlign - 1) / kWorkspaceAlign * kWorkspaceAlign; }
 
+// The backend's tuning and test hooks, read from the environment once, at
+// the start of plan creation (before anything is allocated), so that a
+// malformed value fails every plan with INVALID_ARGUMENT naming the
+// variable and the value (core/env.hpp), whichever kernels the plan runs.
+struct CudaHooks {
+  bool moba_gather;               // ATTN_CUDA_MOBA_GATHER (default 1)
+  bool fwd_persist;               // ATTN_CUDA_BSPARSE_FWD_PERSIST (default 0)
+  bool bwd_persist;               // ATTN_CUDA_BSPARSE_BWD_PERSIST (default 0)
+  bool prefetch;                  // ATTN_CUDA_BSPARSE_PREFETCH (default 0)
+  std::optional<int> item;        // ATTN_CUDA_BSPARSE_ITEM: visits per dK/dV work item
+  bool fwd_sm90;                  // ATTN_CUDA_FWD_SM90 (default 1)
+  std::optional<int> fwd_sm90_bm; // ATTN_CUDA_FWD_SM90_BM: 128 or 192
+  bool bwd_sm90;                  // ATTN_CUDA_BWD_SM90 (default 1)
+  bool bwd_sm90_sparse;           // ATTN_CUDA_BWD_SM90_SPARSE (default 1)
+  std::optional<int> bwd_variant; // ATTN_CUDA_BWD_VARIANT: first sm_80 variant tried
+  std::optional<int> group_split; // ATTN_CUDA_BWD_GROUP_SPLIT: dK/dV blocks per group
+
+  static CudaHooks from_env() {
+    CudaHooks h;
+    h.moba_gather = env_flag("ATTN_CUDA_MOBA_GATHER", true);
+    h.fwd_persist = env_flag("ATTN_CUDA_BSPARSE_FWD_PERSIST", false);
+    h.bwd_persist = env_flag("ATTN_CUDA_BSPARSE_BWD_PERSIST", false);
+    h.prefetch = env_flag("ATTN_CUDA_BSPARSE_PREFETCH", false);
+    h.item = env_int("ATTN_CUDA_BSPARSE_ITEM", 1, std::numeric_limits<int>::max());
+    h.fwd_sm90 = env_flag("ATTN_CUDA_FWD_SM90", true);
+    h.fwd_sm90_bm = env_int("ATTN_CUDA_FWD_SM90_BM", 128, 192);
+    if (h.fwd_sm90_bm && *h.fwd_sm90_bm != 128 && *h.fwd_sm90_bm != 192)
+      invalid_argument("ATTN_CUDA_FWD_SM90_BM must be 128 or 192, got \"",
+                       std::getenv("ATTN_CUDA_FWD_SM90_BM"), "\"");
+    h.bwd_sm90 = env_flag("ATTN_CUDA_BWD_SM90", true);
+    h.bwd_sm90_sparse = env_flag("ATTN_CUDA_BWD_SM90_SPARSE", true);
+    // Past the last variant: the last (the search starts there).
+    h.bwd_variant = env_int("ATTN_CUDA_BWD_VARIANT", 0, std::numeric_limits<int>::max());
+    // Past the group: the whole group (rounded down to a divisor).
+    h.group_split = env_int("ATTN_CUDA_BWD_GROUP_SPLIT", 1, std::numeric_limits<int>::max());
+    return h;
+  }
+};
+
 class CudaPlan final : public BackendPlan {
  public:
   CudaPlan(const Problem& p, const ContextConfig& ctx) : problem_(p), device_(ctx.device) {
     validate(p);
+    hooks_ = CudaHooks::from_env();
     const int64_t d = p.head_dim_qk;
     const bool bf16 = p.dtype == ATTN_DTYPE_BF16;
     const bool sparse = p.block_mask != nullptr;
     const bool moba = p.moba_block > 0;
-    const char* gather_env = std::getenv("ATTN_CUDA_MOBA_GATHER");
-    const bool gather =
-        moba && (gather_env == nullptr || std::atoi(gather_env) != 0) && moba_rows_fit(p);
+    const bool gather = moba && hooks_.moba_gather && moba_rows_fit(p);
     cfg_ = flash::fwd_config(int(d));
     kernel_ = pick_kernel(d, bf16, sparse, moba, gather);
     // ATTN_CUDA_BSPARSE_FWD_PERSIST=1 (a tuning hook): the persistent
     // block-sparse forward (flash_fwd_bsparse_persistent_kernel).
-    const char* persist_env = std::getenv("ATTN_CUDA_BSPARSE_FWD_PERSIST");
-    fwd_persist_ = sparse && persist_env != nullptr && std::atoi(persist_env) != 0;
+    fwd_persist_ = sparse && hooks_.fwd_persist;
     if (fwd_persist_) kernel_ = fwd_kernel_bsparse_persistent(int(d), bf16);
 
     DeviceScope scope(device_);
@@ -171,8 +213,8 @@ class CudaPlan final : public BackendPlan {
       // ATTN_CUDA_BWD_VARIANT=n starts the search at variant n instead, so
       // that the fallbacks of small devices can be tested on large ones.
       int variant = 0;
-      if (const char* env = std::getenv("ATTN_CUDA_BWD_VARIANT"))
-        variant = std::clamp(std::atoi(env), 0, flash::bwd_variants(int(d)) - 1);
+      if (hooks_.bwd_variant)
+        variant = std::min(*hooks_.bwd_variant, flash::bwd_variants(int(d)) - 1);
       // A configuration past sm_80 also needs its kernel compiled for that
       // architecture: a build whose image for the device is PTX of an older
       // one (gpu_archs without the device's, JIT-compiled on load) has the
@@ -195,8 +237,7 @@ class CudaPlan final : public BackendPlan {
       bwd_ = pick_bwd_kernels(d, bf16, variant, sparse, moba, gather);
       // ATTN_CUDA_BSPARSE_BWD_PERSIST=1 (a tuning hook): the persistent
       // block-sparse dK/dV kernel (upload_tile_lists deals its work).
-      const char* bwd_persist_env = std::getenv("ATTN_CUDA_BSPARSE_BWD_PERSIST");
-      bwd_persist_ = sparse && bwd_persist_env != nullptr && std::atoi(bwd_persist_env) != 0;
+      bwd_persist_ = sparse && hooks_.bwd_persist;
       bwd_cfg_ = flash::bwd_config(int(d), variant);
       require_image(bwd_.dkdv_func);
       require_smem(bwd_cfg_.smem_bytes(int(d)), "backward");
@@ -283,54 +324,44 @@ class CudaPlan final : public BackendPlan {
     // characters; block-sparse ones also "sm80" (the same kernel family),
     // for room for their markers: "-p" after "bsparse" and after "+bwd" (the
     // persistent kernels) and "-cut" (below); their sm_90a dK/dV kernel says
-    // "+bwd-wgmma-bs".
-    const char* kind = moba ? (moba_->gathers() ? "moba-gather" : "moba")
-                            : fwd_persist_ ? "bsparse-p" : "bsparse";
-    int len = sparse && sm90_ ? std::snprintf(kernel_name_, sizeof kernel_name_,
-                                              "cuda-sm90-wgmma-%s-d%d-bsparse",
-                                              dtype_name(p.dtype), int(d))
-              : moba   ? std::snprintf(kernel_name_, sizeof kernel_name_,
-                                       "cuda-fa2-sm80-%s-d%d-%s-%dx%d", dtype_name(p.dtype),
-                                       int(d), kind, cfg_.block_m, cfg_.block_n)
-              : sparse ? std::snprintf(kernel_name_, sizeof kernel_name_,
-                                       "cuda-fa2-%s-d%d-%s-%dx%d", dtype_name(p.dtype), int(d),
-                                       kind, cfg_.block_m, cfg_.block_n)
-              : sm90_  ? std::snprintf(kernel_name_, sizeof kernel_name_,
-                                       "cuda-sm90-wgmma-%s-d%d-%dx%d-s%d", dtype_name(p.dtype),
-                                       int(d), sm90_cfg_.block_m, sm90_cfg_.block_n,
-                                       sm90_cfg_.stages)
-                       : std::snprintf(kernel_name_, sizeof kernel_name_,
-                                       "cuda-fa2-sm80-%s-d%d-%dx%d-w%d-s%d", dtype_name(p.dtype),
-                                       int(d), cfg_.block_m, cfg_.block_n, cfg_.warps,
-                                       cfg_.stages);
-    if (p.backward && len > 0 && size_t(len) < sizeof kernel_name_ && bwd_sm90_ && sparse) {
-      // Block-sparse: "-bs" instead of the tile (BwdSm90Config's), for room.
-      std::snprintf(kernel_name_ + len, sizeof kernel_name_ - size_t(len), "+bwd-wgmma-bs-%s",
-                    p.deterministic ? "det" : "bulk");
-    } else if (p.backward && len > 0 && size_t(len) < sizeof kernel_name_ && bwd_sm90_) {
-      std::snprintf(kernel_name_ + len, sizeof kernel_name_ - size_t(len), "+bwd-wgmma-%dx%d-%s",
-                    bwd_sm90_cfg_.block_m, bwd_sm90_cfg_.block_n,
-                    p.deterministic ? "det" : "bulk");
-    } else if (p.backward && len > 0 && size_t(len) < sizeof kernel_name_) {
-      const char* dq_kind = p.deterministic             ? "det"
-                            : bwd_cfg_.bulk_dq && !gather ? "bulk"
-                                                          : "atomic";
-      if (sparse || moba)
-        std::snprintf(kernel_name_ + len, sizeof kernel_name_ - size_t(len), "+bwd%s-%dx%d-%s-%s",
-                      bwd_persist_ ? "-p" : "", bwd_cfg_.block_m, bwd_cfg_.block_n,
-                      bwd_cfg_.register_path() ? "r" : "s", dq_kind);
-      else
-        std::snprintf(kernel_name_ + len, sizeof kernel_name_ - size_t(len), "+bwd-%dx%d-w%d%s-%s",
-                      bwd_cfg_.block_m, bwd_cfg_.block_n, bwd_cfg_.warps,
-                      bwd_cfg_.register_path() ? "r" : "s", dq_kind);
+    // "+bwd-wgmma-bs". Where a name would still not fit (extreme group
+    // splits, MoBA gather names), cuda/kernel_name.hpp shortens fixed parts
+    // so that "-cut" and "-gsN" are never lost.
+    using F = KernelNameFacts::Forward;
+    using B = KernelNameFacts::Backward;
+    KernelNameFacts name;
+    name.dtype = dtype_name(p.dtype);
+    name.head_dim = int(d);
+    name.forward = sparse && sm90_ ? F::kSparseSm90
+                   : moba          ? F::kMoba
+                   : sparse        ? F::kSparseSm80
+                   : sm90_         ? F::kSm90
+                                   : F::kSm80;
+    name.kind = moba ? (moba_->gathers() ? "moba-gather" : "moba")
+                     : fwd_persist_ ? "bsparse-p" : "bsparse";
+    name.fwd_block_m = sm90_ ? sm90_cfg_.block_m : cfg_.block_m;
+    name.fwd_block_n = sm90_ ? sm90_cfg_.block_n : cfg_.block_n;
+    name.fwd_warps = cfg_.warps;
+    name.fwd_stages = sm90_ ? sm90_cfg_.stages : cfg_.stages;
+    if (p.backward) {
+      name.backward = bwd_sm90_ && sparse ? B::kSm90Sparse
+                      : bwd_sm90_         ? B::kSm90
+                      : sparse || moba    ? B::kSm80Listed
+                                          : B::kSm80;
+      name.bwd_persist = bwd_persist_;
+      name.bwd_block_m = bwd_sm90_ ? bwd_sm90_cfg_.block_m : bwd_cfg_.block_m;
+      name.bwd_block_n = bwd_sm90_ ? bwd_sm90_cfg_.block_n : bwd_cfg_.block_n;
+      name.bwd_warps = bwd_cfg_.warps;
+      name.bwd_register_path = bwd_cfg_.register_path();
+      name.dq_kind = p.deterministic                            ? "det"
+                     : bwd_sm90_ || (bwd_cfg_.bulk_dq && !gather) ? "bulk"
+                                                                  : "atomic";
     }
-    len = int(std::strlen(kernel_name_));
     // "-cut": some dK/dV lists are cut, their tiles accumulated in fp32
     // (compact_kv_accum(); split groups accumulate every tile).
-    if (compact_kv_accum() && size_t(len) < sizeof kernel_name_)
-      std::snprintf(kernel_name_ + len, sizeof kernel_name_ - size_t(len), "-cut");
-    if (group_splits_ > 1 && size_t(len) < sizeof kernel_name_)
-      std::snprintf(kernel_name_ + len, sizeof kernel_name_ - size_t(len), "-gs%d", group_splits_);
+    name.cut = compact_kv_accum();
+    name.group_splits = group_splits_;
+    compose_kernel_name(name, kernel_name_, sizeof kernel_name_);
   }
 
   ~CudaPlan() override {
@@ -531,16 +562,15 @@ class CudaPlan final : public BackendPlan {
   // block-sparse ones without softcap (its Sparse instantiation), on sm_90
   // devices whose image of it was compiled for sm_90a (ptxVersion 90: built
   // for other targets its body is empty). ATTN_CUDA_FWD_SM90=0 keeps the
-  // sm_80 kernel (read at plan creation; any other value, or none, takes
-  // the sm_90a one where it applies). At d = 64 a dense plan's query tile is
+  // sm_80 kernel (read at plan creation; unset, empty or 1 takes the
+  // sm_90a one where it applies). At d = 64 a dense plan's query tile is
   // 192 or 128 rows, whichever cuda/fwd_sm90_shape.hpp estimates faster for
   // this grid; ATTN_CUDA_FWD_SM90_BM=128 or 192 forces one (tests, timing;
-  // another value is ignored). Softcap at d = 64 is built with 128 rows only
+  // another value is an invalid argument). Softcap at d = 64 is built with 128 rows only
   // (the 192-row shape spills under it); block-sparse plans keep the default
   // shape (their tile lists are built for it).
   void pick_sm90_forward(const Problem& p, int major, int minor, size_t smem_optin) {
-    const char* env = std::getenv("ATTN_CUDA_FWD_SM90");
-    if (env != nullptr && std::strcmp(env, "0") == 0) return;
+    if (!hooks_.fwd_sm90) return;
     // ATTN_CUDA_BSPARSE_FWD_PERSIST=1 asks for the persistent sm_80 kernel.
     if (fwd_persist_) return;
     const int64_t d = p.head_dim_qk;
@@ -553,10 +583,8 @@ class CudaPlan final : public BackendPlan {
     if (d == 64 && softcap) {
       block_m = 128;
     } else if (d == 64 && !sparse) {
-      const char* bm_env = std::getenv("ATTN_CUDA_FWD_SM90_BM");
-      const int forced = bm_env != nullptr ? std::atoi(bm_env) : 0;
-      if (forced == 128 || forced == 192) {
-        block_m = forced;
+      if (hooks_.fwd_sm90_bm) {
+        block_m = *hooks_.fwd_sm90_bm;
       } else {
         int sms = 0;
         check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device_),
@@ -588,22 +616,15 @@ class CudaPlan final : public BackendPlan {
   // ATTN_CUDA_BWD_SM90=0 keeps the sm_80 kernel, and so does
   // ATTN_CUDA_BWD_VARIANT (which asks for an sm_80 variant); read at plan
   // creation. Block-sparse plans without softcap take its Sparse
-  // instantiation only under ATTN_CUDA_BWD_SM90_SPARSE=1 (not yet timed
-  // against the sm_80 one on a device), and not with the sm_80 kernel's own
-  // tuning hooks (the persistent dK/dV kernel, L2 prefetches).
+  // instantiation (faster than the sm_80 one on an H200 for window + sinks,
+  // random and BigBird masks) unless ATTN_CUDA_BWD_SM90_SPARSE=0 or the
+  // sm_80 kernel's own tuning hooks are asked for (the persistent dK/dV
+  // kernel, L2 prefetches).
   void pick_sm90_backward(const Problem& p, int major, int minor, size_t smem_optin) {
-    const char* env = std::getenv("ATTN_CUDA_BWD_SM90");
-    if ((env != nullptr && std::strcmp(env, "0") == 0) || std::getenv("ATTN_CUDA_BWD_VARIANT"))
-      return;
+    if (!hooks_.bwd_sm90 || hooks_.bwd_variant) return;
     const int64_t d = p.head_dim_qk;
     const bool sparse = p.block_mask != nullptr, softcap = p.softcap > 0.0f;
-    if (sparse) {
-      const char* sparse_env = std::getenv("ATTN_CUDA_BWD_SM90_SPARSE");
-      const char* prefetch_env = std::getenv("ATTN_CUDA_BSPARSE_PREFETCH");
-      if (sparse_env == nullptr || std::atoi(sparse_env) == 0 || softcap || bwd_persist_ ||
-          (prefetch_env != nullptr && std::atoi(prefetch_env) != 0))
-        return;
-    }
+    if (sparse && (!hooks_.bwd_sm90_sparse || softcap || bwd_persist_ || hooks_.prefetch)) return;
     if (p.moba_block > 0 || (d != 64 && d != 128) || major != 9 || minor != 0) return;
     const bool bf16 = p.dtype == ATTN_DTYPE_BF16;
     const BwdSm90Kernel k =
@@ -679,8 +700,7 @@ class CudaPlan final : public BackendPlan {
     // ATTN_CUDA_BSPARSE_PREFETCH=1 (a tuning hook): the dK/dV kernel's
     // blocks prefetch the K, V tiles of the block one device-full later.
     int kv_prefetch = 0;
-    const char* prefetch_env = std::getenv("ATTN_CUDA_BSPARSE_PREFETCH");
-    if (n > 1 && prefetch_env != nullptr && std::atoi(prefetch_env) != 0) {
+    if (n > 1 && hooks_.prefetch) {
       int per_sm = 0;
       const size_t smem = bwd_cfg_.smem_bytes(int(p.head_dim_qk));
       check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, bwd_.dkdv_func,
@@ -773,8 +793,8 @@ class CudaPlan final : public BackendPlan {
     const Problem& p = problem_;
     if (p.deterministic || sm_count_ < 1) return;
     const BlockMask& m = *p.block_mask;
-    if (const char* env = std::getenv("ATTN_CUDA_BSPARSE_ITEM")) {
-      cut_work_items(l, m.batch() * m.heads(), std::max(1, std::atoi(env)));
+    if (hooks_.item) {
+      cut_work_items(l, m.batch() * m.heads(), *hooks_.item);
       kv_lists_split_ = l.max_cut > 0;
       return;
     }
@@ -876,8 +896,7 @@ class CudaPlan final : public BackendPlan {
       while (group % n != 0) --n;
       return n;
     };
-    if (const char* env = std::getenv("ATTN_CUDA_BWD_GROUP_SPLIT"))
-      return divisor_at_most(std::atoi(env));
+    if (hooks_.group_split) return divisor_at_most(*hooks_.group_split);
     const int64_t blocks =
         (p.seqlen_kv + bwd_block_n() - 1) / bwd_block_n() * p.heads_kv * p.batch;
     for (int s = 1; s < group; ++s)
@@ -915,6 +934,7 @@ class CudaPlan final : public BackendPlan {
   }
 
   Problem problem_;
+  CudaHooks hooks_{};  // read first, in the constructor
   int device_;
   int group_splits_ = 1;
   int sm_count_ = 0;

@@ -14,10 +14,10 @@
 // input dtype before the end. K/V travel in the input dtype; the dK/dV
 // accumulators travel in fp32.
 //
-// With RingOptions::dkv_home (ATTN_RING_DKV_HOME=1 at plan creation, off by
-// default) the backward keeps the own shard's dK/dV home, in the order the
-// CUDA ring plan uses (backward_dkv_home there), so that these in-process
-// rings test that schedule too.
+// With RingOptions::dkv_home (the default; ATTN_RING_DKV_HOME=0 at plan
+// creation turns it off) the backward keeps the own shard's dK/dV home, in
+// the order the CUDA ring plan uses (backward_dkv_home there), so that these
+// in-process rings test both schedules.
 //
 // The copies are chunk-major: local chunk c of every sequence, packed back
 // to back, then chunk c + 1. One chunk is then a packed (THD) batch whose

@@ -26,10 +26,10 @@
 // on the caller's stream; the transport orders its own stream with it by
 // events, and nothing waits on the host.
 //
-// Two options, read from the environment at plan creation (RingOptions,
-// both off by default): ATTN_RING_PROFILE=1 records CUDA events between the
-// pieces of every step for ring_profile(); ATTN_RING_DKV_HOME=1 runs the
-// backward with the own shard's dK/dV kept home (backward_dkv_home).
+// Two options, read from the environment at plan creation (RingOptions):
+// ATTN_RING_PROFILE=1 (off by default) records CUDA events between the
+// pieces of every step for ring_profile(); the backward keeps the own
+// shard's dK/dV home (backward_dkv_home) unless ATTN_RING_DKV_HOME=0.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>

@@ -6,24 +6,17 @@
 #include <string>
 
 #include "attn_config.h"
+#include "core/env.hpp"
 #include "core/error.hpp"
 
 namespace attn::ring {
 namespace {
 
-// "1": on; unset, empty or "0": off; any other value is an invalid argument,
-// so that a typo does not leave the option silently off.
-bool env_flag(const char* name) {
-  const char* v = std::getenv(name);
-  if (v == nullptr || v[0] == '\0' || std::strcmp(v, "0") == 0) return false;
-  if (std::strcmp(v, "1") == 0) return true;
-  invalid_argument(name, " must be 0 or 1, got \"", v, "\"");
-}
-
+// "0" or "1" (core/env.hpp); unset or empty: RingOptions' defaults.
 RingOptions options_from_env() {
   RingOptions o;
-  o.profile = env_flag("ATTN_RING_PROFILE");
-  o.dkv_home = env_flag("ATTN_RING_DKV_HOME");
+  o.profile = env_flag("ATTN_RING_PROFILE", o.profile);
+  o.dkv_home = env_flag("ATTN_RING_DKV_HOME", o.dkv_home);
   return o;
 }
 

@@ -332,7 +332,8 @@ static void test_ring_describe(void **state) {
     assert_int_equal(info.size, 2);
     assert_int_equal(info.steps, 2);
     assert_int_equal(info.exchanges_forward, 1);
-    assert_int_equal(info.exchanges_backward, 3);
+    /* K/V once, dK/dV once: the own shard's dK/dV stay home by default. */
+    assert_int_equal(info.exchanges_backward, 2);
     assert_int_equal(info.local_seqlen_q, 8);
     assert_int_equal(info.local_seqlen_kv, 8);
     /* K and V of 8 positions, 1 KV head, dim 8, fp32; plus fp32 dK, dV. */
@@ -387,6 +388,20 @@ static void test_ring_describe(void **state) {
   EXPECT_FAIL(ATTN_STATUS_INVALID_HANDLE, "plan", attn_ring_plan_describe(plans[0], &info));
 
   EXPECT_OK(attn_plan_destroy(plans[1]));
+
+  /* ATTN_RING_DKV_HOME=0: every shard's dK/dV go round, one exchange more. */
+  setenv("ATTN_RING_DKV_HOME", "0", 1);
+  for (int r = 0; r < 2; ++r)
+    EXPECT_OK(attn_ring_plan_create(ctx, desc, comms[r], ATTN_RING_LAYOUT_ZIGZAG, &plans[r]));
+  unsetenv("ATTN_RING_DKV_HOME");
+  for (int r = 0; r < 2; ++r) {
+    poison(&info, sizeof info);
+    info.struct_size = sizeof info;
+    EXPECT_OK(attn_ring_plan_describe(plans[r], &info));
+    assert_int_equal(info.exchanges_backward, 3);
+    EXPECT_OK(attn_plan_destroy(plans[r]));
+  }
+
   EXPECT_OK(attn_comm_destroy(comms[0]));
   EXPECT_OK(attn_comm_destroy(comms[1]));
   EXPECT_OK(attn_plan_desc_destroy(desc));

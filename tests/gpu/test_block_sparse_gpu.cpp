@@ -39,12 +39,16 @@
 // at d = 64 and 128 without softcap (192x128 tiles at d = 64, which block
 // sizes such as 128, 80 and 48x80 do not divide; 128x128 at d = 128), the
 // sm_80 one otherwise and under ATTN_CUDA_FWD_SM90=0 (its own meson test);
-// under ATTN_CUDA_BWD_SM90_SPARSE=1 (its own meson test) on an sm_90 device
-// the sm_90a (wgmma) dK/dV kernel's block-sparse instantiation
-// ("+bwd-wgmma-bs-") at d = 64 and 128 without softcap, except in the cases
-// that ask for the sm_80 kernel's tuning hooks (persistent dK/dV kernel,
-// prefetch), and the sm_80 dK/dV kernel everywhere else.
+// on an sm_90 device the sm_90a (wgmma) dK/dV kernel's block-sparse
+// instantiation ("+bwd-wgmma-bs-") at d = 64 and 128 without softcap,
+// except in the cases that ask for the sm_80 kernel's tuning hooks
+// (persistent dK/dV kernel, prefetch) and under ATTN_CUDA_BWD_SM90_SPARSE=0
+// (its own meson test), and the sm_80 dK/dV kernel everywhere else.
 // (MoBA plans: test_moba_gpu.)
+//
+// The tuning hooks are parsed strictly: a malformed value of any of them
+// fails plan creation with INVALID_ARGUMENT, a message naming the variable
+// and the value, and *plan unchanged (hook_errors).
 //
 // Fresh random inputs every run (seed printed; ATTN_TEST_SEED=n repeats
 // one). ATTN_GPU_TEST_FILTER=text runs only the cases whose name contains
@@ -84,8 +88,8 @@ using Problem = CaseProblem<Case>;
 
 uint64_t g_seed = 0;
 bool g_sm90 = false;  // sm_90 device and ATTN_CUDA_FWD_SM90 != 0
-// sm_90 device, ATTN_CUDA_BWD_SM90_SPARSE=1, and neither ATTN_CUDA_BWD_SM90=0
-// nor ATTN_CUDA_BWD_VARIANT (which keep the sm_80 dK/dV kernel).
+// sm_90 device, and none of ATTN_CUDA_BWD_SM90_SPARSE=0, ATTN_CUDA_BWD_SM90=0
+// and ATTN_CUDA_BWD_VARIANT (which keep the sm_80 dK/dV kernel).
 bool g_sm90_bwd_sparse = false;
 
 // The forward kernel a case's plans must name, and its tile.
@@ -226,6 +230,106 @@ bool device_tables(attn_context_t ctx) {
   return ok;
 }
 
+// Sets an environment variable for its lifetime when `value` is not empty
+// (else leaves it as it is), then restores what it was.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const std::string& value) : name_(name) {
+    if (value.empty()) return;
+    const char* old = std::getenv(name);
+    had_ = old != nullptr;
+    if (had_) old_ = old;
+    setenv(name, value.c_str(), 1);
+    set_ = true;
+  }
+  ~ScopedEnv() {
+    if (!set_) return;
+    if (had_)
+      setenv(name_, old_.c_str(), 1);
+    else
+      unsetenv(name_);
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+  std::string old_;
+  bool had_ = false, set_ = false;
+};
+
+// The backend's tuning hooks (read at plan creation) take only what they
+// document: each malformed value below fails attn_plan_create with
+// INVALID_ARGUMENT, a message naming the variable and quoting the value,
+// and *plan unchanged; the variable is restored after. A block-sparse GQA
+// backward plan at d = 128 reads every hook. Returns the failures.
+int hook_errors(attn_context_t ctx) {
+  struct Bad {
+    const char* name;
+    const char* value;
+  };
+  const Bad bad[] = {
+      {"ATTN_CUDA_BWD_SM90_SPARSE", "yes"},   {"ATTN_CUDA_BWD_SM90_SPARSE", "2"},
+      {"ATTN_CUDA_BSPARSE_FWD_PERSIST", "on"}, {"ATTN_CUDA_BSPARSE_BWD_PERSIST", "1x"},
+      {"ATTN_CUDA_BSPARSE_PREFETCH", "true"},  {"ATTN_CUDA_BSPARSE_ITEM", "0"},
+      {"ATTN_CUDA_BSPARSE_ITEM", "four"},      {"ATTN_CUDA_BSPARSE_ITEM", " 4"},
+      {"ATTN_CUDA_MOBA_GATHER", "no"},         {"ATTN_CUDA_FWD_SM90", "off"},
+      {"ATTN_CUDA_FWD_SM90_BM", "160"},        {"ATTN_CUDA_BWD_SM90", "-1"},
+      {"ATTN_CUDA_BWD_VARIANT", "1.5"},        {"ATTN_CUDA_BWD_GROUP_SPLIT", "0"},
+      {"ATTN_CUDA_BWD_GROUP_SPLIT", "99999999999"},
+  };
+  const int64_t heads_q = 4, heads_kv = 2, l = 200, d = 128;
+  attn_block_mask_t mask = nullptr;
+  ATTN_CHECK(attn_block_mask_create(1, heads_kv, l, l, 64, 64, &mask));
+  ATTN_CHECK(attn_block_mask_add_window(mask, 70, 2));
+  attn_plan_desc_t pd = nullptr;
+  ATTN_CHECK(attn_plan_desc_create(&pd));
+  ATTN_CHECK(attn_plan_desc_set_shape(pd, 1, heads_q, heads_kv, l, l, d, d));
+  ATTN_CHECK(attn_plan_desc_set_dtype(pd, ATTN_DTYPE_BF16));
+  ATTN_CHECK(attn_plan_desc_set_passes(pd, ATTN_PASSES_FORWARD_BACKWARD));
+  ATTN_CHECK(attn_plan_desc_set_block_mask(pd, mask));
+  int failures = 0;
+  for (const Bad& b : bad) {
+    attn_plan_t sentinel = reinterpret_cast<attn_plan_t>(&failures);  // must stay as is
+    attn_plan_t plan = sentinel;
+    attn_status_t st;
+    std::string msg;
+    {
+      ScopedEnv env(b.name, b.value);
+      st = attn_plan_create(ctx, pd, &plan);
+      msg = attn_last_error_message();
+    }
+    const std::string quoted = std::string("\"") + b.value + "\"";
+    const bool ok = st == ATTN_STATUS_INVALID_ARGUMENT && msg.find(b.name) != std::string::npos &&
+                    msg.find(quoted) != std::string::npos && plan == sentinel;
+    std::printf("%s %s=%s refused: %s: %s\n", ok ? "ok  " : "FAIL", b.name, b.value,
+                attn_status_string(st), msg.c_str());
+    if (!ok) ++failures;
+    if (st == ATTN_STATUS_SUCCESS && plan != sentinel) attn_plan_destroy(plan);
+  }
+  // The same plan is created with the hooks as the run sets them (so the
+  // refusals above came from the values), and with well-formed values.
+  const Bad good[] = {{"ATTN_CUDA_BWD_SM90_SPARSE", "0"}, {"ATTN_CUDA_BSPARSE_ITEM", "3"},
+                      {"ATTN_CUDA_BWD_GROUP_SPLIT", "99999"}, {"ATTN_CUDA_FWD_SM90_BM", "192"},
+                      {"", ""}};
+  for (const Bad& g : good) {
+    attn_plan_t plan = nullptr;
+    attn_status_t st;
+    {
+      ScopedEnv env(g.name[0] ? g.name : "ATTN_CUDA_BSPARSE_ITEM", g.value);
+      st = attn_plan_create(ctx, pd, &plan);
+    }
+    const bool ok = st == ATTN_STATUS_SUCCESS && plan != nullptr;
+    std::printf("%s plan with %s%s%s: %s\n", ok ? "ok  " : "FAIL", g.name[0] ? g.name : "no hook",
+                g.name[0] ? "=" : "", g.value, ok ? "created" : attn_last_error_message());
+    if (!ok) ++failures;
+    if (plan != nullptr) attn_plan_destroy(plan);
+  }
+  attn_plan_desc_destroy(pd);
+  attn_block_mask_destroy(mask);
+  return failures;
+}
+
 // The block mask of a case and its selection as a matrix.
 attn_block_mask_t make_mask(const Case& c, std::mt19937_64& rng, std::vector<uint8_t>& sel) {
   attn_block_mask_t mask = nullptr;
@@ -255,33 +359,6 @@ attn_block_mask_t make_mask(const Case& c, std::mt19937_64& rng, std::vector<uin
   return mask;
 }
 
-// Sets an environment variable for its lifetime when `value` is not empty
-// (else leaves it as it is), then restores what it was.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const std::string& value) : name_(name) {
-    if (value.empty()) return;
-    const char* old = std::getenv(name);
-    had_ = old != nullptr;
-    if (had_) old_ = old;
-    setenv(name, value.c_str(), 1);
-    set_ = true;
-  }
-  ~ScopedEnv() {
-    if (!set_) return;
-    if (had_)
-      setenv(name_, old_.c_str(), 1);
-    else
-      unsetenv(name_);
-  }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-
- private:
-  const char* name_;
-  std::string old_;
-  bool had_ = false, set_ = false;
-};
 
 // What phase one (the device) leaves for phase two, with the selection.
 struct Run : SparseRun<Case> {
@@ -535,8 +612,8 @@ int main() {
               prop.minor, g_sm90 ? "sm_90a (wgmma)" : "sm_80");
   const char* bwd_sparse_env = std::getenv("ATTN_CUDA_BWD_SM90_SPARSE");
   const char* bwd_sm90_env = std::getenv("ATTN_CUDA_BWD_SM90");
-  g_sm90_bwd_sparse = prop.major == 9 && prop.minor == 0 && bwd_sparse_env != nullptr &&
-                      std::atoi(bwd_sparse_env) != 0 &&
+  g_sm90_bwd_sparse = prop.major == 9 && prop.minor == 0 &&
+                      !(bwd_sparse_env && std::strcmp(bwd_sparse_env, "0") == 0) &&
                       !(bwd_sm90_env && std::strcmp(bwd_sm90_env, "0") == 0) &&
                       std::getenv("ATTN_CUDA_BWD_VARIANT") == nullptr;
   std::printf("d = 64/128 dK/dV expected on the %s block-sparse kernel\n",
@@ -545,6 +622,7 @@ int main() {
   attn_context_t ctx = nullptr;
   ATTN_CHECK(attn_context_create(ATTN_BACKEND_CUDA, 0, 0, &ctx));
   int failures = device_tables(ctx) ? 0 : 1;
+  failures += hook_errors(ctx);
 
   failures += run_and_judge(
       filtered(cases()), [&](const Case& c) { return run_device(c, ctx); }, judge,

@@ -402,10 +402,11 @@ void run_case(const Case& c, int n, ncclComm_t* comms) {
   ring.lse.assign(ref[4].size(), 0.0f);
   bool ok = true;
   uint64_t skipped = 0;
-  // ATTN_RING_DKV_HOME=1 (the ring_nccl_dkv_home entry): one dK/dV exchange
-  // fewer, which also shows that the option took.
+  // By default the own dK/dV stay home, one dK/dV exchange fewer;
+  // ATTN_RING_DKV_HOME=0 (the ring_nccl_dkv_exchange entry) sends them round
+  // too. The count also shows which schedule ran.
   const char* home_env = std::getenv("ATTN_RING_DKV_HOME");
-  const bool dkv_home = home_env != nullptr && std::strcmp(home_env, "1") == 0;
+  const bool dkv_home = home_env == nullptr || std::strcmp(home_env, "0") != 0;
   const int32_t want_exchanges = n > 1 ? 2 * n - 1 - (dkv_home ? 1 : 0) : 0;
   for (int r = 0; r < n; ++r) {
     RankResult& rr = res[size_t(r)];
