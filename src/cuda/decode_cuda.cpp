@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "core/env.hpp"
 #include "core/dtype.hpp"
 #include "core/error.hpp"
 #include "cuda/cuda_util.hpp"
@@ -136,10 +137,7 @@ bool decode_use_pdl(int32_t device) {
   // On by default: the combine's launch overlapping the decode kernel's
   // last blocks was as fast or faster in every case measured on an H200
   // (bench_decode.py --variants; 1 x 128K: 3.52 TB/s against 3.40).
-  const char* env = std::getenv("ATTN_CUDA_DECODE_PDL");
-  if (env != nullptr && std::strcmp(env, "0") == 0) return false;
-  if (env != nullptr && env[0] != '\0' && std::strcmp(env, "1") != 0)
-    invalid_argument("ATTN_CUDA_DECODE_PDL must be 0 or 1, got \"", env, "\"");
+  if (!env_flag("ATTN_CUDA_DECODE_PDL", true)) return false;
   DeviceScope scope(device);
   int major = 0;
   check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device),
@@ -147,12 +145,7 @@ bool decode_use_pdl(int32_t device) {
   return major >= 9;
 }
 
-bool decode_issue_early() {
-  const char* env = std::getenv("ATTN_CUDA_DECODE_EARLY");
-  if (env == nullptr || env[0] == '\0' || std::strcmp(env, "0") == 0) return false;
-  if (std::strcmp(env, "1") == 0) return true;
-  invalid_argument("ATTN_CUDA_DECODE_EARLY must be 0 or 1, got \"", env, "\"");
-}
+bool decode_issue_early() { return env_flag("ATTN_CUDA_DECODE_EARLY", false); }
 
 int32_t decode_check_supported(int32_t device, const kv::CacheConfig& cache, int64_t heads_q,
                                int64_t max_query_tokens, int stages, int32_t requested,
