@@ -105,13 +105,6 @@ if [ "${GPU_CHECK_SANITIZE:-1}" != 0 ] && command -v compute-sanitizer >/dev/nul
     ATTN_CUDA_FWD_SM90_BM=128 ATTN_GPU_TEST_HEAD_DIM=64
   sanitize racecheck fwd_bm128 "$build/tests/gpu/test_flash_fwd" ATTN_CUDA_FWD_SM90_BM=128 \
     ATTN_GPU_TEST_HEAD_DIM=64 ATTN_GPU_TEST_FILTER=causal-L129
-  # The persistent sm_90a forward on 2 blocks: each walks many query tiles,
-  # its loads running across tiles (the Q buffers, the stages, the bubbles
-  # after short tiles).
-  sanitize memcheck fwd_persist "$build/tests/gpu/test_flash_fwd" ATTN_GPU_TEST_QUICK=1 \
-    ATTN_CUDA_FWD_SM90_PERSIST=1 ATTN_CUDA_FWD_SM90_PERSIST_BLOCKS=2
-  sanitize racecheck fwd_persist "$build/tests/gpu/test_flash_fwd" ATTN_CUDA_FWD_SM90_PERSIST=1 \
-    ATTN_CUDA_FWD_SM90_PERSIST_BLOCKS=2 ATTN_GPU_TEST_FILTER=causal-L129
   # Decode, on both kernel variants with the balanced split (its runs use
   # the split kernels, its unsplit and fixed cases the others): every case
   # with the long sequences shortened (memcheck); the long single sequence

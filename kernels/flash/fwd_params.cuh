@@ -107,16 +107,4 @@ constexpr FwdSm90Config fwd_sm90_config(int d, int block_m) {
   return d == 64 && block_m == 128 ? FwdSm90Config{128, 128, 2, 3} : fwd_sm90_config(d);
 }
 
-// The persistent kernel's work list: m_blocks query tiles per (sequence,
-// head), heads query heads, count = m_blocks * heads * batch items.
-struct FwdSm90Items {
-  int32_t m_blocks, heads, count;
-};
-
-// Shared memory of the persistent kernel: the one-item kernel's plus a
-// second Q tile.
-constexpr size_t fwd_sm90_persist_smem_bytes(int d, int block_m) {
-  return fwd_sm90_config(d, block_m).smem_bytes(d) + size_t(block_m) * size_t(d) * 2u;
-}
-
 }  // namespace attn::flash

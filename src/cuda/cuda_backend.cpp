@@ -29,12 +29,7 @@
 // kernel where sm_90 devices otherwise run the sm_90a (wgmma) one's Sparse
 // instantiation at d = 64 and 128 ("+bwd-wgmma-bs"; faster on an H200 at
 // L = 32K, d = 128, causal: window + sinks 9.44 -> 7.19 ms, random 4.35 ->
-// 3.39, BigBird 2.12 -> 1.61); ATTN_CUDA_FWD_SM90_PERSIST=1, the persistent
-// sm_90a forward for dense plans without softcap (one block per SM walking
-// the query tiles, the next tile's loads overlapping the current one's last
-// tiles and epilogue; "-persist" in the kernel name), on at most
-// ATTN_CUDA_FWD_SM90_PERSIST_BLOCKS=n blocks (a test hook: few blocks make
-// small problems walk many query tiles per block).
+// 3.39, BigBird 2.12 -> 1.61).
 //
 // MoBA plans run the kernels' Moba instantiations after the selector
 // (cuda/moba_select.hpp), which writes the run-time schedule into the
@@ -135,8 +130,6 @@ struct CudaHooks {
   std::optional<int> item;        // ATTN_CUDA_BSPARSE_ITEM: visits per dK/dV work item
   bool fwd_sm90;                  // ATTN_CUDA_FWD_SM90 (default 1)
   std::optional<int> fwd_sm90_bm; // ATTN_CUDA_FWD_SM90_BM: 128 or 192
-  bool fwd_sm90_persist;          // ATTN_CUDA_FWD_SM90_PERSIST (default 0)
-  std::optional<int> fwd_sm90_persist_blocks;  // ATTN_CUDA_FWD_SM90_PERSIST_BLOCKS
   bool bwd_sm90;                  // ATTN_CUDA_BWD_SM90 (default 1)
   bool bwd_sm90_sparse;           // ATTN_CUDA_BWD_SM90_SPARSE (default 1)
   std::optional<int> bwd_variant; // ATTN_CUDA_BWD_VARIANT: first sm_80 variant tried
@@ -154,9 +147,6 @@ struct CudaHooks {
     if (h.fwd_sm90_bm && *h.fwd_sm90_bm != 128 && *h.fwd_sm90_bm != 192)
       invalid_argument("ATTN_CUDA_FWD_SM90_BM must be 128 or 192, got \"",
                        std::getenv("ATTN_CUDA_FWD_SM90_BM"), "\"");
-    h.fwd_sm90_persist = env_flag("ATTN_CUDA_FWD_SM90_PERSIST", false);
-    h.fwd_sm90_persist_blocks =
-        env_int("ATTN_CUDA_FWD_SM90_PERSIST_BLOCKS", 1, std::numeric_limits<int>::max());
     h.bwd_sm90 = env_flag("ATTN_CUDA_BWD_SM90", true);
     h.bwd_sm90_sparse = env_flag("ATTN_CUDA_BWD_SM90_SPARSE", true);
     // Past the last variant: the last (the search starts there).
@@ -214,10 +204,7 @@ class CudaPlan final : public BackendPlan {
     };
     pick_sm90_forward(p, major, minor, size_t(smem_optin));
     require_image(kernel_.func);
-    require_smem(sm90_persist_ ? flash::fwd_sm90_persist_smem_bytes(int(d), sm90_cfg_.block_m)
-                 : sm90_       ? sm90_cfg_.smem_bytes(int(d))
-                               : cfg_.smem_bytes(int(d)),
-                 "forward");
+    require_smem(sm90_ ? sm90_cfg_.smem_bytes(int(d)) : cfg_.smem_bytes(int(d)), "forward");
     check(kernel_.prepare(), "cudaFuncSetAttribute");
     if (p.backward) {
       // The first variant whose shared memory and instructions the device
@@ -356,7 +343,6 @@ class CudaPlan final : public BackendPlan {
     name.fwd_block_n = sm90_ ? sm90_cfg_.block_n : cfg_.block_n;
     name.fwd_warps = cfg_.warps;
     name.fwd_stages = sm90_ ? sm90_cfg_.stages : cfg_.stages;
-    name.fwd_persist = sm90_persist_;
     if (p.backward) {
       name.backward = bwd_sm90_ && sparse ? B::kSm90Sparse
                       : bwd_sm90_         ? B::kSm90
@@ -443,14 +429,6 @@ class CudaPlan final : public BackendPlan {
               "MoBA forward finish launch");
         return;
       }
-    }
-    if (sm90_persist_) {
-      const int64_t items = int64_t(m_blocks_) * p.heads_q * p.batch;
-      check(kernel_.launch_persistent(prm, m_blocks_, int(p.heads_q), int(p.batch),
-                                      int(std::min<int64_t>(items, sm90_persist_sms_)),
-                                      static_cast<cudaStream_t>(a.stream)),
-            "forward kernel launch");
-      return;
     }
     const int grid_x = fwd_persist_ ? fwd_grid_ : m_blocks_;
     check(kernel_.launch(prm, grid_x, int(p.heads_q), int(p.batch),
@@ -590,10 +568,7 @@ class CudaPlan final : public BackendPlan {
   // this grid; ATTN_CUDA_FWD_SM90_BM=128 or 192 forces one (tests, timing;
   // another value is an invalid argument). Softcap at d = 64 is built with 128 rows only
   // (the 192-row shape spills under it); block-sparse plans keep the default
-  // shape (their tile lists are built for it). ATTN_CUDA_FWD_SM90_PERSIST=1
-  // takes the persistent variant of the chosen shape for dense plans without
-  // softcap whose query tiles (m_blocks x heads x batch) fit 30 bits: grid =
-  // min(tiles, SMs, ATTN_CUDA_FWD_SM90_PERSIST_BLOCKS), the SM count read here.
+  // shape (their tile lists are built for it).
   void pick_sm90_forward(const Problem& p, int major, int minor, size_t smem_optin) {
     if (!hooks_.fwd_sm90) return;
     // ATTN_CUDA_BSPARSE_FWD_PERSIST=1 asks for the persistent sm_80 kernel.
@@ -617,35 +592,20 @@ class CudaPlan final : public BackendPlan {
         block_m = fwd_sm90_block_m_d64(p, flash::fwd_sm90_config(64).block_n, sms);
       }
     }
-    const int64_t bm = block_m, tiles = (p.seqlen_q + bm - 1) / bm * p.heads_q * p.batch;
-    const bool persist = hooks_.fwd_sm90_persist && !sparse && !softcap &&
-                         tiles < (int64_t(1) << 30);
-    const FwdKernel k = sparse    ? (d == 64 ? fwd_kernel_sm90_bsparse_d64(bf16)
-                                             : fwd_kernel_sm90_bsparse_d128(bf16))
-                        : persist ? (d == 64 ? fwd_kernel_sm90_persist_d64(bf16, block_m)
-                                             : fwd_kernel_sm90_persist_d128(bf16))
+    const FwdKernel k = sparse ? (d == 64 ? fwd_kernel_sm90_bsparse_d64(bf16)
+                                          : fwd_kernel_sm90_bsparse_d128(bf16))
                         : d == 64 ? fwd_kernel_sm90_d64(bf16, block_m, softcap)
                                   : fwd_kernel_sm90_d128(bf16, softcap);
     const flash::FwdSm90Config c = flash::fwd_sm90_config(int(d), block_m);
-    const size_t smem =
-        persist ? flash::fwd_sm90_persist_smem_bytes(int(d), block_m) : c.smem_bytes(int(d));
     cudaFuncAttributes attrs{};
     if (cudaFuncGetAttributes(&attrs, k.func) != cudaSuccess) {
       (void)cudaGetLastError();  // no image: the sm_80 kernel
       return;
     }
-    if (attrs.ptxVersion < 90 || smem_optin < smem) return;
-    if (persist) {
-      int sms = 0;
-      check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device_),
-            "cudaDeviceGetAttribute");
-      sm90_persist_sms_ =
-          std::min(std::max(sms, 1), hooks_.fwd_sm90_persist_blocks.value_or(sms));
-    }
+    if (attrs.ptxVersion < 90 || smem_optin < c.smem_bytes(int(d))) return;
     kernel_ = k;
     sm90_cfg_ = c;
     sm90_ = true;
-    sm90_persist_ = persist;
   }
 
   // The sm_90a (wgmma) dK/dV kernel replaces the sm_80 one for dense plans
@@ -984,8 +944,6 @@ class CudaPlan final : public BackendPlan {
   flash::FwdConfig cfg_{};
   FwdKernel kernel_{};
   bool sm90_ = false;  // kernel_ is the sm_90a forward (sm90_cfg_), else the sm_80 one (cfg_)
-  bool sm90_persist_ = false;  // kernel_ is its persistent variant, launched on
-  int sm90_persist_sms_ = 0;   // at most this many blocks (the device's SMs or fewer)
   flash::FwdSm90Config sm90_cfg_{};
   flash::FwdParams params_{};
   flash::BwdConfig bwd_cfg_{};

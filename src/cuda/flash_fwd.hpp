@@ -17,10 +17,6 @@ struct FwdKernel {
   cudaError_t (*launch)(const flash::FwdParams& params, int m_blocks, int heads_q, int batch,
                         cudaStream_t stream);
   const void* func;  // for cudaFuncGetAttributes
-  // The persistent kernels only: enqueues `blocks` blocks that walk the
-  // m_blocks x heads_q x batch query tiles; null for the others.
-  cudaError_t (*launch_persistent)(const flash::FwdParams& params, int m_blocks, int heads_q,
-                                   int batch, int blocks, cudaStream_t stream) = nullptr;
 };
 
 FwdKernel fwd_kernel_d64(bool bf16, bool sparse);
@@ -41,10 +37,5 @@ FwdKernel fwd_kernel_sm90_d128(bool bf16, bool softcap);
 // flash::TileLists::items).
 FwdKernel fwd_kernel_sm90_bsparse_d64(bool bf16);
 FwdKernel fwd_kernel_sm90_bsparse_d128(bool bf16);
-// The persistent dense one (flash/fwd_sm90_persist_kernel.cuh), no softcap,
-// launched through launch_persistent; its shared memory is
-// flash::fwd_sm90_persist_smem_bytes(d, block_m).
-FwdKernel fwd_kernel_sm90_persist_d64(bool bf16, int block_m);
-FwdKernel fwd_kernel_sm90_persist_d128(bool bf16);
 
 }  // namespace attn::cuda

@@ -15,8 +15,6 @@
 //   "fa2-sm80-" -> "fa2-"  (the block-sparse names' spelling: the same family)
 //   "wgmma"     -> "wg"
 //   "-atomic"   -> "-at"   (dQ added with atomics)
-//   "-persist"  -> "-p"    (the persistent sm_90a forward; the spelling of
-//                           the other persistent kernels' marks)
 // With head dims, tiles and warps of at most 3, 3 and 2 digits every name
 // fits after that (tests/unit/test_kernel_name.cpp checks the longest).
 #include <algorithm>
@@ -35,7 +33,6 @@ struct KernelNameFacts {
   Forward forward = Forward::kSm80;
   const char* kind = "";  // block-sparse, MoBA: "bsparse", "bsparse-p", "moba", "moba-gather"
   int fwd_block_m = 0, fwd_block_n = 0, fwd_warps = 0, fwd_stages = 0;
-  bool fwd_persist = false;  // kSm90: the persistent forward ("-persist")
   // kSm80Listed: the sm_80 dK/dV kernel walking tile lists (block-sparse,
   // MoBA), which leaves out the warps for room.
   Backward backward = Backward::kNone;
@@ -66,9 +63,8 @@ inline std::string kernel_name_body(const KernelNameFacts& f) {
                           f.fwd_block_m, f.fwd_block_n);
       break;
     case F::kSm90:
-      len = std::snprintf(buf, sizeof buf, "cuda-sm90-wgmma-%s-d%d-%dx%d-s%d%s", f.dtype,
-                          f.head_dim, f.fwd_block_m, f.fwd_block_n, f.fwd_stages,
-                          f.fwd_persist ? "-persist" : "");
+      len = std::snprintf(buf, sizeof buf, "cuda-sm90-wgmma-%s-d%d-%dx%d-s%d", f.dtype,
+                          f.head_dim, f.fwd_block_m, f.fwd_block_n, f.fwd_stages);
       break;
     case F::kSm80:
       len = std::snprintf(buf, sizeof buf, "cuda-fa2-sm80-%s-d%d-%dx%d-w%d-s%d", f.dtype,
@@ -112,8 +108,7 @@ inline void compose_kernel_name(const KernelNameFacts& f, char* out, size_t cap)
   std::string body = kernel_name_body(f);
   const std::string markers = kernel_name_markers(f);
   static const char* const kShorter[][2] = {
-      {"cuda-", ""}, {"fa2-sm80-", "fa2-"}, {"wgmma", "wg"}, {"-atomic", "-at"},
-      {"-persist", "-p"}};
+      {"cuda-", ""}, {"fa2-sm80-", "fa2-"}, {"wgmma", "wg"}, {"-atomic", "-at"}};
   for (const auto& rule : kShorter) {
     if (body.size() + markers.size() < cap) break;
     const size_t from = std::strlen(rule[0]), to = std::strlen(rule[1]);

@@ -20,9 +20,7 @@
 // attn_plan_describe gives (the build must include sm_90a, as
 // scripts/gpu-check.sh's does). Under ATTN_CUDA_FWD_SM90_BM=128 or 192 the
 // d = 64 cases must also name that query tile (softcap ones: 128, the only
-// one built with it), and tile_q must match. Under
-// ATTN_CUDA_FWD_SM90_PERSIST=1 the sm_90a cases without softcap must run the
-// persistent kernel ("-persist" in the name) and the others must not.
+// one built with it), and tile_q must match.
 // ATTN_GPU_TEST_QUICK=1 runs only small cases (for compute-sanitizer);
 // ATTN_GPU_TEST_FILTER=text only the cases whose name contains text;
 // ATTN_GPU_TEST_HEAD_DIM=n only the cases of head dim n.
@@ -52,7 +50,6 @@ int g_failures = 0;
 int64_t g_head_dim = 0;  // ATTN_GPU_TEST_HEAD_DIM, 0: every head dim
 bool g_sm90 = false;  // sm_90 device and ATTN_CUDA_FWD_SM90 != 0
 int g_sm90_bm = 0;    // ATTN_CUDA_FWD_SM90_BM when 128 or 192, else 0
-bool g_sm90_persist = false;  // ATTN_CUDA_FWD_SM90_PERSIST=1
 
 // The forward kernel a plan of case c must run.
 bool expects_sm90(const CaseShape& c) { return g_sm90 && (c.d == 64 || c.d == 128); }
@@ -264,12 +261,6 @@ void run_case(const Case& c0, attn_context_t cuda_ctx, attn_context_t cpu_ctx) {
                   info.kernel, int(info.tile_q), tile.c_str());
       ++g_failures;
     }
-  }
-  const bool want_persist = g_sm90_persist && expects_sm90(c) && c.softcap == 0.0f;
-  if ((std::strstr(info.kernel, "-persist") != nullptr) != want_persist) {
-    std::printf("FAIL %s: runs %s, expected %s persistent forward\n", c.name.c_str(), info.kernel,
-                want_persist ? "the" : "no");
-    ++g_failures;
   }
   size_t ws = 1;
   ATTN_CHECK(attn_plan_workspace_size(plan, ATTN_PASS_FORWARD, &ws));
@@ -789,11 +780,8 @@ int main() {
   const char* bm_env = std::getenv("ATTN_CUDA_FWD_SM90_BM");
   const int bm = bm_env ? std::atoi(bm_env) : 0;
   g_sm90_bm = bm == 128 || bm == 192 ? bm : 0;
-  const char* persist_env = std::getenv("ATTN_CUDA_FWD_SM90_PERSIST");
-  g_sm90_persist = persist_env != nullptr && std::strcmp(persist_env, "1") == 0;
-  std::printf("device sm_%d%d: d = 64/128 plans expected on the %s forward%s\n", prop.major,
-              prop.minor, g_sm90 ? "sm_90a (wgmma)" : "sm_80",
-              g_sm90 && g_sm90_persist ? " (persistent without softcap)" : "");
+  std::printf("device sm_%d%d: d = 64/128 plans expected on the %s forward\n", prop.major,
+              prop.minor, g_sm90 ? "sm_90a (wgmma)" : "sm_80");
 
   attn_context_t cuda_ctx = nullptr, cpu_ctx = nullptr;
   ATTN_CHECK(attn_context_create(ATTN_BACKEND_CUDA, 0, 0, &cuda_ctx));

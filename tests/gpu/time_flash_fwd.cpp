@@ -7,15 +7,11 @@
 // "d,L,causal" arguments). Each shape is timed on the default kernel choice;
 // at d = 64 on both query tiles of the sm_90a forward instead
 // (ATTN_CUDA_FWD_SM90_BM=192, then 128; "<" marks the one the plan picks by
-// itself), so that one run decides the rule of cuda/fwd_sm90_shape.hpp;
-// each of these also with ATTN_CUDA_FWD_SM90_PERSIST=1 (the persistent
-// sm_90a forward) where that names another kernel; and then with
-// ATTN_CUDA_FWD_SM90=0 (the sm_80 forward) when that picks another kernel.
-// The kernel column names each. ATTN_TIME_FWD_COMPARE=0 times the default
-// only; a caller's ATTN_CUDA_FWD_SM90, ATTN_CUDA_FWD_SM90_BM or
-// ATTN_CUDA_FWD_SM90_PERSIST holds for the first pass(es) (a caller's
-// PERSIST leaves out the persistent passes). ATTN_TIME_SOFTCAP=cap times
-// softcap plans instead.
+// itself), so that one run decides the rule of cuda/fwd_sm90_shape.hpp; and
+// then with ATTN_CUDA_FWD_SM90=0 (the sm_80 forward) when that picks another
+// kernel. The kernel column names each. ATTN_TIME_FWD_COMPARE=0 times the
+// default only; a caller's ATTN_CUDA_FWD_SM90 or ATTN_CUDA_FWD_SM90_BM holds
+// for the first pass(es). ATTN_TIME_SOFTCAP=cap times softcap plans instead.
 // Usage: time_flash_fwd [extra "d,L,causal" cases ...]
 
 #include <cstdlib>
@@ -59,17 +55,12 @@ int main(int argc, char** argv) {
   // the caller's values (or none) for the first passes, then "0".
   const char* sm90_env = std::getenv("ATTN_CUDA_FWD_SM90");
   const char* bm_env = std::getenv("ATTN_CUDA_FWD_SM90_BM");
-  const char* persist_env = std::getenv("ATTN_CUDA_FWD_SM90_PERSIST");
   const std::string sm90_choice = sm90_env ? sm90_env : "";
   const std::string bm_choice = bm_env ? bm_env : "";
-  const std::string persist_choice = persist_env ? persist_env : "";
   auto caller_env = [&] {
     set_env("ATTN_CUDA_FWD_SM90", sm90_env ? sm90_choice.c_str() : nullptr);
     set_env("ATTN_CUDA_FWD_SM90_BM", bm_env ? bm_choice.c_str() : nullptr);
-    set_env("ATTN_CUDA_FWD_SM90_PERSIST", persist_env ? persist_choice.c_str() : nullptr);
   };
-  // Each tile pass twice: as the caller set it, then persistent.
-  const size_t persist_passes = compare && persist_env == nullptr ? 2 : 1;
   std::vector<std::string> lines;
   for (const TimingShape& c : shapes) {
     // The kernel the plan picks by itself.
@@ -85,13 +76,10 @@ int main(int argc, char** argv) {
     else
       tiles = {nullptr};
     std::vector<std::string> timed;
-    const size_t tile_passes = tiles.size() * persist_passes;
-    for (size_t pass = 0; pass < tile_passes + (compare ? 1 : 0); ++pass) {
+    for (size_t pass = 0; pass < tiles.size() + (compare ? 1 : 0); ++pass) {
       caller_env();
-      if (pass < tile_passes) {
-        const char* tile = tiles[pass / persist_passes];
-        if (tile != nullptr) set_env("ATTN_CUDA_FWD_SM90_BM", tile);
-        if (pass % persist_passes == 1) set_env("ATTN_CUDA_FWD_SM90_PERSIST", "1");
+      if (pass < tiles.size()) {
+        if (tiles[pass] != nullptr) set_env("ATTN_CUDA_FWD_SM90_BM", tiles[pass]);
       } else {
         set_env("ATTN_CUDA_FWD_SM90", "0");
       }

@@ -103,9 +103,6 @@ int main() {
   f.fwd_block_n = 128, f.bwd_block_m = 128, f.group_splits = 2;
   expect(compose(f) == "cuda-sm90-wgmma-bf16-d128-128x128-s2+bwd-wgmma-128x128-bulk-gs2",
          "dense sm_90a GQA", compose(f));
-  f.fwd_persist = true, f.backward = B::kNone, f.group_splits = 1;
-  expect(compose(f) == "cuda-sm90-wgmma-bf16-d128-128x128-s2-persist", "dense sm_90a persistent",
-         compose(f));
   f = base(F::kSm80, B::kSm80);
   expect(compose(f) == "cuda-fa2-sm80-bf16-d128-128x64-w4-s2+bwd-64x128-w8s-atomic",
          "dense sm_80", compose(f));
@@ -130,13 +127,6 @@ int main() {
         return l;
       };
       check(("dense sm_90a" + tag).c_str(), longest(F::kSm90, B::kSm90));
-      {
-        KernelNameFacts l = longest(F::kSm90, B::kSm90);
-        l.fwd_persist = true;
-        // Shortened or not, the stages are followed by the persistent mark.
-        const std::string name = check(("dense sm_90a persistent" + tag).c_str(), l);
-        expect(name.find("-s4-p") != std::string::npos, "persistent mark kept", name);
-      }
       check(("dense sm_80" + tag).c_str(), longest(F::kSm80, B::kSm80));
       check(("block-sparse sm_90a, wgmma bwd" + tag).c_str(),
             longest(F::kSparseSm90, B::kSm90Sparse));
@@ -173,7 +163,6 @@ int main() {
     r.kind = kinds[r.forward == F::kMoba ? pick(2, 3) : pick(0, 1)];
     r.fwd_block_m = pick(1, 999), r.fwd_block_n = pick(1, 999);
     r.fwd_warps = pick(1, 99), r.fwd_stages = pick(1, 9);
-    r.fwd_persist = r.forward == F::kSm90 && pick(0, 1) == 1;
     const B listed_bwd[] = {B::kNone, B::kSm80Listed, B::kSm90Sparse};
     const B dense_bwd[] = {B::kNone, B::kSm80, B::kSm90};
     r.backward = listed ? listed_bwd[pick(0, r.forward == F::kMoba ? 1 : 2)] : dense_bwd[pick(0, 2)];
