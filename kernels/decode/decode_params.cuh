@@ -40,10 +40,7 @@ struct DecodeParams {
   float* partial_o;    // [slot][max_q][heads_q][D]
   float* partial_lse;  // [slot][max_q][heads_q]
   int32_t page_size, heads_q, group, max_q;
-  int32_t heads_kv;
-  // Bulk-copy kernel: 1 issues tile i + S - 1 before waiting for tile i
-  // (S tiles in flight while the block waits), 0 after (ATTN_CUDA_DECODE_EARLY).
-  int32_t issue_early;
+  int32_t heads_kv, pad;
   int64_t window, sinks;  // window 0: none
   float scale, softcap;   // softcap 0: off
 };

@@ -253,19 +253,14 @@ __device__ __forceinline__ void decode_unit_bulk(const DecodeParams& p, const Wo
 #pragma unroll
   for (int j = 0; j < D / 8; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
 
-  // p.issue_early: the barrier first (every warp is done with the stage of
-  // tile i-1), then tile i + S - 1 goes out, then the wait for tile i, so
-  // that the block waits with S tiles in flight rather than S - 1.
-  const bool early = p.issue_early != 0;
   for (int tile = 0; tile < tiles; ++tile) {
     const int st = (base + tile) % S;
     flash::cp_async_wait<S - 2>();
-    if (!early) mbar_wait(smem_u32(sBar + st), uint32_t((base + tile) / S) & 1u);
+    mbar_wait(smem_u32(sBar + st), uint32_t((base + tile) / S) & 1u);
     __syncthreads();
     if (tile + S - 1 < tiles && tid < kTileKeys) issue_kv(tile + S - 1);
     if (tile + 2 * S - 2 < tiles) fetch_entries(tile + 2 * S - 2);
     flash::cp_async_commit();
-    if (early) mbar_wait(smem_u32(sBar + st), uint32_t((base + tile) / S) & 1u);
 
     // This warp's rows 2w + nt of the 8 segments.
     const T* sK = sKV + st * 2 * SM::kTileElems + 2 * warp * D;

@@ -64,12 +64,6 @@ bool decode_split_balanced();
 // other values are an invalid argument.
 bool decode_use_pdl(int32_t device);
 
-// Whether the bulk-copy decode kernel issues each tile's copies before
-// waiting for the previous tile (ATTN_CUDA_DECODE_EARLY: unset, empty or
-// "0": no; "1": yes; other values are an invalid argument; read at plan
-// creation).
-bool decode_issue_early();
-
 // Throws NOT_SUPPORTED (naming the feature) when the decode kernels cannot
 // serve a cache so configured with `heads_q` query heads and up to
 // `max_query_tokens` tokens per sequence on `device`; else returns the
