@@ -22,7 +22,7 @@ if [ ! -f "$build/build.ninja" ]; then
   meson setup "$build" -Dgpu_archs="${GPU_ARCHS:-sm_90a}" -Dbench=disabled -Dexamples=false \
     -Dtests=false >"$out/setup.log" 2>&1 || { tail -30 "$out/setup.log"; exit 1; }
 fi
-ninja -C "$build" src/libattn.so >"$out/build.log" 2>&1 || { tail -30 "$out/build.log"; exit 1; }
+ninja -C "$build" >"$out/build.log" 2>&1 || { tail -30 "$out/build.log"; exit 1; }
 
 read -r -a extra <<<"${PROFILE_ARGS:-}"
 ncu --profile-from-start off --clock-control none \
