@@ -45,8 +45,7 @@ token, and the pages in use x page size x that, per token held).
 With --variants every case is also timed with each variant of the decode
 kernel (ATTN_CUDA_DECODE_KERNEL x ATTN_CUDA_DECODE_STAGES x
 ATTN_CUDA_DECODE_SPLIT x ATTN_CUDA_DECODE_PDL, read at plan creation; and
-each kernel x stages once more without a split; and the bulk-copy kernel
-with ATTN_CUDA_DECODE_L2_EVICT_FIRST=1), one plan each over the
+each kernel x stages once more without a split), one plan each over the
 same cache and Q, outputs compared with the default's. The variants, the
 default plan and cuDNN are timed in the same interleaved rounds, and each
 variant's ratio to the default and to cuDNN is the median of its per-round
@@ -171,13 +170,6 @@ VARIANTS = tuple((f"{kernel}, {stages} stages, {split}{', pdl' if pdl == '1' els
 NO_SPLIT_VARIANTS = tuple((f"{kernel}, {stages} stages, no split",
                            {"ATTN_CUDA_DECODE_KERNEL": kernel, "ATTN_CUDA_DECODE_STAGES": stages})
                           for kernel in ("sm80", "sm90-bulk") for stages in ("2", "3"))
-
-# The bulk-copy kernel with its K/V copies evict-first in L2 (ATTN_CUDA_DECODE_L2_EVICT_FIRST=1): the default
-# split and PDL, and without a split.
-L2_VARIANTS = (("sm90-bulk, 2 stages, evict-first", {"ATTN_CUDA_DECODE_KERNEL": "sm90-bulk",
-                                                     "ATTN_CUDA_DECODE_L2_EVICT_FIRST": "1"}, 0),
-               ("sm90-bulk, 2 stages, no split, evict-first", {"ATTN_CUDA_DECODE_KERNEL": "sm90-bulk",
-                                                               "ATTN_CUDA_DECODE_L2_EVICT_FIRST": "1"}, -1))
 
 # Fixed kv_chunk_tokens timed next to the automatic split, per (batch, context). 2736 at 4 x 64K and
 # 1328 at 1 x 128K (83 pages) are the old two-wave splits (24 and 99 chunks), now with the parallel combine.
@@ -415,7 +407,6 @@ def main():
     rounds = args.rounds or (3 if args.quick else 7)
     variant_runs = [(label, env, 0) for label, env in VARIANTS]
     variant_runs += [(label, env, -1) for label, env in NO_SPLIT_VARIANTS]
-    variant_runs += list(L2_VARIANTS)
     if args.variant_match:
         wanted = [w.strip() for w in args.variant_match.split(";") if w.strip()]
         variant_runs = [r for r in variant_runs if any(w in r[0] for w in wanted)]

@@ -6,10 +6,7 @@ case). Each runs 3 warm-up calls, then one call between
 cudaProfilerStart/Stop, so that `ncu --profile-from-start off` sees those two
 calls' kernels only.
 
---variant NAME=VALUE[,...] (repeatable) adds a plan created under those
-variables (the decode kernel's tuning hooks), profiled after the default.
-
-Usage: profile_decode.py --lib build/src/libattn.so [--batch 32] [--context 8192] [--variant ...]
+Usage: profile_decode.py --lib build/src/libattn.so [--batch 32] [--context 8192]
 """
 import argparse
 import os
@@ -28,8 +25,6 @@ def main():
     ap.add_argument("--lib", required=True)
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--context", type=int, default=8192)
-    ap.add_argument("--variant", action="append", default=[],
-                    help="NAME=VALUE[,NAME=VALUE...]: also profile a plan created under these variables")
     args = ap.parse_args()
     B, L, hq, hkv, d = args.batch, args.context, 32, 8, 128
     lib = Lib(args.lib)
@@ -45,11 +40,6 @@ def main():
     del k, v
     cudnn, how = sdpa_runner(SDPBackend.CUDNN_ATTENTION, q.view(B, hq, 1, d), kc, vc, hq)
     runners = [("libattn " + plan.kernel, lambda: plan.execute(q, o))]
-    variants = []
-    for spec in args.variant:
-        env = dict(item.split("=", 1) for item in spec.split(",") if item)
-        variants.append(PagedDecode(cache, hq, 0, env))
-        runners.append((f"libattn {variants[-1].kernel} [{spec}]", lambda p=variants[-1]: p.execute(q, o)))
     if cudnn is not None:
         runners.append((f"cuDNN ({how})", cudnn))
     for _, fn in runners:
@@ -62,8 +52,7 @@ def main():
     torch.cuda.synchronize()
     torch.cuda.profiler.stop()
     print("profiled, in order: " + "; ".join(name for name, _ in runners), flush=True)
-    for p in [plan] + variants:
-        p.close()
+    plan.close()
     cache.close()
 
 

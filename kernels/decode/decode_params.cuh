@@ -40,10 +40,7 @@ struct DecodeParams {
   float* partial_o;    // [slot][max_q][heads_q][D]
   float* partial_lse;  // [slot][max_q][heads_q]
   int32_t page_size, heads_q, group, max_q;
-  int32_t heads_kv;
-  // Bulk-copy kernel: 1 marks the K/V copies evict-first in L2 (streamed
-  // once), 0 leaves the default policy (ATTN_CUDA_DECODE_L2_EVICT_FIRST).
-  int32_t l2_evict_first;
+  int32_t heads_kv, pad;
   int64_t window, sinks;  // window 0: none
   float scale, softcap;   // softcap 0: off
 };

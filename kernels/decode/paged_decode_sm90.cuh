@@ -83,26 +83,6 @@ __device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_
 #endif
 }
 
-// As bulk_load, with an L2 cache policy (createpolicy) for the source.
-__device__ __forceinline__ void bulk_load_hint(uint32_t dst, const void* src, uint32_t bytes,
-                                               uint32_t bar, uint64_t policy) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
-      " [%0], [%1], %2, [%3], %4;\n" ::"r"(dst),
-      "l"(src), "r"(bytes), "r"(bar), "l"(policy)
-      : "memory");
-#endif
-}
-// An L2 policy under which the lines a load brings in are evicted first.
-__device__ __forceinline__ uint64_t l2_policy_evict_first() {
-  uint64_t policy = 0;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
-#endif
-  return policy;
-}
-
 template <int D, int S>
 struct BulkSmem {
   static_assert(S >= 2, "a tile in flight while one is computed");
@@ -197,12 +177,6 @@ __device__ __forceinline__ void decode_unit_bulk(const DecodeParams& p, const Wo
   // warps: the ballot) takes tile key tid, row tid % 8 of segment tid / 8.
   const int base = tile_base;
   tile_base += tiles;
-  const bool hint = p.l2_evict_first != 0;
-  const uint64_t policy = hint ? l2_policy_evict_first() : 0;
-  auto copy = [&](uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
-    if (hint) bulk_load_hint(dst, src, bytes, bar, policy);
-    else bulk_load(dst, src, bytes, bar);
-  };
   auto issue_kv = [&](int tile) {
     const int st = (base + tile) % S;
     T* sK = sKV + st * 2 * SM::kTileElems;
@@ -230,15 +204,15 @@ __device__ __forceinline__ void decode_unit_bulk(const DecodeParams& p, const Wo
     if (runs_of_8 && seg_valid == 0xffu) {
       if (row == 0) {
         mbar_arrive_expect_tx(bar, 2 * 8 * kRowBytes);
-        copy(dk, k_pool + off, 8 * kRowBytes, bar);
-        copy(dv, v_pool + off, 8 * kRowBytes, bar);
+        bulk_load(dk, k_pool + off, 8 * kRowBytes, bar);
+        bulk_load(dv, v_pool + off, 8 * kRowBytes, bar);
       } else {
         mbar_arrive(bar);
       }
     } else {
       mbar_arrive_expect_tx(bar, 2 * kRowBytes);
-      copy(dk, valid ? k_pool + off : filler, kRowBytes, bar);
-      copy(dv, valid ? v_pool + off : filler, kRowBytes, bar);
+      bulk_load(dk, valid ? k_pool + off : filler, kRowBytes, bar);
+      bulk_load(dv, valid ? v_pool + off : filler, kRowBytes, bar);
     }
   };
 

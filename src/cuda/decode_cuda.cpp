@@ -145,8 +145,6 @@ bool decode_use_pdl(int32_t device) {
   return major >= 9;
 }
 
-bool decode_l2_evict_first() { return env_flag("ATTN_CUDA_DECODE_L2_EVICT_FIRST", false); }
-
 int32_t decode_check_supported(int32_t device, const kv::CacheConfig& cache, int64_t heads_q,
                                int64_t max_query_tokens, int stages, int32_t requested,
                                bool balanced) {
@@ -301,7 +299,6 @@ void decode_launch(const kv::DecodePlan& plan, const kv::KvCache& cache,
   p.group = int32_t(plan.group());
   p.max_q = int32_t(cfg.max_query_tokens);
   p.heads_kv = int32_t(cc.heads_kv);
-  p.l2_evict_first = plan.device_l2_evict_first() ? 1 : 0;
   p.window = cc.window;
   p.sinks = cc.sink_tokens;
   p.scale = cfg.scale;

@@ -64,11 +64,6 @@ bool decode_split_balanced();
 // other values are an invalid argument.
 bool decode_use_pdl(int32_t device);
 
-// Whether the bulk-copy decode kernel marks its K/V copies evict-first in
-// L2 (ATTN_CUDA_DECODE_L2_EVICT_FIRST: unset, empty or "0": no; "1": yes;
-// other values are an invalid argument; read at plan creation).
-bool decode_l2_evict_first();
-
 // Throws NOT_SUPPORTED (naming the feature) when the decode kernels cannot
 // serve a cache so configured with `heads_q` query heads and up to
 // `max_query_tokens` tokens per sequence on `device`; else returns the

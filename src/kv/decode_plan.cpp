@@ -97,8 +97,6 @@ DecodePlan::DecodePlan(const ContextConfig& ctx, const CacheConfig& cache, const
     device_wave_ = cuda::decode_resident_blocks(ctx.device, cache_, device_stages_, device_kernel_,
                                                 device_balanced_requested);
     device_pdl_ = cuda::decode_use_pdl(ctx.device);
-    device_l2_evict_first_ =
-        cuda::decode_l2_evict_first() && device_kernel_ == cuda::kDecodeKernelSm90Bulk;
   }
 #else
   if (on_device_) not_supported("ctx: this build of libattn has no CUDA backend");
@@ -575,8 +573,7 @@ void DecodePlan::describe(attn_decode_plan_info_t& info) const {
   std::snprintf(info.algorithm, sizeof info.algorithm, "%s%s",
                 max_partials_ > 0 ? "paged-decode-gqa-packed-split-kv" : "paged-decode-gqa-packed",
                 device_balanced() ? "-balanced" : "");
-  // CUDA: the variant, then "-s3" for the three-stage pipeline, "-ef" for
-  // evict-first K/V copies (ATTN_CUDA_DECODE_L2_EVICT_FIRST=1) and "-pdl"
+  // CUDA: the variant, then "-s3" for the three-stage pipeline and "-pdl"
   // for the combine's programmatic dependent launch (where the plan can
   // split at all: without partial states the combine never runs).
   const char* kernel = "cpu-scalar";
@@ -584,9 +581,8 @@ void DecodePlan::describe(attn_decode_plan_info_t& info) const {
   if (on_device_)
     kernel = device_kernel_ == cuda::kDecodeKernelSm90Bulk ? "cuda-sm90-bulk-paged" : "cuda-sm80-mma-paged";
 #endif
-  std::snprintf(info.kernel, sizeof info.kernel, "%s%s%s%s", kernel,
-                on_device_ && device_stages_ == 3 ? "-s3" : "", device_l2_evict_first_ ? "-ef" : "",
-                device_pdl_ && max_partials_ > 0 ? "-pdl" : "");
+  std::snprintf(info.kernel, sizeof info.kernel, "%s%s%s", kernel,
+                on_device_ && device_stages_ == 3 ? "-s3" : "", device_pdl_ && max_partials_ > 0 ? "-pdl" : "");
   if (cfg_.kv_chunk_tokens == 0 && (on_device_ || threads_ > 1)) {
     info.split_target_tasks = on_device_ ? device_wave_ : threads_;
     info.split_min_chunk_tokens = kMinAutoChunkTokens;

@@ -120,9 +120,6 @@ class DecodePlan {
   // CUDA: the combine kernel launched with programmatic dependent launch
   // (ATTN_CUDA_DECODE_PDL=1 on sm_90+).
   bool device_pdl() const { return device_pdl_; }
-  // CUDA: the bulk-copy kernel's K/V copies evict-first in L2
-  // (ATTN_CUDA_DECODE_L2_EVICT_FIRST=1).
-  bool device_l2_evict_first() const { return device_l2_evict_first_; }
   // The decode grid's x dimension (blocks past the prepared work return).
   int64_t device_grid_blocks() const {
     return device_blocks_ > 0 ? std::max(device_blocks_, cfg_.max_batch) : max_units_;
@@ -173,7 +170,6 @@ class DecodePlan {
   int32_t device_stages_ = 2;
   int32_t device_kernel_ = 0;
   bool device_pdl_ = false;
-  bool device_l2_evict_first_ = false;
   int64_t device_blocks_ = 0;  // balanced split: blocks per (KV head, row tile); 0: waves
   std::shared_ptr<void> staging_;
   // A workspace's last prepare, as execute needs it: which cache and state

@@ -22,8 +22,7 @@
 // refused without writing O, NOT_SUPPORTED for what the kernel lacks, and
 // ATTN_CUDA_DECODE_STAGES refused unless 2 or 3, ATTN_CUDA_DECODE_KERNEL
 // refused unless auto, sm80 or sm90-bulk, ATTN_CUDA_DECODE_SPLIT unless
-// auto, waves or balanced, ATTN_CUDA_DECODE_PDL and ATTN_CUDA_DECODE_L2_EVICT_FIRST
-// unless 0 or 1. The page memory is the test's,
+// auto, waves or balanced, ATTN_CUDA_DECODE_PDL unless 0 or 1. The page memory is the test's,
 // every byte 0xff (NaN) before the first append, so that slots holding no
 // token must not weigh in. Under ATTN_CUDA_DECODE_KERNEL=sm80 or sm90-bulk
 // every plan must name that kernel in describe() (sm90-bulk on sm_90+
@@ -705,9 +704,8 @@ class ScopedEnv {
 // unchanged); the accepted values are named by describe(): ATTN_CUDA_DECODE_KERNEL
 // (auto, sm80, sm90-bulk: the kernel), ATTN_CUDA_DECODE_SPLIT (auto, waves,
 // balanced: "-balanced" in the algorithm of an automatic split, not of a
-// fixed one), ATTN_CUDA_DECODE_PDL (0, 1: "-pdl" on sm_90+) and
-// ATTN_CUDA_DECODE_L2_EVICT_FIRST (0, 1: "-ef" where the bulk kernel runs).
-// The variables are restored after.
+// fixed one) and ATTN_CUDA_DECODE_PDL (0, 1: "-pdl" on sm_90+). The
+// variables are restored after.
 void kernel_env_case() {
   if (!selected("kernel env")) return;
   CacheShape cs;
@@ -778,14 +776,7 @@ void kernel_env_case() {
     ok = ok && (std::strstr(pi.kernel, "-pdl") != nullptr) == (v[0] == '1' && major >= 9);
   }
 
-  refused("ATTN_CUDA_DECODE_L2_EVICT_FIRST", "yes");
-  for (const char* v : {"0", "1"}) {
-    const attn_decode_plan_info_t pi = described("ATTN_CUDA_DECODE_L2_EVICT_FIRST", v, 0);
-    const bool bulk = std::strncmp(pi.kernel, "cuda-sm90-bulk-paged", 20) == 0;
-    ok = ok && (std::strstr(pi.kernel, "-ef") != nullptr) == (v[0] == '1' && bulk);
-  }
-
-  std::printf("%-58s %s (%s%s)\n", "kernel env: KERNEL, SPLIT, PDL, L2_EVICT_FIRST refused, named",
+  std::printf("%-58s %s (%s%s)\n", "kernel env: KERNEL, SPLIT, PDL refused and named",
               ok ? "ok" : "FAIL", messages.c_str(), names.c_str());
   if (!ok) ++g_failures;
   attn_kv_cache_destroy(cache);
