@@ -344,7 +344,20 @@ class CudaRingPlan final : public RingBackendPlan {
       pack_kv(a.k, a.v, b.kv[0], stream);
       if (prof.on()) prof.mark(stream, -1, -1, RingPiece::prologue);
       for (int32_t t = 0; t < s_.size; ++t) {
-        backward_step(a, b, t, x, in_flight, kv_cur, dkv_cur);
+        if (t + 1 < s_.size) {
+          x = {b.kv[kv_cur], b.kv[1 - kv_cur], kv_bytes_,
+               s_.tag(ATTN_PASS_BACKWARD, t, Traffic::kv)};
+          tr_->start(x, a.stream);
+          in_flight = true;
+        }
+        for (size_t i = 0; i < blocks_[size_t(t)].size(); ++i)
+          backward_block(a, b, t, i, b.kv[kv_cur], b.dkv[dkv_cur]);
+        if (in_flight) {
+          in_flight = false;
+          tr_->finish(x, a.stream);
+          if (prof.on()) prof.mark(stream, t, -1, RingPiece::wait_kv);
+          kv_cur = 1 - kv_cur;
+        }
         if (s_.size > 1) {  // the accumulators follow their K/V, then go home
           x = {b.dkv[dkv_cur], b.dkv[1 - dkv_cur], dkv_bytes_,
                s_.tag(ATTN_PASS_BACKWARD, t, Traffic::dkv)};
@@ -410,7 +423,20 @@ class CudaRingPlan final : public RingBackendPlan {
       tr_->finish(x, a.stream);
       if (prof.on()) prof.mark(stream, 0, -1, RingPiece::wait_kv);
       for (int32_t t = 1; t < s_.size; ++t) {
-        backward_step(a, b, t, x, in_flight, kv_cur, dkv_cur);
+        if (t + 1 < s_.size) {
+          x = {b.kv[kv_cur], b.kv[1 - kv_cur], kv_bytes_,
+               s_.tag(ATTN_PASS_BACKWARD, t, Traffic::kv)};
+          tr_->start(x, a.stream);
+          in_flight = true;
+        }
+        for (size_t i = 0; i < blocks_[size_t(t)].size(); ++i)
+          backward_block(a, b, t, i, b.kv[kv_cur], b.dkv[dkv_cur]);
+        if (in_flight) {
+          in_flight = false;
+          tr_->finish(x, a.stream);
+          if (prof.on()) prof.mark(stream, t, -1, RingPiece::wait_kv);
+          kv_cur = 1 - kv_cur;
+        }
         x = {b.dkv[dkv_cur], b.dkv[1 - dkv_cur], dkv_bytes_,
              s_.tag(ATTN_PASS_BACKWARD, t, Traffic::dkv)};
         tr_->start(x, a.stream);
@@ -439,28 +465,6 @@ class CudaRingPlan final : public RingBackendPlan {
     store_output(a.dk, b.dkv_own, k_, map_k(), a.stream);
     store_output(a.dv, b.dkv_own + k_.elements(), v_, map_k(), a.stream);
     if (prof.on()) prof.mark(stream, -1, -1, RingPiece::epilogue);
-  }
-
-  // Step t's K/V part, shared by both backwards: the next K/V exchange
-  // goes out (but after the last step), the step's blocks run on the K/V
-  // held (kv[kv_cur]) into the travelling accumulator (dkv[dkv_cur]), then
-  // the stream waits for the exchange and the buffers swap. x and in_flight
-  // tell the caller's failure path what is in flight.
-  void backward_step(const BackwardArgs& a, const BackwardBuffers& b, int32_t t, Exchange& x,
-                     bool& in_flight, int& kv_cur, int dkv_cur) const {
-    if (t + 1 < s_.size) {
-      x = {b.kv[kv_cur], b.kv[1 - kv_cur], kv_bytes_, s_.tag(ATTN_PASS_BACKWARD, t, Traffic::kv)};
-      tr_->start(x, a.stream);
-      in_flight = true;
-    }
-    for (size_t i = 0; i < blocks_[size_t(t)].size(); ++i)
-      backward_block(a, b, t, i, b.kv[kv_cur], b.dkv[dkv_cur]);
-    if (in_flight) {
-      in_flight = false;
-      tr_->finish(x, a.stream);
-      if (prof_bwd_.on()) prof_bwd_.mark(static_cast<cudaStream_t>(a.stream), t, -1, RingPiece::wait_kv);
-      kv_cur = 1 - kv_cur;
-    }
   }
 
   BackwardBuffers backward_buffers(const BackwardArgs& a) const {
