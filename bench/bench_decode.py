@@ -171,13 +171,6 @@ NO_SPLIT_VARIANTS = tuple((f"{kernel}, {stages} stages, no split",
                            {"ATTN_CUDA_DECODE_KERNEL": kernel, "ATTN_CUDA_DECODE_STAGES": stages})
                           for kernel in ("sm80", "sm90-bulk") for stages in ("2", "3"))
 
-# The bulk-copy kernel with its shared-memory segments 32 bytes apart (ATTN_CUDA_DECODE_KERNEL=sm90-bulk-pad32):
-# the automatic split, and none.
-PAD32_VARIANTS = (("sm90-bulk-pad32, 2 stages", {"ATTN_CUDA_DECODE_KERNEL": "sm90-bulk-pad32"}, 0),
-                  ("sm90-bulk-pad32, 2 stages, no split", {"ATTN_CUDA_DECODE_KERNEL": "sm90-bulk-pad32"}, -1),
-                  ("sm90-bulk-pad32, 3 stages", {"ATTN_CUDA_DECODE_KERNEL": "sm90-bulk-pad32",
-                                                 "ATTN_CUDA_DECODE_STAGES": "3"}, 0))
-
 # Fixed kv_chunk_tokens timed next to the automatic split, per (batch, context). 2736 at 4 x 64K and
 # 1328 at 1 x 128K (83 pages) are the old two-wave splits (24 and 99 chunks), now with the parallel combine.
 SPLIT_SWEEP = {(32, 8192): (-1, 4096, 2048), (4, 65536): (-1, 2736, 8192),
@@ -414,7 +407,6 @@ def main():
     rounds = args.rounds or (3 if args.quick else 7)
     variant_runs = [(label, env, 0) for label, env in VARIANTS]
     variant_runs += [(label, env, -1) for label, env in NO_SPLIT_VARIANTS]
-    variant_runs += list(PAD32_VARIANTS)
     if args.variant_match:
         wanted = [w.strip() for w in args.variant_match.split(";") if w.strip()]
         variant_runs = [r for r in variant_runs if any(w in r[0] for w in wanted)]

@@ -83,17 +83,13 @@ __device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_
 #endif
 }
 
-// Pad: elements after each segment (8: 16 bytes, every segment of a tile
-// in its own banks; 16: 32 bytes, segments s and s + 4 share banks, a
-// 2-way conflict for ldmatrix, but every copy's destination stays 32-byte
-// aligned; ATTN_CUDA_DECODE_SEG_PAD=32).
-template <int D, int S, int Pad = 8>
+template <int D, int S>
 struct BulkSmem {
   static_assert(S >= 2, "a tile in flight while one is computed");
   static constexpr int kSegRows = 8;
   static constexpr int kSegs = kTileKeys / kSegRows;
   static_assert(kSegs == 8 && kWarps * 2 == kSegRows, "8 segments; two rows of each per warp");
-  static constexpr int kSegElems = kSegRows * D + Pad;
+  static constexpr int kSegElems = kSegRows * D + 8;  // + 16 bytes: segments in distinct banks
   static constexpr int kTileElems = kSegs * kSegElems;
   static constexpr int kKvBytes = S * 2 * kTileElems * 2;
   static constexpr int kPosBytes = S * kTileKeys * 4;
@@ -112,12 +108,12 @@ struct BulkSmem {
 // (tile_base + t) % S and completes phase (tile_base + t) / S of that
 // stage's barrier (tile_base: the tiles of the block's earlier units,
 // advanced here).
-template <class T, int D, int S, int Pad>
+template <class T, int D, int S>
 __device__ __forceinline__ void decode_unit_bulk(const DecodeParams& p, const WorkUnit& u,
                                                  unsigned char* smem, int& tile_base) {
   using flash::cp_async_16;
   using flash::smem_u32;
-  using SM = BulkSmem<D, S, Pad>;
+  using SM = BulkSmem<D, S>;
   constexpr int kLdQ = SM::kLdQ;
   constexpr int kChunks = D / 8;
   constexpr uint32_t kRowBytes = D * 2;
@@ -304,11 +300,11 @@ __device__ __forceinline__ void decode_unit_bulk(const DecodeParams& p, const Wo
 // Grid and block as paged_decode_kernel. The minimum of resident blocks
 // steers ptxas' register choice: left free, at D = 64 it settles on 96
 // registers and spills.
-template <class T, int D, int S, bool kBalanced, int Pad = 8>
+template <class T, int D, int S, bool kBalanced>
 __global__ void __launch_bounds__(kThreads, D <= 64 ? 4 : 3)
     paged_decode_bulk_kernel(const DecodeParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  using SM = BulkSmem<D, S, Pad>;
+  using SM = BulkSmem<D, S>;
   extern __shared__ __align__(16) unsigned char smem[];
   uint64_t* sBar = reinterpret_cast<uint64_t*>(smem + SM::kKvBytes + SM::kPosBytes +
                                                SM::kEntryBytes + SM::kQBytes);  // [S]
@@ -321,7 +317,7 @@ __global__ void __launch_bounds__(kThreads, D <= 64 ? 4 : 3)
   mbar_init_fence();
   int tile_base = 0;
   for_each_unit<kBalanced>(
-      p, [&](const WorkUnit& u) { decode_unit_bulk<T, D, S, Pad>(p, u, smem, tile_base); });
+      p, [&](const WorkUnit& u) { decode_unit_bulk<T, D, S>(p, u, smem, tile_base); });
 #else
   __trap();  // the host launches this kernel only on devices it was built for
 #endif

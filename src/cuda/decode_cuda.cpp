@@ -122,9 +122,7 @@ int32_t decode_kernel_requested() {
   if (env == nullptr || env[0] == '\0' || std::strcmp(env, "auto") == 0) return kDecodeKernelAuto;
   if (std::strcmp(env, "sm80") == 0) return kDecodeKernelSm80;
   if (std::strcmp(env, "sm90-bulk") == 0) return kDecodeKernelSm90Bulk;
-  if (std::strcmp(env, "sm90-bulk-pad32") == 0) return kDecodeKernelSm90BulkPad32;
-  invalid_argument("ATTN_CUDA_DECODE_KERNEL must be auto, sm80, sm90-bulk or sm90-bulk-pad32, got \"",
-                   env, "\"");
+  invalid_argument("ATTN_CUDA_DECODE_KERNEL must be auto, sm80 or sm90-bulk, got \"", env, "\"");
 }
 
 bool decode_split_balanced() {
@@ -187,11 +185,11 @@ int32_t decode_check_supported(int32_t device, const kv::CacheConfig& cache, int
                     ? kDecodeKernelSm90Bulk
                     : kDecodeKernelSm80;
   int32_t kernel = kDecodeKernelSm80;
-  if ((requested == kDecodeKernelSm90Bulk || requested == kDecodeKernelSm90BulkPad32) && major >= 9) {
+  if (requested == kDecodeKernelSm90Bulk && major >= 9) {
     // Code compiled for sm_90 or later, not sm_80 PTX compiled by the driver.
     int arch = 0;
     if (decode_kernels_available(DecodeKernel::kSm90Bulk, &arch) == cudaSuccess && arch >= 90)
-      kernel = requested;
+      kernel = kDecodeKernelSm90Bulk;
     else
       (void)cudaGetLastError();
   }

@@ -21,10 +21,6 @@ struct KernelChoice {
 };
 template <class T, int D, int S>
 KernelChoice kernel_of(DecodeKernel variant, bool balanced) {
-  if (variant == DecodeKernel::kSm90BulkPad32)
-    return {balanced ? decode::paged_decode_bulk_kernel<T, D, S, true, 16>
-                     : decode::paged_decode_bulk_kernel<T, D, S, false, 16>,
-            decode::BulkSmem<D, S, 16>::kBytes};
   if (variant == DecodeKernel::kSm90Bulk)
     return {balanced ? decode::paged_decode_bulk_kernel<T, D, S, true>
                      : decode::paged_decode_bulk_kernel<T, D, S, false>,

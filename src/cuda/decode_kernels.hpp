@@ -12,7 +12,7 @@ namespace attn::cuda {
 
 // The decode kernel's variants: cp.async 16-byte copies from every thread
 // (sm_80+), or bulk copies completing on mbarriers (sm_90+ code only).
-enum class DecodeKernel { kSm80CpAsync = 0, kSm90Bulk = 1, kSm90BulkPad32 = 2 };
+enum class DecodeKernel { kSm80CpAsync = 0, kSm90Bulk = 1 };
 
 // cudaSuccess when this build has code of `variant` for the current
 // device; *virtual_arch (when not null) then receives the virtual

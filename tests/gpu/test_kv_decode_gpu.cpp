@@ -702,7 +702,7 @@ class ScopedEnv {
 // The tuning variables of the decode kernel: a value outside each one's set
 // is refused at plan creation (INVALID_ARGUMENT, message naming it, *plan
 // unchanged); the accepted values are named by describe(): ATTN_CUDA_DECODE_KERNEL
-// (auto, sm80, sm90-bulk, sm90-bulk-pad32: the kernel), ATTN_CUDA_DECODE_SPLIT (auto, waves,
+// (auto, sm80, sm90-bulk: the kernel), ATTN_CUDA_DECODE_SPLIT (auto, waves,
 // balanced: "-balanced" in the algorithm of an automatic split, not of a
 // fixed one) and ATTN_CUDA_DECODE_PDL (0, 1: "-pdl" on sm_90+). The
 // variables are restored after.
@@ -753,10 +753,8 @@ void kernel_env_case() {
 
   refused("ATTN_CUDA_DECODE_KERNEL", "sm91");
   const char* bulk_name = major >= 9 ? "cuda-sm90-bulk-paged" : "cuda-sm80-mma-paged";
-  const char* bulk32_name = major >= 9 ? "cuda-sm90-bulk32-paged" : "cuda-sm80-mma-paged";
   for (const auto& [value, kernel] : {std::pair<const char*, const char*>{"sm80", "cuda-sm80-mma-paged"},
-                                      {"sm90-bulk", bulk_name},
-                                      {"sm90-bulk-pad32", bulk32_name}}) {
+                                      {"sm90-bulk", bulk_name}}) {
     const attn_decode_plan_info_t pi = described("ATTN_CUDA_DECODE_KERNEL", value, 0);
     ok = ok && std::strncmp(pi.kernel, kernel, std::strlen(kernel)) == 0;
   }
@@ -795,13 +793,10 @@ int main() {
   g_quick = quick != nullptr && quick[0] == '1';
   g_filter = std::getenv("ATTN_GPU_TEST_FILTER");
   const char* forced = std::getenv("ATTN_CUDA_DECODE_KERNEL");
-  if (forced != nullptr && std::strncmp(forced, "sm90-bulk", 9) == 0) {
+  if (forced != nullptr && std::strcmp(forced, "sm90-bulk") == 0) {
     int major = 0;
     GPU_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
-    const bool pad32 = std::strcmp(forced, "sm90-bulk-pad32") == 0;
-    g_expect_kernel = major < 9 ? "cuda-sm80-mma-paged"
-                      : pad32   ? "cuda-sm90-bulk32-paged"
-                                : "cuda-sm90-bulk-paged";
+    g_expect_kernel = major >= 9 ? "cuda-sm90-bulk-paged" : "cuda-sm80-mma-paged";
   } else if (forced != nullptr && std::strcmp(forced, "sm80") == 0) {
     g_expect_kernel = "cuda-sm80-mma-paged";
   }
