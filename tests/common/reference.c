@@ -209,57 +209,70 @@ static void row_output(const ref_problem *p, int64_t b, int64_t hk, int64_t i, i
   }
 }
 
+/* The fp64 scratch of one (sequence, query head) at a time, sized for the
+ * longest sequences. */
+typedef struct fp64_scratch {
+  double *z;       /* [lq][lk] logits (-inf where masked) */
+  double *prob;    /* [lq][lk] */
+  double *row_lse; /* [lq] */
+  double *oi;      /* [dv] one output row */
+} fp64_scratch;
+
+static void fp64_alloc(const ref_problem *p, fp64_scratch *w) {
+  const size_t mq = (size_t)max_lq(p), mk = (size_t)max_lk(p);
+  w->z = (double *)ref_alloc(sizeof(double) * mq * mk);
+  w->prob = (double *)ref_alloc(sizeof(double) * mq * mk);
+  w->row_lse = (double *)ref_alloc(sizeof(double) * mq);
+  w->oi = (double *)ref_alloc(sizeof(double) * (size_t)p->head_dim_v);
+}
+
+static void fp64_free(fp64_scratch *w) {
+  free(w->z);
+  free(w->prob);
+  free(w->row_lse);
+  free(w->oi);
+}
+
 double ref_max_abs_logit(const ref_problem *p, const double *q, const double *k) {
-  const int64_t mq = max_lq(p), mk = max_lk(p);
-  double *z = (double *)ref_alloc(sizeof(double) * (size_t)(mq * mk));
-  double *prob = (double *)ref_alloc(sizeof(double) * (size_t)(mq * mk));
-  double *row_lse = (double *)ref_alloc(sizeof(double) * (size_t)mq);
+  fp64_scratch sc;
   double zmax = 0.0;
   int64_t b, h, e;
+  fp64_alloc(p, &sc);
   for (b = 0; b < p->batch; ++b)
     for (h = 0; h < p->heads_q; ++h) {
-      scores_fp64(p, b, h, q, k, z, prob, row_lse);
+      scores_fp64(p, b, h, q, k, sc.z, sc.prob, sc.row_lse);
       for (e = 0; e < ref_lq(p, b) * ref_lk(p, b); ++e)
-        if (z[e] != -INFINITY && fabs(z[e]) > zmax) zmax = fabs(z[e]);
+        if (sc.z[e] != -INFINITY && fabs(sc.z[e]) > zmax) zmax = fabs(sc.z[e]);
     }
-  free(z);
-  free(prob);
-  free(row_lse);
+  fp64_free(&sc);
   return zmax;
 }
 
 void ref_forward(const ref_problem *p, const double *q, const double *k, const double *v,
                  double *o, double *lse) {
-  const int64_t mq = max_lq(p), mk = max_lk(p);
-  double *z = (double *)ref_alloc(sizeof(double) * (size_t)(mq * mk));
-  double *prob = (double *)ref_alloc(sizeof(double) * (size_t)(mq * mk));
-  double *row_lse = (double *)ref_alloc(sizeof(double) * (size_t)mq);
+  fp64_scratch sc;
   int64_t b, h, i;
+  fp64_alloc(p, &sc);
   for (b = 0; b < p->batch; ++b) {
     const int64_t lq = ref_lq(p, b), lk = ref_lk(p, b);
     for (h = 0; h < p->heads_q; ++h) {
       const int64_t hk = h / group_size(p);
-      scores_fp64(p, b, h, q, k, z, prob, row_lse);
+      scores_fp64(p, b, h, q, k, sc.z, sc.prob, sc.row_lse);
       for (i = 0; i < lq; ++i) {
-        row_output(p, b, hk, i, lk, prob, v, o + ref_offset(p, &p->o, 1, b, i, h));
-        if (lse != NULL) lse[ref_lse_index(p, b, h, i)] = row_lse[i];
+        row_output(p, b, hk, i, lk, sc.prob, v, o + ref_offset(p, &p->o, 1, b, i, h));
+        if (lse != NULL) lse[ref_lse_index(p, b, h, i)] = sc.row_lse[i];
       }
     }
   }
-  free(z);
-  free(prob);
-  free(row_lse);
+  fp64_free(&sc);
 }
 
 void ref_backward(const ref_problem *p, const double *q, const double *k, const double *v,
                   const double *d_o, double *dq, double *dk, double *dv) {
-  const int64_t mq = max_lq(p), mk = max_lk(p);
   const int64_t dqk = p->head_dim_qk, dvd = p->head_dim_v;
-  double *z = (double *)ref_alloc(sizeof(double) * (size_t)(mq * mk));
-  double *prob = (double *)ref_alloc(sizeof(double) * (size_t)(mq * mk));
-  double *row_lse = (double *)ref_alloc(sizeof(double) * (size_t)mq);
-  double *oi = (double *)ref_alloc(sizeof(double) * (size_t)dvd);
+  fp64_scratch sc;
   int64_t b, h, hk, i, j, c;
+  fp64_alloc(p, &sc);
 
   for (b = 0; b < p->batch; ++b) {
     const int64_t lq = ref_lq(p, b), lk = ref_lk(p, b);
@@ -273,15 +286,15 @@ void ref_backward(const ref_problem *p, const double *q, const double *k, const 
     }
     for (h = 0; h < p->heads_q; ++h) {
       hk = h / group_size(p);
-      scores_fp64(p, b, h, q, k, z, prob, row_lse);
+      scores_fp64(p, b, h, q, k, sc.z, sc.prob, sc.row_lse);
       for (i = 0; i < lq; ++i) {
         const double *qi = q + ref_offset(p, &p->q, 1, b, i, h);
         const double *doi = d_o + ref_offset(p, &p->d_o, 1, b, i, h);
         double *dqi = dq + ref_offset(p, &p->dq, 1, b, i, h);
         double delta = 0.0;
         /* O_i, then D_i = dO_i . O_i */
-        row_output(p, b, hk, i, lk, prob, v, oi);
-        for (c = 0; c < dvd; ++c) delta += doi[c] * oi[c];
+        row_output(p, b, hk, i, lk, sc.prob, v, sc.oi);
+        for (c = 0; c < dvd; ++c) delta += doi[c] * sc.oi[c];
         for (c = 0; c < dqk; ++c) dqi[c] = 0.0;
 
         for (j = 0; j < lk; ++j) {
@@ -289,13 +302,13 @@ void ref_backward(const ref_problem *p, const double *q, const double *k, const 
           const double *vj = v + ref_offset(p, &p->v, 0, b, j, hk);
           double *dkj = dk + ref_offset(p, &p->dk, 0, b, j, hk);
           double *dvj = dv + ref_offset(p, &p->dv, 0, b, j, hk);
-          const double pij = prob[i * lk + j];
+          const double pij = sc.prob[i * lk + j];
           double dp = 0.0, du;
-          if (z[i * lk + j] == -INFINITY) continue; /* masked: no gradient */
+          if (sc.z[i * lk + j] == -INFINITY) continue; /* masked: no gradient */
           for (c = 0; c < dvd; ++c) dp += doi[c] * vj[c];
           du = pij * (dp - delta); /* dL/dz */
           if (p->softcap > 0.0) {
-            const double t = z[i * lk + j] / p->softcap;
+            const double t = sc.z[i * lk + j] / p->softcap;
             du *= 1.0 - t * t; /* dz/du of cap * tanh(u / cap) */
           }
           du *= p->scale; /* u = scale * q.k */
@@ -308,22 +321,16 @@ void ref_backward(const ref_problem *p, const double *q, const double *k, const 
       }
     }
   }
-  free(z);
-  free(prob);
-  free(row_lse);
-  free(oi);
+  fp64_free(&sc);
 }
 
 void ref_backward_o_rounding_floor(const ref_problem *p, double u, const double *q,
                                    const double *k, const double *v, const double *d_o,
                                    double *floor_dq, double *floor_dk) {
-  const int64_t mq = max_lq(p), mk = max_lk(p);
   const int64_t dqk = p->head_dim_qk, dvd = p->head_dim_v;
-  double *z = (double *)ref_alloc(sizeof(double) * (size_t)(mq * mk));
-  double *prob = (double *)ref_alloc(sizeof(double) * (size_t)(mq * mk));
-  double *row_lse = (double *)ref_alloc(sizeof(double) * (size_t)mq);
-  double *oi = (double *)ref_alloc(sizeof(double) * (size_t)dvd);
+  fp64_scratch sc;
   int64_t b, h, hk, i, j, c;
+  fp64_alloc(p, &sc);
   for (b = 0; b < p->batch; ++b) {
     const int64_t lq = ref_lq(p, b), lk = ref_lk(p, b);
     /* floor_dk first holds sums of squares over the rows */
@@ -334,23 +341,23 @@ void ref_backward_o_rounding_floor(const ref_problem *p, double u, const double 
       }
     for (h = 0; h < p->heads_q; ++h) {
       hk = h / group_size(p);
-      scores_fp64(p, b, h, q, k, z, prob, row_lse);
+      scores_fp64(p, b, h, q, k, sc.z, sc.prob, sc.row_lse);
       for (i = 0; i < lq; ++i) {
         const double *qi = q + ref_offset(p, &p->q, 1, b, i, h);
         const double *doi = d_o + ref_offset(p, &p->d_o, 1, b, i, h);
         double *fq = floor_dq + ref_offset(p, &p->dq, 1, b, i, h);
         double e = 0.0;
-        row_output(p, b, hk, i, lk, prob, v, oi);
-        for (c = 0; c < dvd; ++c) e += doi[c] * oi[c] * doi[c] * oi[c];
+        row_output(p, b, hk, i, lk, sc.prob, v, sc.oi);
+        for (c = 0; c < dvd; ++c) e += doi[c] * sc.oi[c] * doi[c] * sc.oi[c];
         e = 2.0 * u * sqrt(e); /* E_i */
         for (c = 0; c < dqk; ++c) fq[c] = 0.0;
         for (j = 0; j < lk; ++j) {
           const double *kj = k + ref_offset(p, &p->k, 0, b, j, hk);
           double *fk = floor_dk + ref_offset(p, &p->dk, 0, b, j, hk);
-          double w = prob[i * lk + j] * e * p->scale;
+          double w = sc.prob[i * lk + j] * e * p->scale;
           if (w == 0.0) continue;
           if (p->softcap > 0.0) {
-            const double t = z[i * lk + j] / p->softcap;
+            const double t = sc.z[i * lk + j] / p->softcap;
             w *= 1.0 - t * t;
           }
           for (c = 0; c < dqk; ++c) {
@@ -367,10 +374,7 @@ void ref_backward_o_rounding_floor(const ref_problem *p, double u, const double 
         for (c = 0; c < dqk; ++c) fk[c] = sqrt(fk[c]);
       }
   }
-  free(z);
-  free(prob);
-  free(row_lse);
-  free(oi);
+  fp64_free(&sc);
 }
 
 /* ------------------------------------------------------------------------ */
