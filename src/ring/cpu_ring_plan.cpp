@@ -215,26 +215,16 @@ class CpuRingPlan final : public RingBackendPlan {
     bool in_flight = false;
     try {
       int cur = 0;
-      for (int32_t t = 0; t < n_; ++t) {
-        if (t + 1 < n_) {
-          x = {kv[cur], kv[1 - cur], kv_bytes_, tag(ATTN_PASS_FORWARD, t, Traffic::kv)};
-          tr_->start(x, a.stream);
-          in_flight = true;
-        }
-        unpack_kv(kv[cur], kf, vf);
-        for (const Block& blk : blocks_[size_t(t)]) {
-          const int32_t qc = blk.q_chunk, kc = blk.kv_chunk;
-          blk.plan->forward(ForwardArgs{qf + chunk_offset(q_, qc), kf + chunk_offset(k_, kc),
-                                        vf + chunk_offset(v_, kc), o_part + chunk_offset(o_, qc),
-                                        lse_part, sub_ws, a.stream});
-          merge_block(o_acc, lse_acc, o_part, lse_part, blk.q_chunk);
-        }
-        if (in_flight) {
-          in_flight = false;
-          tr_->finish(x, a.stream);
-          cur = 1 - cur;
-        }
-      }
+      for (int32_t t = 0; t < n_; ++t)
+        kv_step(ATTN_PASS_FORWARD, t, kv, cur, x, in_flight, kf, vf, a.stream, [&] {
+          for (const Block& blk : blocks_[size_t(t)]) {
+            const int32_t qc = blk.q_chunk, kc = blk.kv_chunk;
+            blk.plan->forward(ForwardArgs{qf + chunk_offset(q_, qc), kf + chunk_offset(k_, kc),
+                                          vf + chunk_offset(v_, kc), o_part + chunk_offset(o_, qc),
+                                          lse_part, sub_ws, a.stream});
+            merge_block(o_acc, lse_acc, o_part, lse_part, blk.q_chunk);
+          }
+        });
     } catch (...) {
       fail_group(in_flight ? &x : nullptr, a.stream);
       throw;
@@ -254,15 +244,11 @@ class CpuRingPlan final : public RingBackendPlan {
     float* of = floats(ws, bwd_.of);
     float* dof = floats(ws, bwd_.dof);
     float* dq_acc = floats(ws, bwd_.dq_acc);
-    float* dq_part = floats(ws, bwd_.dq_part);
     float* lse_c = floats(ws, bwd_.lse_chunks);
     float* kf = floats(ws, bwd_.kf);
     float* vf = floats(ws, bwd_.vf);
-    float* dk_part = floats(ws, bwd_.dk_part);
-    float* dv_part = floats(ws, bwd_.dv_part);
     char* kv[2] = {ws + bwd_.kv[0], ws + bwd_.kv[1]};
     float* dkv[2] = {floats(ws, bwd_.dkv[0]), floats(ws, bwd_.dkv[1])};
-    void* sub_ws = ws + bwd_.sub;
     const int64_t nk = k_.elements(), nv = v_.elements();
 
     tr_->check_usable();
@@ -286,30 +272,10 @@ class CpuRingPlan final : public RingBackendPlan {
     int kv_cur = 0, dkv_cur = 0;
     try {
       for (int32_t t = 0; t < n_; ++t) {
-        if (t + 1 < n_) {
-          x = {kv[kv_cur], kv[1 - kv_cur], kv_bytes_, tag(ATTN_PASS_BACKWARD, t, Traffic::kv)};
-          tr_->start(x, a.stream);
-          in_flight = true;
-        }
-        unpack_kv(kv[kv_cur], kf, vf);
-        float* dk_acc = dkv[dkv_cur];
-        float* dv_acc = dkv[dkv_cur] + nk;
-        for (const Block& blk : blocks_[size_t(t)]) {
-          const int32_t qc = blk.q_chunk, kc = blk.kv_chunk;
-          blk.plan->backward(BackwardArgs{
-              qf + chunk_offset(q_, qc), kf + chunk_offset(k_, kc), vf + chunk_offset(v_, kc),
-              of + chunk_offset(o_, qc), lse_c + qc * g_.heads_q * q_.rows(),
-              dof + chunk_offset(o_, qc), dq_part + chunk_offset(q_, qc),
-              dk_part + chunk_offset(k_, kc), dv_part + chunk_offset(v_, kc), sub_ws, a.stream});
-          add_chunk(dq_acc, dq_part, q_, qc);
-          add_chunk(dk_acc, dk_part, k_, kc);
-          add_chunk(dv_acc, dv_part, v_, kc);
-        }
-        if (in_flight) {
-          in_flight = false;
-          tr_->finish(x, a.stream);
-          kv_cur = 1 - kv_cur;
-        }
+        kv_step(ATTN_PASS_BACKWARD, t, kv, kv_cur, x, in_flight, kf, vf, a.stream, [&] {
+          for (size_t i = 0; i < blocks_[size_t(t)].size(); ++i)
+            backward_block(a, t, i, dkv[dkv_cur]);
+        });
         // The accumulators follow their K/V; after the last step they go
         // home (rank r then receives its own shard's).
         if (n_ > 1) {
@@ -334,6 +300,27 @@ class CpuRingPlan final : public RingBackendPlan {
     int32_t q_chunk, kv_chunk;  // local chunk indices
     const BackendPlan* plan;
   };
+
+  // Step t of a pass on the K/V in kv[cur]: posts their send to the next
+  // rank (unless t is the last step), unpacks them into kf, vf, runs
+  // compute, then waits for the exchange and flips cur to the K/V received.
+  // x and in_flight stay the caller's, for its fail_group on a throw.
+  template <class Compute>
+  void kv_step(attn_pass_t pass, int32_t t, char* const kv[2], int& cur, Exchange& x,
+               bool& in_flight, float* kf, float* vf, void* stream, Compute&& compute) const {
+    if (t + 1 < n_) {
+      x = {kv[cur], kv[1 - cur], kv_bytes_, tag(pass, t, Traffic::kv)};
+      tr_->start(x, stream);
+      in_flight = true;
+    }
+    unpack_kv(kv[cur], kf, vf);
+    compute();
+    if (in_flight) {
+      in_flight = false;
+      tr_->finish(x, stream);
+      cur = 1 - cur;
+    }
+  }
 
   // Block i of step t on the K/V in kf, vf: its dense backward, then dQ
   // into the local sum and dK, dV into dkv (dK then dV).
@@ -385,19 +372,10 @@ class CpuRingPlan final : public RingBackendPlan {
       in_flight = false;
       tr_->finish(x, a.stream);
       for (int32_t t = 1; t < n_; ++t) {
-        if (t + 1 < n_) {
-          x = {kv[kv_cur], kv[1 - kv_cur], kv_bytes_, tag(ATTN_PASS_BACKWARD, t, Traffic::kv)};
-          tr_->start(x, a.stream);
-          in_flight = true;
-        }
-        unpack_kv(kv[kv_cur], kf, vf);
-        for (size_t i = 0; i < blocks_[size_t(t)].size(); ++i)
-          backward_block(a, t, i, dkv[dkv_cur]);
-        if (in_flight) {
-          in_flight = false;
-          tr_->finish(x, a.stream);
-          kv_cur = 1 - kv_cur;
-        }
+        kv_step(ATTN_PASS_BACKWARD, t, kv, kv_cur, x, in_flight, kf, vf, a.stream, [&] {
+          for (size_t i = 0; i < blocks_[size_t(t)].size(); ++i)
+            backward_block(a, t, i, dkv[dkv_cur]);
+        });
         x = {dkv[dkv_cur], dkv[1 - dkv_cur], dkv_bytes_, tag(ATTN_PASS_BACKWARD, t, Traffic::dkv)};
         tr_->start(x, a.stream);
         dkv_cur = 1 - dkv_cur;
