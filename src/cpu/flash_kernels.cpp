@@ -19,6 +19,7 @@
 #include <cstring>
 #include <limits>
 #include <numeric>
+#include <type_traits>
 
 #include "attn_config.h"
 #include "core/dtype.hpp"
@@ -365,6 +366,18 @@ void pack_kv_tile(const KernelPlan& kp, const void* k, const void* v, const Unit
 // schedule, or the window's range filtered by the MoBA selection.
 enum class Mode { dense, block, moba };
 
+// Calls item(mode) with the plan's Mode as a compile-time constant
+// (std::integral_constant), so that item can pick the kernel instance.
+template <class Item>
+void with_mode(const KernelPlan& kp, Item&& item) {
+  if (kp.sparse)
+    item(std::integral_constant<Mode, Mode::block>{});
+  else if (kp.problem->moba_block > 0)
+    item(std::integral_constant<Mode, Mode::moba>{});
+  else
+    item(std::integral_constant<Mode, Mode::dense>{});
+}
+
 // The three helpers below stand for blocks the kernels would otherwise
 // repeat; they are always inlined, so that each kernel compiles as if the
 // block were written in place.
@@ -531,12 +544,9 @@ void forward(const KernelPlan& kp, const ForwardArgs& a) {
 #pragma omp for schedule(dynamic, 1)
     for (int64_t w = 0; w < items; ++w) {
       const Unit& u = kp.q_units[size_t(w / p.heads_q)];
-      if (kp.sparse)
-        forward_item<Mode::block>(kp, a, ws, u, w % p.heads_q, scratch);
-      else if (p.moba_block > 0)
-        forward_item<Mode::moba>(kp, a, ws, u, w % p.heads_q, scratch);
-      else
-        forward_item<Mode::dense>(kp, a, ws, u, w % p.heads_q, scratch);
+      with_mode(kp, [&](auto mode) {
+        forward_item<decltype(mode)::value>(kp, a, ws, u, w % p.heads_q, scratch);
+      });
     }
   }
 }
@@ -754,22 +764,16 @@ void backward(const KernelPlan& kp, const BackwardArgs& a) {
 #pragma omp for schedule(dynamic, 1)
     for (int64_t w = 0; w < kv_items; ++w) {
       const Unit& u = kp.kv_units[size_t(w / p.heads_kv)];
-      if (kp.sparse)
-        backward_dkdv_item<Mode::block>(kp, a, ws, delta, u, w % p.heads_kv, scratch);
-      else if (p.moba_block > 0)
-        backward_dkdv_item<Mode::moba>(kp, a, ws, delta, u, w % p.heads_kv, scratch);
-      else
-        backward_dkdv_item<Mode::dense>(kp, a, ws, delta, u, w % p.heads_kv, scratch);
+      with_mode(kp, [&](auto mode) {
+        backward_dkdv_item<decltype(mode)::value>(kp, a, ws, delta, u, w % p.heads_kv, scratch);
+      });
     }
 #pragma omp for schedule(dynamic, 1)
     for (int64_t w = 0; w < q_items; ++w) {
       const Unit& u = kp.q_units[size_t(w / p.heads_q)];
-      if (kp.sparse)
-        backward_dq_item<Mode::block>(kp, a, ws, delta, u, w % p.heads_q, scratch);
-      else if (p.moba_block > 0)
-        backward_dq_item<Mode::moba>(kp, a, ws, delta, u, w % p.heads_q, scratch);
-      else
-        backward_dq_item<Mode::dense>(kp, a, ws, delta, u, w % p.heads_q, scratch);
+      with_mode(kp, [&](auto mode) {
+        backward_dq_item<decltype(mode)::value>(kp, a, ws, delta, u, w % p.heads_q, scratch);
+      });
     }
   }
 }
