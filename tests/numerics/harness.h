@@ -101,6 +101,24 @@ typedef struct nc_case {
   int qk_integers;
 } nc_case;
 
+/* Shorthands for the case tables of the tests. */
+#define FP32 ATTN_DTYPE_FP32
+#define FP16 ATTN_DTYPE_FP16
+#define BF16 ATTN_DTYPE_BF16
+#define BSHD ATTN_LAYOUT_BSHD
+#define BHSD ATTN_LAYOUT_BHSD
+#define NONE ATTN_MASK_NONE
+#define CAUSAL ATTN_MASK_CAUSAL
+#define WINDOW ATTN_MASK_WINDOW
+#define WIN(l, r) .mask = WINDOW, .left = (l), .right = (r)
+/* The sizes of a fixed-length case, and of a varlen one. */
+#define NC_SHAPE(b, hq, hkv, lq, lk, dqk_, dv_) \
+  .batch = (b), .heads_q = (hq), .heads_kv = (hkv), .seqlen_q = (lq), .seqlen_kv = (lk), \
+  .dqk = (dqk_), .dv = (dv_)
+#define NC_VARLEN(b, hq, hkv, lens_q_, lens_kv_, dqk_, dv_) \
+  .batch = (b), .heads_q = (hq), .heads_kv = (hkv), .lens_q = (lens_q_), .lens_kv = (lens_kv_), \
+  .dqk = (dqk_), .dv = (dv_)
+
 /* Call first in main(). When ATTN_CPU_ISA names a kernel variant, checks
  * that plans run it: returns 77 (meson's "skipped") when plan creation
  * reports NOT_SUPPORTED for it, 1 on an unexpected error, else 0. */

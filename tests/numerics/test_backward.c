@@ -8,21 +8,9 @@
 
 #include "harness.h"
 
-#define FP32 ATTN_DTYPE_FP32
-#define FP16 ATTN_DTYPE_FP16
-#define BF16 ATTN_DTYPE_BF16
-#define BSHD ATTN_LAYOUT_BSHD
-#define BHSD ATTN_LAYOUT_BHSD
-#define CAUSAL ATTN_MASK_CAUSAL
-#define WINDOW ATTN_MASK_WINDOW
-
-#define SHAPE(b, hq, hkv, lq, lk, dqk_, dv_) \
-  .batch = (b), .heads_q = (hq), .heads_kv = (hkv), .seqlen_q = (lq), .seqlen_kv = (lk), \
-  .dqk = (dqk_), .dv = (dv_), .backward = 1
-#define VARLEN(b, hq, hkv, lens_q_, lens_kv_, dqk_, dv_) \
-  .batch = (b), .heads_q = (hq), .heads_kv = (hkv), .lens_q = (lens_q_), .lens_kv = (lens_kv_), \
-  .dqk = (dqk_), .dv = (dv_), .backward = 1
-#define WIN(l, r) .mask = WINDOW, .left = (l), .right = (r)
+/* Every case runs the backward pass too. */
+#define SHAPE(...) NC_SHAPE(__VA_ARGS__), .backward = 1
+#define VARLEN(...) NC_VARLEN(__VA_ARGS__), .backward = 1
 
 static const nc_case kCases[] = {
     /* --- short and odd lengths ------------------------------------------------------ */

@@ -27,13 +27,6 @@
 #include "harness.h"
 #include "testutil.h"
 
-#define FP32 ATTN_DTYPE_FP32
-#define FP16 ATTN_DTYPE_FP16
-#define BF16 ATTN_DTYPE_BF16
-#define NONE ATTN_MASK_NONE
-#define CAUSAL ATTN_MASK_CAUSAL
-#define WINDOW ATTN_MASK_WINDOW
-
 typedef enum source {
   FROM_TABLES = 0, /* attn_block_mask_set_blocks with random tables */
   FROM_DENSE = 1   /* attn_block_mask_add_dense with a random blocky matrix */
@@ -226,9 +219,7 @@ static void run_sparse(void **state) {
   free_drawn(&d);
 }
 
-#define SHAPE(b, hq, hkv, lq, lk, d) \
-  .batch = (b), .heads_q = (hq), .heads_kv = (hkv), .seqlen_q = (lq), .seqlen_kv = (lk), \
-  .dqk = (d), .dv = (d)
+#define SHAPE(b, hq, hkv, lq, lk, d) NC_SHAPE(b, hq, hkv, lq, lk, d, d)
 #define CASE(name_, dtype_, ...) \
   {.name = (name_), .dtype = (dtype_), .backward = 1, __VA_ARGS__}
 

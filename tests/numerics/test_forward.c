@@ -8,23 +8,8 @@
 
 #include "harness.h"
 
-#define FP32 ATTN_DTYPE_FP32
-#define FP16 ATTN_DTYPE_FP16
-#define BF16 ATTN_DTYPE_BF16
-#define BSHD ATTN_LAYOUT_BSHD
-#define BHSD ATTN_LAYOUT_BHSD
-#define NONE ATTN_MASK_NONE
-#define CAUSAL ATTN_MASK_CAUSAL
-#define WINDOW ATTN_MASK_WINDOW
-
-/* Shorthands for the fields every case sets. */
-#define SHAPE(b, hq, hkv, lq, lk, dqk_, dv_) \
-  .batch = (b), .heads_q = (hq), .heads_kv = (hkv), .seqlen_q = (lq), .seqlen_kv = (lk), \
-  .dqk = (dqk_), .dv = (dv_)
-#define VARLEN(b, hq, hkv, lens_q_, lens_kv_, dqk_, dv_) \
-  .batch = (b), .heads_q = (hq), .heads_kv = (hkv), .lens_q = (lens_q_), .lens_kv = (lens_kv_), \
-  .dqk = (dqk_), .dv = (dv_)
-#define WIN(l, r) .mask = WINDOW, .left = (l), .right = (r)
+#define SHAPE NC_SHAPE
+#define VARLEN NC_VARLEN
 
 static const nc_case kCases[] = {
     /* --- lengths 1 and 7, square and not ------------------------------------- */

@@ -14,9 +14,7 @@
 
 #include "harness.h"
 
-#define SHAPE(b, hq, hkv, lq, lk, d) \
-  .batch = (b), .heads_q = (hq), .heads_kv = (hkv), .seqlen_q = (lq), .seqlen_kv = (lk), \
-  .dqk = (d), .dv = (d)
+#define SHAPE(b, hq, hkv, lq, lk, d) NC_SHAPE(b, hq, hkv, lq, lk, d, d)
 #define MOBA(block, k, shared) \
   .mask = ATTN_MASK_CAUSAL, .moba_block = (block), .moba_top_k = (k), .moba_shared = (shared), \
   .qk_integers = 1, .scale = 0.1f, .backward = 1
