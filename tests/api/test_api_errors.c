@@ -589,6 +589,13 @@ static void test_plan_desc_setter_ranges(void **state) {
 
 #define POISON_PLAN(pl) ((pl) = (attn_plan_t)(void *)(uintptr_t)0xA5A5A5A0u)
 #define EXPECT_PLAN_UNTOUCHED(pl) assert_ptr_equal((void *)(pl), (void *)(uintptr_t)0xA5A5A5A0u)
+/* d makes a plan (created, then destroyed). */
+#define EXPECT_PLAN_CREATES(d) \
+  do { \
+    attn_plan_t created_; \
+    EXPECT_OK(attn_plan_create(g_ctx, (d), &created_)); \
+    EXPECT_OK(attn_plan_destroy(created_)); \
+  } while (0)
 
 static void test_plan_create_handles(void **state) {
   prob_t p = std_prob();
@@ -643,11 +650,9 @@ static void test_plan_create_shape_and_heads(void **state) {
 
   /* GQA, MQA and a different head_dim_v are fine. */
   EXPECT_OK(attn_plan_desc_set_shape(d, 1, 8, 2, 4, 4, 8, 16));
-  EXPECT_OK(attn_plan_create(g_ctx, d, &plan));
-  EXPECT_OK(attn_plan_destroy(plan));
+  EXPECT_PLAN_CREATES(d);
   EXPECT_OK(attn_plan_desc_set_shape(d, 1, 8, 1, 4, 4, 8, 8));
-  EXPECT_OK(attn_plan_create(g_ctx, d, &plan));
-  EXPECT_OK(attn_plan_destroy(plan));
+  EXPECT_PLAN_CREATES(d);
   EXPECT_OK(attn_plan_desc_destroy(d));
 }
 
@@ -675,8 +680,7 @@ static void test_empty_rows(void **state) {
   EXPECT_PLAN_UNTOUCHED(plan);
   /* Allowed: works, for the window ... */
   EXPECT_OK(attn_plan_desc_set_allow_empty_rows(d, 1));
-  EXPECT_OK(attn_plan_create(g_ctx, d, &plan));
-  EXPECT_OK(attn_plan_destroy(plan));
+  EXPECT_PLAN_CREATES(d);
   EXPECT_OK(attn_plan_desc_destroy(d));
 
   /* ... and for causal, checked on the outputs. */
@@ -739,8 +743,7 @@ static void test_varlen_errors(void **state) {
   EXPECT_OK(attn_plan_desc_set_shape(d, 3, 4, 2, 4, 5, 8, 8));
   EXPECT_OK(attn_plan_desc_set_mask(d, ATTN_MASK_CAUSAL, -1, -1));
   EXPECT_OK(attn_plan_desc_set_varlen(d, 3, cu_q, cu_kv));
-  EXPECT_OK(attn_plan_create(g_ctx, d, &plan));
-  EXPECT_OK(attn_plan_destroy(plan));
+  EXPECT_PLAN_CREATES(d);
 
   POISON_PLAN(plan);
   /* batch of the offsets != batch of the shape */
@@ -767,8 +770,7 @@ static void test_varlen_errors(void **state) {
   EXPECT_PLAN_UNTOUCHED(plan);
   /* THD named explicitly is fine with varlen ... */
   EXPECT_OK(attn_plan_desc_set_layout(d, ATTN_LAYOUT_THD));
-  EXPECT_OK(attn_plan_create(g_ctx, d, &plan));
-  EXPECT_OK(attn_plan_destroy(plan));
+  EXPECT_PLAN_CREATES(d);
   /* ... but not without it. */
   EXPECT_OK(attn_plan_desc_set_varlen(d, 3, NULL, NULL));
   POISON_PLAN(plan);
@@ -777,8 +779,7 @@ static void test_varlen_errors(void **state) {
   EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "layout", attn_plan_create(g_ctx, d, &plan));
   EXPECT_PLAN_UNTOUCHED(plan);
   EXPECT_OK(attn_plan_desc_set_layout(d, ATTN_LAYOUT_BSHD));
-  EXPECT_OK(attn_plan_create(g_ctx, d, &plan)); /* fixed-length again */
-  EXPECT_OK(attn_plan_destroy(plan));
+  EXPECT_PLAN_CREATES(d); /* fixed-length again */
   EXPECT_OK(attn_plan_desc_destroy(d));
 
   /* Tensor overrides of a varlen plan are THD: [total_tokens, heads, dim]. */
@@ -792,8 +793,7 @@ static void test_varlen_errors(void **state) {
     EXPECT_OK(attn_tensor_desc_create(&t));
     EXPECT_OK(attn_tensor_desc_set(t, ATTN_DTYPE_FP32, 3, dims, strides));
     EXPECT_OK(attn_plan_desc_set_tensor(d, ATTN_TENSOR_Q, t));
-    EXPECT_OK(attn_plan_create(g_ctx, d, &plan));
-    EXPECT_OK(attn_plan_destroy(plan));
+    EXPECT_PLAN_CREATES(d);
     dims[0] = 8; /* not the total */
     EXPECT_OK(attn_tensor_desc_set(t, ATTN_DTYPE_FP32, 3, dims, NULL));
     EXPECT_OK(attn_plan_desc_set_tensor(d, ATTN_TENSOR_Q, t));
@@ -804,8 +804,7 @@ static void test_varlen_errors(void **state) {
     EXPECT_OK(attn_tensor_desc_set(t, ATTN_DTYPE_FP32, 3, dims, NULL));
     EXPECT_OK(attn_plan_desc_set_tensor(d, ATTN_TENSOR_Q, NULL));
     EXPECT_OK(attn_plan_desc_set_tensor(d, ATTN_TENSOR_K, t));
-    EXPECT_OK(attn_plan_create(g_ctx, d, &plan));
-    EXPECT_OK(attn_plan_destroy(plan));
+    EXPECT_PLAN_CREATES(d);
     EXPECT_OK(attn_tensor_desc_destroy(t));
   }
   EXPECT_OK(attn_plan_desc_destroy(d));
@@ -819,8 +818,7 @@ static void test_varlen_errors(void **state) {
   EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "mask", attn_plan_create(g_ctx, d, &plan));
   EXPECT_PLAN_UNTOUCHED(plan);
   EXPECT_OK(attn_plan_desc_set_allow_empty_rows(d, 1));
-  EXPECT_OK(attn_plan_create(g_ctx, d, &plan));
-  EXPECT_OK(attn_plan_destroy(plan));
+  EXPECT_PLAN_CREATES(d);
   EXPECT_OK(attn_plan_desc_destroy(d));
 }
 
@@ -855,8 +853,7 @@ static void test_tensor_override_errors(void **state) {
     strides[0] = strides[1] * dims[1];
     EXPECT_OK(attn_tensor_desc_set(t, ATTN_DTYPE_FP32, 4, dims, strides));
     EXPECT_OK(attn_plan_desc_set_tensor(d, role, t));
-    EXPECT_OK(attn_plan_create(g_ctx, d, &plan));
-    EXPECT_OK(attn_plan_destroy(plan));
+    EXPECT_PLAN_CREATES(d);
     POISON_PLAN(plan);
 
     /* wrong sequence length */
@@ -899,8 +896,7 @@ static void test_tensor_override_errors(void **state) {
 
     /* NULL restores the default strides. */
     EXPECT_OK(attn_plan_desc_set_tensor(d, role, NULL));
-    EXPECT_OK(attn_plan_create(g_ctx, d, &plan));
-    EXPECT_OK(attn_plan_destroy(plan));
+    EXPECT_PLAN_CREATES(d);
     POISON_PLAN(plan);
   }
 
@@ -913,8 +909,7 @@ static void test_tensor_override_errors(void **state) {
     dims[1] += 3;
     EXPECT_OK(attn_tensor_desc_set(t, ATTN_DTYPE_FP32, 4, dims, NULL));
     EXPECT_OK(attn_tensor_desc_destroy(t));
-    EXPECT_OK(attn_plan_create(g_ctx, d, &plan));
-    EXPECT_OK(attn_plan_destroy(plan));
+    EXPECT_PLAN_CREATES(d);
   }
   EXPECT_OK(attn_plan_desc_destroy(d));
 }
@@ -955,8 +950,7 @@ static void test_layout_thd_without_varlen(void **state) {
   EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "layout", attn_plan_create(g_ctx, d, &plan));
   EXPECT_PLAN_UNTOUCHED(plan);
   EXPECT_OK(attn_plan_desc_set_layout(d, ATTN_LAYOUT_BHSD));
-  EXPECT_OK(attn_plan_create(g_ctx, d, &plan));
-  EXPECT_OK(attn_plan_destroy(plan));
+  EXPECT_PLAN_CREATES(d);
   EXPECT_OK(attn_plan_desc_destroy(d));
 }
 
