@@ -378,16 +378,10 @@ attn_status_t attn_plan_describe(attn_plan_t plan, attn_plan_info_t* info) {
   return guarded([&] {
     const attn::Plan& p = *checked(plan, "plan").plan;
     require_out(info, "info");
-    const size_t min_size = offsetof(attn_plan_info_t, dtype);
-    if (info->struct_size < min_size)
-      invalid_argument("info->struct_size (", info->struct_size,
-                       ") is too small: set it to sizeof(attn_plan_info_t)");
+    attn::require_struct_size(info, offsetof(attn_plan_info_t, dtype), "attn_plan_info_t");
     attn_plan_info_t full;
     p.describe(full);
-    const size_t n = std::min<size_t>(size_t(info->struct_size), sizeof full);
-    const uint64_t caller_size = info->struct_size;
-    std::memcpy(info, &full, n);
-    info->struct_size = caller_size;
+    attn::copy_sized_prefix(full, info);
   });
 }
 

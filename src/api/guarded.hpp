@@ -4,6 +4,10 @@
 
 #include <attn/attn.h>
 
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
 #include <memory>
 #include <new>
 #include <string>
@@ -47,6 +51,27 @@ void create_handle(T** out) {
   auto h = std::make_unique<T>();
   register_handle(h.get(), kind_of<T>());
   *out = h.release();
+}
+
+// Size-tagged output structs (attn.h): the caller's struct_size says how
+// much of the library's struct its own version holds.
+
+// Rejects an `info` whose struct_size does not reach min_size (the end of
+// the fields every version has); type_name is the struct's C name.
+template <class Info>
+void require_struct_size(const Info* info, size_t min_size, const char* type_name) {
+  if (info->struct_size < min_size)
+    invalid_argument("info->struct_size (", info->struct_size, ") is too small: set it to sizeof(",
+                     type_name, ")");
+}
+
+// Copies the first out->struct_size bytes of full into *out, keeping the
+// caller's struct_size.
+template <class Info>
+void copy_sized_prefix(const Info& full, Info* out) {
+  const uint64_t caller_size = out->struct_size;
+  std::memcpy(out, &full, std::min<size_t>(size_t(caller_size), sizeof full));
+  out->struct_size = caller_size;
 }
 
 template <class T>

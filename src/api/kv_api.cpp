@@ -51,9 +51,7 @@ void copy_sized(const Info& full, Info* out, size_t first_end, const char* arg) 
   if (out->struct_size < first_end)
     invalid_argument(arg, "->struct_size (", out->struct_size,
                      ") is too small: set it to the sizeof of the struct");
-  const uint64_t caller = out->struct_size;
-  std::memcpy(out, &full, std::min<size_t>(size_t(caller), sizeof full));
-  out->struct_size = caller;
+  attn::copy_sized_prefix(full, out);
 }
 
 }  // namespace

@@ -132,10 +132,9 @@ attn_status_t attn_ring_plan_describe(attn_plan_t plan, attn_ring_plan_info_t* i
   return guarded([&] {
     const attn::Plan& p = *checked(plan, "plan").plan;
     require_out(info, "info");
-    const size_t min_size = offsetof(attn_ring_plan_info_t, rank);  // struct_size and layout
-    if (info->struct_size < min_size)
-      invalid_argument("info->struct_size (", info->struct_size,
-                       ") is too small: set it to sizeof(attn_ring_plan_info_t)");
+    // Every version has struct_size and layout.
+    attn::require_struct_size(info, offsetof(attn_ring_plan_info_t, rank),
+                              "attn_ring_plan_info_t");
     const attn::ring::RingFacts* f = attn::ring::ring_facts(p);
     if (f == nullptr)
       invalid_argument("plan is not a ring plan (made by attn_plan_create, not attn_ring_plan_create)");
@@ -155,9 +154,7 @@ attn_status_t attn_ring_plan_describe(attn_plan_t plan, attn_ring_plan_info_t* i
     full.blocks_skipped = f->blocks_skipped;
     full.local_visible_pairs = f->local_visible_pairs;
     std::snprintf(full.transport, sizeof full.transport, "%s", f->transport);
-    const uint64_t caller_size = info->struct_size;
-    std::memcpy(info, &full, std::min<size_t>(size_t(caller_size), sizeof full));
-    info->struct_size = caller_size;
+    attn::copy_sized_prefix(full, info);
   });
 }
 
