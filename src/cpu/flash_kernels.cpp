@@ -599,6 +599,24 @@ void apply_softcap_grad(const TileView& t, const float* s2, float* ds) {
   }
 }
 
+// The backward's recomputation on tile t: S (masked_scores), then P in s
+// and dS in ds (probabilities_and_dscores), through the softcap when there
+// is one (z keeps the logits for its chain rule). Always inlined, as the
+// helpers of the forward.
+template <Mode M>
+[[gnu::always_inline]] inline void recompute_tile(const KernelPlan& kp, const uint64_t* moba,
+                                                  int64_t b, int64_t hk, const TileView& t,
+                                                  const float* qp, const float* kt,
+                                                  const float* dop, const float* vt,
+                                                  const float* lse2, const float* delta, float* z,
+                                                  float* s, float* ds) {
+  const bool capped = t.p->softcap > 0.0f;
+  masked_scores<M>(kp, moba, b, hk, t, qp, kp.dqk_pad, kt, s);
+  if (capped) std::copy(s, s + t.m_pad * kTile, z);
+  probabilities_and_dscores(t, lse2, delta, dop, kp.dv_pad, vt, s, ds);
+  if (capped) apply_softcap_grad(t, z, ds);
+}
+
 // Packs query tile u.tile of head h (Q pre-scaled, dO) and computes D for
 // its rows.
 void backward_pack_q_tile(const KernelPlan& kp, const BackwardArgs& a, char* ws, float* delta,
@@ -643,7 +661,6 @@ void backward_dkdv_item(const KernelPlan& kp, const BackwardArgs& a, char* ws, c
   const SequenceMask mask = p.sequence_mask(b);
   const DenseTileSchedule sched(mask, kTile, kTile);
   const int64_t ldq = kp.dqk_pad, ldv = kp.dv_pad;
-  const bool capped = p.softcap > 0.0f;
 
   float* s = slice(scratch, kp.bwd.s);
   float* dp = slice(scratch, kp.bwd.dp);
@@ -673,10 +690,7 @@ void backward_dkdv_item(const KernelPlan& kp, const BackwardArgs& a, char* ws, c
       const float* qp = packed_tile(ws, kp.bwd_q, gq, h);
       const float* dop = packed_tile(ws, kp.bwd_do, gq, h);
       load_row_stats(p, a, delta, b, h, t.r0, t.m, lse2, dd);
-      masked_scores<M>(kp, moba, b, hk, t, qp, ldq, kt, s);
-      if (capped) std::copy(s, s + t.m_pad * kTile, z);
-      probabilities_and_dscores(t, lse2, dd, dop, ldv, vt, s, dp);
-      if (capped) apply_softcap_grad(t, z, dp);
+      recompute_tile<M>(kp, moba, b, hk, t, qp, kt, dop, vt, lse2, dd, z, s, dp);
       // dV += P^T dO;  dK += dS^T Qp (rescaled at the end)
       gemm<true>(t.n_pad, ldv, t.m_pad, s, 1, kTile, dop, ldv, acc_dv, ldv);
       gemm<true>(t.n_pad, ldq, t.m_pad, dp, 1, kTile, qp, ldq, acc_dk, ldq);
@@ -699,8 +713,7 @@ void backward_dq_item(const KernelPlan& kp, const BackwardArgs& a, char* ws, con
   const int64_t b = u.b, qt = u.tile, hk = h / p.group();
   const SequenceMask mask = p.sequence_mask(b);
   const DenseTileSchedule sched(mask, kTile, kTile);
-  const int64_t ldq = kp.dqk_pad, ldv = kp.dv_pad;
-  const bool capped = p.softcap > 0.0f;
+  const int64_t ldq = kp.dqk_pad;
 
   float* s = slice(scratch, kp.bwd.s);
   float* dp = slice(scratch, kp.bwd.dp);
@@ -725,10 +738,8 @@ void backward_dq_item(const KernelPlan& kp, const BackwardArgs& a, char* ws, con
     t.c0 = cr.r0, t.n = cr.m, t.n_pad = cr.m_pad;
     t.full = full;
     const int64_t gk = kp.kv_tile_base[size_t(b)] + kti;
-    masked_scores<M>(kp, moba, b, hk, t, qp, ldq, packed_tile(ws, kp.bwd_kt, gk, hk), s);
-    if (capped) std::copy(s, s + t.m_pad * kTile, z);
-    probabilities_and_dscores(t, lse2, dd, dop, ldv, packed_tile(ws, kp.bwd_vt, gk, hk), s, dp);
-    if (capped) apply_softcap_grad(t, z, dp);
+    recompute_tile<M>(kp, moba, b, hk, t, qp, packed_tile(ws, kp.bwd_kt, gk, hk), dop,
+                      packed_tile(ws, kp.bwd_vt, gk, hk), lse2, dd, z, s, dp);
     // dQ += dS K
     gemm<true>(t.m_pad, ldq, t.n_pad, dp, kTile, 1, packed_tile(ws, kp.bwd_k, gk, hk), ldq, acc_dq,
                ldq);
