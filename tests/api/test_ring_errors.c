@@ -239,6 +239,16 @@ static void test_ring_plan_create_errors(void **state) {
   EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "ATTN_RING_PROFILE",
               attn_ring_plan_create(ctx, desc, comms[0], contig, &plan));
   unsetenv("ATTN_RING_PROFILE");
+  /* They are read before the dense plan is built: where that plan would be
+   * refused too (3 query heads on 2 KV heads), the message is the option's,
+   * value included. */
+  EXPECT_OK(attn_plan_desc_set_shape(desc, B, 3, 2, 12, 12, D, D));
+  setenv("ATTN_RING_DKV_HOME", "yes", 1);
+  const attn_status_t before_plan = attn_ring_plan_create(ctx, desc, comms[0], contig, &plan);
+  unsetenv("ATTN_RING_DKV_HOME");
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "ATTN_RING_DKV_HOME", before_plan);
+  assert_non_null(strstr(attn_last_error_message(), "\"yes\""));
+  EXPECT_OK(attn_plan_desc_set_shape(desc, B, HQ, HKV, 12, 12, D, D));
 
   /* Varlen: every sequence's lengths must divide like seqlen does. Lengths
    * 6, 3, 12 cut into 3 chunks each, not 6 (zigzag over 3 ranks). */
