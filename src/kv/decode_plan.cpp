@@ -87,16 +87,19 @@ DecodePlan::DecodePlan(const ContextConfig& ctx, const CacheConfig& cache, const
   bool device_balanced_requested = false;
 #if ATTN_HAVE_CUDA
   if (on_device_) {
+    // Every tuning hook first, so that a malformed one fails the plan
+    // before any device state (the kernels' shared memory limit) changes.
     device_stages_ = cuda::decode_pipeline_stages();
     const int32_t requested = cuda::decode_kernel_requested();
     // The balanced split only replaces the automatic one.
     device_balanced_requested = cuda::decode_split_balanced() && cfg_.kv_chunk_tokens == 0;
+    const bool pdl_requested = cuda::decode_pdl_requested();
     device_kernel_ = cuda::decode_check_supported(ctx.device, cache_, cfg_.heads_q,
                                                   cfg_.max_query_tokens, device_stages_, requested,
                                                   device_balanced_requested);
     device_wave_ = cuda::decode_resident_blocks(ctx.device, cache_, device_stages_, device_kernel_,
                                                 device_balanced_requested);
-    device_pdl_ = cuda::decode_use_pdl(ctx.device);
+    device_pdl_ = cuda::decode_use_pdl(ctx.device, pdl_requested);
   }
 #else
   if (on_device_) not_supported("ctx: this build of libattn has no CUDA backend");
