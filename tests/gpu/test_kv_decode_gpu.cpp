@@ -19,7 +19,8 @@
 // changes: lengths, pages in use and the pages' contents, checked by a
 // decode afterwards), a CUDA graph of execute replayed (bit-identical, and
 // replayed again after the next prepare), stale and unprepared workspaces
-// refused without writing O, NOT_SUPPORTED for what the kernel lacks, and
+// refused without writing O, NOT_SUPPORTED for what the kernel lacks (grids
+// past CUDA's limits included), and
 // ATTN_CUDA_DECODE_STAGES refused unless 2 or 3, ATTN_CUDA_DECODE_KERNEL
 // refused unless auto, sm80 or sm90-bulk, ATTN_CUDA_DECODE_SPLIT unless
 // auto, waves or balanced, ATTN_CUDA_DECODE_PDL unless 0 or 1. The page memory is the test's,
@@ -600,12 +601,24 @@ void not_supported_case() {
   struct Bad {
     CacheShape cs;
     const char* word;
+    int64_t heads_q = 4, max_batch = 2, max_kv_tokens = 0, chunk = 0;
   };
-  std::vector<Bad> bad(2);
+  std::vector<Bad> bad(4);
   bad[0].cs.d = 96;
   bad[0].word = "head_dim";
   bad[1].cs.dtype = ATTN_DTYPE_FP32;
   bad[1].word = "fp32";
+  // Grids past CUDA's limits, refused at plan creation rather than by a
+  // launch at execute: 65536 query heads (64 groups of 1024 rows) for the
+  // combine's y, and 2^24 sequences x 4 one-page chunks x 64 KV heads =
+  // 2^32 decode blocks.
+  bad[2].cs.hkv = 64, bad[2].cs.d = 64, bad[2].cs.num_pages = 4;
+  bad[2].heads_q = 65536;
+  bad[2].word = "config->heads_q";
+  bad[3].cs.hkv = 64, bad[3].cs.d = 64, bad[3].cs.num_pages = 4;
+  bad[3].heads_q = 64, bad[3].max_batch = int64_t(1) << 24, bad[3].max_kv_tokens = 32;
+  bad[3].chunk = 16;
+  bad[3].word = "kv_chunk_tokens";
   for (const Bad& b : bad) {
     attn_context_t ctx = nullptr;
     ATTN_CHECK(attn_context_create(ATTN_BACKEND_CUDA, 0, 0, &ctx));
@@ -615,9 +628,11 @@ void not_supported_case() {
     attn_decode_config_t c;
     std::memset(&c, 0, sizeof c);
     c.struct_size = sizeof c;
-    c.heads_q = 4;
-    c.max_batch = 2;
+    c.heads_q = b.heads_q;
+    c.max_batch = b.max_batch;
     c.max_query_tokens = 1;
+    c.max_kv_tokens = b.max_kv_tokens;
+    c.kv_chunk_tokens = b.chunk;
     attn_decode_plan_t plan = reinterpret_cast<attn_decode_plan_t>(&c);  // must stay as is
     const attn_status_t st = attn_decode_plan_create(ctx, cache, &c, &plan);
     const bool ok = st == ATTN_STATUS_NOT_SUPPORTED &&
