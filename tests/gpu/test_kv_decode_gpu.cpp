@@ -647,7 +647,7 @@ void not_supported_case() {
 }
 
 // ATTN_CUDA_DECODE_STAGES other than 2 or 3 is refused at plan creation
-// (message naming it, *plan unchanged); the variable is restored after.
+// (message naming it and quoting the value, *plan unchanged); the variable is restored after.
 void stages_env_case() {
   if (!selected("stages")) return;
   const char* prev = std::getenv("ATTN_CUDA_DECODE_STAGES");
@@ -670,6 +670,7 @@ void stages_env_case() {
   const std::string msg = attn_last_error_message();
   bool ok = st == ATTN_STATUS_INVALID_ARGUMENT &&
             msg.find("ATTN_CUDA_DECODE_STAGES") != std::string::npos &&
+            msg.find("\"4\"") != std::string::npos &&
             plan == reinterpret_cast<attn_decode_plan_t>(&c);
   // 3 is accepted and named by describe().
   setenv("ATTN_CUDA_DECODE_STAGES", "3", 1);
@@ -715,8 +716,8 @@ class ScopedEnv {
 };
 
 // The tuning variables of the decode kernel: a value outside each one's set
-// is refused at plan creation (INVALID_ARGUMENT, message naming it, *plan
-// unchanged); the accepted values are named by describe(): ATTN_CUDA_DECODE_KERNEL
+// is refused at plan creation (INVALID_ARGUMENT, message naming it and
+// quoting the value, *plan unchanged); the accepted values are named by describe(): ATTN_CUDA_DECODE_KERNEL
 // (auto, sm80, sm90-bulk: the kernel), ATTN_CUDA_DECODE_SPLIT (auto, waves,
 // balanced: "-balanced" in the algorithm of an automatic split, not of a
 // fixed one) and ATTN_CUDA_DECODE_PDL (0, 1: "-pdl" on sm_90+). The
@@ -746,6 +747,7 @@ void kernel_env_case() {
     const attn_status_t st = attn_decode_plan_create(ctx, cache, &c, &plan);
     const std::string msg = attn_last_error_message();
     ok = ok && st == ATTN_STATUS_INVALID_ARGUMENT && msg.find(name) != std::string::npos &&
+         msg.find(std::string("\"") + bad + "\"") != std::string::npos &&
          plan == reinterpret_cast<attn_decode_plan_t>(&c);
     messages += msg + " | ";
   };
