@@ -1200,8 +1200,9 @@ typedef struct attn_ring_plan_info {
   int32_t exchanges_forward;  /* sends per forward: size - 1 */
   int32_t exchanges_backward; /* sends per backward: K/V size - 1 times, dK/dV size - 1
                                  times (the own shard's dK/dV stay home; 0 in all on 1
-                                 rank); dK/dV size times in a backward plan created with
-                                 ATTN_RING_DKV_HOME=0 */
+                                 rank); dK/dV size times in a plan created with
+                                 ATTN_RING_DKV_HOME=0 (a plan without a backward pass
+                                 reports what one would send) */
   int64_t local_seqlen_q;     /* positions of each sequence this rank holds
                                  (varlen: of all sequences together) */
   int64_t local_seqlen_kv;

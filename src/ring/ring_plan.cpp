@@ -111,6 +111,12 @@ std::unique_ptr<Plan> create_ring_plan(const ContextConfig& ctx, const PlanDesc&
 #endif
     default: fail(ATTN_STATUS_INTERNAL_ERROR, "context with unresolved backend");
   }
+  // attn_ring_plan_info_t::exchanges_backward says what a backward sends
+  // under the options; the backends count one dK/dV exchange fewer only
+  // where they run one, so a plan without a backward pass would report the
+  // schedule of ATTN_RING_DKV_HOME=0 while the default is the other.
+  if (options.dkv_home && !plan->problem.backward && schedule.size > 1)
+    static_cast<RingBackendPlan&>(*plan->impl).facts.exchanges_backward = 2 * schedule.size - 2;
   return plan;
 }
 

@@ -399,6 +399,27 @@ static void test_ring_describe(void **state) {
 
   EXPECT_OK(attn_plan_destroy(plans[1]));
 
+  /* A plan without a backward pass reports what a backward would send:
+   * the default's count, and with ATTN_RING_DKV_HOME=0 one more. */
+  {
+    attn_plan_desc_t fwd_desc = make_desc(16, ATTN_MASK_CAUSAL, ATTN_PASSES_FORWARD);
+    for (int home = 1; home >= 0; --home) {
+      if (!home) setenv("ATTN_RING_DKV_HOME", "0", 1);
+      for (int r = 0; r < 2; ++r)
+        EXPECT_OK(attn_ring_plan_create(ctx, fwd_desc, comms[r], ATTN_RING_LAYOUT_ZIGZAG, &plans[r]));
+      unsetenv("ATTN_RING_DKV_HOME");
+      for (int r = 0; r < 2; ++r) {
+        poison(&info, sizeof info);
+        info.struct_size = sizeof info;
+        EXPECT_OK(attn_ring_plan_describe(plans[r], &info));
+        assert_int_equal(info.exchanges_forward, 1);
+        assert_int_equal(info.exchanges_backward, home ? 2 : 3);
+        EXPECT_OK(attn_plan_destroy(plans[r]));
+      }
+    }
+    EXPECT_OK(attn_plan_desc_destroy(fwd_desc));
+  }
+
   /* ATTN_RING_DKV_HOME=0: every shard's dK/dV go round, one exchange more. */
   setenv("ATTN_RING_DKV_HOME", "0", 1);
   for (int r = 0; r < 2; ++r)
