@@ -1004,8 +1004,12 @@ typedef struct attn_decode_step_info {
  * the work queued before the last prepare's copies on its stream is done.
  * A CUDA graph that captured attn_decode_execute may be replayed after
  * each prepare into the same workspace (same plan, cache, Q/O/LSE
- * pointers, a batch within the plan's limits): the kernels' launch shape
- * depends only on the plan. Returns SUCCESS, INVALID_HANDLE, INVALID_ARGUMENT
+ * pointers, a batch within the plan's limits): under capture the kernels'
+ * launch shape depends only on the plan. Outside capture, execute launches
+ * exactly the blocks of the workspace's last prepare on the host, so the
+ * device must then read that prepare's metadata: order a later prepare
+ * into the same workspace after the executes of the earlier one (the same
+ * stream does). Returns SUCCESS, INVALID_HANDLE, INVALID_ARGUMENT
  * (num_seqs outside 1 .. max_batch, NULL arrays, unknown id, query_lens out
  * of range, a cache configured differently from the plan's, more visible
  * keys than max_kv_tokens, keys the queries need were evicted),
