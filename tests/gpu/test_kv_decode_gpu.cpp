@@ -18,7 +18,8 @@
 // device (copy-on-write of a shared partial page), CAPACITY (nothing
 // changes: lengths, pages in use and the pages' contents, checked by a
 // decode afterwards), a CUDA graph of execute replayed (bit-identical, and
-// replayed again after the next prepare), stale and unprepared workspaces
+// replayed again after the next prepare; one captured after a prepare of a
+// single unit replayed after one of many), stale and unprepared workspaces
 // refused without writing O, NOT_SUPPORTED for what the kernel lacks (grids
 // past CUDA's limits included), and
 // ATTN_CUDA_DECODE_STAGES refused unless 2 or 3, ATTN_CUDA_DECODE_KERNEL
@@ -568,6 +569,42 @@ void graph_case() {
   poison(h, s);
   GPU_CHECK(cudaGraphLaunch(exec, h.stream));
   check(h, s, o, fetch(h, s), "graph: replay after the next step's prepare");
+
+  // A graph captured after a prepare of one short sequence (one work unit,
+  // nothing split), replayed after a prepare of all three: the capture must
+  // launch the plan's largest grid and the combine, not the blocks of the
+  // prepare before it (which a direct execute launches). The replay above
+  // would not show that: its prepare has the captured one's units.
+  {
+    Step t;
+    t.ids = ids;
+    t.qlens = {1, 1, 1};
+    make_step(h, plan, o.hq, t);  // Q, O and LSE for all three
+    t.ids = {6};
+    t.qlens = {1};
+    const attn_decode_step_info_t one = prepare(h, plan, t);
+    cudaGraph_t graph_one = nullptr;
+    cudaGraphExec_t exec_one = nullptr;
+    GPU_CHECK(cudaStreamBeginCapture(h.stream, cudaStreamCaptureModeThreadLocal));
+    execute(h, plan, t);
+    GPU_CHECK(cudaStreamEndCapture(h.stream, &graph_one));
+    GPU_CHECK(cudaGraphInstantiate(&exec_one, graph_one, 0));
+    t.ids = ids;
+    t.qlens = {1, 1, 1};
+    const attn_decode_step_info_t all = prepare(h, plan, t);
+    poison(h, t);
+    GPU_CHECK(cudaGraphLaunch(exec_one, h.stream));
+    const bool grows = one.num_work_units == 1 && one.split_sequences == 0 &&
+                       all.num_work_units > 1;
+    std::printf("%-58s %s (%" PRId64 " unit(s) captured, %" PRId64 " replayed, %" PRId64
+                " split)\n",
+                "graph: the replayed prepare has more units", grows ? "ok" : "FAIL",
+                one.num_work_units, all.num_work_units, all.split_sequences);
+    if (!grows) ++g_failures;
+    check(h, t, o, fetch(h, t), "graph: captured after 1 unit, replayed after all");
+    GPU_CHECK(cudaGraphExecDestroy(exec_one));
+    GPU_CHECK(cudaGraphDestroy(graph_one));
+  }
 
   // Stale metadata (the cache changed after prepare) and an unprepared
   // workspace are refused and O is not written.
