@@ -1004,8 +1004,12 @@ typedef struct attn_decode_step_info {
  * the work queued before the last prepare's copies on its stream is done.
  * A CUDA graph that captured attn_decode_execute may be replayed after
  * each prepare into the same workspace (same plan, cache, Q/O/LSE
- * pointers, a batch within the plan's limits): the kernels' launch shape
- * depends only on the plan. Returns SUCCESS, INVALID_HANDLE, INVALID_ARGUMENT
+ * pointers, a batch within the plan's limits): under capture the kernels'
+ * launch shape depends only on the plan. Outside capture, execute launches
+ * exactly the blocks of the workspace's last prepare on the host, so the
+ * device must then read that prepare's metadata: order a later prepare
+ * into the same workspace after the executes of the earlier one (the same
+ * stream does). Returns SUCCESS, INVALID_HANDLE, INVALID_ARGUMENT
  * (num_seqs outside 1 .. max_batch, NULL arrays, unknown id, query_lens out
  * of range, a cache configured differently from the plan's, more visible
  * keys than max_kv_tokens, keys the queries need were evicted),
@@ -1200,8 +1204,9 @@ typedef struct attn_ring_plan_info {
   int32_t exchanges_forward;  /* sends per forward: size - 1 */
   int32_t exchanges_backward; /* sends per backward: K/V size - 1 times, dK/dV size - 1
                                  times (the own shard's dK/dV stay home; 0 in all on 1
-                                 rank); dK/dV size times in a backward plan created with
-                                 ATTN_RING_DKV_HOME=0 */
+                                 rank); dK/dV size times in a plan created with
+                                 ATTN_RING_DKV_HOME=0 (a plan without a backward pass
+                                 reports what one would send) */
   int64_t local_seqlen_q;     /* positions of each sequence this rank holds
                                  (varlen: of all sequences together) */
   int64_t local_seqlen_kv;

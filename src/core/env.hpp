@@ -6,7 +6,9 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <optional>
+#include <string>
 
 #include "core/error.hpp"
 
@@ -33,6 +35,23 @@ inline std::optional<int> env_int(const char* name, int lo, int hi) {
   if (!digits_first || end == v || *end != '\0' || errno == ERANGE || n < lo || n > hi)
     invalid_argument(name, " must be an integer from ", lo, " to ", hi, ", got \"", v, "\"");
   return int(n);
+}
+
+// One of `choices`, written as a decimal integer; nothing when unset or
+// empty. Anything else names the choices, not a range that would suggest
+// the values between them.
+inline std::optional<int> env_int_choice(const char* name, std::initializer_list<int> choices) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || v[0] == '\0') return std::nullopt;
+  for (const int c : choices)
+    if (std::to_string(c) == v) return c;
+  std::string list;
+  size_t i = 0;
+  for (const int c : choices) {
+    list += (i == 0 ? "" : i + 1 == choices.size() ? " or " : ", ") + std::to_string(c);
+    ++i;
+  }
+  invalid_argument(name, " must be ", list, ", got \"", v, "\"");
 }
 
 }  // namespace attn

@@ -143,10 +143,7 @@ struct CudaHooks {
     h.prefetch = env_flag("ATTN_CUDA_BSPARSE_PREFETCH", false);
     h.item = env_int("ATTN_CUDA_BSPARSE_ITEM", 1, std::numeric_limits<int>::max());
     h.fwd_sm90 = env_flag("ATTN_CUDA_FWD_SM90", true);
-    h.fwd_sm90_bm = env_int("ATTN_CUDA_FWD_SM90_BM", 128, 192);
-    if (h.fwd_sm90_bm && *h.fwd_sm90_bm != 128 && *h.fwd_sm90_bm != 192)
-      invalid_argument("ATTN_CUDA_FWD_SM90_BM must be 128 or 192, got \"",
-                       std::getenv("ATTN_CUDA_FWD_SM90_BM"), "\"");
+    h.fwd_sm90_bm = env_int_choice("ATTN_CUDA_FWD_SM90_BM", {128, 192});
     h.bwd_sm90 = env_flag("ATTN_CUDA_BWD_SM90", true);
     h.bwd_sm90_sparse = env_flag("ATTN_CUDA_BWD_SM90_SPARSE", true);
     // Past the last variant: the last (the search starts there).

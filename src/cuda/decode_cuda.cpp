@@ -133,11 +133,15 @@ bool decode_split_balanced() {
   invalid_argument("ATTN_CUDA_DECODE_SPLIT must be auto, waves or balanced, got \"", env, "\"");
 }
 
-bool decode_use_pdl(int32_t device) {
+bool decode_pdl_requested() {
   // On by default: the combine's launch overlapping the decode kernel's
   // last blocks was as fast or faster in every case measured on an H200
   // (bench_decode.py --variants; 1 x 128K: 3.52 TB/s against 3.40).
-  if (!env_flag("ATTN_CUDA_DECODE_PDL", true)) return false;
+  return env_flag("ATTN_CUDA_DECODE_PDL", true);
+}
+
+bool decode_use_pdl(int32_t device, bool requested) {
+  if (!requested) return false;
   DeviceScope scope(device);
   int major = 0;
   check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device),

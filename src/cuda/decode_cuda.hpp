@@ -58,11 +58,15 @@ int32_t decode_kernel_requested();
 // values are an invalid argument.
 bool decode_split_balanced();
 
+// Whether ATTN_CUDA_DECODE_PDL (a tuning hook, read at plan creation)
+// lets the combine kernel use programmatic dependent launch: "1", unset or
+// empty: yes; "0": no; other values are an invalid argument.
+bool decode_pdl_requested();
+
 // Whether the combine kernel is launched with programmatic dependent
-// launch on `device`: on an sm_90+ device unless ATTN_CUDA_DECODE_PDL (a
-// tuning hook, read at plan creation) is "0"; "1", unset or empty: yes;
-// other values are an invalid argument.
-bool decode_use_pdl(int32_t device);
+// launch on `device`: where `requested` (decode_pdl_requested), on an
+// sm_90+ device.
+bool decode_use_pdl(int32_t device, bool requested);
 
 // Throws NOT_SUPPORTED (naming the feature) when the decode kernels cannot
 // serve a cache so configured with `heads_q` query heads and up to

@@ -1,6 +1,7 @@
 #include "kv/decode_plan.hpp"
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <cstddef>
 #include <cstdio>
@@ -87,16 +88,19 @@ DecodePlan::DecodePlan(const ContextConfig& ctx, const CacheConfig& cache, const
   bool device_balanced_requested = false;
 #if ATTN_HAVE_CUDA
   if (on_device_) {
+    // Every tuning hook first, so that a malformed one fails the plan
+    // before any device state (the kernels' shared memory limit) changes.
     device_stages_ = cuda::decode_pipeline_stages();
     const int32_t requested = cuda::decode_kernel_requested();
     // The balanced split only replaces the automatic one.
     device_balanced_requested = cuda::decode_split_balanced() && cfg_.kv_chunk_tokens == 0;
+    const bool pdl_requested = cuda::decode_pdl_requested();
     device_kernel_ = cuda::decode_check_supported(ctx.device, cache_, cfg_.heads_q,
                                                   cfg_.max_query_tokens, device_stages_, requested,
                                                   device_balanced_requested);
     device_wave_ = cuda::decode_resident_blocks(ctx.device, cache_, device_stages_, device_kernel_,
                                                 device_balanced_requested);
-    device_pdl_ = cuda::decode_use_pdl(ctx.device);
+    device_pdl_ = cuda::decode_use_pdl(ctx.device, pdl_requested);
   }
 #else
   if (on_device_) not_supported("ctx: this build of libattn has no CUDA backend");
@@ -135,6 +139,22 @@ DecodePlan::DecodePlan(const ContextConfig& ctx, const CacheConfig& cache, const
   } else {
     max_units_ = cfg_.max_batch;
     max_partials_ = 0;
+  }
+  if (on_device_) {
+    // The CUDA grids at their largest (under graph capture every execute
+    // launches them so): the decode kernel's x is (block slot, KV head)
+    // flattened, at most 2^31 - 1; the combine's y the query heads, at most
+    // 65535. Refused here rather than by a launch at execute.
+    const int64_t slots = device_grid_blocks();
+    if (slots > int64_t(INT32_MAX) / cache_.heads_kv)
+      not_supported("config: ", slots, " work units (max_batch ", cfg_.max_batch,
+                    ", kv_chunk_tokens ", cfg_.kv_chunk_tokens, ") x ", cache_.heads_kv,
+                    " KV heads exceed the CUDA decode grid's 2^31 - 1 blocks; use a larger ",
+                    "kv_chunk_tokens or a smaller max_batch");
+    if (max_partials_ > 0 && cfg_.heads_q > 65535)
+      not_supported("config->heads_q: the CUDA combine kernel of a plan that may split takes ",
+                    "at most 65535 query heads, got ", cfg_.heads_q,
+                    " (kv_chunk_tokens -1 never splits)");
   }
 
   // The workspace in double first: limits whose sizes do not fit are

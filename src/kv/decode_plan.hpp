@@ -74,8 +74,9 @@ struct DecodeWorkspace {
   SeqMeta* seqs;
   PageEntry* entries;
   WorkUnit* units;
-  // CUDA, balanced split: block b of the decode grid runs units
-  // [block_units[b], block_units[b + 1]) ([device_blocks + 1]; null else).
+  // CUDA, balanced split: the blocks of slot b of the decode grid (one per
+  // KV head and row tile) run units [block_units[b], block_units[b + 1])
+  // ([device_grid_blocks() + 1]; null else).
   int32_t* block_units;
   float* partial_o;    // [slot][max_query_tokens][heads_q][head_dim_v]
   float* partial_lse;  // [slot][max_query_tokens][heads_q]
@@ -120,7 +121,8 @@ class DecodePlan {
   // CUDA: the combine kernel launched with programmatic dependent launch
   // (ATTN_CUDA_DECODE_PDL=1 on sm_90+).
   bool device_pdl() const { return device_pdl_; }
-  // The decode grid's x dimension (blocks past the prepared work return).
+  // Block slots of the decode grid at its largest (the grid's x is slots x
+  // heads_kv, see decode_launch; slots past the prepared work return).
   int64_t device_grid_blocks() const {
     return device_blocks_ > 0 ? std::max(device_blocks_, cfg_.max_batch) : max_units_;
   }

@@ -79,6 +79,9 @@ std::unique_ptr<Plan> create_ring_plan(const ContextConfig& ctx, const PlanDesc&
                     "the strides set for tensor ", tensor_role_name(attn_tensor_role_t(r)),
                     " (attn_plan_desc_set_tensor) are not supported");
   RingSchedule::check_lengths(desc, transport->size(), layout);
+  // Before the dense plan is built: a malformed option fails with nothing
+  // made (and names the variable, not whatever the plan would reject).
+  const RingOptions options = options_from_env();
 
   // The global problem, validated as a dense plan would be (shapes, GQA,
   // empty rows, what the backend supports); its backend binding is then
@@ -86,7 +89,6 @@ std::unique_ptr<Plan> create_ring_plan(const ContextConfig& ctx, const PlanDesc&
   std::unique_ptr<Plan> plan = create_plan(ctx, desc);
   RingSchedule schedule =
       RingSchedule::build(plan->problem, transport->rank(), transport->size(), layout);
-  const RingOptions options = options_from_env();
   // The order of the backward's exchanges depends on dkv_home: ranks must agree on it too
   // where it applies (a backward over 2 or more ranks). (Tags derive from the fingerprint,
   // so both ranks' tags change alike.)
@@ -109,6 +111,12 @@ std::unique_ptr<Plan> create_ring_plan(const ContextConfig& ctx, const PlanDesc&
 #endif
     default: fail(ATTN_STATUS_INTERNAL_ERROR, "context with unresolved backend");
   }
+  // attn_ring_plan_info_t::exchanges_backward says what a backward sends
+  // under the options; the backends count one dK/dV exchange fewer only
+  // where they run one, so a plan without a backward pass would report the
+  // schedule of ATTN_RING_DKV_HOME=0 while the default is the other.
+  if (options.dkv_home && !plan->problem.backward && schedule.size > 1)
+    static_cast<RingBackendPlan&>(*plan->impl).facts.exchanges_backward = 2 * schedule.size - 2;
   return plan;
 }
 

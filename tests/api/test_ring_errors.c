@@ -239,6 +239,16 @@ static void test_ring_plan_create_errors(void **state) {
   EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "ATTN_RING_PROFILE",
               attn_ring_plan_create(ctx, desc, comms[0], contig, &plan));
   unsetenv("ATTN_RING_PROFILE");
+  /* They are read before the dense plan is built: where that plan would be
+   * refused too (3 query heads on 2 KV heads), the message is the option's,
+   * value included. */
+  EXPECT_OK(attn_plan_desc_set_shape(desc, B, 3, 2, 12, 12, D, D));
+  setenv("ATTN_RING_DKV_HOME", "yes", 1);
+  const attn_status_t before_plan = attn_ring_plan_create(ctx, desc, comms[0], contig, &plan);
+  unsetenv("ATTN_RING_DKV_HOME");
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "ATTN_RING_DKV_HOME", before_plan);
+  assert_non_null(strstr(attn_last_error_message(), "\"yes\""));
+  EXPECT_OK(attn_plan_desc_set_shape(desc, B, HQ, HKV, 12, 12, D, D));
 
   /* Varlen: every sequence's lengths must divide like seqlen does. Lengths
    * 6, 3, 12 cut into 3 chunks each, not 6 (zigzag over 3 ranks). */
@@ -388,6 +398,27 @@ static void test_ring_describe(void **state) {
   EXPECT_FAIL(ATTN_STATUS_INVALID_HANDLE, "plan", attn_ring_plan_describe(plans[0], &info));
 
   EXPECT_OK(attn_plan_destroy(plans[1]));
+
+  /* A plan without a backward pass reports what a backward would send:
+   * the default's count, and with ATTN_RING_DKV_HOME=0 one more. */
+  {
+    attn_plan_desc_t fwd_desc = make_desc(16, ATTN_MASK_CAUSAL, ATTN_PASSES_FORWARD);
+    for (int home = 1; home >= 0; --home) {
+      if (!home) setenv("ATTN_RING_DKV_HOME", "0", 1);
+      for (int r = 0; r < 2; ++r)
+        EXPECT_OK(attn_ring_plan_create(ctx, fwd_desc, comms[r], ATTN_RING_LAYOUT_ZIGZAG, &plans[r]));
+      unsetenv("ATTN_RING_DKV_HOME");
+      for (int r = 0; r < 2; ++r) {
+        poison(&info, sizeof info);
+        info.struct_size = sizeof info;
+        EXPECT_OK(attn_ring_plan_describe(plans[r], &info));
+        assert_int_equal(info.exchanges_forward, 1);
+        assert_int_equal(info.exchanges_backward, home ? 2 : 3);
+        EXPECT_OK(attn_plan_destroy(plans[r]));
+      }
+    }
+    EXPECT_OK(attn_plan_desc_destroy(fwd_desc));
+  }
 
   /* ATTN_RING_DKV_HOME=0: every shard's dK/dV go round, one exchange more. */
   setenv("ATTN_RING_DKV_HOME", "0", 1);

@@ -615,7 +615,8 @@ int main() {
   g_sm90_bwd_sparse = prop.major == 9 && prop.minor == 0 &&
                       !(bwd_sparse_env && std::strcmp(bwd_sparse_env, "0") == 0) &&
                       !(bwd_sm90_env && std::strcmp(bwd_sm90_env, "0") == 0) &&
-                      std::getenv("ATTN_CUDA_BWD_VARIANT") == nullptr;
+                      !(std::getenv("ATTN_CUDA_BWD_VARIANT") &&  // empty: unset (core/env.hpp)
+                        std::getenv("ATTN_CUDA_BWD_VARIANT")[0] != '\0');
   std::printf("d = 64/128 dK/dV expected on the %s block-sparse kernel\n",
               g_sm90_bwd_sparse ? "sm_90a (wgmma)" : "sm_80");
 

@@ -18,8 +18,10 @@
 // device (copy-on-write of a shared partial page), CAPACITY (nothing
 // changes: lengths, pages in use and the pages' contents, checked by a
 // decode afterwards), a CUDA graph of execute replayed (bit-identical, and
-// replayed again after the next prepare), stale and unprepared workspaces
-// refused without writing O, NOT_SUPPORTED for what the kernel lacks, and
+// replayed again after the next prepare; one captured after a prepare of a
+// single unit replayed after one of many), stale and unprepared workspaces
+// refused without writing O, NOT_SUPPORTED for what the kernel lacks (grids
+// past CUDA's limits included), and
 // ATTN_CUDA_DECODE_STAGES refused unless 2 or 3, ATTN_CUDA_DECODE_KERNEL
 // refused unless auto, sm80 or sm90-bulk, ATTN_CUDA_DECODE_SPLIT unless
 // auto, waves or balanced, ATTN_CUDA_DECODE_PDL unless 0 or 1. The page memory is the test's,
@@ -568,6 +570,42 @@ void graph_case() {
   GPU_CHECK(cudaGraphLaunch(exec, h.stream));
   check(h, s, o, fetch(h, s), "graph: replay after the next step's prepare");
 
+  // A graph captured after a prepare of one short sequence (one work unit,
+  // nothing split), replayed after a prepare of all three: the capture must
+  // launch the plan's largest grid and the combine, not the blocks of the
+  // prepare before it (which a direct execute launches). The replay above
+  // would not show that: its prepare has the captured one's units.
+  {
+    Step t;
+    t.ids = ids;
+    t.qlens = {1, 1, 1};
+    make_step(h, plan, o.hq, t);  // Q, O and LSE for all three
+    t.ids = {6};
+    t.qlens = {1};
+    const attn_decode_step_info_t one = prepare(h, plan, t);
+    cudaGraph_t graph_one = nullptr;
+    cudaGraphExec_t exec_one = nullptr;
+    GPU_CHECK(cudaStreamBeginCapture(h.stream, cudaStreamCaptureModeThreadLocal));
+    execute(h, plan, t);
+    GPU_CHECK(cudaStreamEndCapture(h.stream, &graph_one));
+    GPU_CHECK(cudaGraphInstantiate(&exec_one, graph_one, 0));
+    t.ids = ids;
+    t.qlens = {1, 1, 1};
+    const attn_decode_step_info_t all = prepare(h, plan, t);
+    poison(h, t);
+    GPU_CHECK(cudaGraphLaunch(exec_one, h.stream));
+    const bool grows = one.num_work_units == 1 && one.split_sequences == 0 &&
+                       all.num_work_units > 1;
+    std::printf("%-58s %s (%" PRId64 " unit(s) captured, %" PRId64 " replayed, %" PRId64
+                " split)\n",
+                "graph: the replayed prepare has more units", grows ? "ok" : "FAIL",
+                one.num_work_units, all.num_work_units, all.split_sequences);
+    if (!grows) ++g_failures;
+    check(h, t, o, fetch(h, t), "graph: captured after 1 unit, replayed after all");
+    GPU_CHECK(cudaGraphExecDestroy(exec_one));
+    GPU_CHECK(cudaGraphDestroy(graph_one));
+  }
+
   // Stale metadata (the cache changed after prepare) and an unprepared
   // workspace are refused and O is not written.
   ATTN_CHECK(h.append(ids, {1, 1, 1}));
@@ -600,12 +638,24 @@ void not_supported_case() {
   struct Bad {
     CacheShape cs;
     const char* word;
+    int64_t heads_q = 4, max_batch = 2, max_kv_tokens = 0, chunk = 0;
   };
-  std::vector<Bad> bad(2);
+  std::vector<Bad> bad(4);
   bad[0].cs.d = 96;
   bad[0].word = "head_dim";
   bad[1].cs.dtype = ATTN_DTYPE_FP32;
   bad[1].word = "fp32";
+  // Grids past CUDA's limits, refused at plan creation rather than by a
+  // launch at execute: 65536 query heads (64 groups of 1024 rows) for the
+  // combine's y, and 2^24 sequences x 4 one-page chunks x 64 KV heads =
+  // 2^32 decode blocks.
+  bad[2].cs.hkv = 64, bad[2].cs.d = 64, bad[2].cs.num_pages = 4;
+  bad[2].heads_q = 65536;
+  bad[2].word = "config->heads_q";
+  bad[3].cs.hkv = 64, bad[3].cs.d = 64, bad[3].cs.num_pages = 4;
+  bad[3].heads_q = 64, bad[3].max_batch = int64_t(1) << 24, bad[3].max_kv_tokens = 32;
+  bad[3].chunk = 16;
+  bad[3].word = "kv_chunk_tokens";
   for (const Bad& b : bad) {
     attn_context_t ctx = nullptr;
     ATTN_CHECK(attn_context_create(ATTN_BACKEND_CUDA, 0, 0, &ctx));
@@ -615,9 +665,11 @@ void not_supported_case() {
     attn_decode_config_t c;
     std::memset(&c, 0, sizeof c);
     c.struct_size = sizeof c;
-    c.heads_q = 4;
-    c.max_batch = 2;
+    c.heads_q = b.heads_q;
+    c.max_batch = b.max_batch;
     c.max_query_tokens = 1;
+    c.max_kv_tokens = b.max_kv_tokens;
+    c.kv_chunk_tokens = b.chunk;
     attn_decode_plan_t plan = reinterpret_cast<attn_decode_plan_t>(&c);  // must stay as is
     const attn_status_t st = attn_decode_plan_create(ctx, cache, &c, &plan);
     const bool ok = st == ATTN_STATUS_NOT_SUPPORTED &&
@@ -632,7 +684,7 @@ void not_supported_case() {
 }
 
 // ATTN_CUDA_DECODE_STAGES other than 2 or 3 is refused at plan creation
-// (message naming it, *plan unchanged); the variable is restored after.
+// (message naming it and quoting the value, *plan unchanged); the variable is restored after.
 void stages_env_case() {
   if (!selected("stages")) return;
   const char* prev = std::getenv("ATTN_CUDA_DECODE_STAGES");
@@ -655,6 +707,7 @@ void stages_env_case() {
   const std::string msg = attn_last_error_message();
   bool ok = st == ATTN_STATUS_INVALID_ARGUMENT &&
             msg.find("ATTN_CUDA_DECODE_STAGES") != std::string::npos &&
+            msg.find("\"4\"") != std::string::npos &&
             plan == reinterpret_cast<attn_decode_plan_t>(&c);
   // 3 is accepted and named by describe().
   setenv("ATTN_CUDA_DECODE_STAGES", "3", 1);
@@ -700,8 +753,8 @@ class ScopedEnv {
 };
 
 // The tuning variables of the decode kernel: a value outside each one's set
-// is refused at plan creation (INVALID_ARGUMENT, message naming it, *plan
-// unchanged); the accepted values are named by describe(): ATTN_CUDA_DECODE_KERNEL
+// is refused at plan creation (INVALID_ARGUMENT, message naming it and
+// quoting the value, *plan unchanged); the accepted values are named by describe(): ATTN_CUDA_DECODE_KERNEL
 // (auto, sm80, sm90-bulk: the kernel), ATTN_CUDA_DECODE_SPLIT (auto, waves,
 // balanced: "-balanced" in the algorithm of an automatic split, not of a
 // fixed one) and ATTN_CUDA_DECODE_PDL (0, 1: "-pdl" on sm_90+). The
@@ -731,6 +784,7 @@ void kernel_env_case() {
     const attn_status_t st = attn_decode_plan_create(ctx, cache, &c, &plan);
     const std::string msg = attn_last_error_message();
     ok = ok && st == ATTN_STATUS_INVALID_ARGUMENT && msg.find(name) != std::string::npos &&
+         msg.find(std::string("\"") + bad + "\"") != std::string::npos &&
          plan == reinterpret_cast<attn_decode_plan_t>(&c);
     messages += msg + " | ";
   };
