@@ -683,51 +683,6 @@ void not_supported_case() {
   }
 }
 
-// ATTN_CUDA_DECODE_STAGES other than 2 or 3 is refused at plan creation
-// (message naming it and quoting the value, *plan unchanged); the variable is restored after.
-void stages_env_case() {
-  if (!selected("stages")) return;
-  const char* prev = std::getenv("ATTN_CUDA_DECODE_STAGES");
-  const std::string saved = prev != nullptr ? prev : "";
-  CacheShape cs;
-  attn_context_t ctx = nullptr;
-  ATTN_CHECK(attn_context_create(ATTN_BACKEND_CUDA, 0, 0, &ctx));
-  const attn_kv_cache_config_t cfg = cache_config(cs);
-  attn_kv_cache_t cache = nullptr;
-  ATTN_CHECK(attn_kv_cache_create(ctx, &cfg, nullptr, 0, &cache));
-  attn_decode_config_t c;
-  std::memset(&c, 0, sizeof c);
-  c.struct_size = sizeof c;
-  c.heads_q = 4;
-  c.max_batch = 2;
-  c.max_query_tokens = 1;
-  setenv("ATTN_CUDA_DECODE_STAGES", "4", 1);
-  attn_decode_plan_t plan = reinterpret_cast<attn_decode_plan_t>(&c);  // must stay as is
-  const attn_status_t st = attn_decode_plan_create(ctx, cache, &c, &plan);
-  const std::string msg = attn_last_error_message();
-  bool ok = st == ATTN_STATUS_INVALID_ARGUMENT &&
-            msg.find("ATTN_CUDA_DECODE_STAGES") != std::string::npos &&
-            msg.find("\"4\"") != std::string::npos &&
-            plan == reinterpret_cast<attn_decode_plan_t>(&c);
-  // 3 is accepted and named by describe().
-  setenv("ATTN_CUDA_DECODE_STAGES", "3", 1);
-  attn_decode_plan_t plan3 = nullptr;
-  ATTN_CHECK(attn_decode_plan_create(ctx, cache, &c, &plan3));
-  attn_decode_plan_info_t pi;
-  std::memset(&pi, 0, sizeof pi);
-  pi.struct_size = sizeof pi;
-  ATTN_CHECK(attn_decode_plan_describe(plan3, &pi));
-  ok = ok && std::strstr(pi.kernel, "-s3") != nullptr;
-  attn_decode_plan_destroy(plan3);
-  if (prev != nullptr) setenv("ATTN_CUDA_DECODE_STAGES", saved.c_str(), 1);
-  else unsetenv("ATTN_CUDA_DECODE_STAGES");
-  std::printf("%-58s %s (%s; %s)\n", "stages: ATTN_CUDA_DECODE_STAGES=4 refused, 3 named",
-              ok ? "ok" : "FAIL", msg.c_str(), pi.kernel);
-  if (!ok) ++g_failures;
-  attn_kv_cache_destroy(cache);
-  attn_context_destroy(ctx);
-}
-
 // Sets (value non-null) or unsets an environment variable for a scope and
 // restores what it was.
 class ScopedEnv {
@@ -754,7 +709,8 @@ class ScopedEnv {
 
 // The tuning variables of the decode kernel: a value outside each one's set
 // is refused at plan creation (INVALID_ARGUMENT, message naming it and
-// quoting the value, *plan unchanged); the accepted values are named by describe(): ATTN_CUDA_DECODE_KERNEL
+// quoting the value, *plan unchanged); the accepted values are named by
+// describe(): ATTN_CUDA_DECODE_STAGES (2, 3: "-s3"), ATTN_CUDA_DECODE_KERNEL
 // (auto, sm80, sm90-bulk: the kernel), ATTN_CUDA_DECODE_SPLIT (auto, waves,
 // balanced: "-balanced" in the algorithm of an automatic split, not of a
 // fixed one) and ATTN_CUDA_DECODE_PDL (0, 1: "-pdl" on sm_90+). The
@@ -805,6 +761,9 @@ void kernel_env_case() {
     return pi;
   };
 
+  refused("ATTN_CUDA_DECODE_STAGES", "4");
+  ok = ok && std::strstr(described("ATTN_CUDA_DECODE_STAGES", "3", 0).kernel, "-s3") != nullptr;
+
   refused("ATTN_CUDA_DECODE_KERNEL", "sm91");
   const char* bulk_name = major >= 9 ? "cuda-sm90-bulk-paged" : "cuda-sm80-mma-paged";
   for (const auto& [value, kernel] : {std::pair<const char*, const char*>{"sm80", "cuda-sm80-mma-paged"},
@@ -830,7 +789,7 @@ void kernel_env_case() {
     ok = ok && (std::strstr(pi.kernel, "-pdl") != nullptr) == (v[0] == '1' && major >= 9);
   }
 
-  std::printf("%-58s %s (%s%s)\n", "kernel env: KERNEL, SPLIT, PDL refused and named",
+  std::printf("%-58s %s (%s%s)\n", "kernel env: STAGES, KERNEL, SPLIT, PDL refused and named",
               ok ? "ok" : "FAIL", messages.c_str(), names.c_str());
   if (!ok) ++g_failures;
   attn_kv_cache_destroy(cache);
@@ -1005,7 +964,6 @@ int main() {
   capacity_case();
   graph_case();
   not_supported_case();
-  stages_env_case();
   kernel_env_case();
   if (g_failures > 0) {
     std::printf("%d FAILED\n", g_failures);
