@@ -105,7 +105,7 @@ if [ "${GPU_CHECK_SANITIZE:-1}" != 0 ] && command -v compute-sanitizer >/dev/nul
     ATTN_CUDA_FWD_SM90_BM=128 ATTN_GPU_TEST_HEAD_DIM=64
   sanitize racecheck fwd_bm128 "$build/tests/gpu/test_flash_fwd" ATTN_CUDA_FWD_SM90_BM=128 \
     ATTN_GPU_TEST_HEAD_DIM=64 ATTN_GPU_TEST_FILTER=causal-L129
-  # Decode, on both kernel variants with the balanced split (its runs use
+  # Decode, on each kernel variant with the balanced split (its runs use
   # the split kernels, its unsplit and fixed cases the others): every case
   # with the long sequences shortened (memcheck); the long single sequence
   # (unsplit, split in ~190 chunks and automatic: the pipeline's shared
@@ -114,11 +114,11 @@ if [ "${GPU_CHECK_SANITIZE:-1}" != 0 ] && command -v compute-sanitizer >/dev/nul
   # page-1 cases (per-row bulk copies, stand-in rows) and long + short
   # sequences (several units per block).
   bin="$build/tests/gpu/test_kv_decode_gpu"
-  for kernel in sm80 sm90-bulk; do
+  for kernel in sm80 sm90-bulk sm90-tensor; do
     sanitize memcheck "decode_$kernel" "$bin" ATTN_CUDA_DECODE_KERNEL=$kernel \
       ATTN_CUDA_DECODE_SPLIT=balanced ATTN_GPU_TEST_QUICK=1
   done
-  for run in sm80:2 sm90-bulk:2 sm90-bulk:3; do
+  for run in sm80:2 sm90-bulk:2 sm90-bulk:3 sm90-tensor:2 sm90-tensor:3; do
     kernel=${run%:*} stages=${run#*:}
     sanitize racecheck "decode_${kernel}_s$stages" "$bin" ATTN_CUDA_DECODE_KERNEL=$kernel \
       ATTN_CUDA_DECODE_SPLIT=balanced ATTN_CUDA_DECODE_STAGES=$stages ATTN_GPU_TEST_QUICK=1 \
@@ -126,8 +126,16 @@ if [ "${GPU_CHECK_SANITIZE:-1}" != 0 ] && command -v compute-sanitizer >/dev/nul
   done
   sanitize racecheck decode_sm90-bulk_p1 "$bin" ATTN_CUDA_DECODE_KERNEL=sm90-bulk \
     ATTN_GPU_TEST_QUICK=1 "ATTN_GPU_TEST_FILTER= p1 d128"
-  sanitize racecheck decode_sm90-bulk_units "$bin" ATTN_CUDA_DECODE_KERNEL=sm90-bulk \
-    ATTN_CUDA_DECODE_SPLIT=balanced ATTN_GPU_TEST_QUICK=1 "ATTN_GPU_TEST_FILTER=long + short"
+  for kernel in sm90-bulk sm90-tensor; do
+    sanitize racecheck "decode_${kernel}_units" "$bin" ATTN_CUDA_DECODE_KERNEL=$kernel \
+      ATTN_CUDA_DECODE_SPLIT=balanced ATTN_GPU_TEST_QUICK=1 "ATTN_GPU_TEST_FILTER=long + short"
+  done
+  # The tensor copies on a token-major pool with several KV heads (strided
+  # rows) and on pages of 24 and 40 slots (windows, sinks).
+  sanitize racecheck decode_sm90-tensor_nhd "$bin" ATTN_CUDA_DECODE_KERNEL=sm90-tensor \
+    ATTN_GPU_TEST_QUICK=1 "ATTN_GPU_TEST_FILTER=NHD p16 d128 GQA1"
+  sanitize racecheck decode_sm90-tensor_windows "$bin" ATTN_CUDA_DECODE_KERNEL=sm90-tensor \
+    ATTN_GPU_TEST_QUICK=1 "ATTN_GPU_TEST_FILTER=sinks"
   # Block-sparse: every case (tile lists with full, masked and bit-tile
   # entries, cut dK/dV lists), on both backward paths, the second one with
   # the sm_80 forward (the first runs the sm_90a one on sm_90 devices, and

@@ -2,6 +2,8 @@
 // by the host code in src/cuda and the kernels in paged_decode.cuh).
 #pragma once
 
+#include <cuda.h>
+
 #include <cstdint>
 
 namespace attn::decode {
@@ -43,6 +45,9 @@ struct DecodeParams {
   int32_t heads_kv, pad;
   int64_t window, sinks;  // window 0: none
   float scale, softcap;   // softcap 0: off
+  // The tensor-copy kernel's views of the K and V pools (paged_decode_tma.cuh;
+  // encoded by the host per launch, unused by the other kernels).
+  CUtensorMap k_map, v_map;
 };
 
 // A run of tokens of one append that land in consecutive slots of one page.

@@ -4,6 +4,8 @@
 // The kernels are in kernels/decode, launched through decode_kernels.cu.
 #include "cuda/decode_cuda.hpp"
 
+#include <cuda.h>
+#include <cudaTypedefs.h>
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -33,6 +35,45 @@ static_assert(sizeof(decode::PageEntry) == sizeof(kv::PageEntry));
 static_assert(offsetof(decode::PageEntry, page) == offsetof(kv::PageEntry, page));
 static_assert(sizeof(decode::WorkUnit) == sizeof(kv::WorkUnit));
 static_assert(offsetof(decode::WorkUnit, partial) == offsetof(kv::WorkUnit, partial));
+
+// The driver's tensor-map encoder (through the runtime, so that the library
+// does not link libcuda itself), or null when the driver has none.
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault,
+                                         &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      (void)cudaGetLastError();
+      return PFN_cuTensorMapEncodeTiled_v12000(nullptr);
+    }
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+  }();
+  return fn;
+}
+
+// The tensor-copy kernel's view of a K or V pool (paged_decode_tma.cuh):
+// dims {head dim, page slots, KV heads, pages} with the layout's strides, a
+// box of 8 slots x 64 elements of one head and page, 128-byte swizzled;
+// coordinates outside read as zeros.
+void encode_pool_map(CUtensorMap* map, const kv::CacheConfig& cc, const void* pool) {
+  const cuuint64_t esize = cuuint64_t(dtype_size(cc.dtype));
+  const cuuint64_t dims[4] = {cuuint64_t(cc.head_dim_qk), cuuint64_t(cc.page_size),
+                              cuuint64_t(cc.heads_kv), cuuint64_t(cc.num_pages)};
+  const cuuint64_t strides[3] = {cuuint64_t(cc.slot_offset(1, 0, cc.head_dim_qk)) * esize,
+                                 cuuint64_t(cc.slot_offset(0, 1, cc.head_dim_qk)) * esize,
+                                 cuuint64_t(cc.k_page_elems()) * esize};
+  const cuuint32_t box[4] = {64, 8, 1, 1};
+  const cuuint32_t unit[4] = {1, 1, 1, 1};
+  const CUresult r = tensor_map_encoder()(
+      map, cc.dtype == ATTN_DTYPE_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+      4, const_cast<void*>(pool), dims, strides, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE,
+      CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS)
+    fail(ATTN_STATUS_INTERNAL_ERROR, "decode: cuTensorMapEncodeTiled failed (CUresult ", int(r),
+         ") for the KV pool at ", pool);
+}
 
 }  // namespace
 
@@ -122,7 +163,9 @@ int32_t decode_kernel_requested() {
   if (env == nullptr || env[0] == '\0' || std::strcmp(env, "auto") == 0) return kDecodeKernelAuto;
   if (std::strcmp(env, "sm80") == 0) return kDecodeKernelSm80;
   if (std::strcmp(env, "sm90-bulk") == 0) return kDecodeKernelSm90Bulk;
-  invalid_argument("ATTN_CUDA_DECODE_KERNEL must be auto, sm80 or sm90-bulk, got \"", env, "\"");
+  if (std::strcmp(env, "sm90-tensor") == 0) return kDecodeKernelSm90Tensor;
+  invalid_argument("ATTN_CUDA_DECODE_KERNEL must be auto, sm80, sm90-bulk or sm90-tensor, got \"",
+                   env, "\"");
 }
 
 bool decode_split_balanced() {
@@ -178,22 +221,28 @@ int32_t decode_check_supported(int32_t device, const kv::CacheConfig& cache, int
                   "; rebuild with -Dgpu_archs including its architecture");
   }
   check(e, "cudaFuncGetAttributes (decode)");
-  // The default: the bulk-copy kernel for head-major (HND) pages of a
-  // multiple of 8 tokens, where each copy moves 8 contiguous key rows;
-  // measured on an H200 it read 32 x 8K at 4.03 TB/s against the cp.async
-  // kernel's 3.70, and the same at 4 x 64K and 1 x 128K (bench_decode.py
-  // --variants); elsewhere it copies row by row and token-major (NHD) pages
-  // keep the cp.async kernel (bulk 3.34 against 3.75 TB/s there).
+  // The default: the tensor-copy kernel for pages of a multiple of 8
+  // tokens (8-row segments, either layout), else the cp.async kernel.
+  // Measured on an H200 (bench_decode.py --variants): the bulk-copy kernel
+  // read 32 x 8K at 4.03 TB/s against the cp.async kernel's 3.70, but
+  // token-major (NHD) pages with several KV heads it copies row by row
+  // (3.34 against 3.75); the tensor-copy kernel, see bench/results.
   if (requested == kDecodeKernelAuto)
-    requested = cache.layout == ATTN_KV_LAYOUT_HND && cache.page_size % 8 == 0
-                    ? kDecodeKernelSm90Bulk
-                    : kDecodeKernelSm80;
+    requested = cache.page_size % 8 == 0 ? kDecodeKernelSm90Tensor : kDecodeKernelSm80;
+  // The tensor copies move 8-slot segments of one page: for other page
+  // sizes a request for them takes the bulk-copy kernel (describe() names
+  // the kernel that runs).
+  if (requested == kDecodeKernelSm90Tensor && cache.page_size % 8 != 0)
+    requested = kDecodeKernelSm90Bulk;
+  // The sm_90 kernels only where code compiled for sm_90 or later runs (not
+  // sm_80 PTX compiled by the driver), the tensor copies only where the
+  // driver has the tensor-map encoder; else the cp.async kernel.
   int32_t kernel = kDecodeKernelSm80;
-  if (requested == kDecodeKernelSm90Bulk && major >= 9) {
-    // Code compiled for sm_90 or later, not sm_80 PTX compiled by the driver.
+  if ((requested == kDecodeKernelSm90Bulk || requested == kDecodeKernelSm90Tensor) && major >= 9) {
     int arch = 0;
-    if (decode_kernels_available(DecodeKernel::kSm90Bulk, &arch) == cudaSuccess && arch >= 90)
-      kernel = kDecodeKernelSm90Bulk;
+    if (decode_kernels_available(DecodeKernel(requested), &arch) == cudaSuccess && arch >= 90 &&
+        (requested != kDecodeKernelSm90Tensor || tensor_map_encoder() != nullptr))
+      kernel = requested;
     else
       (void)cudaGetLastError();
   }
@@ -307,6 +356,10 @@ void decode_launch(const kv::DecodePlan& plan, const kv::KvCache& cache,
   p.sinks = cc.sink_tokens;
   p.scale = cfg.scale;
   p.softcap = cfg.softcap;
+  if (plan.device_kernel() == kDecodeKernelSm90Tensor) {
+    encode_pool_map(&p.k_map, cc, p.k_pool);
+    encode_pool_map(&p.v_map, cc, p.v_pool);
+  }
   const int row_tiles = int((cfg.max_query_tokens * plan.group() + 15) / 16);
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   check(decode_kernels_launch(p, cc.dtype == ATTN_DTYPE_BF16, int(cc.head_dim_qk),

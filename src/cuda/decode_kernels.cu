@@ -1,6 +1,6 @@
 // Instantiates and launches the paged decode kernels (fp16 and bf16, head
-// dims 64 and 128, two- and three-stage pipelines, the cp.async and the
-// sm_90 bulk-copy variants) and the KV append kernel.
+// dims 64 and 128, two- and three-stage pipelines, the cp.async, sm_90
+// bulk-copy and sm_90 tensor-copy variants) and the KV append kernel.
 #include <algorithm>
 #include <climits>
 #include <cuda_runtime.h>
@@ -8,6 +8,7 @@
 #include "cuda/decode_kernels.hpp"
 #include "decode/paged_decode.cuh"
 #include "decode/paged_decode_sm90.cuh"
+#include "decode/paged_decode_tma.cuh"
 
 namespace attn::cuda {
 namespace {
@@ -21,6 +22,10 @@ struct KernelChoice {
 };
 template <class T, int D, int S>
 KernelChoice kernel_of(DecodeKernel variant, bool balanced) {
+  if (variant == DecodeKernel::kSm90Tensor)
+    return {balanced ? decode::paged_decode_tensor_kernel<T, D, S, true>
+                     : decode::paged_decode_tensor_kernel<T, D, S, false>,
+            decode::TensorSmem<D, S>::kBytes};
   if (variant == DecodeKernel::kSm90Bulk)
     return {balanced ? decode::paged_decode_bulk_kernel<T, D, S, true>
                      : decode::paged_decode_bulk_kernel<T, D, S, false>,

@@ -11,8 +11,10 @@
 namespace attn::cuda {
 
 // The decode kernel's variants: cp.async 16-byte copies from every thread
-// (sm_80+), or bulk copies completing on mbarriers (sm_90+ code only).
-enum class DecodeKernel { kSm80CpAsync = 0, kSm90Bulk = 1 };
+// (sm_80+), bulk copies completing on mbarriers (sm_90+ code only), or
+// tensor copies of 8-row segments through tensor maps, 128-byte swizzled
+// (sm_90+ code only; page sizes that are multiples of 8).
+enum class DecodeKernel { kSm80CpAsync = 0, kSm90Bulk = 1, kSm90Tensor = 2 };
 
 // cudaSuccess when this build has code of `variant` for the current
 // device; *virtual_arch (when not null) then receives the virtual

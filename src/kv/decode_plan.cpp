@@ -467,7 +467,7 @@ int64_t DecodePlan::device_chunk_pages(int32_t num_seqs, const int32_t* query_le
   // then only adds partial states and the combine (32 x 8K on an H200, 256
   // tasks: 4.03 TB/s unsplit against 3.82 in 3 chunks).
 #if ATTN_HAVE_CUDA
-  if (device_kernel_ == cuda::kDecodeKernelSm90Bulk && 2 * items >= wave) return 0;
+  if (device_kernel_ != cuda::kDecodeKernelSm80 && 2 * items >= wave) return 0;
 #endif
   const int64_t max_chunks = std::min(2 * wave / items, max_entries / ceil_div(kMinAutoChunkTokens, ps));
   int64_t best_pages = 0;
@@ -599,7 +599,9 @@ void DecodePlan::describe(attn_decode_plan_info_t& info) const {
   const char* kernel = "cpu-scalar";
 #if ATTN_HAVE_CUDA
   if (on_device_)
-    kernel = device_kernel_ == cuda::kDecodeKernelSm90Bulk ? "cuda-sm90-bulk-paged" : "cuda-sm80-mma-paged";
+    kernel = device_kernel_ == cuda::kDecodeKernelSm90Tensor ? "cuda-sm90-tensor-paged"
+             : device_kernel_ == cuda::kDecodeKernelSm90Bulk ? "cuda-sm90-bulk-paged"
+                                                              : "cuda-sm80-mma-paged";
 #endif
   std::snprintf(info.kernel, sizeof info.kernel, "%s%s%s", kernel,
                 on_device_ && device_stages_ == 3 ? "-s3" : "", device_pdl_ && max_partials_ > 0 ? "-pdl" : "");

@@ -23,12 +23,13 @@
 // refused without writing O, NOT_SUPPORTED for what the kernel lacks (grids
 // past CUDA's limits included), and
 // ATTN_CUDA_DECODE_STAGES refused unless 2 or 3, ATTN_CUDA_DECODE_KERNEL
-// refused unless auto, sm80 or sm90-bulk, ATTN_CUDA_DECODE_SPLIT unless
+// refused unless auto, sm80, sm90-bulk or sm90-tensor, ATTN_CUDA_DECODE_SPLIT unless
 // auto, waves or balanced, ATTN_CUDA_DECODE_PDL unless 0 or 1. The page memory is the test's,
 // every byte 0xff (NaN) before the first append, so that slots holding no
-// token must not weigh in. Under ATTN_CUDA_DECODE_KERNEL=sm80 or sm90-bulk
-// every plan must name that kernel in describe() (sm90-bulk on sm_90+
-// devices; the sm_80 one before); under ATTN_CUDA_DECODE_SPLIT=balanced
+// token must not weigh in. Under ATTN_CUDA_DECODE_KERNEL=sm80, sm90-bulk or
+// sm90-tensor every plan must name that kernel in describe() (the sm_90 ones
+// on sm_90+ devices, the sm_80 one before; sm90-tensor on page sizes that
+// are multiples of 8, sm90-bulk on others); under ATTN_CUDA_DECODE_SPLIT=balanced
 // the automatic split's plans must name the balanced split.
 //
 // Tolerance (FlashAttention's rule, as the other GPU tests): max |O -
@@ -59,9 +60,11 @@ uint64_t g_seed = 0;
 int g_failures = 0;
 bool g_quick = false;
 const char* g_filter = nullptr;
-// The decode kernel every plan must name in describe(), when
-// ATTN_CUDA_DECODE_KERNEL forces one the device can run (else null).
+// The decode kernel every plan must name in describe() when
+// ATTN_CUDA_DECODE_KERNEL forces one (null: any); g_expect_kernel_p8 for
+// page sizes that are multiples of 8.
 const char* g_expect_kernel = nullptr;
+const char* g_expect_kernel_p8 = nullptr;
 // ATTN_CUDA_DECODE_SPLIT=balanced: plans of the automatic split must say
 // so in describe()'s algorithm.
 bool g_expect_balanced = false;
@@ -383,10 +386,9 @@ void decode_and_check(Harness& h, const std::vector<int64_t>& ids,
       std::memset(&pi, 0, sizeof pi);
       pi.struct_size = sizeof pi;
       ATTN_CHECK(attn_decode_plan_describe(plan, &pi));
-      if (g_expect_kernel != nullptr &&
-          std::strncmp(pi.kernel, g_expect_kernel, std::strlen(g_expect_kernel)) != 0) {
-        std::printf("  FAIL: %s: the plan runs %s, not %s\n", name.c_str(), pi.kernel,
-                    g_expect_kernel);
+      const char* expect = h.shape.page_size % 8 == 0 ? g_expect_kernel_p8 : g_expect_kernel;
+      if (expect != nullptr && std::strncmp(pi.kernel, expect, std::strlen(expect)) != 0) {
+        std::printf("  FAIL: %s: the plan runs %s, not %s\n", name.c_str(), pi.kernel, expect);
         ++g_failures;
       }
       const bool balanced = std::strstr(pi.algorithm, "-balanced") != nullptr;
@@ -711,7 +713,7 @@ class ScopedEnv {
 // is refused at plan creation (INVALID_ARGUMENT, message naming it and
 // quoting the value, *plan unchanged); the accepted values are named by
 // describe(): ATTN_CUDA_DECODE_STAGES (2, 3: "-s3"), ATTN_CUDA_DECODE_KERNEL
-// (auto, sm80, sm90-bulk: the kernel), ATTN_CUDA_DECODE_SPLIT (auto, waves,
+// (auto, sm80, sm90-bulk, sm90-tensor: the kernel), ATTN_CUDA_DECODE_SPLIT (auto, waves,
 // balanced: "-balanced" in the algorithm of an automatic split, not of a
 // fixed one) and ATTN_CUDA_DECODE_PDL (0, 1: "-pdl" on sm_90+). The
 // variables are restored after.
@@ -765,9 +767,14 @@ void kernel_env_case() {
   ok = ok && std::strstr(described("ATTN_CUDA_DECODE_STAGES", "3", 0).kernel, "-s3") != nullptr;
 
   refused("ATTN_CUDA_DECODE_KERNEL", "sm91");
+  // (The cache's pages hold 16 slots: the tensor copies apply, and are the
+  // default on sm_90+.)
   const char* bulk_name = major >= 9 ? "cuda-sm90-bulk-paged" : "cuda-sm80-mma-paged";
+  const char* tensor_name = major >= 9 ? "cuda-sm90-tensor-paged" : "cuda-sm80-mma-paged";
   for (const auto& [value, kernel] : {std::pair<const char*, const char*>{"sm80", "cuda-sm80-mma-paged"},
-                                      {"sm90-bulk", bulk_name}}) {
+                                      {"sm90-bulk", bulk_name},
+                                      {"sm90-tensor", tensor_name},
+                                      {"auto", tensor_name}}) {
     const attn_decode_plan_info_t pi = described("ATTN_CUDA_DECODE_KERNEL", value, 0);
     ok = ok && std::strncmp(pi.kernel, kernel, std::strlen(kernel)) == 0;
   }
@@ -806,18 +813,25 @@ int main() {
   g_quick = quick != nullptr && quick[0] == '1';
   g_filter = std::getenv("ATTN_GPU_TEST_FILTER");
   const char* forced = std::getenv("ATTN_CUDA_DECODE_KERNEL");
-  if (forced != nullptr && std::strcmp(forced, "sm90-bulk") == 0) {
+  {
     int major = 0;
     GPU_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
-    g_expect_kernel = major >= 9 ? "cuda-sm90-bulk-paged" : "cuda-sm80-mma-paged";
-  } else if (forced != nullptr && std::strcmp(forced, "sm80") == 0) {
-    g_expect_kernel = "cuda-sm80-mma-paged";
+    const char* sm80 = "cuda-sm80-mma-paged";
+    const bool sm90 = major >= 9;
+    if (forced != nullptr && std::strcmp(forced, "sm90-bulk") == 0) {
+      g_expect_kernel = g_expect_kernel_p8 = sm90 ? "cuda-sm90-bulk-paged" : sm80;
+    } else if (forced != nullptr && std::strcmp(forced, "sm90-tensor") == 0) {
+      g_expect_kernel = sm90 ? "cuda-sm90-bulk-paged" : sm80;
+      g_expect_kernel_p8 = sm90 ? "cuda-sm90-tensor-paged" : sm80;
+    } else if (forced != nullptr && std::strcmp(forced, "sm80") == 0) {
+      g_expect_kernel = g_expect_kernel_p8 = sm80;
+    }
   }
   const char* split = std::getenv("ATTN_CUDA_DECODE_SPLIT");
   g_expect_balanced = split != nullptr && std::strcmp(split, "balanced") == 0;
   std::printf("seed %" PRIu64 " (ATTN_TEST_SEED=%" PRIu64 " repeats this run)%s%s%s%s\n", g_seed,
-              g_seed, g_quick ? ", quick" : "", g_expect_kernel ? ", kernel " : "",
-              g_expect_kernel ? g_expect_kernel : "", g_expect_balanced ? ", balanced split" : "");
+              g_seed, g_quick ? ", quick" : "", g_expect_kernel_p8 ? ", kernel " : "",
+              g_expect_kernel_p8 ? g_expect_kernel_p8 : "", g_expect_balanced ? ", balanced split" : "");
 
   const std::vector<int64_t> all_splits = {-1, 0, 64};
   {
