@@ -221,14 +221,19 @@ int32_t decode_check_supported(int32_t device, const kv::CacheConfig& cache, int
                   "; rebuild with -Dgpu_archs including its architecture");
   }
   check(e, "cudaFuncGetAttributes (decode)");
-  // The default: the tensor-copy kernel for pages of a multiple of 8
-  // tokens (8-row segments, either layout), else the cp.async kernel.
-  // Measured on an H200 (bench_decode.py --variants): the bulk-copy kernel
-  // read 32 x 8K at 4.03 TB/s against the cp.async kernel's 3.70, but
-  // token-major (NHD) pages with several KV heads it copies row by row
-  // (3.34 against 3.75); the tensor-copy kernel, see bench/results.
+  // The default, for pages of a multiple of 8 tokens, where 8-row segments
+  // move in one copy: head-major (HND) pages on the bulk-copy kernel,
+  // token-major (NHD) ones on the tensor-copy kernel (the bulk kernel copies
+  // their rows one by one when the pool holds several KV heads); else the
+  // cp.async kernel. On an H200 (bench_decode.py --variants, bf16 d 128,
+  // bench/results/decode-variants-2026-12-01-ecc8647.md): HND 32 x 8K bulk
+  // 4.21 TB/s, tensor 4.14, cp.async 3.83; 4 x 64K 4.03, 4.09, 3.89;
+  // 1 x 128K 3.82, 3.79, 3.65; NHD 32 x 8K bulk 2.50, tensor 4.15, cp.async
+  // 3.84.
   if (requested == kDecodeKernelAuto)
-    requested = cache.page_size % 8 == 0 ? kDecodeKernelSm90Tensor : kDecodeKernelSm80;
+    requested = cache.page_size % 8 != 0           ? kDecodeKernelSm80
+                : cache.layout == ATTN_KV_LAYOUT_HND ? kDecodeKernelSm90Bulk
+                                                     : kDecodeKernelSm90Tensor;
   // The tensor copies move 8-slot segments of one page: for other page
   // sizes a request for them takes the bulk-copy kernel (describe() names
   // the kernel that runs).
