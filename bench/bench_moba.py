@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """libattn's MoBA plans on CUDA next to its own dense causal plan, in one process.
 
-MoBA (attn_plan_desc_set_moba) at L = 32K and 128K, bf16, d = 128, batch 1,
+MoBA (attn_plan_desc_set_moba) at L = 32K and 128K, bf16, d = 128 (--head-dim), batch 1,
 16 heads (--heads-q / --heads-kv for GQA, --shared for one selection per
 group), for a few (block size, top_k) pairs. Each forward and backward is
 timed end to end: the selector (pooled keys, gates, top-k, block lists,
@@ -20,11 +20,19 @@ nearly every past block; --coherent adds to Q a component that is constant
 over runs of 256 tokens (and to K one per 256 tokens), so that neighbouring
 rows pick the same blocks, as the queries of trained models tend to.
 
-Each MoBA configuration runs once per backward schedule (--schedules):
-"union", the dK/dV kernel visits the query tiles in which some row chose
-the block; "gather", it visits tiles of the rows that chose it
-(ATTN_CUDA_MOBA_GATHER=1 at plan creation; the kernel name says
-"-moba-gather"). The forward is the same in both.
+Each MoBA configuration runs once per variant: --variant NAME=VALUE[,NAME=
+VALUE...] (repeatable) sets those environment variables while its plan is
+created (the library reads its hooks there; variables another variant sets
+are restored to their values outside this program), "" is the library's
+defaults. E.g. --variant "" --variant ATTN_CUDA_MOBA_SM90=0 times the
+sm_90a (wgmma) kernels and the sm_80 ones side by side on an sm_90 device;
+the kernel column says which ran. Without --variant, one per schedule of
+--schedules on the sm_80 kernels' choice: "union", the kernels visit the
+query tiles in which some row chose the block (ATTN_CUDA_MOBA_GATHER=0);
+"gather", tiles of the rows that chose it (ATTN_CUDA_MOBA_GATHER=1, the
+kernel name says "-moba-gather"). (On sm_90 devices d = 64 and 128 plans
+run the wgmma kernels on the union lists whatever ATTN_CUDA_MOBA_GATHER
+says, unless ATTN_CUDA_MOBA_SM90=0.)
 
 A plan whose top_k covers every past block computes plain causal attention:
 its "err" column is the largest relative L2 difference of O, dQ, dK and dV
@@ -32,7 +40,8 @@ from the dense plan (a check that the run-time path is right on this GPU).
 
 Usage: bench_moba.py --lib build/src/libattn.so [--out results.md] [--reps 5]
                      [--seqlens 32768,131072] [--heads-q 16 --heads-kv 16] [--shared]
-                     [--coherent] [--schedules union,gather]
+                     [--coherent] [--schedules union,gather] [--head-dim 128]
+                     [--variant "" --variant ATTN_CUDA_MOBA_SM90=0 ...]
 """
 import argparse
 import datetime
@@ -57,10 +66,33 @@ def main():
     ap.add_argument("--coherent", action="store_true",
                     help="Q and K with a component shared by runs of 256 tokens")
     ap.add_argument("--schedules", default="union,gather",
-                    help="backward schedules to time: union, gather or both")
+                    help="without --variant: schedules to time: union, gather or both")
+    ap.add_argument("--variant", action="append",
+                    help='NAME=VALUE[,NAME=VALUE...] set at plan creation ("" = defaults); repeatable')
+    ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--commit", default=os.environ.get("ATTN_COMMIT", "unknown"))
     a = ap.parse_args()
-    hq, hkv, d = a.heads_q, a.heads_kv, 128
+    hq, hkv, d = a.heads_q, a.heads_kv, a.head_dim
+    # (label, environment) per variant.
+    variants = []
+    if a.variant:
+        for spec in a.variant:
+            env = dict(kv.split("=", 1) for kv in spec.split(",") if kv)
+            variants.append((spec or "defaults", env))
+    else:
+        for sched in a.schedules.split(","):
+            variants.append((sched, {"ATTN_CUDA_MOBA_GATHER": "1" if sched == "gather" else "0"}))
+    hook_names = sorted({n for _, env in variants for n in env})
+    outside = {n: os.environ.get(n) for n in hook_names}
+
+    def set_hooks(env):
+        for n in hook_names:
+            value = env.get(n, outside[n])
+            if value is None:
+                os.environ.pop(n, None)
+            else:
+                os.environ[n] = value
+
     lib = Lib(a.lib)
     ctx = lib.context(ATTN_BACKEND_CUDA)
     # (block, top_k) per length; at 32K, block 4096 with top_k 12 covers all
@@ -98,17 +130,17 @@ def main():
         print(rows[-1], flush=True)
         dense.close()
 
-        for (block, top_k), sched in ((c, s) for c in combos.get(L, [(512, 3), (4096, 3)])
-                                      for s in a.schedules.split(",")):
-            # Read by the library at plan creation.
-            os.environ["ATTN_CUDA_MOBA_GATHER"] = "1" if sched == "gather" else "0"
+        for (block, top_k), (label, env) in ((c, v) for c in combos.get(L, [(512, 3), (4096, 3)])
+                                             for v in variants):
+            set_hooks(env)  # read by the library at plan creation
             plan = Plan(lib, ctx, 1, hq, hkv, L, d, moba=(block, top_k, a.shared))
+            set_hooks({})
             fwd = lambda: plan.forward(q, k, v, o, lse)
             bwd = lambda: plan.backward(q, k, v, o, lse, do, dq, dk, dv)
             fwd()
             bwd()
             torch.cuda.synchronize()
-            row = {"L": L, "cfg": f"block {block} top {top_k} {sched}", "pairs": plan.info.visible_pairs / causal_pairs,
+            row = {"L": L, "cfg": f"block {block} top {top_k} {label}", "pairs": plan.info.visible_pairs / causal_pairs,
                    "kernel": plan.info.kernel.decode(), "dense_f": d_f, "dense_b": d_b,
                    "ws": plan.ws_bytes}
             if top_k >= (L + block - 1) // block - 1:

@@ -29,8 +29,7 @@
 // dQ staging tile) before the dQ GEMM. Masks, the preprocess (D, LSE2), the
 // dQ conversion and split groups' fp32 dK/dV accumulators are those of the
 // sm_80 backward; the instantiation for deterministic plans (Accum = false)
-// skips the dQ part, which the sm_80 deterministic dQ kernel computes. Not
-// here (the host keeps the sm_80 kernel for them): MoBA.
+// skips the dQ part, which the sm_80 deterministic dQ kernel computes.
 //
 // Block-sparse plans (Sparse, flash_bwd_dkdv_sm90_bsparse_kernel, no
 // softcap) walk a work item of the KV-major tile lists (sparse/tile_lists.cuh,
@@ -44,6 +43,15 @@
 // whole ones), as the sm_80 kernel's, so that the host's conversions and
 // the dQ path are those of the sm_80 backward. Without Sparse the code is
 // that of the dense kernel before it existed.
+// MoBA plans (Moba, flash_bwd_dkdv_sm90_moba_kernel, no softcap) walk the
+// tile-union list the selector wrote for the KV tile's block (p.moba's kv
+// list: the query tiles of BM rows in which some row of some query head of
+// the group selected it, flagged kMobaAllRows when every such row did), as
+// the sm_80 kernel's Moba instantiation does; grid and accumulation are
+// the dense kernel's. A visit that is not flagged, or that the diagonal
+// cuts, is masked by the interval test and by the rows' selection bits of
+// the query head's slot (one or two 64-bit words per tile, read while the
+// score GEMMs run).
 // Softcap plans run the Cap instantiation: the logit z = cap tanh(u) and
 // dS^T = P^T (dP^T - D) (1 - (z/cap)^2), as flash/bwd_kernel.cuh; it waits
 // for dP^T before the exponentials and folds the tanh derivative into it
@@ -160,9 +168,10 @@ __device__ __forceinline__ void hold(uint32_t (&a)[N][4]) {
 // Accum: dQ is added into p.dq_accum; otherwise (deterministic plans) the
 // kernel computes dK and dV only. Cap: softcap plans. Sparse: block-sparse
 // plans (p.sparse_kv; not with Cap).
-template <class T, int D, bool Accum, bool Cap, bool Sparse = false>
+template <class T, int D, bool Accum, bool Cap, bool Sparse = false, bool Moba = false>
 __device__ __forceinline__ void flash_bwd_dkdv_sm90_tile(const BwdParams& p) {
   static_assert(!(Sparse && Cap), "no softcap on block-sparse plans");
+  static_assert(!(Moba && (Sparse || Cap)), "MoBA: neither block masks nor softcap");
   using Tr = BwdSm90Traits<D>;
   constexpr int BM = Tr::kBM, BN = Tr::kBN, NTH = Tr::kThreads, LDQ = Tr::kLdDq;
   constexpr int NS = BM / 2;  // S^T, dP^T accumulators per thread
@@ -231,7 +240,15 @@ __device__ __forceinline__ void flash_bwd_dkdv_sm90_tile(const BwdParams& p) {
   // query tiles.
   const int32_t* visits = nullptr;
   int m_begin, n_mt;
-  if constexpr (Sparse) {
+  // MoBA: the KV tile lies in block c0 / block, whose list holds the query
+  // tiles (one word each) in which some row selected it.
+  if constexpr (Moba) {
+    const MobaLists& mb = p.moba;
+    const int64_t list = (int64_t(b) * (p.heads_q / p.group) + hk) * mb.num_blocks + c0 / mb.block;
+    m_begin = 0;
+    n_mt = mb.kv_count[list];
+    visits = mb.kv_tiles + list * mb.kv_cap;
+  } else if constexpr (Sparse) {
     m_begin = 0;
     n_mt = item_end - item_begin;
     visits = p.sparse_kv.visits + 2 * int64_t(item_begin);
@@ -243,7 +260,8 @@ __device__ __forceinline__ void flash_bwd_dkdv_sm90_tile(const BwdParams& p) {
   const int n_iter = n_mt * heads_per;
   // The query tile of step mm.
   auto q_tile = [&](int mm) {
-    if constexpr (Sparse) return visits[2 * mm];
+    if constexpr (Moba) return visits[mm] & kMobaIndexMask;
+    else if constexpr (Sparse) return visits[2 * mm];
     else return mm;
   };
 
@@ -350,6 +368,24 @@ __device__ __forceinline__ void flash_bwd_dkdv_sm90_tile(const BwdParams& p) {
           for (int x = 0; x < WPR; ++x) bit_rows[hh][x] = tb[(key0 + 8 * hh) * WPR + x];
       }
     }
+    // MoBA: the selection bits of the tile's rows (r0 is a multiple of BM,
+    // itself of 64) in query head h's slot, the same for every key row
+    // (words past the sequence's rows are 0), read while the GEMMs run; and
+    // whether every row of every query head of the group selected the block.
+    [[maybe_unused]] uint64_t moba_sel[WPR];
+    bool moba_all = false;
+    if constexpr (Moba) {
+      const MobaLists& mb = p.moba;
+      moba_all = (visits[m] & kMobaAllRows) != 0;
+      const int64_t slot = int64_t(b) * mb.sel_heads + (mb.per_query_head ? h : hk);
+      const int q_words = (lq + 63) / 64;
+      const uint64_t* col = mb.selected + (slot * mb.num_blocks + c0 / mb.block) * q_words;
+#pragma unroll
+      for (int x = 0; x < WPR; ++x) {
+        const int w = r0 / 64 + x;
+        moba_sel[x] = w < q_words ? col[w] : 0ull;
+      }
+    }
     if constexpr (Cap) {
       // Both GEMMs done: z = cap tanh(u) = cap - cap q with q = 2 / (e^{2u}
       // + 1), and dP^T - D becomes (dP^T - D) (1 - tanh^2) = (dP^T - D) q (2 - q).
@@ -389,6 +425,7 @@ __device__ __forceinline__ void flash_bwd_dkdv_sm90_tile(const BwdParams& p) {
       full = kind == kVisitFull;
     } else {
       full = c0 + BN <= lk && c0 - r1 >= dmin && c0 + BN - 1 - r0 <= dmax;
+      if constexpr (Moba) full = full && moba_all;
     }
     if (Sparse && kind >= 0) {
       // Bit tile: column (query) 8 j + 2 t4 + (e & 1) of register 4 j + e
@@ -415,8 +452,14 @@ __device__ __forceinline__ void flash_bwd_dkdv_sm90_tile(const BwdParams& p) {
 #pragma unroll
       for (int j = 0; j < BM / 8; ++j)
 #pragma unroll
-        for (int e = 0; e < 4; ++e)
-          if (vis[e >> 1].outside(8 * j + 2 * t4 + (e & 1))) s[4 * j + e] = 0.0f;
+        for (int e = 0; e < 4; ++e) {
+          const int col = 8 * j + 2 * t4 + (e & 1);
+          bool hidden = vis[e >> 1].outside(col);
+          // MoBA: query col's row did not select the block (word j / 8, a
+          // constant per unrolled j).
+          if constexpr (Moba) hidden = hidden || !((moba_sel[(8 * j) >> 6] >> (col & 63)) & 1u);
+          if (hidden) s[4 * j + e] = 0.0f;
+        }
     }
     // dV += P^T dO runs while dS^T is computed.
     uint32_t pa[BM / 16][4], da[BM / 16][4];
@@ -548,6 +591,15 @@ __global__ void __launch_bounds__(BwdSm90Traits<D>::kThreads, 1)
     flash_bwd_dkdv_sm90_kernel(const __grid_constant__ BwdParams p) {
 #if ATTN_SM90_WGMMA
   flash_bwd_dkdv_sm90_tile<T, D, Accum, Cap>(p);
+#endif
+}
+
+// MoBA plans (the tile-union lists): grid as flash_bwd_dkdv_sm90_kernel's.
+template <class T, int D, bool Accum>
+__global__ void __launch_bounds__(BwdSm90Traits<D>::kThreads, 1)
+    flash_bwd_dkdv_sm90_moba_kernel(const __grid_constant__ BwdParams p) {
+#if ATTN_SM90_WGMMA
+  flash_bwd_dkdv_sm90_tile<T, D, Accum, false, false, true>(p);
 #endif
 }
 

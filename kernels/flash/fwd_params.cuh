@@ -107,4 +107,15 @@ constexpr FwdSm90Config fwd_sm90_config(int d, int block_m) {
   return d == 64 && block_m == 128 ? FwdSm90Config{128, 128, 2, 3} : fwd_sm90_config(d);
 }
 
+// MoBA plans run the sm_90a forward with 128-row query tiles at d = 64 and
+// 128: those of the selector's q lists, which the sm_80 forward and the
+// deterministic dQ kernel read too (one list per 128 rows), and a tile
+// never spans more than two own blocks (a block is a multiple of 128 keys).
+constexpr int kSm90MobaBlockM = 128;
+static_assert(fwd_config(64).block_m == kSm90MobaBlockM &&
+                  fwd_config(128).block_m == kSm90MobaBlockM &&
+                  fwd_sm90_config(64, kSm90MobaBlockM).block_m == kSm90MobaBlockM &&
+                  fwd_sm90_config(128, kSm90MobaBlockM).block_m == kSm90MobaBlockM,
+              "MoBA: one q list tiling for every forward and dQ kernel");
+
 }  // namespace attn::flash

@@ -33,6 +33,18 @@
 // at each iteration would stall the warps right before they issue the
 // GEMMs.
 //
+// MoBA plans (Moba, the tile-union schedule of moba/moba_params.cuh) take
+// the blocks some row of the tile selected (p.moba's q list, written by the
+// selector into the workspace at run time; built for 128-row tiles, this
+// kernel's BM for MoBA) and visit every KV tile of each, the last block up
+// to the tile's diagonal, as the sm_80 kernel's Moba instantiation does.
+// The list is copied into the visit ring's shared memory (its first
+// kSm90MobaListSmem entries; the rare longer lists read the rest from
+// global memory), so that the loads ahead and the masks do not wait on a
+// global read. A tile that some row did not select, or that the diagonal
+// cuts, gets the predicate: row i sees key j when it selected j's block
+// (one bit per row) and j <= its diagonal.
+//
 // Built only for sm_90a (ATTN_SM90_WGMMA); other targets get an empty
 // kernel, which the host never launches (it checks the image's PTX version).
 #pragma once
@@ -84,8 +96,13 @@ __device__ __forceinline__ void mask_by_bits(float (&s)[NS], const uint64_t* tb,
   }
 }
 
-template <class T, int D, int BM_, bool Cap, bool Sparse>
+// MoBA: the entries of a tile's block list kept in shared memory (the visit
+// ring's words).
+constexpr int kSm90MobaListSmem = 2 * kSm90VisitRing;
+
+template <class T, int D, int BM_, bool Cap, bool Sparse, bool Moba = false>
 __device__ __forceinline__ void flash_fwd_sm90_tile(const FwdParams& p) {
+  static_assert(!(Moba && (Sparse || Cap)), "MoBA: neither block masks nor softcap");
   using Tr = FwdSm90Traits<D, BM_>;
   constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN, ST = Tr::kStages, NTH = Tr::kThreads;
   constexpr int NS = BN / 2, NO = D / 2;  // accumulators per thread: S, O
@@ -142,11 +159,46 @@ __device__ __forceinline__ void flash_fwd_sm90_tile(const FwdParams& p) {
                   ? nullptr
                   : p.lse + (varlen ? qt.q_tok : b * p.lse_batch) + h * p.lse_head + r0;
 
-  if constexpr (!Sparse) n_tiles = dense_kv_tiles<BN>(qt, n_end);
+  // MoBA: the selecting slot of this (sequence, head), recomputed where
+  // used (registers), and the tile's block list (increasing, entries with
+  // kMobaAllRows when every row selected the block): `count` blocks of
+  // tpb KV tiles each, the last one up to the tile's diagonal. Visit v
+  // (counted from the first) is tile v % tpb of block v / tpb.
+  auto moba_slot = [&] {
+    return int64_t(blockIdx.z) * p.moba.sel_heads +
+           (p.moba.per_query_head ? int(blockIdx.y) : int(blockIdx.y) / p.group);
+  };
+  // (MoBA plans are fixed-length: the tile is the dense grid's, m_block
+  // recomputed from the block index, and the lengths are the parameters'.)
+  auto moba_list = [&] {
+    const int tile = int(gridDim.x) - 1 - int(blockIdx.x);
+    return p.moba.q_blocks + (moba_slot() * p.moba.q_tiles + tile) * p.moba.q_cap;
+  };
+  auto moba_tpb = [&] { return p.moba.block / BN; };  // reread, not kept in a register
+  // List entry i (shared memory for the first kSm90MobaListSmem).
+  auto moba_entry = [&](int i) {
+    return i < kSm90MobaListSmem ? sRing[i] : moba_list()[i];
+  };
+  int moba_count = 0;
+  if constexpr (Moba) {
+    moba_count = p.moba.q_count[moba_slot() * p.moba.q_tiles + m_block];
+    if (moba_count > 0 && qt.hi_last >= 0)
+      n_tiles = (moba_count - 1) * moba_tpb() + qt.hi_last / BN -
+                (moba_list()[moba_count - 1] & kMobaIndexMask) * moba_tpb() + 1;
+  } else if constexpr (!Sparse) {
+    n_tiles = dense_kv_tiles<BN>(qt, n_end);
+  }
   // Sparse: ring entry of iteration it's visit (the last visit first).
   auto ring_entry = [&](int it) { return 2 * ((n_tiles - 1 - it) & (kRing - 1)); };
   // KV tile of iteration it (the last first).
-  auto tile_of = [&](int it) { return Sparse ? sRing[ring_entry(it)] : n_end - 1 - it; };
+  auto tile_of = [&](int it) {
+    if constexpr (Moba) {
+      const int v = n_tiles - 1 - it, tpb = moba_tpb();
+      return (moba_entry(v / tpb) & kMobaIndexMask) * tpb + v % tpb;
+    } else {
+      return Sparse ? sRing[ring_entry(it)] : n_end - 1 - it;
+    }
+  };
   // Sparse: copies visits [lo, hi) of the tile into the ring.
   auto fill_ring = [&](int lo, int hi) {
     const int32_t* src = p.sparse.visits + 2 * int64_t(work_item()[1]);
@@ -191,6 +243,11 @@ __device__ __forceinline__ void flash_fwd_sm90_tile(const FwdParams& p) {
   sm90::load_tile_swizzled<BM, D, NTH>(sQa, gQ, p.q_seq, rows, tid);
   if constexpr (Sparse) {
     fill_ring(max(0, n_tiles - kRing), n_tiles);
+    __syncthreads();
+  }
+  if constexpr (Moba) {
+    const int32_t* src = moba_list();
+    for (int i = tid; i < min(moba_count, kSm90MobaListSmem); i += NTH) sRing[i] = src[i];
     __syncthreads();
   }
 #pragma unroll
@@ -255,7 +312,40 @@ __device__ __forceinline__ void flash_fwd_sm90_tile(const FwdParams& p) {
         s[i] = cap - __fdividef(2.0f * cap, fast_exp2(s[i] * cin) + 1.0f);
     }
     bool dense_mask;
-    if constexpr (Sparse) {
+    if constexpr (Moba) {
+      // Every row selected the block and the diagonal cuts no row's keys of
+      // the tile: no predicate.
+      const int v = n_tiles - 1 - j, tpb = moba_tpb();
+      const int entry = moba_entry(v / tpb);
+      const int c0 = ((entry & kMobaIndexMask) * tpb + v % tpb) * BN;
+      const bool full =
+          (entry & kMobaAllRows) != 0 && c0 + BN <= p.seqlen_kv && c0 + BN - 1 <= qt.hi_first;
+      if (!full) {
+        // Row i sees the tile's keys up to its diagonal if it selected the
+        // tile's block (bit i of the block's column), else none. The
+        // thread's rows (r0 a multiple of 128, row0 % 64 < 56) lie in one
+        // word; bits of rows past the sequence are 0.
+        const int row_a = int(opaque(r0 + row0));
+        uint64_t word = 0;
+        if (row_a < p.seqlen_q)
+          word = p.moba.selected[(moba_slot() * p.moba.num_blocks + (entry & kMobaIndexMask)) *
+                                     int64_t((p.seqlen_q + 63) / 64) +
+                                 (row_a >> 6)] >>
+                 (row_a & 63);
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const int row = row_a + hh * 8;
+          const bool on = (word >> (hh * 8)) & 1u;
+          const int hi = on ? key_hi(p, qt, row) : -1;
+#pragma unroll
+          for (int jj = 0; jj < BN / 8; ++jj)
+#pragma unroll
+            for (int e = 0; e < 2; ++e)
+              if (c0 + jj * 8 + t4 * 2 + e > hi) s[jj * 4 + hh * 2 + e] = -INFINITY;
+        }
+      }
+      dense_mask = false;
+    } else if constexpr (Sparse) {
       const int kind = sRing[ring_entry(j) + 1];
       if (kind >= 0) mask_by_bits(s, p.sparse.bits + int64_t(kind) * (2 * BM), row0, t4);
       dense_mask = kind == kVisitDense;
@@ -376,11 +466,11 @@ __device__ __forceinline__ void flash_fwd_sm90_tile(const FwdParams& p) {
 }
 
 template <class T, int D, int BM = fwd_sm90_config(D).block_m, bool Cap = false,
-          bool Sparse = false>
+          bool Sparse = false, bool Moba = false>
 __global__ void __launch_bounds__(FwdSm90Traits<D, BM>::kThreads, 1)
     flash_fwd_sm90_kernel(const __grid_constant__ FwdParams p) {
 #if ATTN_SM90_WGMMA
-  flash_fwd_sm90_tile<T, D, BM, Cap, Sparse>(p);
+  flash_fwd_sm90_tile<T, D, BM, Cap, Sparse, Moba>(p);
 #endif
 }
 

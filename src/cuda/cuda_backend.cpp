@@ -42,7 +42,11 @@
 // the kernel name. ATTN_CUDA_MOBA_GATHER=0 (a test and tuning hook) takes
 // the tile-union schedule instead: the query tiles in which some row
 // selected the block ("-moba"), which is also the path of plans whose row
-// lists would not fit 32-bit offsets.
+// lists would not fit 32-bit offsets. On sm_90 devices, MoBA plans at d = 64
+// and 128 without softcap run the sm_90a (wgmma) kernels' Moba
+// instantiations on that tile-union schedule instead ("cuda-sm90-wgmma-
+// ...-moba", "+bwd-wgmma-..."; moba_fits_sm90), unless ATTN_CUDA_MOBA_SM90=0
+// keeps the sm_80 path above.
 #include "cuda/cuda_backend.hpp"
 
 #include <cuda_runtime_api.h>
@@ -124,6 +128,7 @@ size_t align_up(size_t x) { return (x + kWorkspaceAlign - 1) / kWorkspaceAlign *
 // variable and the value (core/env.hpp), whichever kernels the plan runs.
 struct CudaHooks {
   bool moba_gather;               // ATTN_CUDA_MOBA_GATHER (default 1)
+  bool moba_sm90;                 // ATTN_CUDA_MOBA_SM90 (default 1)
   bool fwd_persist;               // ATTN_CUDA_BSPARSE_FWD_PERSIST (default 0)
   bool bwd_persist;               // ATTN_CUDA_BSPARSE_BWD_PERSIST (default 0)
   bool prefetch;                  // ATTN_CUDA_BSPARSE_PREFETCH (default 0)
@@ -138,6 +143,7 @@ struct CudaHooks {
   static CudaHooks from_env() {
     CudaHooks h;
     h.moba_gather = env_flag("ATTN_CUDA_MOBA_GATHER", true);
+    h.moba_sm90 = env_flag("ATTN_CUDA_MOBA_SM90", true);
     h.fwd_persist = env_flag("ATTN_CUDA_BSPARSE_FWD_PERSIST", false);
     h.bwd_persist = env_flag("ATTN_CUDA_BSPARSE_BWD_PERSIST", false);
     h.prefetch = env_flag("ATTN_CUDA_BSPARSE_PREFETCH", false);
@@ -163,13 +169,6 @@ class CudaPlan final : public BackendPlan {
     const bool bf16 = p.dtype == ATTN_DTYPE_BF16;
     const bool sparse = p.block_mask != nullptr;
     const bool moba = p.moba_block > 0;
-    const bool gather = moba && hooks_.moba_gather && moba_rows_fit(p);
-    cfg_ = flash::fwd_config(int(d));
-    kernel_ = pick_kernel(d, bf16, sparse, moba, gather);
-    // ATTN_CUDA_BSPARSE_FWD_PERSIST=1 (a tuning hook): the persistent
-    // block-sparse forward (flash_fwd_bsparse_persistent_kernel).
-    fwd_persist_ = sparse && hooks_.fwd_persist;
-    if (fwd_persist_) kernel_ = fwd_kernel_bsparse_persistent(int(d), bf16);
 
     DeviceScope scope(device_);
     int major = 0, minor = 0, smem_optin = 0, sm_count = 0;
@@ -182,6 +181,16 @@ class CudaPlan final : public BackendPlan {
     if (major < 8)
       not_supported("backend CUDA: device ", device_, " is sm_", major, minor,
                     "; the attention kernels need sm_80 or newer (mma.sync, cp.async)");
+    // MoBA on sm_90a takes the tile-union schedule in both passes (the
+    // wgmma kernels walk its lists); elsewhere the gathered one by default.
+    moba_sm90_ = moba && moba_fits_sm90(p, major, minor, size_t(smem_optin));
+    const bool gather = moba && !moba_sm90_ && hooks_.moba_gather && moba_rows_fit(p);
+    cfg_ = flash::fwd_config(int(d));
+    kernel_ = pick_kernel(d, bf16, sparse, moba, gather);
+    // ATTN_CUDA_BSPARSE_FWD_PERSIST=1 (a tuning hook): the persistent
+    // block-sparse forward (flash_fwd_bsparse_persistent_kernel).
+    fwd_persist_ = sparse && hooks_.fwd_persist;
+    if (fwd_persist_) kernel_ = fwd_kernel_bsparse_persistent(int(d), bf16);
     auto require_image = [&](const void* func) {
       cudaFuncAttributes attrs{};
       const cudaError_t fe = cudaFuncGetAttributes(&attrs, func);
@@ -245,7 +254,11 @@ class CudaPlan final : public BackendPlan {
     if (moba) {
       require_smem(moba::select_smem_bytes(int(d)), "MoBA selection");
       check(moba_select_prepare(int(d)), "cudaFuncSetAttribute");
-      moba_.emplace(p, cfg_.block_m, p.backward ? bwd_cfg_.block_m : 0, gather);
+      // The q lists in 128-row tiles (every forward's and the dQ kernel's,
+      // flash::kSm90MobaBlockM); the kv lists in the dK/dV kernel's.
+      const int kv_tile_rows =
+          !p.backward ? 0 : bwd_sm90_ ? bwd_sm90_cfg_.block_m : bwd_cfg_.block_m;
+      moba_.emplace(p, tile_q(), kv_tile_rows, gather);
       check(cudaDeviceGetAttribute(&moba_sm_count_, cudaDevAttrMultiProcessorCount, device_),
             "cudaDeviceGetAttribute");
     }
@@ -330,6 +343,7 @@ class CudaPlan final : public BackendPlan {
     name.dtype = dtype_name(p.dtype);
     name.head_dim = int(d);
     name.forward = sparse && sm90_ ? F::kSparseSm90
+                   : moba && sm90_ ? F::kMobaSm90
                    : moba          ? F::kMoba
                    : sparse        ? F::kSparseSm80
                    : sm90_         ? F::kSm90
@@ -572,10 +586,16 @@ class CudaPlan final : public BackendPlan {
     if (fwd_persist_) return;
     const int64_t d = p.head_dim_qk;
     const bool sparse = p.block_mask != nullptr, softcap = p.softcap > 0.0f;
-    if (p.moba_block > 0 || (sparse && softcap) || (d != 64 && d != 128) || major != 9 ||
-        minor != 0)
+    if ((p.moba_block > 0 && !moba_sm90_) || (sparse && softcap) || (d != 64 && d != 128) ||
+        major != 9 || minor != 0)
       return;
     const bool bf16 = p.dtype == ATTN_DTYPE_BF16;
+    if (moba_sm90_) {  // moba_fits_sm90 checked the image and the shared memory
+      kernel_ = d == 64 ? fwd_kernel_sm90_moba_d64(bf16) : fwd_kernel_sm90_moba_d128(bf16);
+      sm90_cfg_ = flash::fwd_sm90_config(int(d), flash::kSm90MobaBlockM);
+      sm90_ = true;
+      return;
+    }
     int block_m = flash::fwd_sm90_config(int(d)).block_m;
     if (d == 64 && softcap) {
       block_m = 128;
@@ -605,6 +625,30 @@ class CudaPlan final : public BackendPlan {
     sm90_ = true;
   }
 
+  // MoBA plans without softcap at d = 64 and 128 run the wgmma kernels' Moba
+  // instantiations on the tile-union schedule, on sm_90 devices whose image
+  // of the forward one was compiled for sm_90a (as pick_sm90_forward
+  // checks), unless ATTN_CUDA_MOBA_SM90=0 (a test and tuning hook: the sm_80
+  // kernels, gathered or not by ATTN_CUDA_MOBA_GATHER). The forward then
+  // runs the wgmma one unless ATTN_CUDA_FWD_SM90=0, the dK/dV pass unless
+  // ATTN_CUDA_BWD_SM90=0 or ATTN_CUDA_BWD_VARIANT (the sm_80 kernels' Moba
+  // instantiations on the same lists otherwise).
+  bool moba_fits_sm90(const Problem& p, int major, int minor, size_t smem_optin) const {
+    const int64_t d = p.head_dim_qk;
+    if (!hooks_.moba_sm90 || p.softcap > 0.0f || (d != 64 && d != 128) || major != 9 ||
+        minor != 0)
+      return false;
+    const bool bf16 = p.dtype == ATTN_DTYPE_BF16;
+    const FwdKernel k = d == 64 ? fwd_kernel_sm90_moba_d64(bf16) : fwd_kernel_sm90_moba_d128(bf16);
+    cudaFuncAttributes attrs{};
+    if (cudaFuncGetAttributes(&attrs, k.func) != cudaSuccess) {
+      (void)cudaGetLastError();  // no image: the sm_80 kernels
+      return false;
+    }
+    const flash::FwdSm90Config c = flash::fwd_sm90_config(int(d), flash::kSm90MobaBlockM);
+    return attrs.ptxVersion >= 90 && smem_optin >= c.smem_bytes(int(d));
+  }
+
   // The sm_90a (wgmma) dK/dV kernel replaces the sm_80 one for dense plans
   // at d = 64 and 128 (softcap plans take its Cap instantiation), on sm_90
   // devices whose image of it was compiled for sm_90a; the other launches
@@ -622,11 +666,14 @@ class CudaPlan final : public BackendPlan {
     const int64_t d = p.head_dim_qk;
     const bool sparse = p.block_mask != nullptr, softcap = p.softcap > 0.0f;
     if (sparse && (!hooks_.bwd_sm90_sparse || softcap || bwd_persist_ || hooks_.prefetch)) return;
-    if (p.moba_block > 0 || (d != 64 && d != 128) || major != 9 || minor != 0) return;
+    if ((p.moba_block > 0 && !moba_sm90_) || (d != 64 && d != 128) || major != 9 || minor != 0)
+      return;
     const bool bf16 = p.dtype == ATTN_DTYPE_BF16;
     const BwdSm90Kernel k =
-        sparse ? (d == 64 ? bwd_kernel_sm90_bsparse_d64(bf16, p.deterministic)
-                          : bwd_kernel_sm90_bsparse_d128(bf16, p.deterministic))
+        moba_sm90_ ? (d == 64 ? bwd_kernel_sm90_moba_d64(bf16, p.deterministic)
+                              : bwd_kernel_sm90_moba_d128(bf16, p.deterministic))
+        : sparse ? (d == 64 ? bwd_kernel_sm90_bsparse_d64(bf16, p.deterministic)
+                            : bwd_kernel_sm90_bsparse_d128(bf16, p.deterministic))
         : d == 64 ? bwd_kernel_sm90_d64(bf16, p.deterministic, softcap)
                   : bwd_kernel_sm90_d128(bf16, p.deterministic, softcap);
     const flash::BwdSm90Config c = flash::bwd_sm90_config(int(d));
@@ -941,6 +988,8 @@ class CudaPlan final : public BackendPlan {
   flash::FwdConfig cfg_{};
   FwdKernel kernel_{};
   bool sm90_ = false;  // kernel_ is the sm_90a forward (sm90_cfg_), else the sm_80 one (cfg_)
+  // MoBA on the wgmma kernels (moba_fits_sm90): the tile-union schedule.
+  bool moba_sm90_ = false;
   flash::FwdSm90Config sm90_cfg_{};
   flash::FwdParams params_{};
   flash::BwdConfig bwd_cfg_{};

@@ -2,7 +2,9 @@
 // included by flash_bwd_sm90_d64.cu and flash_bwd_sm90_d128.cu (fp16 and
 // bf16, with and without dQ, with and without softcap), and
 // flash_bwd_dkdv_sm90_bsparse_kernel<T, D, Accum>, included by
-// flash_bwd_sm90_bsparse_d{64,128}.cu (fp16 and bf16, with and without dQ).
+// flash_bwd_sm90_bsparse_d{64,128}.cu (fp16 and bf16, with and without dQ),
+// and flash_bwd_dkdv_sm90_moba_kernel<T, D, Accum>, included by
+// flash_bwd_sm90_moba_d{64,128}.cu (likewise).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -86,6 +88,41 @@ BwdSm90Kernel make_bwd_kernel_sm90_bsparse(bool bf16, bool deterministic) {
                          : make_bwd_kernel_sm90_bsparse_t<__nv_bfloat16, D, true>();
   return deterministic ? make_bwd_kernel_sm90_bsparse_t<__half, D, false>()
                        : make_bwd_kernel_sm90_bsparse_t<__half, D, true>();
+}
+
+// The MoBA instantiations (flash_bwd_dkdv_sm90_moba_kernel, no softcap):
+// the dense kernel's grid.
+template <class T, int D, bool A>
+cudaError_t bwd_sm90_moba_prepare() {
+  return cudaFuncSetAttribute(flash::flash_bwd_dkdv_sm90_moba_kernel<T, D, A>,
+                              cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              int(flash::bwd_sm90_config(D).smem_bytes(D)));
+}
+
+template <class T, int D, bool A>
+cudaError_t bwd_sm90_moba_dkdv(const flash::BwdParams& params, int n_blocks, int heads_kv,
+                               int batch, cudaStream_t stream) {
+  constexpr flash::BwdSm90Config cfg = flash::bwd_sm90_config(D);
+  const dim3 grid{unsigned(n_blocks), unsigned(heads_kv), unsigned(batch)};
+  flash::flash_bwd_dkdv_sm90_moba_kernel<T, D, A>
+      <<<grid, cfg.threads(), cfg.smem_bytes(D), stream>>>(params);
+  return cudaGetLastError();
+}
+
+template <class T, int D, bool A>
+BwdSm90Kernel make_bwd_kernel_sm90_moba_t() {
+  return {&bwd_sm90_moba_prepare<T, D, A>, &bwd_sm90_moba_dkdv<T, D, A>,
+          reinterpret_cast<const void*>(&flash::flash_bwd_dkdv_sm90_moba_kernel<T, D, A>)};
+}
+
+// deterministic: the instantiation without the dQ part.
+template <int D>
+BwdSm90Kernel make_bwd_kernel_sm90_moba(bool bf16, bool deterministic) {
+  if (bf16)
+    return deterministic ? make_bwd_kernel_sm90_moba_t<__nv_bfloat16, D, false>()
+                         : make_bwd_kernel_sm90_moba_t<__nv_bfloat16, D, true>();
+  return deterministic ? make_bwd_kernel_sm90_moba_t<__half, D, false>()
+                       : make_bwd_kernel_sm90_moba_t<__half, D, true>();
 }
 
 }  // namespace attn::cuda

@@ -1,8 +1,9 @@
-// Instantiates and launches flash_fwd_sm90_kernel<T, D, BM, Cap, Sparse>;
-// included by flash_fwd_sm90_d{64,128}.cu (dense: fp16 and bf16, with and
-// without softcap, each tile shape of fwd_sm90_config) and
+// Instantiates and launches flash_fwd_sm90_kernel<T, D, BM, Cap, Sparse,
+// Moba>; included by flash_fwd_sm90_d{64,128}.cu (dense: fp16 and bf16, with
+// and without softcap, each tile shape of fwd_sm90_config),
 // flash_fwd_sm90_bsparse_d{64,128}.cu (block-sparse: the default tile shape,
-// no softcap).
+// no softcap) and flash_fwd_sm90_moba_d{64,128}.cu (MoBA: 128-row tiles, no
+// softcap).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -12,29 +13,31 @@
 
 namespace attn::cuda {
 
-template <class T, int D, int BM, bool Cap, bool Sparse>
+template <class T, int D, int BM, bool Cap, bool Sparse, bool Moba>
 cudaError_t fwd_sm90_prepare() {
-  return cudaFuncSetAttribute(flash::flash_fwd_sm90_kernel<T, D, BM, Cap, Sparse>,
+  return cudaFuncSetAttribute(flash::flash_fwd_sm90_kernel<T, D, BM, Cap, Sparse, Moba>,
                               cudaFuncAttributeMaxDynamicSharedMemorySize,
                               int(flash::fwd_sm90_config(D, BM).smem_bytes(D)));
 }
 
 // m_blocks: the query tiles per (sequence, head); Sparse: the work items of
 // a slot of the tile lists (one per query tile).
-template <class T, int D, int BM, bool Cap, bool Sparse>
+template <class T, int D, int BM, bool Cap, bool Sparse, bool Moba>
 cudaError_t fwd_sm90_launch(const flash::FwdParams& params, int m_blocks, int heads_q, int batch,
                             cudaStream_t stream) {
   constexpr flash::FwdSm90Config cfg = flash::fwd_sm90_config(D, BM);
   const dim3 grid{unsigned(m_blocks), unsigned(heads_q), unsigned(batch)};
-  flash::flash_fwd_sm90_kernel<T, D, BM, Cap, Sparse>
+  flash::flash_fwd_sm90_kernel<T, D, BM, Cap, Sparse, Moba>
       <<<grid, cfg.threads(), cfg.smem_bytes(D), stream>>>(params);
   return cudaGetLastError();
 }
 
-template <class T, int D, int BM, bool Cap, bool Sparse = false>
+template <class T, int D, int BM, bool Cap, bool Sparse = false, bool Moba = false>
 FwdKernel make_fwd_kernel_sm90_t() {
-  return {&fwd_sm90_prepare<T, D, BM, Cap, Sparse>, &fwd_sm90_launch<T, D, BM, Cap, Sparse>,
-          reinterpret_cast<const void*>(&flash::flash_fwd_sm90_kernel<T, D, BM, Cap, Sparse>)};
+  return {&fwd_sm90_prepare<T, D, BM, Cap, Sparse, Moba>,
+          &fwd_sm90_launch<T, D, BM, Cap, Sparse, Moba>,
+          reinterpret_cast<const void*>(
+              &flash::flash_fwd_sm90_kernel<T, D, BM, Cap, Sparse, Moba>)};
 }
 
 template <int D, int BM>
@@ -52,6 +55,15 @@ FwdKernel make_fwd_kernel_sm90_bsparse(bool bf16) {
   constexpr int BM = flash::fwd_sm90_config(D).block_m;
   return bf16 ? make_fwd_kernel_sm90_t<__nv_bfloat16, D, BM, false, true>()
               : make_fwd_kernel_sm90_t<__half, D, BM, false, true>();
+}
+
+// The MoBA instantiation: 128-row tiles (those of the q lists, which the
+// sm_80 forward and the deterministic dQ kernel share), no softcap.
+template <int D>
+FwdKernel make_fwd_kernel_sm90_moba(bool bf16) {
+  constexpr int BM = flash::kSm90MobaBlockM;
+  return bf16 ? make_fwd_kernel_sm90_t<__nv_bfloat16, D, BM, false, false, true>()
+              : make_fwd_kernel_sm90_t<__half, D, BM, false, false, true>();
 }
 
 }  // namespace attn::cuda

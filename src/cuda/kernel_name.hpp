@@ -26,7 +26,7 @@
 namespace attn::cuda {
 
 struct KernelNameFacts {
-  enum class Forward { kSm80, kSm90, kSparseSm80, kSparseSm90, kMoba };
+  enum class Forward { kSm80, kSm90, kSparseSm80, kSparseSm90, kMoba, kMobaSm90 };
   enum class Backward { kNone, kSm80, kSm80Listed, kSm90, kSm90Sparse };
   const char* dtype = "";
   int head_dim = 0;
@@ -53,6 +53,10 @@ inline std::string kernel_name_body(const KernelNameFacts& f) {
   switch (f.forward) {
     case F::kSparseSm90:
       len = std::snprintf(buf, sizeof buf, "cuda-sm90-wgmma-%s-d%d-bsparse", f.dtype, f.head_dim);
+      break;
+    case F::kMobaSm90:  // the tile (128 x 128) is in info.tile_q and tile_kv
+      len = std::snprintf(buf, sizeof buf, "cuda-sm90-wgmma-%s-d%d-%s", f.dtype, f.head_dim,
+                          f.kind);
       break;
     case F::kMoba:
       len = std::snprintf(buf, sizeof buf, "cuda-fa2-sm80-%s-d%d-%s-%dx%d", f.dtype, f.head_dim,

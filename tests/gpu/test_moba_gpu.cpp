@@ -19,7 +19,14 @@
 // key), batch > 1, BHSD and padded strides, d = 64, 96, 128, 256, bf16 and
 // fp16; independent random query rows, and "coherent" ones (runs of equal
 // rows, which select alike, as neighbouring tokens of real text tend to).
-// By default the forward and the dK/dV kernel walk the gathered row lists
+// On an sm_90 device, plans at d = 64 and 128 run the sm_90a (wgmma)
+// kernels' MoBA instantiations on the tile-union lists (forward
+// "cuda-sm90-wgmma-...-moba", dK/dV "+bwd-wgmma-"), unless
+// ATTN_CUDA_MOBA_SM90=0 (meson tests moba_gpu_sm80*), ATTN_CUDA_FWD_SM90=0
+// (the sm_80 forward on the same lists: moba_gpu_sm80fwd) or
+// ATTN_CUDA_BWD_SM90=0 / ATTN_CUDA_BWD_VARIANT (the sm_80 dK/dV kernel:
+// moba_gpu_sm80bwd, moba_gpu_fallback). Elsewhere, by default the forward
+// and the dK/dV kernel walk the gathered row lists
 // (the forward merging one block per launch into fp32 row states in the
 // workspace); with ATTN_CUDA_MOBA_GATHER=0 (meson tests moba_gpu_union*)
 // they walk the tile-union lists; describe must say which. Each runs the forward, the backward with dQ by atomics and the
@@ -63,6 +70,36 @@ using Problem = CaseProblem<Case>;
 
 uint64_t g_seed = 0;
 bool g_gather = true;  // unless ATTN_CUDA_MOBA_GATHER=0: the kernels gather rows
+// sm_90 device and not ATTN_CUDA_MOBA_SM90=0: d = 64 and 128 plans run the
+// wgmma kernels (tile-union lists), the forward unless ATTN_CUDA_FWD_SM90=0,
+// the dK/dV pass unless ATTN_CUDA_BWD_SM90=0 or ATTN_CUDA_BWD_VARIANT is set.
+bool g_moba_sm90 = false, g_fwd_sm90 = true, g_bwd_sm90 = true;
+
+bool env_is(const char* name, const char* value) {
+  const char* v = std::getenv(name);
+  return v != nullptr && std::strcmp(v, value) == 0;
+}
+bool env_set(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr && v[0] != '\0';
+}
+
+// What attn_plan_describe must say of a case's (non-dense) MoBA plans.
+struct ExpectedKernels {
+  bool gather;       // "moba-gather" (else "moba", the tile-union lists)
+  bool fwd_sm90;     // "cuda-sm90-wgmma-" forward, else "fa2-"
+  bool bwd_sm90;     // "+bwd-wgmma-" (or shortened "+bwd-wg-") dK/dV kernel
+  int32_t tile_kv;  // the forward's KV tile (its query tile is 128 either way)
+};
+ExpectedKernels expected_kernels(const Case& c) {
+  const bool sm90 = g_moba_sm90 && (c.d == 64 || c.d == 128);
+  ExpectedKernels e;
+  e.gather = !sm90 && g_gather;
+  e.fwd_sm90 = sm90 && g_fwd_sm90;
+  e.bwd_sm90 = sm90 && g_bwd_sm90;
+  e.tile_kv = e.fwd_sm90 ? 128 : 64;
+  return e;
+}
 
 using Run = SparseRun<Case>;
 
@@ -107,9 +144,20 @@ Run run_device(const Case& c0, attn_context_t ctx) {
     if ((std::strstr(info.kernel, "moba") == nullptr) != every_block)
       r.describe_error += std::string(" kernel '") + info.kernel + "' for top_k " +
                           std::to_string(c.top_k) + ";";
-    if (!every_block && (std::strstr(info.kernel, "moba-gather") != nullptr) != g_gather)
-      r.describe_error += std::string(" kernel '") + info.kernel + "' with ATTN_CUDA_MOBA_GATHER " +
-                          (g_gather ? "unset" : "=0") + ";";
+    const ExpectedKernels want = expected_kernels(c);
+    if (!every_block && (std::strstr(info.kernel, "moba-gather") != nullptr) != want.gather)
+      r.describe_error += std::string(" kernel '") + info.kernel + "' where the " +
+                          (want.gather ? "gathered" : "tile-union") + " schedule was expected;";
+    if (!every_block && (std::strstr(info.kernel, want.fwd_sm90 ? "sm90-wgmma-" : "fa2-") ==
+                             nullptr ||
+                         info.tile_q != 128 || info.tile_kv != want.tile_kv))
+      r.describe_error += std::string(" kernel '") + info.kernel + "' (tile " +
+                          std::to_string(info.tile_q) + "x" + std::to_string(info.tile_kv) +
+                          ") where the " + (want.fwd_sm90 ? "sm_90a" : "sm_80") +
+                          " forward was expected;";
+    if (!every_block && (std::strstr(info.kernel, "+bwd-wg") != nullptr) != want.bwd_sm90)
+      r.describe_error += std::string(" kernel '") + info.kernel + "' where the " +
+                          (want.bwd_sm90 ? "sm_90a" : "sm_80") + " dK/dV kernel was expected;";
     const char* algorithm = every_block ? "moba-keeps-every-block:flash-tiled-online-softmax"
                                         : "flash-moba-online-softmax";
     if (std::strcmp(info.algorithm, algorithm) != 0)
@@ -206,6 +254,20 @@ std::vector<Case> cases() {
            false);
   c.coherent = true;
   v.push_back(c);
+  // Diagonals off the tiles (lq < lk by an odd offset: own blocks start
+  // inside query tiles of either pass), lengths no tile or block divides,
+  // batches, shared and per-head groups, at d = 64 and 128 (the sm_90a
+  // kernels' sizes).
+  v.push_back(make("d64-bf16-b512-top3-per-head-gqa4/2-lq<lk", BF, 64, 1, 4, 2, 1234, 1601, 512,
+                   3, false));
+  v.push_back(
+      make("d128-fp16-b256-top4-shared-gqa4/1-batch2", FP, 128, 2, 4, 1, 1537, 1537, 256, 4, true));
+  v.push_back(
+      make("d64-fp16-b128-top1-shared-mha-lq>lk", FP, 64, 1, 2, 2, 900, 645, 128, 1, true));
+  c = make("d128-bf16-b128-top7-shared-gqa2/1-coherent-lq<lk", BF, 128, 1, 2, 1, 1100, 1333, 128,
+           7, true);
+  c.coherent = true;
+  v.push_back(c);
   return v;
 }
 
@@ -280,10 +342,17 @@ bool workspace_errors(attn_context_t ctx) {
 int main() {
   skip_without_device();
   g_seed = test_seed();
-  const char* gather_env = std::getenv("ATTN_CUDA_MOBA_GATHER");
-  g_gather = gather_env == nullptr || std::atoi(gather_env) != 0;
-  std::printf("%s\n", g_gather ? "gathered schedule (the default)"
-                               : "ATTN_CUDA_MOBA_GATHER=0: tile-union schedule");
+  g_gather = !env_is("ATTN_CUDA_MOBA_GATHER", "0");
+  cudaDeviceProp prop{};
+  GPU_CHECK(cudaGetDeviceProperties(&prop, 0));
+  g_moba_sm90 = prop.major == 9 && prop.minor == 0 && !env_is("ATTN_CUDA_MOBA_SM90", "0");
+  g_fwd_sm90 = !env_is("ATTN_CUDA_FWD_SM90", "0");
+  g_bwd_sm90 = !env_is("ATTN_CUDA_BWD_SM90", "0") && !env_set("ATTN_CUDA_BWD_VARIANT");
+  std::printf("device sm_%d%d: d = 64/128 plans expected on the %s forward and the %s dK/dV "
+              "kernel; elsewhere the %s schedule\n",
+              prop.major, prop.minor, g_moba_sm90 && g_fwd_sm90 ? "sm_90a (wgmma)" : "sm_80",
+              g_moba_sm90 && g_bwd_sm90 ? "sm_90a (wgmma)" : "sm_80",
+              g_gather ? "gathered (the default)" : "tile-union (ATTN_CUDA_MOBA_GATHER=0)");
 
   attn_context_t ctx = nullptr;
   ATTN_CHECK(attn_context_create(ATTN_BACKEND_CUDA, 0, 0, &ctx));

@@ -87,7 +87,7 @@ KernelNameFacts base(F fwd, B bwd) {
   f.dtype = "bf16";
   f.head_dim = 128;
   f.forward = fwd;
-  f.kind = fwd == F::kMoba ? "moba-gather" : "bsparse";
+  f.kind = fwd == F::kMoba ? "moba-gather" : fwd == F::kMobaSm90 ? "moba" : "bsparse";
   f.fwd_block_m = 128, f.fwd_block_n = 64, f.fwd_warps = 4, f.fwd_stages = 2;
   f.backward = bwd;
   f.bwd_block_m = 64, f.bwd_block_n = 128, f.bwd_warps = 8;
@@ -110,6 +110,9 @@ int main() {
   f.cut = true, f.bwd_persist = true;
   expect(compose(f) == "cuda-fa2-bf16-d128-bsparse-128x64+bwd-p-64x128-s-atomic-cut",
          "block-sparse sm_80, cut", compose(f));
+  f = base(F::kMobaSm90, B::kSm90);
+  expect(compose(f) == "cuda-sm90-wgmma-bf16-d128-moba+bwd-wgmma-64x128-bulk", "MoBA sm_90a",
+         compose(f));
 
   // The longest names of each family: 3-digit tiles and head dims, the
   // longest markers ("-cut" only with a whole group).
@@ -135,6 +138,8 @@ int main() {
       check(("block-sparse sm_80 persistent" + tag).c_str(),
             longest(F::kSparseSm80, B::kSm80Listed));
       check(("MoBA gather" + tag).c_str(), longest(F::kMoba, B::kSm80Listed));
+      check(("MoBA sm_90a" + tag).c_str(), longest(F::kMobaSm90, B::kSm90));
+      check(("MoBA sm_90a, sm_80 bwd" + tag).c_str(), longest(F::kMobaSm90, B::kSm80Listed));
     }
   }
 
@@ -157,21 +162,26 @@ int main() {
     // Consistent facts: tile-list backwards with tile-list forwards, the
     // persistent dK/dV kernel for block-sparse plans, "-cut" with whole
     // groups.
-    r.forward = F(pick(0, 4));
+    r.forward = F(pick(0, 5));
+    const bool moba_sm90 = r.forward == F::kMobaSm90;
     const bool listed = r.forward == F::kSparseSm80 || r.forward == F::kSparseSm90 ||
-                        r.forward == F::kMoba;
-    r.kind = kinds[r.forward == F::kMoba ? pick(2, 3) : pick(0, 1)];
+                        r.forward == F::kMoba || moba_sm90;
+    r.kind = kinds[r.forward == F::kMoba ? pick(2, 3) : moba_sm90 ? 2 : pick(0, 1)];
     r.fwd_block_m = pick(1, 999), r.fwd_block_n = pick(1, 999);
     r.fwd_warps = pick(1, 99), r.fwd_stages = pick(1, 9);
     const B listed_bwd[] = {B::kNone, B::kSm80Listed, B::kSm90Sparse};
     const B dense_bwd[] = {B::kNone, B::kSm80, B::kSm90};
-    r.backward = listed ? listed_bwd[pick(0, r.forward == F::kMoba ? 1 : 2)] : dense_bwd[pick(0, 2)];
-    r.bwd_persist = r.forward != F::kMoba && r.backward == B::kSm80Listed && pick(0, 1) == 1;
+    const B moba_sm90_bwd[] = {B::kNone, B::kSm80Listed, B::kSm90};
+    r.backward = moba_sm90 ? moba_sm90_bwd[pick(0, 2)]
+                 : listed  ? listed_bwd[pick(0, r.forward == F::kMoba ? 1 : 2)]
+                           : dense_bwd[pick(0, 2)];
+    const bool moba = r.forward == F::kMoba || moba_sm90;
+    r.bwd_persist = !moba && r.backward == B::kSm80Listed && pick(0, 1) == 1;
     r.bwd_block_m = pick(1, 999), r.bwd_block_n = pick(1, 999), r.bwd_warps = pick(1, 99);
     r.bwd_register_path = pick(0, 1) == 1;
     r.dq_kind = dq[pick(0, 2)];
     r.group_splits = pick(0, 1) ? pick(1, 64) : pick(1, 65535);
-    r.cut = listed && r.forward != F::kMoba && r.group_splits == 1 && pick(0, 1) == 1;
+    r.cut = listed && !moba && r.group_splits == 1 && pick(0, 1) == 1;
     const std::string name = compose(r);
     const std::string whole =
         attn::cuda::kernel_name_body(r) + attn::cuda::kernel_name_markers(r);
