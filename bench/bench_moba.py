@@ -24,15 +24,16 @@ Each MoBA configuration runs once per variant: --variant NAME=VALUE[,NAME=
 VALUE...] (repeatable) sets those environment variables while its plan is
 created (the library reads its hooks there; variables another variant sets
 are restored to their values outside this program), "" is the library's
-defaults. E.g. --variant "" --variant ATTN_CUDA_MOBA_SM90=0 times the
-sm_90a (wgmma) kernels and the sm_80 ones side by side on an sm_90 device;
+defaults. E.g. --variant "" --variant ATTN_CUDA_MOBA_SM90=1 times the
+sm_80 kernels (the default) and the sm_90a (wgmma) ones side by side on an
+sm_90 device;
 the kernel column says which ran. Without --variant, one per schedule of
 --schedules on the sm_80 kernels' choice: "union", the kernels visit the
 query tiles in which some row chose the block (ATTN_CUDA_MOBA_GATHER=0);
 "gather", tiles of the rows that chose it (ATTN_CUDA_MOBA_GATHER=1, the
-kernel name says "-moba-gather"). (On sm_90 devices d = 64 and 128 plans
-run the wgmma kernels on the union lists whatever ATTN_CUDA_MOBA_GATHER
-says, unless ATTN_CUDA_MOBA_SM90=0.)
+kernel name says "-moba-gather"). (With ATTN_CUDA_MOBA_SM90=1, on sm_90
+devices d = 64 and 128 plans run the wgmma kernels on the union lists
+whatever ATTN_CUDA_MOBA_GATHER says.)
 
 A plan whose top_k covers every past block computes plain causal attention:
 its "err" column is the largest relative L2 difference of O, dQ, dK and dV
@@ -41,7 +42,7 @@ from the dense plan (a check that the run-time path is right on this GPU).
 Usage: bench_moba.py --lib build/src/libattn.so [--out results.md] [--reps 5]
                      [--seqlens 32768,131072] [--heads-q 16 --heads-kv 16] [--shared]
                      [--coherent] [--schedules union,gather] [--head-dim 128]
-                     [--variant "" --variant ATTN_CUDA_MOBA_SM90=0 ...]
+                     [--variant "" --variant ATTN_CUDA_MOBA_SM90=1 ...]
 """
 import argparse
 import datetime

@@ -150,17 +150,18 @@ if [ "${GPU_CHECK_SANITIZE:-1}" != 0 ] && command -v compute-sanitizer >/dev/nul
   sanitize memcheck sparse_sm80bwd "$bin" ATTN_CUDA_BWD_SM90_SPARSE=0
   sanitize racecheck sparse_sm80bwd "$bin" ATTN_CUDA_BWD_SM90_SPARSE=0 \
     ATTN_GPU_TEST_FILTER=-causal-gqa
-  # MoBA on the sm_90a (wgmma) kernels (sm_90 devices, d = 64 and 128: the
-  # tile-union lists in both passes), on the cases of GQA groups of 4 over 2
-  # KV heads (both head dims, shared and per-head selection, one with lq <
-  # lk); then with the sm_80 dK/dV kernel on the same lists, and the sm_80
-  # path throughout (ATTN_CUDA_MOBA_SM90=0, gathered rows); races on the
+  # MoBA on the sm_90a (wgmma) kernels (ATTN_CUDA_MOBA_SM90=1; sm_90 devices,
+  # d = 64 and 128: the tile-union lists in both passes), on the cases of GQA
+  # groups of 4 over 2 KV heads (both head dims, shared and per-head
+  # selection, one with lq < lk); then with the sm_80 dK/dV kernel on the
+  # same lists, and the default sm_80 path (gathered rows); races on the
   # shared-selection ones.
   bin="$build/tests/gpu/test_moba_gpu"
-  sanitize memcheck moba "$bin" ATTN_GPU_TEST_FILTER=gqa4/2
-  sanitize racecheck moba "$bin" ATTN_GPU_TEST_FILTER=shared-gqa4/2
-  sanitize memcheck moba_sm80bwd "$bin" ATTN_CUDA_BWD_SM90=0 ATTN_GPU_TEST_FILTER=gqa4/2
-  sanitize memcheck moba_sm80 "$bin" ATTN_CUDA_MOBA_SM90=0 ATTN_GPU_TEST_FILTER=shared-gqa4/2
+  sanitize memcheck moba_sm90 "$bin" ATTN_CUDA_MOBA_SM90=1 ATTN_GPU_TEST_FILTER=gqa4/2
+  sanitize racecheck moba_sm90 "$bin" ATTN_CUDA_MOBA_SM90=1 ATTN_GPU_TEST_FILTER=shared-gqa4/2
+  sanitize memcheck moba_sm90_sm80bwd "$bin" ATTN_CUDA_MOBA_SM90=1 ATTN_CUDA_BWD_SM90=0 \
+    ATTN_GPU_TEST_FILTER=gqa4/2
+  sanitize memcheck moba "$bin" ATTN_GPU_TEST_FILTER=shared-gqa4/2
 fi
 
 torch_out=""

@@ -42,11 +42,15 @@
 // the kernel name. ATTN_CUDA_MOBA_GATHER=0 (a test and tuning hook) takes
 // the tile-union schedule instead: the query tiles in which some row
 // selected the block ("-moba"), which is also the path of plans whose row
-// lists would not fit 32-bit offsets. On sm_90 devices, MoBA plans at d = 64
-// and 128 without softcap run the sm_90a (wgmma) kernels' Moba
-// instantiations on that tile-union schedule instead ("cuda-sm90-wgmma-
-// ...-moba", "+bwd-wgmma-..."; moba_fits_sm90), unless ATTN_CUDA_MOBA_SM90=0
-// keeps the sm_80 path above.
+// lists would not fit 32-bit offsets. With ATTN_CUDA_MOBA_SM90=1, MoBA plans
+// at d = 64 and 128 without softcap on sm_90 devices run the sm_90a (wgmma)
+// kernels' Moba instantiations on that tile-union schedule instead
+// ("cuda-sm90-wgmma-...-moba", "+bwd-wgmma-..."; moba_fits_sm90). Not the
+// default: the tile union costs what the rows of a tile select together,
+// nearly every past block when they disagree, so on an H200 it ran 1.5-2.5x
+// faster forward than the gathered sm_80 kernels on queries that agree over
+// 256-token runs but up to 8x slower on independent ones
+// (bench/results/cuda-moba-sm90-*2026-12-01-c37f71b.md).
 #include "cuda/cuda_backend.hpp"
 
 #include <cuda_runtime_api.h>
@@ -128,7 +132,7 @@ size_t align_up(size_t x) { return (x + kWorkspaceAlign - 1) / kWorkspaceAlign *
 // variable and the value (core/env.hpp), whichever kernels the plan runs.
 struct CudaHooks {
   bool moba_gather;               // ATTN_CUDA_MOBA_GATHER (default 1)
-  bool moba_sm90;                 // ATTN_CUDA_MOBA_SM90 (default 1)
+  bool moba_sm90;                 // ATTN_CUDA_MOBA_SM90 (default 0)
   bool fwd_persist;               // ATTN_CUDA_BSPARSE_FWD_PERSIST (default 0)
   bool bwd_persist;               // ATTN_CUDA_BSPARSE_BWD_PERSIST (default 0)
   bool prefetch;                  // ATTN_CUDA_BSPARSE_PREFETCH (default 0)
@@ -143,7 +147,7 @@ struct CudaHooks {
   static CudaHooks from_env() {
     CudaHooks h;
     h.moba_gather = env_flag("ATTN_CUDA_MOBA_GATHER", true);
-    h.moba_sm90 = env_flag("ATTN_CUDA_MOBA_SM90", true);
+    h.moba_sm90 = env_flag("ATTN_CUDA_MOBA_SM90", false);
     h.fwd_persist = env_flag("ATTN_CUDA_BSPARSE_FWD_PERSIST", false);
     h.bwd_persist = env_flag("ATTN_CUDA_BSPARSE_BWD_PERSIST", false);
     h.prefetch = env_flag("ATTN_CUDA_BSPARSE_PREFETCH", false);
@@ -625,11 +629,11 @@ class CudaPlan final : public BackendPlan {
     sm90_ = true;
   }
 
-  // MoBA plans without softcap at d = 64 and 128 run the wgmma kernels' Moba
-  // instantiations on the tile-union schedule, on sm_90 devices whose image
-  // of the forward one was compiled for sm_90a (as pick_sm90_forward
-  // checks), unless ATTN_CUDA_MOBA_SM90=0 (a test and tuning hook: the sm_80
-  // kernels, gathered or not by ATTN_CUDA_MOBA_GATHER). The forward then
+  // With ATTN_CUDA_MOBA_SM90=1 (a test and tuning hook; by default the sm_80
+  // kernels, gathered or not by ATTN_CUDA_MOBA_GATHER), MoBA plans without
+  // softcap at d = 64 and 128 run the wgmma kernels' Moba instantiations on
+  // the tile-union schedule, on sm_90 devices whose image of the forward one
+  // was compiled for sm_90a (as pick_sm90_forward checks). The forward then
   // runs the wgmma one unless ATTN_CUDA_FWD_SM90=0, the dK/dV pass unless
   // ATTN_CUDA_BWD_SM90=0 or ATTN_CUDA_BWD_VARIANT (the sm_80 kernels' Moba
   // instantiations on the same lists otherwise).

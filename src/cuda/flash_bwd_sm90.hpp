@@ -1,8 +1,8 @@
 // Host-side handle to the sm_90a (wgmma) dK/dV kernel of dense backward
 // plans at d = 64 and 128 (flash/bwd_sm90_kernel.cuh), and of block-sparse
 // ones (its Sparse instantiation, the default; ATTN_CUDA_BWD_SM90_SPARSE=0
-// keeps the sm_80 kernel) and of MoBA plans (its Moba instantiation;
-// ATTN_CUDA_MOBA_SM90=0 keeps the sm_80 kernels).
+// keeps the sm_80 kernel) and of MoBA plans under ATTN_CUDA_MOBA_SM90=1
+// (its Moba instantiation; by default MoBA runs the sm_80 kernels).
 // The other launches of the backward (preprocess, dQ conversion, split
 // groups' dK/dV conversion) are the sm_80 set's (cuda/flash_bwd.hpp). Plain
 // C++: the kernel is compiled by nvcc in flash_bwd_sm90_*.cu. Its image

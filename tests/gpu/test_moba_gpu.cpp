@@ -19,13 +19,13 @@
 // key), batch > 1, BHSD and padded strides, d = 64, 96, 128, 256, bf16 and
 // fp16; independent random query rows, and "coherent" ones (runs of equal
 // rows, which select alike, as neighbouring tokens of real text tend to).
-// On an sm_90 device, plans at d = 64 and 128 run the sm_90a (wgmma)
-// kernels' MoBA instantiations on the tile-union lists (forward
-// "cuda-sm90-wgmma-...-moba", dK/dV "+bwd-wgmma-"), unless
-// ATTN_CUDA_MOBA_SM90=0 (meson tests moba_gpu_sm80*), ATTN_CUDA_FWD_SM90=0
-// (the sm_80 forward on the same lists: moba_gpu_sm80fwd) or
-// ATTN_CUDA_BWD_SM90=0 / ATTN_CUDA_BWD_VARIANT (the sm_80 dK/dV kernel:
-// moba_gpu_sm80bwd, moba_gpu_fallback). Elsewhere, by default the forward
+// With ATTN_CUDA_MOBA_SM90=1 on an sm_90 device, plans at d = 64 and 128
+// run the sm_90a (wgmma) kernels' MoBA instantiations on the tile-union
+// lists (forward "cuda-sm90-wgmma-...-moba", dK/dV "+bwd-wgmma-"; meson
+// tests moba_gpu_sm90*), unless ATTN_CUDA_FWD_SM90=0 (the sm_80 forward on
+// the same lists: moba_gpu_sm90_sm80fwd) or ATTN_CUDA_BWD_SM90=0 /
+// ATTN_CUDA_BWD_VARIANT (the sm_80 dK/dV kernel: moba_gpu_sm90_sm80bwd).
+// Otherwise, by default the forward
 // and the dK/dV kernel walk the gathered row lists
 // (the forward merging one block per launch into fp32 row states in the
 // workspace); with ATTN_CUDA_MOBA_GATHER=0 (meson tests moba_gpu_union*)
@@ -70,7 +70,7 @@ using Problem = CaseProblem<Case>;
 
 uint64_t g_seed = 0;
 bool g_gather = true;  // unless ATTN_CUDA_MOBA_GATHER=0: the kernels gather rows
-// sm_90 device and not ATTN_CUDA_MOBA_SM90=0: d = 64 and 128 plans run the
+// sm_90 device and ATTN_CUDA_MOBA_SM90=1: d = 64 and 128 plans run the
 // wgmma kernels (tile-union lists), the forward unless ATTN_CUDA_FWD_SM90=0,
 // the dK/dV pass unless ATTN_CUDA_BWD_SM90=0 or ATTN_CUDA_BWD_VARIANT is set.
 bool g_moba_sm90 = false, g_fwd_sm90 = true, g_bwd_sm90 = true;
@@ -345,7 +345,7 @@ int main() {
   g_gather = !env_is("ATTN_CUDA_MOBA_GATHER", "0");
   cudaDeviceProp prop{};
   GPU_CHECK(cudaGetDeviceProperties(&prop, 0));
-  g_moba_sm90 = prop.major == 9 && prop.minor == 0 && !env_is("ATTN_CUDA_MOBA_SM90", "0");
+  g_moba_sm90 = prop.major == 9 && prop.minor == 0 && env_is("ATTN_CUDA_MOBA_SM90", "1");
   g_fwd_sm90 = !env_is("ATTN_CUDA_FWD_SM90", "0");
   g_bwd_sm90 = !env_is("ATTN_CUDA_BWD_SM90", "0") && !env_set("ATTN_CUDA_BWD_VARIANT");
   std::printf("device sm_%d%d: d = 64/128 plans expected on the %s forward and the %s dK/dV "
