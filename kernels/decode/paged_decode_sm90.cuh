@@ -1,6 +1,9 @@
 // Paged decode on sm_90: the block and pipeline of paged_decode.cuh, with
 // the K/V tiles moved by the bulk-copy engine (cp.async.bulk, completing on
 // one mbarrier per stage) instead of 16-byte cp.async from every thread.
+// The unit loop (decode_unit_mbar) is shared with the tensor-copy variant
+// (paged_decode_tma.cuh); a copy policy (BulkCopy here) supplies the shared
+// layout of the K/V tiles, the copies and the fragments' addresses.
 //
 // Why: the cp.async kernel issues 2 * kTileKeys * D / 8 copies (2048 at
 // D = 128) and their address arithmetic per tile; here each of the tile's
@@ -90,8 +93,8 @@ struct BulkSmem {
   static constexpr int kSegs = kTileKeys / kSegRows;
   static_assert(kSegs == 8 && kWarps * 2 == kSegRows, "8 segments; two rows of each per warp");
   static constexpr int kSegElems = kSegRows * D + 8;  // + 16 bytes: segments in distinct banks
-  static constexpr int kTileElems = kSegs * kSegElems;
-  static constexpr int kKvBytes = S * 2 * kTileElems * 2;
+  static constexpr int kTileBytes = kSegs * kSegElems * 2;
+  static constexpr int kKvBytes = S * 2 * kTileBytes;
   static constexpr int kPosBytes = S * kTileKeys * 4;
   static constexpr int kEntriesPerTile = kTileKeys + 1;  // as in Smem
   static constexpr int kEntryBytes = S * kEntriesPerTile * 16;
@@ -101,24 +104,136 @@ struct BulkSmem {
   static constexpr int kMergeBytes = kWarps * 16 * (D + 2) * 4;
   static_assert(kMergeBytes <= kKvBytes, "merge area fits");
   static_assert(kKvBytes % 16 == 0 && kQBytes % 16 == 0, "16-byte aligned parts");
+  static constexpr int kAlign = 16;  // of the dynamic area's base
   static constexpr int kBytes = kKvBytes + kPosBytes + kEntryBytes + kQBytes + kBarBytes;
 };
 
-// One work unit u of the bulk-copy kernel below; its tile t uses stage
-// (tile_base + t) % S and completes phase (tile_base + t) / S of that
+// What a copy policy's issue() needs of the unit and of one tile.
+struct UnitInfo {
+  int64_t slots;    // key slots of the unit (its pages x page size)
+  int64_t n;        // the sequence's length: slots at positions >= n hold no key
+  int64_t ps;
+  uint32_t ups;     // page size as uint32 (positions are below 2^31)
+  int g;            // the block's KV head
+  int64_t q_begin;  // the sequence's first query token
+};
+struct TileIssue {
+  const PageEntry* ent;   // the tile's page entries, from entry `first` of the unit
+  int* pos;               // [kTileKeys] the stage's key positions (-1: no key)
+  uint32_t bar;           // the stage's barrier
+  uint32_t k, v;          // the stage's K and V tiles (shared addresses)
+  uint32_t slot0, first;  // the tile's first key slot and its page entry
+};
+
+// Key slot t.slot0 + key of the unit: its position (-1 past the unit),
+// whether it holds a key (position < n), its page and slot in the page.
+struct SlotKey {
+  int pos;
+  bool valid;
+  int64_t page;
+  uint32_t in_page;
+};
+__device__ __forceinline__ SlotKey slot_key(const UnitInfo& ui, const TileIssue& t, int key) {
+  const uint32_t slot = t.slot0 + uint32_t(key);
+  const uint32_t e = slot / ui.ups;
+  SlotKey k{-1, false, 0, slot - e * ui.ups};
+  if (int64_t(slot) < ui.slots) {
+    const PageEntry pe = t.ent[e - t.first];
+    k.pos = int(pe.logical * ui.ps + k.in_page);
+    k.valid = k.pos < ui.n;
+    k.page = pe.page;
+  }
+  return k;
+}
+
+// The bulk-copy policy. Shared layout of a K (or V) tile: 8 segments of 8
+// rows, [segment][row][D] with 16 bytes of padding after each segment; tile
+// key k is row k % 8 of segment k / 8 (a bulk copy writes contiguous bytes,
+// so rows inside a segment are unpadded). Rows of one segment share their
+// banks; rows of different segments are 16 bytes apart in bank order. So
+// each 8-row ldmatrix reads the same row of 8 segments: warp w takes rows
+// 2w and 2w + 1 of every segment, n-tile nt of its S = Q K^T being row
+// 2w + nt (key c * 8 + 2w + nt in column c), and P V reads V in the same
+// order.
+//
+// Slots that hold no key (past the unit, or at positions >= n in the
+// sequence's last page, which may hold anything) are filled from a stand-in
+// finite row (Q of the sequence's first token, query head g * G) and get
+// position -1: their weight is exactly 0, which would not cancel a NaN or
+// Inf left in an unfilled slot.
+template <class T, int D, int S>
+struct BulkCopy {
+  using SM = BulkSmem<D, S>;
+  static constexpr int kArrivals = kTileKeys;  // per barrier phase: every key's thread
+  static constexpr uint32_t kRowBytes = D * 2;
+
+  __device__ static void prefetch(const DecodeParams&) {}
+
+  // Thread tid < kTileKeys (whole warps: the ballot) takes tile key tid, row
+  // tid % 8 of segment tid / 8. 8 slots from a multiple of 8 lie in one page
+  // when ps % 8 == 0 (a unit starts at a page) and are contiguous when a
+  // slot's row follows the last: then the segment's first thread copies all.
+  __device__ static void issue(const DecodeParams& p, const UnitInfo& ui, const TileIssue& t) {
+    const T* k_pool = static_cast<const T*>(p.k_pool);
+    const T* v_pool = static_cast<const T*>(p.v_pool);
+    const int key = threadIdx.x, lane = key % 32, seg = key / 8, row = key % 8;
+    const SlotKey sk = slot_key(ui, t, key);
+    const int64_t off = sk.page * p.page_elems + int64_t(ui.g) * p.head_stride +
+                        int64_t(sk.in_page) * p.slot_stride;
+    t.pos[key] = sk.valid ? sk.pos : -1;
+    const uint32_t seg_valid = (__ballot_sync(0xffffffffu, sk.valid) >> (lane & 24)) & 0xffu;
+    const bool runs_of_8 = ui.ps % 8 == 0 && p.slot_stride == D;
+    const uint32_t dk = t.k + uint32_t((seg * SM::kSegElems + row * D) * 2);
+    const uint32_t dv = t.v + uint32_t((seg * SM::kSegElems + row * D) * 2);
+    if (runs_of_8 && seg_valid == 0xffu) {
+      if (row == 0) {
+        mbar_arrive_expect_tx(t.bar, 2 * 8 * kRowBytes);
+        bulk_load(dk, k_pool + off, 8 * kRowBytes, t.bar);
+        bulk_load(dv, v_pool + off, 8 * kRowBytes, t.bar);
+      } else {
+        mbar_arrive(t.bar);
+      }
+    } else {
+      // token 0 of the sequence, query head g * G: finite
+      const T* filler = static_cast<const T*>(p.q) + (ui.q_begin * p.heads_q + int64_t(ui.g) * p.group) * D;
+      mbar_arrive_expect_tx(t.bar, 2 * kRowBytes);
+      bulk_load(dk, sk.valid ? k_pool + off : filler, kRowBytes, t.bar);
+      bulk_load(dv, sk.valid ? v_pool + off : filler, kRowBytes, t.bar);
+    }
+  }
+
+  // A warp's ldmatrix addresses (lane l: row l % 8 of matrix l / 8) and keys.
+  struct Reader {
+    uint32_t k_off, v_off;
+    int key0;  // 2 w
+    __device__ Reader(int w, int lane)
+        : k_off(uint32_t((2 * w * D + (lane % 8) * SM::kSegElems + (lane / 16) * D + ((lane / 8) % 2) * 8) * 2)),
+          v_off(uint32_t((2 * w * D + (lane % 8) * SM::kSegElems + ((lane / 8) % 2) * D + (lane / 16) * 8) * 2)),
+          key0(2 * w) {}
+    __device__ uint32_t k(uint32_t sK, int kk) const { return sK + k_off + uint32_t(kk * 32); }
+    __device__ uint32_t v(uint32_t sV, int dn) const { return sV + v_off + uint32_t(dn * 32); }
+    // Tile key of column c of this warp's n-tile nt.
+    __device__ int key(int nt, int c) const { return c * 8 + key0 + nt; }
+    // Empty slots hold the stand-in row: nothing to do before reading.
+    __device__ void prepare(uint32_t, const int*) const {}
+  };
+};
+
+// One work unit u of an sm_90 kernel with copy policy Copy: the pipeline of
+// paged_decode_kernel, the entries on cp.async groups, the K/V of tile t on
+// stage (tile_base + t) % S, completing phase (tile_base + t) / S of that
 // stage's barrier (tile_base: the tiles of the block's earlier units,
 // advanced here).
-template <class T, int D, int S>
-__device__ __forceinline__ void decode_unit_bulk(const DecodeParams& p, const WorkUnit& u,
+template <class T, int D, int S, class Copy>
+__device__ __forceinline__ void decode_unit_mbar(const DecodeParams& p, const WorkUnit& u,
                                                  unsigned char* smem, int& tile_base) {
   using flash::cp_async_16;
   using flash::smem_u32;
-  using SM = BulkSmem<D, S>;
+  using SM = typename Copy::SM;
   constexpr int kLdQ = SM::kLdQ;
   constexpr int kChunks = D / 8;
-  constexpr uint32_t kRowBytes = D * 2;
 
-  T* sKV = reinterpret_cast<T*>(smem);  // [stage][K|V][segment][8][D] + pads
+  const uint32_t sKV = smem_u32(smem);  // [stage][K|V][tile in Copy's layout]
   int* sPos = reinterpret_cast<int*>(smem + SM::kKvBytes);  // [stage][kTileKeys]
   PageEntry* sEnt = reinterpret_cast<PageEntry*>(smem + SM::kKvBytes + SM::kPosBytes);  // [S][kEntriesPerTile]
   T* sQ = reinterpret_cast<T*>(smem + SM::kKvBytes + SM::kPosBytes + SM::kEntryBytes);  // [16][kLdQ]
@@ -156,8 +271,6 @@ __device__ __forceinline__ void decode_unit_bulk(const DecodeParams& p, const Wo
   }
   const int64_t n = sm.length;
   const T* q = static_cast<const T*>(p.q);
-  const T* k_pool = static_cast<const T*>(p.k_pool);
-  const T* v_pool = static_cast<const T*>(p.v_pool);
 
   for (int idx = tid; idx < 16 * kChunks; idx += kThreads) {
     const int r = idx / kChunks, c = idx % kChunks;
@@ -167,60 +280,22 @@ __device__ __forceinline__ void decode_unit_bulk(const DecodeParams& p, const Wo
     cp_async_16(smem_u32(sQ + r * kLdQ + c * 8),
                 valid ? q + ((sm.q_begin + t) * p.heads_q + h) * D + c * 8 : q, valid);
   }
-  const int64_t head_off = int64_t(g) * p.head_stride;
-  const T* filler = q + (sm.q_begin * p.heads_q + int64_t(g) * G) * D;  // token 0, head g * G
-  // 8 slots from a multiple of 8 lie in one page (ps % 8 == 0; a unit
-  // starts at a page) and are contiguous when a slot's row follows the last.
-  const bool runs_of_8 = ps % 8 == 0 && p.slot_stride == D;
 
-  // Tile `tile` into stage (base + tile) % S: thread tid < kTileKeys (whole
-  // warps: the ballot) takes tile key tid, row tid % 8 of segment tid / 8.
+  const UnitInfo ui{slots, n, ps, ups, g, sm.q_begin};
   const int base = tile_base;
   tile_base += tiles;
+  // Tile `tile` into stage (base + tile) % S, by threads tid < kTileKeys.
   auto issue_kv = [&](int tile) {
     const int st = (base + tile) % S;
-    T* sK = sKV + st * 2 * SM::kTileElems;
-    T* sV = sK + SM::kTileElems;
-    const PageEntry* ent = sEnt + (tile % S) * SM::kEntriesPerTile;
     const uint32_t slot0 = uint32_t(tile * kTileKeys);
-    const uint32_t first = slot0 / ups;
-    const int key = tid, seg = key / 8, row = key % 8;
-    const uint32_t slot = slot0 + uint32_t(key);
-    const uint32_t e = slot / ups, in_page = slot - e * ups;
-    bool valid = false;
-    int pos = -1;
-    int64_t off = 0;
-    if (int64_t(slot) < slots) {
-      const PageEntry pe = ent[e - first];
-      pos = int(pe.logical * ps + in_page);
-      valid = pos < n;
-      off = pe.page * p.page_elems + head_off + int64_t(in_page) * p.slot_stride;
-    }
-    sPos[st * kTileKeys + key] = valid ? pos : -1;
-    const uint32_t seg_valid = (__ballot_sync(0xffffffffu, valid) >> (lane & 24)) & 0xffu;
-    const uint32_t bar = smem_u32(sBar + st);
-    const uint32_t dk = smem_u32(sK + seg * SM::kSegElems + row * D);
-    const uint32_t dv = smem_u32(sV + seg * SM::kSegElems + row * D);
-    if (runs_of_8 && seg_valid == 0xffu) {
-      if (row == 0) {
-        mbar_arrive_expect_tx(bar, 2 * 8 * kRowBytes);
-        bulk_load(dk, k_pool + off, 8 * kRowBytes, bar);
-        bulk_load(dv, v_pool + off, 8 * kRowBytes, bar);
-      } else {
-        mbar_arrive(bar);
-      }
-    } else {
-      mbar_arrive_expect_tx(bar, 2 * kRowBytes);
-      bulk_load(dk, valid ? k_pool + off : filler, kRowBytes, bar);
-      bulk_load(dv, valid ? v_pool + off : filler, kRowBytes, bar);
-    }
+    const uint32_t sK = sKV + uint32_t(st * 2 * SM::kTileBytes);
+    const TileIssue t{sEnt + (tile % S) * SM::kEntriesPerTile, sPos + st * kTileKeys,
+                      smem_u32(sBar + st), sK, sK + uint32_t(SM::kTileBytes), slot0, slot0 / ups};
+    Copy::issue(p, ui, t);
   };
 
-  // The pipeline: the entries as in paged_decode_kernel (cp.async groups:
-  // iteration i waits until the entries of tile i+S-1 are in); K/V of tile
-  // i complete phase (base + i) / S of barrier (base + i) % S. The barrier
-  // at the top of iteration i also ends every warp's reads of the stage
-  // of tile i-1, which the iteration refills.
+  // The barrier at the top of iteration i also ends every warp's reads of
+  // the stage of tile i-1, which the iteration refills.
   flash::cp_async_commit();
   flash::cp_async_wait<0>();
   __syncthreads();  // sQ, the entries of tiles 0 .. S-2, the barriers
@@ -253,6 +328,7 @@ __device__ __forceinline__ void decode_unit_bulk(const DecodeParams& p, const Wo
 #pragma unroll
   for (int j = 0; j < D / 8; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
 
+  const typename Copy::Reader rd(warp, lane);
   for (int tile = 0; tile < tiles; ++tile) {
     const int st = (base + tile) % S;
     flash::cp_async_wait<S - 2>();
@@ -262,28 +338,26 @@ __device__ __forceinline__ void decode_unit_bulk(const DecodeParams& p, const Wo
     if (tile + 2 * S - 2 < tiles) fetch_entries(tile + 2 * S - 2);
     flash::cp_async_commit();
 
-    // This warp's rows 2w + nt of the 8 segments.
-    const T* sK = sKV + st * 2 * SM::kTileElems + 2 * warp * D;
-    const T* sV = sK + SM::kTileElems;
-    const int* pos = sPos + st * kTileKeys + 2 * warp;
+    const uint32_t sK = sKV + uint32_t(st * 2 * SM::kTileBytes);
+    const uint32_t sV = sK + uint32_t(SM::kTileBytes);
+    const int* pos = sPos + st * kTileKeys;
+    rd.prepare(sV, pos);
 
     float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
       uint32_t b[4];
-      flash::ldsm_x4(b, smem_u32(sK + (lane % 8) * SM::kSegElems + (lane / 16) * D + kk * 16 +
-                                 ((lane / 8) % 2) * 8));
+      flash::ldsm_x4(b, rd.k(sK, kk));
       flash::mma_16816<T>(s[0], qf[kk], b[0], b[1]);
       flash::mma_16816<T>(s[1], qf[kk], b[2], b[3]);
     }
     uint32_t a[4];
-    online_softmax_step<T, D>(s, [&](int nt, int c) { return pos[c * 8 + nt]; }, qpos, p, scale2,
-                              m, l, acc, a);
+    online_softmax_step<T, D>(s, [&](int nt, int c) { return pos[rd.key(nt, c)]; }, qpos, p,
+                              scale2, m, l, acc, a);
 #pragma unroll
     for (int dn = 0; dn < D / 16; ++dn) {
       uint32_t b[4];
-      flash::ldsm_x4_trans(b, smem_u32(sV + (lane % 8) * SM::kSegElems + ((lane / 8) % 2) * D +
-                                       dn * 16 + (lane / 16) * 8));
+      flash::ldsm_x4_trans(b, rd.v(sV, dn));
       flash::mma_16816<T>(acc[2 * dn], a, b[0], b[1]);
       flash::mma_16816<T>(acc[2 * dn + 1], a, b[2], b[3]);
     }
@@ -292,32 +366,37 @@ __device__ __forceinline__ void decode_unit_bulk(const DecodeParams& p, const Wo
   __syncthreads();  // every warp's last reads of the K/V area, now the merge area
 
   merge_and_store<T, D>(smem, p, u, sm, g, row0, rows, m, l, acc);
-  // The merge's generic writes to the K/V area before a next unit's bulk
-  // copies into it.
+  // The merge's generic writes to the K/V area before a next unit's copies
+  // into it.
   flash::fence_proxy_async_shared();
 }
 
-// Grid and block as paged_decode_kernel. The minimum of resident blocks
+// Grid and block as paged_decode_kernel; p is a grid constant because the
+// tensor copies address its tensor maps. The minimum of resident blocks
 // steers ptxas' register choice: left free, at D = 64 it settles on 96
 // registers and spills.
-template <class T, int D, int S, bool kBalanced>
+template <class T, int D, int S, bool kBalanced, class Copy>
 __global__ void __launch_bounds__(kThreads, D <= 64 ? 4 : 3)
-    paged_decode_bulk_kernel(const DecodeParams p) {
+    paged_decode_mbar_kernel(const __grid_constant__ DecodeParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  using SM = BulkSmem<D, S>;
-  extern __shared__ __align__(16) unsigned char smem[];
+  using SM = typename Copy::SM;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  // The base aligned up to what the copies need (the host adds the slack).
+  unsigned char* smem =
+      smem_raw + ((SM::kAlign - (flash::smem_u32(smem_raw) & (SM::kAlign - 1))) & (SM::kAlign - 1));
   uint64_t* sBar = reinterpret_cast<uint64_t*>(smem + SM::kKvBytes + SM::kPosBytes +
                                                SM::kEntryBytes + SM::kQBytes);  // [S]
-  // One arrival per issuing thread (the tile's kTileKeys slots, one each);
-  // visible to all before a unit's first issue (the barrier after its
-  // prologue).
   launch_dependents();
-  if (threadIdx.x == 0)
-    for (int s = 0; s < S; ++s) mbar_init(flash::smem_u32(sBar + s), kTileKeys);
+  // Copy::kArrivals per phase, visible to all before a unit's first issue
+  // (the barrier after its prologue).
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < S; ++s) mbar_init(flash::smem_u32(sBar + s), Copy::kArrivals);
+    Copy::prefetch(p);
+  }
   mbar_init_fence();
   int tile_base = 0;
   for_each_unit<kBalanced>(
-      p, [&](const WorkUnit& u) { decode_unit_bulk<T, D, S>(p, u, smem, tile_base); });
+      p, [&](const WorkUnit& u) { decode_unit_mbar<T, D, S, Copy>(p, u, smem, tile_base); });
 #else
   __trap();  // the host launches this kernel only on devices it was built for
 #endif

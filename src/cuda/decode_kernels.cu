@@ -23,12 +23,12 @@ struct KernelChoice {
 template <class T, int D, int S>
 KernelChoice kernel_of(DecodeKernel variant, bool balanced) {
   if (variant == DecodeKernel::kSm90Tensor)
-    return {balanced ? decode::paged_decode_tensor_kernel<T, D, S, true>
-                     : decode::paged_decode_tensor_kernel<T, D, S, false>,
+    return {balanced ? decode::paged_decode_mbar_kernel<T, D, S, true, decode::TensorCopy<T, D, S>>
+                     : decode::paged_decode_mbar_kernel<T, D, S, false, decode::TensorCopy<T, D, S>>,
             decode::TensorSmem<D, S>::kBytes};
   if (variant == DecodeKernel::kSm90Bulk)
-    return {balanced ? decode::paged_decode_bulk_kernel<T, D, S, true>
-                     : decode::paged_decode_bulk_kernel<T, D, S, false>,
+    return {balanced ? decode::paged_decode_mbar_kernel<T, D, S, true, decode::BulkCopy<T, D, S>>
+                     : decode::paged_decode_mbar_kernel<T, D, S, false, decode::BulkCopy<T, D, S>>,
             decode::BulkSmem<D, S>::kBytes};
   return {balanced ? decode::paged_decode_kernel<T, D, S, true> : decode::paged_decode_kernel<T, D, S, false>,
           decode::Smem<D, S>::kBytes};
