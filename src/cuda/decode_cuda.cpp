@@ -37,14 +37,23 @@ static_assert(sizeof(decode::WorkUnit) == sizeof(kv::WorkUnit));
 static_assert(offsetof(decode::WorkUnit, partial) == offsetof(kv::WorkUnit, partial));
 
 // The driver's tensor-map encoder (through the runtime, so that the library
-// does not link libcuda itself), or null when the driver has none.
+// does not link libcuda itself), or null when the driver has none. The
+// versioned query exists from CUDA 12.5 on (and the unversioned one is
+// deprecated there); the build accepts any CUDA 12, whose older runtimes
+// only have the unversioned one, which returns the same (only) version of
+// this entry point.
 PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
     void* f = nullptr;
     cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault,
-                                         &found) != cudaSuccess ||
-        found != cudaDriverEntryPointSuccess) {
+#if CUDART_VERSION >= 12050
+    const cudaError_t e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000,
+                                                           cudaEnableDefault, &found);
+#else
+    const cudaError_t e =
+        cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &f, cudaEnableDefault, &found);
+#endif
+    if (e != cudaSuccess || found != cudaDriverEntryPointSuccess) {
       (void)cudaGetLastError();
       return PFN_cuTensorMapEncodeTiled_v12000(nullptr);
     }
