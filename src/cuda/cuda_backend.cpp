@@ -47,10 +47,11 @@
 // kernels' Moba instantiations on that tile-union schedule instead
 // ("cuda-sm90-wgmma-...-moba", "+bwd-wgmma-..."; moba_fits_sm90). Not the
 // default: the tile union costs what the rows of a tile select together,
-// nearly every past block when they disagree, so on an H200 it ran 1.5-2.5x
-// faster forward than the gathered sm_80 kernels on queries that agree over
-// 256-token runs but up to 8x slower on independent ones
-// (bench/results/cuda-moba-sm90-*2026-12-01-c37f71b.md).
+// nearly every past block when they disagree, so on an H200 (d = 128) its
+// forward ran 1.1-1.6x faster than the gathered sm_80 kernels' on queries
+// that agree over 256-token runs (forward and backward together 1.02-1.23x),
+// but on independent ones forward and backward took up to 7.8x as long (L =
+// 128K; bench/results/cuda-moba-sm90-*2026-12-01-c37f71b.md).
 #include "cuda/cuda_backend.hpp"
 
 #include <cuda_runtime_api.h>
