@@ -131,7 +131,8 @@ if [ "${GPU_CHECK_SANITIZE:-1}" != 0 ] && command -v compute-sanitizer >/dev/nul
       ATTN_CUDA_DECODE_SPLIT=balanced ATTN_GPU_TEST_QUICK=1 "ATTN_GPU_TEST_FILTER=long + short"
   done
   # The tensor copies on a token-major pool with several KV heads (strided
-  # rows) and on pages of 24 and 40 slots (windows, sinks).
+  # rows), and the window + sinks cases (pages of 16 and 24 slots; the one
+  # of 13 runs the bulk copies).
   sanitize racecheck decode_sm90-tensor_nhd "$bin" ATTN_CUDA_DECODE_KERNEL=sm90-tensor \
     ATTN_GPU_TEST_QUICK=1 "ATTN_GPU_TEST_FILTER=NHD p16 d128 GQA1"
   sanitize racecheck decode_sm90-tensor_windows "$bin" ATTN_CUDA_DECODE_KERNEL=sm90-tensor \

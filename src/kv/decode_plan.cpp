@@ -462,10 +462,11 @@ int64_t DecodePlan::device_chunk_pages(int32_t num_seqs, const int32_t* query_le
   }
   const int64_t tasks_per_unit = cache_.heads_kv * ceil_div(max_q * group(), 16);
   const int64_t items = int64_t(num_seqs) * tasks_per_unit;
-  // The bulk-copy kernel keeps enough bytes in flight per block that half a
-  // wave of blocks already streams at the device's bandwidth: splitting
-  // then only adds partial states and the combine (32 x 8K on an H200, 256
-  // tasks: 4.03 TB/s unsplit against 3.82 in 3 chunks).
+  // The sm_90 kernels (bulk and tensor copies) keep enough bytes in flight
+  // per block that half a wave of blocks already streams at the device's
+  // bandwidth: splitting then only adds partial states and the combine (32
+  // x 8K on an H200, 256 tasks, bulk copies: 4.03 TB/s unsplit against 3.82
+  // in 3 chunks).
 #if ATTN_HAVE_CUDA
   if (device_kernel_ != cuda::kDecodeKernelSm80 && 2 * items >= wave) return 0;
 #endif
