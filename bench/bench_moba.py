@@ -35,6 +35,12 @@ kernel name says "-moba-gather"). (With ATTN_CUDA_MOBA_SM90=1, on sm_90
 devices d = 64 and 128 plans run the wgmma kernels on the union lists
 whatever ATTN_CUDA_MOBA_GATHER says.)
 
+--kernels adds, per configuration, where one forward and one backward call
+spend device time: torch.profiler (CUPTI) records every kernel the library
+launches (the selector's, the attention's, the merges), summed per kernel
+name with its launch count, so that the selection's share and the cost of
+many small launches can be read next to the attention kernels'.
+
 A plan whose top_k covers every past block computes plain causal attention:
 its "err" column is the largest relative L2 difference of O, dQ, dK and dV
 from the dense plan (a check that the run-time path is right on this GPU).
@@ -42,7 +48,7 @@ from the dense plan (a check that the run-time path is right on this GPU).
 Usage: bench_moba.py --lib build/src/libattn.so [--out results.md] [--reps 5]
                      [--seqlens 32768,131072] [--heads-q 16 --heads-kv 16] [--shared]
                      [--coherent] [--schedules union,gather] [--head-dim 128]
-                     [--variant "" --variant ATTN_CUDA_MOBA_SM90=1 ...]
+                     [--variant "" --variant ATTN_CUDA_MOBA_SM90=1 ...] [--kernels]
 """
 import argparse
 import datetime
@@ -53,6 +59,30 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # attn_ffi, from any working directory
 from attn_ffi import ATTN_BACKEND_CUDA, Lib, Plan, rel_err, time_ms  # noqa: E402
+
+
+def kernel_times(fn):
+    """Device time per kernel name (ms, launches) of one call of fn, largest first."""
+    import re
+
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    totals = {}
+    for e in prof.key_averages():
+        us = getattr(e, "device_time_total", None)
+        if us is None:
+            us = getattr(e, "cuda_time_total", 0)
+        if not us:
+            continue
+        # attn::flash::flash_fwd_kernel<__nv_bfloat16, 128, ...>(...) -> flash_fwd_kernel
+        name = re.sub(r"[<(].*", "", e.key).split("::")[-1].strip() or e.key[:40]
+        ms, n = totals.get(name, (0.0, 0))
+        totals[name] = (ms + us / 1e3, n + e.count)
+    return sorted(totals.items(), key=lambda kv: -kv[1][0])
 
 
 def main():
@@ -71,6 +101,8 @@ def main():
     ap.add_argument("--variant", action="append",
                     help='NAME=VALUE[,NAME=VALUE...] set at plan creation ("" = defaults); repeatable')
     ap.add_argument("--head-dim", type=int, default=128)
+    ap.add_argument("--kernels", action="store_true",
+                    help="also profile one forward and one backward call per configuration")
     ap.add_argument("--commit", default=os.environ.get("ATTN_COMMIT", "unknown"))
     a = ap.parse_args()
     hq, hkv, d = a.heads_q, a.heads_kv, a.head_dim
@@ -148,6 +180,8 @@ def main():
                 row["err"] = max(rel_err(x, y) for x, y in zip((o, dq, dk, dv), ref))
             row["fwd"] = time_ms(fwd, 2, a.reps)
             row["bwd"] = time_ms(bwd, 2, a.reps)
+            if a.kernels:
+                row["kernels"] = {"fwd": kernel_times(fwd), "bwd": kernel_times(bwd)}
             plan.close()
             rows.append(row)
             print(row, flush=True)
@@ -174,6 +208,13 @@ def main():
             f"{r['ws'] / 2**20:.1f} | {r.get('err', float('nan')):.1e} |")
     lines.append("")
     lines.append("Kernels: " + "; ".join(sorted({r["kernel"] for r in rows})))
+    if a.kernels:
+        lines += ["", "## Where one call's device time goes (torch.profiler, one call each)", "",
+                  "| L | config | pass | kernel | ms | launches |", "|---|---|---|---|---|---|"]
+        for r in rows:
+            for pass_name, per_kernel in r.get("kernels", {}).items():
+                for name, (ms, n) in per_kernel:
+                    lines.append(f"| {r['L']} | {r['cfg']} | {pass_name} | {name} | {ms:.3f} | {n} |")
     text = "\n".join(lines) + "\n"
     print(text)
     if a.out:
