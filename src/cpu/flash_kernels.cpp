@@ -378,7 +378,7 @@ void with_mode(const KernelPlan& kp, Item&& item) {
     item(std::integral_constant<Mode, Mode::dense>{});
 }
 
-// The three helpers below stand for blocks the kernels would otherwise
+// The two helpers below stand for blocks the kernels would otherwise
 // repeat; they are always inlined, so that each kernel compiles as if the
 // block were written in place.
 
@@ -396,50 +396,40 @@ template <Mode M>
   if constexpr (M == Mode::moba) hide_unselected_moba(kp, moba, t, s);
 }
 
-// Calls visit(kti, full) for each KV tile that query tile qt (t's rows)
-// sees: the block-sparse list, or the window's range, of which MoBA keeps
-// the tiles its selection meets (t's columns are set for moba_meets).
-template <Mode M, class Visit>
-[[gnu::always_inline]] inline void for_each_kv_tile(const KernelPlan& kp,
-                                                    const DenseTileSchedule& sched,
-                                                    const uint64_t* moba, int64_t b, int64_t hk,
-                                                    int64_t qt, TileView& t, Visit&& visit) {
-  if constexpr (M == Mode::block) {
-    for (const TileVisit& v : kp.sparse->kv_tiles_of(kp.sparse->slot(b, hk), qt))
-      visit(v.tile, v.full != 0);
-  } else {
-    const TileRange kr = sched.kv_tiles_of(qt);
-    for (int64_t kti = kr.begin; kti < kr.end; ++kti) {
-      if constexpr (M == Mode::moba) {
-        const RowSpan cr = kv_rows(sched, kti);
-        t.c0 = cr.r0, t.n = cr.m;
-        if (moba_meets(kp, moba, t)) visit(kti, false);
-      } else {
-        visit(kti, sched.is_full(qt, kti));
-      }
-    }
-  }
-}
+// Which tiles for_each_tile_pair walks: the KV tiles a query tile sees, or
+// (the transpose) the query tiles that see a KV tile.
+enum class Walk { kv_of_q, q_of_kv };
 
-// The transpose: visit(qt, full) for each query tile that sees KV tile kti
-// (t's columns; t's rows are set for moba_meets).
-template <Mode M, class Visit>
-[[gnu::always_inline]] inline void for_each_q_tile(const KernelPlan& kp,
-                                                   const DenseTileSchedule& sched,
-                                                   const uint64_t* moba, int64_t b, int64_t hk,
-                                                   int64_t kti, TileView& t, Visit&& visit) {
+// Calls visit(other, full) for each tile on the other side of tile `own`
+// (query tile for kv_of_q, KV tile for q_of_kv) that the pair is visited
+// for: the block-sparse list, or the window's range, of which MoBA keeps
+// the pairs its selection meets (t's fixed side is set for moba_meets; the
+// walked side is set here).
+template <Mode M, Walk D, class Visit>
+[[gnu::always_inline]] inline void for_each_tile_pair(const KernelPlan& kp,
+                                                      const DenseTileSchedule& sched,
+                                                      const uint64_t* moba, int64_t b, int64_t hk,
+                                                      int64_t own, TileView& t, Visit&& visit) {
+  constexpr bool kv_of_q = D == Walk::kv_of_q;
   if constexpr (M == Mode::block) {
-    for (const TileVisit& v : kp.sparse->q_tiles_of(kp.sparse->slot(b, hk), kti))
+    const int64_t slot = kp.sparse->slot(b, hk);
+    for (const TileVisit& v :
+         kv_of_q ? kp.sparse->kv_tiles_of(slot, own) : kp.sparse->q_tiles_of(slot, own))
       visit(v.tile, v.full != 0);
   } else {
-    const TileRange qr = sched.q_tiles_of(kti);
-    for (int64_t qt = qr.begin; qt < qr.end; ++qt) {
+    const TileRange range = kv_of_q ? sched.kv_tiles_of(own) : sched.q_tiles_of(own);
+    for (int64_t other = range.begin; other < range.end; ++other) {
       if constexpr (M == Mode::moba) {
-        const RowSpan rows = q_rows(sched, qt);
-        t.r0 = rows.r0, t.m = rows.m;
-        if (moba_meets(kp, moba, t)) visit(qt, false);
+        if constexpr (kv_of_q) {
+          const RowSpan cr = kv_rows(sched, other);
+          t.c0 = cr.r0, t.n = cr.m;
+        } else {
+          const RowSpan qr = q_rows(sched, other);
+          t.r0 = qr.r0, t.m = qr.m;
+        }
+        if (moba_meets(kp, moba, t)) visit(other, false);
       } else {
-        visit(qt, sched.is_full(qt, kti));
+        visit(other, kv_of_q ? sched.is_full(own, other) : sched.is_full(other, own));
       }
     }
   }
@@ -508,7 +498,7 @@ void forward_item(const KernelPlan& kp, const ForwardArgs& a, char* ws, const Un
     // output rows are never stored.
     gemm<true>(t.m_pad, ldv, t.n_pad, s, kTile, 1, packed_tile(ws, kp.fwd_v, g, hk), ldv, acc, ldv);
   };
-  for_each_kv_tile<M>(kp, sched, moba, b, hk, qt, t, visit);
+  for_each_tile_pair<M, Walk::kv_of_q>(kp, sched, moba, b, hk, qt, t, visit);
 
   // O = Oacc / l, LSE = m ln2 + ln l; a row that saw nothing gives 0 and -inf.
   const auto& os = p.strides[ATTN_TENSOR_O];
@@ -695,7 +685,7 @@ void backward_dkdv_item(const KernelPlan& kp, const BackwardArgs& a, char* ws, c
       gemm<true>(t.n_pad, ldv, t.m_pad, s, 1, kTile, dop, ldv, acc_dv, ldv);
       gemm<true>(t.n_pad, ldq, t.m_pad, dp, 1, kTile, qp, ldq, acc_dk, ldq);
     };
-    for_each_q_tile<M>(kp, sched, moba, b, hk, kti, t, visit);
+    for_each_tile_pair<M, Walk::q_of_kv>(kp, sched, moba, b, hk, kti, t, visit);
   }
   // dS is in natural units (P is a true probability). S2 = Qp K^T with
   // Qp = q_scale * Q and z = scale * Q K^T, so dK = (scale / q_scale) dS^T Qp.
@@ -744,7 +734,7 @@ void backward_dq_item(const KernelPlan& kp, const BackwardArgs& a, char* ws, con
     gemm<true>(t.m_pad, ldq, t.n_pad, dp, kTile, 1, packed_tile(ws, kp.bwd_k, gk, hk), ldq, acc_dq,
                ldq);
   };
-  for_each_kv_tile<M>(kp, sched, moba, b, hk, qt, t, visit);
+  for_each_tile_pair<M, Walk::kv_of_q>(kp, sched, moba, b, hk, qt, t, visit);
   store_rows(acc_dq, ldq, t.m, p.head_dim_qk, p.scale, a.dq, p.dtype,
              p.offset(ATTN_TENSOR_DQ, b, t.r0, h), p.strides[ATTN_TENSOR_DQ].seq);
 }

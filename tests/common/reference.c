@@ -267,6 +267,27 @@ void ref_forward(const ref_problem *p, const double *q, const double *k, const d
   fp64_free(&sc);
 }
 
+/* Sets elements [0, width) of rows [0, lk) of every KV head of sequence b
+ * of x (a dK or dV tensor, strides t) to 0. */
+static void zero_kv_rows(const ref_problem *p, const ref_strides *t, int64_t b, int64_t width,
+                         double *x) {
+  int64_t hk, j, c;
+  for (hk = 0; hk < p->heads_kv; ++hk)
+    for (j = 0; j < ref_lk(p, b); ++j) {
+      double *row = x + ref_offset(p, t, 0, b, j, hk);
+      for (c = 0; c < width; ++c) row[c] = 0.0;
+    }
+}
+
+/* dz/du of the softcapped logit z = cap * tanh(u / cap), from z:
+ * 1 - (z / cap)^2; 1 without softcap. */
+static double softcap_slope(const ref_problem *p, double z) {
+  double t;
+  if (p->softcap <= 0.0) return 1.0;
+  t = z / p->softcap;
+  return 1.0 - t * t;
+}
+
 void ref_backward(const ref_problem *p, const double *q, const double *k, const double *v,
                   const double *d_o, double *dq, double *dk, double *dv) {
   const int64_t dqk = p->head_dim_qk, dvd = p->head_dim_v;
@@ -276,14 +297,8 @@ void ref_backward(const ref_problem *p, const double *q, const double *k, const 
 
   for (b = 0; b < p->batch; ++b) {
     const int64_t lq = ref_lq(p, b), lk = ref_lk(p, b);
-    for (hk = 0; hk < p->heads_kv; ++hk) {
-      for (j = 0; j < lk; ++j) {
-        double *dkj = dk + ref_offset(p, &p->dk, 0, b, j, hk);
-        double *dvj = dv + ref_offset(p, &p->dv, 0, b, j, hk);
-        for (c = 0; c < dqk; ++c) dkj[c] = 0.0;
-        for (c = 0; c < dvd; ++c) dvj[c] = 0.0;
-      }
-    }
+    zero_kv_rows(p, &p->dk, b, dqk, dk);
+    zero_kv_rows(p, &p->dv, b, dvd, dv);
     for (h = 0; h < p->heads_q; ++h) {
       hk = h / group_size(p);
       scores_fp64(p, b, h, q, k, sc.z, sc.prob, sc.row_lse);
@@ -306,11 +321,7 @@ void ref_backward(const ref_problem *p, const double *q, const double *k, const 
           double dp = 0.0, du;
           if (sc.z[i * lk + j] == -INFINITY) continue; /* masked: no gradient */
           for (c = 0; c < dvd; ++c) dp += doi[c] * vj[c];
-          du = pij * (dp - delta); /* dL/dz */
-          if (p->softcap > 0.0) {
-            const double t = sc.z[i * lk + j] / p->softcap;
-            du *= 1.0 - t * t; /* dz/du of cap * tanh(u / cap) */
-          }
+          du = pij * (dp - delta) * softcap_slope(p, sc.z[i * lk + j]); /* dL/dz dz/du */
           du *= p->scale; /* u = scale * q.k */
           for (c = 0; c < dqk; ++c) {
             dqi[c] += du * kj[c];
@@ -333,12 +344,7 @@ void ref_backward_o_rounding_floor(const ref_problem *p, double u, const double 
   fp64_alloc(p, &sc);
   for (b = 0; b < p->batch; ++b) {
     const int64_t lq = ref_lq(p, b), lk = ref_lk(p, b);
-    /* floor_dk first holds sums of squares over the rows */
-    for (hk = 0; hk < p->heads_kv; ++hk)
-      for (j = 0; j < lk; ++j) {
-        double *fk = floor_dk + ref_offset(p, &p->dk, 0, b, j, hk);
-        for (c = 0; c < dqk; ++c) fk[c] = 0.0;
-      }
+    zero_kv_rows(p, &p->dk, b, dqk, floor_dk); /* first sums of squares over the rows */
     for (h = 0; h < p->heads_q; ++h) {
       hk = h / group_size(p);
       scores_fp64(p, b, h, q, k, sc.z, sc.prob, sc.row_lse);
@@ -356,10 +362,7 @@ void ref_backward_o_rounding_floor(const ref_problem *p, double u, const double 
           double *fk = floor_dk + ref_offset(p, &p->dk, 0, b, j, hk);
           double w = sc.prob[i * lk + j] * e * p->scale;
           if (w == 0.0) continue;
-          if (p->softcap > 0.0) {
-            const double t = sc.z[i * lk + j] / p->softcap;
-            w *= 1.0 - t * t;
-          }
+          w *= softcap_slope(p, sc.z[i * lk + j]);
           for (c = 0; c < dqk; ++c) {
             fq[c] += w * kj[c]; /* signed: D_i's error is common to the row */
             fk[c] += w * qi[c] * w * qi[c];

@@ -557,42 +557,28 @@ static void check_inputs_unchanged(const run *r, const char *after) {
   }
 }
 
-/* Rows with no visible key: O exactly 0 (LSE = -inf is part of compare). */
-static void check_empty_rows(const run *r, int role) {
+/* What no visible pair reaches is exactly 0: the rows of O and dQ of a query
+ * that sees no key (LSE = -inf is part of compare), the rows of dK and dV of
+ * a key that no row sees. */
+static void check_unreached_zero(const run *r, int role) {
   const tensor_geom *g = &r->t[role];
   const tu_buffer *buf = &r->buf[g->buf];
+  const int q_side = is_q_side(role);
   int64_t b, s, h, ch;
   for (b = 0; b < r->c->batch; ++b)
-    for (s = 0; s < ref_lq(&r->rp, b); ++s)
+    for (s = 0; s < (q_side ? ref_lq(&r->rp, b) : ref_lk(&r->rp, b)); ++s)
       for (h = 0; h < g->heads; ++h) {
-        if (ref_row_sees_any_head(&r->rp, b, h, s)) continue;
+        if (q_side ? ref_row_sees_any_head(&r->rp, b, h, s) : ref_key_seen_head(&r->rp, b, h, s))
+          continue;
         for (ch = 0; ch < g->dim; ++ch) {
           const double got = tu_load(buf->data, elem(r, role, b, s, h) + (size_t)ch, buf->dtype);
           if (got != 0.0)
-            fail_case(r, "%s[b %lld, s %lld, h %lld, c %lld] = %.9g in a row that sees no key "
-                      "(must be exactly 0)", kRoleName[role], (long long)b, (long long)s,
-                      (long long)h, (long long)ch, got);
+            fail_case(r, "%s[b %lld, %s %lld, h %lld, c %lld] = %.9g %s (must be exactly 0)",
+                      kRoleName[role], (long long)b, q_side ? "s" : "key", (long long)s,
+                      (long long)h, (long long)ch, got,
+                      q_side ? "in a row that sees no key" : "for a key no row sees");
         }
-    }
-}
-
-/* Keys no row sees: dK and dV exactly 0. */
-static void check_unseen_keys(const run *r, int role) {
-  const tensor_geom *g = &r->t[role];
-  const tu_buffer *buf = &r->buf[g->buf];
-  int64_t b, j, h, ch;
-  for (b = 0; b < r->c->batch; ++b)
-    for (j = 0; j < ref_lk(&r->rp, b); ++j)
-      for (h = 0; h < g->heads; ++h) {
-        if (ref_key_seen_head(&r->rp, b, h, j)) continue;
-        for (ch = 0; ch < g->dim; ++ch) {
-          const double got = tu_load(buf->data, elem(r, role, b, j, h) + (size_t)ch, buf->dtype);
-          if (got != 0.0)
-            fail_case(r, "%s[b %lld, key %lld, h %lld, c %lld] = %.9g for a key no row sees "
-                      "(must be exactly 0)", kRoleName[role], (long long)b, (long long)j,
-                      (long long)h, (long long)ch, got);
-        }
-    }
+      }
 }
 
 /* (query row, query head) pairs that see no key. */
@@ -708,7 +694,7 @@ static void run_forward(run *r, attn_plan_t plan, tu_rng *rng, int64_t pairs) {
     compare_lse(r, &lib, &lowp);
     judge(r, &lib, &lowp, 1e-5 * (lib.max_ref > 1.0 ? lib.max_ref : 1.0));
   }
-  check_empty_rows(r, ATTN_TENSOR_O);
+  check_unreached_zero(r, ATTN_TENSOR_O);
   check_gaps(r, ATTN_TENSOR_O, ATTN_TENSOR_O);
   check_forward_repeats(r, plan, rng);
 }
@@ -798,9 +784,9 @@ static void run_backward(run *r, attn_plan_t plan, tu_rng *rng, int64_t pairs) {
     fail_case(r, "harness error: the reference dV is all zero");
   for (i = 0; i < 3; ++i)
     judge(r, &lib[i], &lowp[i], atol_scale(r->c->dtype, r->zmax) * magnitude + 2.0 * floor[i]);
-  check_empty_rows(r, ATTN_TENSOR_DQ);
-  check_unseen_keys(r, ATTN_TENSOR_DK);
-  check_unseen_keys(r, ATTN_TENSOR_DV);
+  check_unreached_zero(r, ATTN_TENSOR_DQ);
+  check_unreached_zero(r, ATTN_TENSOR_DK);
+  check_unreached_zero(r, ATTN_TENSOR_DV);
   check_gaps(r, ATTN_TENSOR_DQ, ATTN_TENSOR_DV);
   check_backward_repeats(r, plan, rng);
 }
