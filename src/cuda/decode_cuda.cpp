@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 
@@ -66,7 +67,7 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
 // dims {head dim, page slots, KV heads, pages} with the layout's strides, a
 // box of 8 slots x 64 elements of one head and page, 128-byte swizzled;
 // coordinates outside read as zeros.
-void encode_pool_map(CUtensorMap* map, const kv::CacheConfig& cc, const void* pool) {
+CUresult try_encode_pool_map(CUtensorMap* map, const kv::CacheConfig& cc, const void* pool) {
   const cuuint64_t esize = cuuint64_t(dtype_size(cc.dtype));
   const cuuint64_t dims[4] = {cuuint64_t(cc.head_dim_qk), cuuint64_t(cc.page_size),
                               cuuint64_t(cc.heads_kv), cuuint64_t(cc.num_pages)};
@@ -75,10 +76,25 @@ void encode_pool_map(CUtensorMap* map, const kv::CacheConfig& cc, const void* po
                                  cuuint64_t(cc.k_page_elems()) * esize};
   const cuuint32_t box[4] = {64, 8, 1, 1};
   const cuuint32_t unit[4] = {1, 1, 1, 1};
-  const CUresult r = tensor_map_encoder()(
+  return tensor_map_encoder()(
       map, cc.dtype == ATTN_DTYPE_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
       4, const_cast<void*>(pool), dims, strides, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE,
       CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+}
+
+// Whether a pool of this configuration has a tensor map (the encoder
+// exists and takes its dims and strides; tried on a stand-in address with
+// the alignment of the pools, so at plan creation, before any cache): the
+// plan then never meets an encoding failure at execute.
+bool pool_map_encodes(const kv::CacheConfig& cc) {
+  if (tensor_map_encoder() == nullptr) return false;
+  CUtensorMap map;
+  return try_encode_pool_map(&map, cc, reinterpret_cast<const void*>(uintptr_t(1) << 20)) ==
+         CUDA_SUCCESS;
+}
+
+void encode_pool_map(CUtensorMap* map, const kv::CacheConfig& cc, const void* pool) {
+  const CUresult r = try_encode_pool_map(map, cc, pool);
   if (r != CUDA_SUCCESS)
     fail(ATTN_STATUS_INTERNAL_ERROR, "decode: cuTensorMapEncodeTiled failed (CUresult ", int(r),
          ") for the KV pool at ", pool);
@@ -243,19 +259,19 @@ int32_t decode_check_supported(int32_t device, const kv::CacheConfig& cache, int
     requested = cache.page_size % 8 != 0           ? kDecodeKernelSm80
                 : cache.layout == ATTN_KV_LAYOUT_HND ? kDecodeKernelSm90Bulk
                                                      : kDecodeKernelSm90Tensor;
-  // The tensor copies move 8-slot segments of one page: for other page
-  // sizes a request for them takes the bulk-copy kernel (describe() names
-  // the kernel that runs).
-  if (requested == kDecodeKernelSm90Tensor && cache.page_size % 8 != 0)
+  // The tensor copies move 8-slot segments of one page through a tensor map
+  // of the pool: for other page sizes, or where the driver has no encoder
+  // or the pool's dims do not encode, a request for them takes the
+  // bulk-copy kernel (describe() names the kernel that runs).
+  if (requested == kDecodeKernelSm90Tensor && major >= 9 &&
+      (cache.page_size % 8 != 0 || !pool_map_encodes(cache)))
     requested = kDecodeKernelSm90Bulk;
   // The sm_90 kernels only where code compiled for sm_90 or later runs (not
-  // sm_80 PTX compiled by the driver), the tensor copies only where the
-  // driver has the tensor-map encoder; else the cp.async kernel.
+  // sm_80 PTX compiled by the driver); else the cp.async kernel.
   int32_t kernel = kDecodeKernelSm80;
   if ((requested == kDecodeKernelSm90Bulk || requested == kDecodeKernelSm90Tensor) && major >= 9) {
     int arch = 0;
-    if (decode_kernels_available(DecodeKernel(requested), &arch) == cudaSuccess && arch >= 90 &&
-        (requested != kDecodeKernelSm90Tensor || tensor_map_encoder() != nullptr))
+    if (decode_kernels_available(DecodeKernel(requested), &arch) == cudaSuccess && arch >= 90)
       kernel = requested;
     else
       (void)cudaGetLastError();
