@@ -86,17 +86,21 @@ __device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_
 #endif
 }
 
-template <int D, int S>
-struct BulkSmem {
+// Shared memory of the sm_90 kernels (decode_unit_mbar): S stages of K and
+// V tiles of kTileBytes each in the copy policy's layout, then the stages'
+// key positions, the page entries (as in Smem), Q, the stage barriers; the
+// dynamic area's base aligned to kAlign (the slack counted in kBytes when
+// over the 16 bytes promised).
+template <int D, int S, int TileBytes, int Align>
+struct MbarSmem {
   static_assert(S >= 2, "a tile in flight while one is computed");
   static constexpr int kSegRows = 8;
   static constexpr int kSegs = kTileKeys / kSegRows;
-  static_assert(kSegs == 8 && kWarps * 2 == kSegRows, "8 segments; two rows of each per warp");
-  static constexpr int kSegElems = kSegRows * D + 8;  // + 16 bytes: segments in distinct banks
-  static constexpr int kTileBytes = kSegs * kSegElems * 2;
+  static_assert(kSegs == 8 && kWarps * 2 == kSegs, "8 segments of 8 keys");
+  static constexpr int kTileBytes = TileBytes;
   static constexpr int kKvBytes = S * 2 * kTileBytes;
   static constexpr int kPosBytes = S * kTileKeys * 4;
-  static constexpr int kEntriesPerTile = kTileKeys + 1;  // as in Smem
+  static constexpr int kEntriesPerTile = kTileKeys + 1;
   static constexpr int kEntryBytes = S * kEntriesPerTile * 16;
   static constexpr int kLdQ = D + 8;
   static constexpr int kQBytes = 16 * kLdQ * 2;
@@ -104,8 +108,17 @@ struct BulkSmem {
   static constexpr int kMergeBytes = kWarps * 16 * (D + 2) * 4;
   static_assert(kMergeBytes <= kKvBytes, "merge area fits");
   static_assert(kKvBytes % 16 == 0 && kQBytes % 16 == 0, "16-byte aligned parts");
-  static constexpr int kAlign = 16;  // of the dynamic area's base
-  static constexpr int kBytes = kKvBytes + kPosBytes + kEntryBytes + kQBytes + kBarBytes;
+  static constexpr int kAlign = Align;
+  static constexpr int kBytes =
+      kKvBytes + kPosBytes + kEntryBytes + kQBytes + kBarBytes + (Align > 16 ? Align : 0);
+};
+
+// The bulk-copy layout: segments of 8 rows padded 16 bytes apart.
+template <int D>
+constexpr int kBulkSegElems = 8 * D + 8;
+template <int D, int S>
+struct BulkSmem : MbarSmem<D, S, 8 * kBulkSegElems<D> * 2, 16> {
+  static constexpr int kSegElems = kBulkSegElems<D>;  // + 16 bytes: segments in distinct banks
 };
 
 // What a copy policy's issue() needs of the unit and of one tile.

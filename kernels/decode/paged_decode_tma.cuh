@@ -46,32 +46,18 @@ __device__ __forceinline__ void tensor_load_4d(uint32_t dst, const CUtensorMap* 
 #endif
 }
 
-template <int D, int S>
-struct TensorSmem {
-  static_assert(S >= 2, "a tile in flight while one is computed");
-  static constexpr int kSegRows = 8;
-  static constexpr int kSegs = kTileKeys / kSegRows;
-  static_assert(kSegs == 8 && kWarps * 2 == kSegs, "8 segments; two per warp");
+// The tensor-copy layout: per segment D / 64 swizzled boxes of 8 rows x
+// 128 bytes (1024-byte aligned: the base aligned up to 1024).
+template <int D>
+struct TensorBoxes {
   static constexpr int kBoxElems = 64;  // 128 bytes, the swizzle's span
   static_assert(D % kBoxElems == 0, "whole boxes per row");
   static constexpr int kBoxes = D / kBoxElems;
-  static constexpr int kBoxBytes = kSegRows * kBoxElems * 2;  // 1024
+  static constexpr int kBoxBytes = 8 * kBoxElems * 2;  // 1024
   static constexpr int kSegBytes = kBoxes * kBoxBytes;
-  static constexpr int kTileBytes = kSegs * kSegBytes;
-  static constexpr int kKvBytes = S * 2 * kTileBytes;
-  static constexpr int kPosBytes = S * kTileKeys * 4;
-  static constexpr int kEntriesPerTile = kTileKeys + 1;  // as in Smem
-  static constexpr int kEntryBytes = S * kEntriesPerTile * 16;
-  static constexpr int kLdQ = D + 8;
-  static constexpr int kQBytes = 16 * kLdQ * 2;
-  static constexpr int kBarBytes = (S * 8 + 15) / 16 * 16;
-  static constexpr int kMergeBytes = kWarps * 16 * (D + 2) * 4;
-  static_assert(kMergeBytes <= kKvBytes, "merge area fits");
-  // The kernel aligns the dynamic area's base up to 1024 bytes (its
-  // alignment is not promised beyond 16): the slack is counted here.
-  static constexpr int kAlign = 1024;
-  static constexpr int kBytes = kKvBytes + kPosBytes + kEntryBytes + kQBytes + kBarBytes + kAlign;
 };
+template <int D, int S>
+struct TensorSmem : MbarSmem<D, S, 8 * TensorBoxes<D>::kSegBytes, 1024>, TensorBoxes<D> {};
 
 template <class T, int D, int S>
 struct TensorCopy {

@@ -99,7 +99,7 @@ __global__ void __launch_bounds__(DqTraits<D>::kThreads, 2)
     }
   } else if constexpr (Sparse) {
     const TileLists& sp = p.sparse_dq;
-    const int list = ((sp.mask_batch > 1 ? b : 0) * sp.mask_heads + (sp.mask_heads > 1 ? hk : 0)) *
+    const int list = mask_slot(sp, b, hk) *
                          sp.tiles + m_block;
     const int v0 = sp.offsets[list];
     n_tiles = sp.offsets[list + 1] - v0;

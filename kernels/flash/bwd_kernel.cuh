@@ -274,7 +274,7 @@ __global__ void __launch_bounds__(kRowKernelThreads)
   const int64_t pair = slot_index / sp.max_cut;
   const int c = int(slot_index - pair * sp.max_cut);
   const int b = int(pair / heads_kv), hk = int(pair - int64_t(b) * heads_kv);
-  const int slot = (sp.mask_batch > 1 ? b : 0) * sp.mask_heads + (sp.mask_heads > 1 ? hk : 0);
+  const int slot = mask_slot(sp, b, hk);
   const int tile = sp.cut_tiles[slot * sp.max_cut + c];
   if (tile < 0) return;
   const int s = tile * bn + r;
@@ -408,7 +408,7 @@ __device__ __forceinline__ void prefetch_dkdv_item(const BwdParams& p, int b, in
   const int bx = lin / ny, by = lin - bx * ny;
   const int hk = by / p.group_splits;
   const TileLists& sp = p.sparse_kv;
-  const int slot = (sp.mask_batch > 1 ? b : 0) * sp.mask_heads + (sp.mask_heads > 1 ? hk : 0);
+  const int slot = mask_slot(sp, b, hk);
   const int i0 = sp.item_offsets[slot];
   if (bx >= sp.item_offsets[slot + 1] - i0) return;
   const int c0 = sp.items[kItemWords * (i0 + bx)] * BN;
@@ -494,16 +494,13 @@ __device__ __forceinline__ void flash_bwd_dkdv_tile(const BwdParams& p, int work
   const int hk = by / p.group_splits;
   const int heads_per = p.group / p.group_splits;
   const int h_first = hk * p.group + (by - hk * p.group_splits) * heads_per;
-  int kv_tile = bx, item_begin = 0, item_end = 0;
-  int acc_slot = -1;  // Sparse: the tile's accumulator slot if its list is cut
-  if constexpr (Sparse) {
-    const TileLists& sp = p.sparse_kv;
-    const int slot = (sp.mask_batch > 1 ? b : 0) * sp.mask_heads + (sp.mask_heads > 1 ? hk : 0);
-    const int i0 = sp.item_offsets[slot];
-    if (bx >= sp.item_offsets[slot + 1] - i0) return;  // this slot has fewer items
-    const int32_t* item = sp.items + kItemWords * (i0 + bx);
-    kv_tile = item[0], item_begin = item[1], item_end = item[2], acc_slot = item[3];
-  }
+  // Sparse: the item's KV tile, its visits and the tile's accumulator slot
+  // (-1: its list is not cut).
+  KvWorkItem it{bx, 0, 0, -1};
+  if constexpr (Sparse)
+    if (!kv_work_item(p.sparse_kv, b, hk, bx, &it)) return;  // this slot has fewer items
+  const int kv_tile = it.kv_tile, item_begin = it.visit_begin, item_end = it.visit_end,
+            acc_slot = it.acc_slot;
   const int c0 = kv_tile * BN;  // first key of the tile
 
   int lq = p.seqlen_q, lk = p.seqlen_kv;

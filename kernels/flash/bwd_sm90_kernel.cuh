@@ -205,15 +205,11 @@ __device__ __forceinline__ void flash_bwd_dkdv_sm90_tile(const BwdParams& p) {
   const int h_first = hk * p.group + (by - hk * p.group_splits) * heads_per;
   // Sparse: the item's KV tile, its visits [item_begin, item_end) and the
   // tile's accumulator slot (-1: its list is not cut).
-  int kv_tile = bx, item_begin = 0, item_end = 0, acc_slot = -1;
-  if constexpr (Sparse) {
-    const TileLists& sp = p.sparse_kv;
-    const int slot = (sp.mask_batch > 1 ? b : 0) * sp.mask_heads + (sp.mask_heads > 1 ? hk : 0);
-    const int i0 = sp.item_offsets[slot];
-    if (bx >= sp.item_offsets[slot + 1] - i0) return;  // this slot has fewer items
-    const int32_t* item = sp.items + kItemWords * (i0 + bx);
-    kv_tile = item[0], item_begin = item[1], item_end = item[2], acc_slot = item[3];
-  }
+  KvWorkItem it{bx, 0, 0, -1};
+  if constexpr (Sparse)
+    if (!kv_work_item(p.sparse_kv, b, hk, bx, &it)) return;  // this slot has fewer items
+  const int kv_tile = it.kv_tile, item_begin = it.visit_begin, item_end = it.visit_end,
+            acc_slot = it.acc_slot;
   const int c0 = kv_tile * BN;  // first key of the tile
 
   int lq = p.seqlen_q, lk = p.seqlen_kv;

@@ -233,7 +233,7 @@ __device__ __forceinline__ void flash_fwd_tile(const FwdParams& p, int gather_ti
     }
   } else if constexpr (Sparse) {
     const TileLists& sp = p.sparse;
-    const int list = ((sp.mask_batch > 1 ? b : 0) * sp.mask_heads + (sp.mask_heads > 1 ? hk : 0)) *
+    const int list = mask_slot(sp, b, hk) *
                          sp.tiles + m_block;
     const int v0 = sp.offsets[list];
     n_tiles = sp.offsets[list + 1] - v0;
@@ -601,7 +601,7 @@ __device__ __forceinline__ void prefetch_bsparse_item(const FwdParams& p, const 
                 h * p.q_head + qt.r0 * p.q_seq;
   prefetch_rows_l2<T, D>(gQ, p.q_seq, qt.rows, tid, NTH);
   const TileLists& sp = p.sparse;
-  const int list = ((sp.mask_batch > 1 ? b : 0) * sp.mask_heads + (sp.mask_heads > 1 ? hk : 0)) *
+  const int list = mask_slot(sp, b, hk) *
                        sp.tiles + m_block;
   const int v_end = sp.offsets[list + 1];
   if (v_end == sp.offsets[list]) return;

@@ -131,9 +131,7 @@ __device__ __forceinline__ void flash_fwd_sm90_tile(const FwdParams& p) {
   auto work_item = [&] {
     const TileLists& sp = p.sparse;
     const int b_ = int(blockIdx.z), hk_ = int(blockIdx.y) / p.group;
-    const int slot =
-        (sp.mask_batch > 1 ? b_ : 0) * sp.mask_heads + (sp.mask_heads > 1 ? hk_ : 0);
-    return sp.items + kItemWords * (sp.item_offsets[slot] + int(blockIdx.x));
+    return sp.items + kItemWords * (sp.item_offsets[mask_slot(sp, b_, hk_)] + int(blockIdx.x));
   };
   if constexpr (Sparse) {
     const int32_t* item = work_item();

@@ -67,4 +67,27 @@ struct TileLists {
   int32_t grid_x, grid_y;
 };
 
+#if defined(__CUDACC__)  // the header is also the host's (plain C++)
+// The mask slot of sequence b, KV head hk (TileLists::mask_batch, mask_heads).
+__device__ __forceinline__ int mask_slot(const TileLists& l, int b, int hk) {
+  return (l.mask_batch > 1 ? b : 0) * l.mask_heads + (l.mask_heads > 1 ? hk : 0);
+}
+
+// A dK/dV work item of KV-major lists (TileLists::items).
+struct KvWorkItem {
+  int kv_tile, visit_begin, visit_end, acc_slot;
+};
+// Work item x of sequence b, KV head hk's slot into *item; false when the
+// slot has fewer items (its block returns).
+__device__ __forceinline__ bool kv_work_item(const TileLists& l, int b, int hk, int x,
+                                             KvWorkItem* item) {
+  const int slot = mask_slot(l, b, hk);
+  const int i0 = l.item_offsets[slot];
+  if (x >= l.item_offsets[slot + 1] - i0) return false;
+  const int32_t* w = l.items + kItemWords * (i0 + x);
+  *item = KvWorkItem{w[0], w[1], w[2], w[3]};
+  return true;
+}
+#endif
+
 }  // namespace attn::flash
