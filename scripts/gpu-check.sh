@@ -11,6 +11,8 @@
 #   GPU_ARCHS            meson gpu_archs (default sm_90a)
 #   GPU_CHECK_TESTS      meson test names to run (default: the whole gpu suite)
 #   GPU_CHECK_SANITIZE   0 skips compute-sanitizer (forward, backward and decode tests)
+#   GPU_CHECK_SANITIZE_MATCH  an extended regex: only the sanitizer runs whose
+#                        TOOL_NAME (e.g. racecheck_moba_sm90) matches it
 #   GPU_CHECK_TORCH      0 skips the PyTorch reference timing
 #   GPU_CHECK_TIMING     0 skips all timing
 #   GPU_CHECK_VARIANTS   1 also times the d=64 and d=128 backward variants of sm_80-sized devices
@@ -84,6 +86,7 @@ summary+=("meson test --suite gpu ${GPU_CHECK_TESTS:-}: $([ "$test_rc" = 0 ] && 
 sanitize() {
   local tool=$1 name=$2 bin=$3
   shift 3
+  [[ "${tool}_$name" =~ ${GPU_CHECK_SANITIZE_MATCH:-.} ]] || return 0
   step "compute-sanitizer $tool, $name"
   env "$@" compute-sanitizer --tool "$tool" --error-exitcode 3 "$bin" \
     >"$logs/${tool}_$name.log" 2>&1
@@ -163,6 +166,10 @@ if [ "${GPU_CHECK_SANITIZE:-1}" != 0 ] && command -v compute-sanitizer >/dev/nul
   sanitize memcheck moba_sm90_sm80bwd "$bin" ATTN_CUDA_MOBA_SM90=1 ATTN_CUDA_BWD_SM90=0 \
     ATTN_GPU_TEST_FILTER=gqa4/2
   sanitize memcheck moba "$bin" ATTN_GPU_TEST_FILTER=shared-gqa4/2
+  # The gathered sm_80 kernels on every case (the forward's round lists),
+  # races on the per-head GQA cases (lists of several heads).
+  sanitize memcheck moba_gather "$bin" ATTN_CUDA_MOBA_SM90=0
+  sanitize racecheck moba_gather "$bin" ATTN_CUDA_MOBA_SM90=0 ATTN_GPU_TEST_FILTER=per-head-gqa
 fi
 
 torch_out=""

@@ -22,13 +22,14 @@
 // (p.moba, written into the workspace at run time) and visit every KV tile
 // of each, the last one up to the diagonal; a tile some row did not select
 // gets a predicate of one selection bit per row on top of the causal one.
-// MoBA's gathered forward (flash_fwd_moba_gather_kernel) computes one block
-// (p.moba.fwd_block) per launch for tiles of the rows that selected it (the
-// selector's row list, loaded by index; the tile's causal mask as the dK/dV
-// kernel's: rows numbered from the block's first own row on) and merges
-// each row's result into its softmax state in the workspace (p.moba.state)
-// by the (O, LSE) rule; the launches go from the last block to the first,
-// so that a row meets its own block first and that write starts its state.
+// MoBA's gathered forward (flash_fwd_moba_gather_kernel) computes one round
+// (p.moba.fwd_round) per launch: every row's round-r block, for tiles of
+// the rows whose round-r block is the same (the selector's round lists,
+// rows loaded by index; round 0's rows numbered as themselves for the
+// causal mask, the others' from the first row after the block's own rows,
+// so that they see all of it), and merges each row's result into its
+// softmax state in the workspace (p.moba.state) by the (O, LSE) rule; round
+// 0 is each row's own block, whose write starts its state.
 // Softmax statistics are fp32: m (running max of the raw or softcapped
 // logit) and l (sum of exp2, kept per thread and reduced over the 4 threads
 // of a row at the end). A row that sees no key ends with l = 0 and gives
@@ -77,27 +78,38 @@ __device__ __forceinline__ float row_lse(float m, float l, float scale_log2) {
   return l > 0.0f ? m * scale_log2 * kLn2 + logf(l) : -INFINITY;
 }
 
+// MoBA's gathered forward: one query tile of a round's lists, rows [start,
+// start + rows) of its (sequence, selecting head)'s round rows, all of
+// which selected block kb; r0 numbers the first for the causal mask.
+struct MobaGatherTile {
+  int kb, start, rows, r0;
+};
+// The gathered forward's current tile, set by flash_fwd_moba_gather_kernel
+// and read from shared memory where used (gather_field), so that no
+// register holds it through the main loop (in registers, the d = 128
+// kernel spilled 80 bytes).
+__shared__ MobaGatherTile moba_gather_tile;
+__device__ __forceinline__ int gather_field(const volatile int& x) { return x; }
+
 // MoBA gather, the forward's end: merges the tile's normalised O (sO, fp32
-// [BM][D + 4]) and LSE (sL) into the listed rows' states (see below);
-// diag0 = the tile's first row number (as the mask counts) + lk - lq. Not
-// inlined: inlined, it made the d = 128 kernel spill 88 bytes (sm_90a).
+// [BM][D + 4]) and LSE (sL) into the states of the rows [start, start +
+// rows) of the round's lists (see below). Not inlined: inlined, it made the
+// d = 128 kernel spill 88 bytes (sm_90a).
 template <int BM, int D, int NTH>
 __device__ __noinline__ void moba_merge_tile(const FwdParams& p, const float* sO, const float* sL,
-                                             int m_block, int rows, int diag0, int tid) {
+                                             int start, int rows, int tid) {
   constexpr int LO = D + 4;
   const MobaLists& mb = p.moba;
   const int b = int(blockIdx.z), h = int(blockIdx.y), lq = p.seqlen_q;
   const int64_t rows_all = int64_t(gridDim.z) * gridDim.y * lq;
   const int64_t head_rows = (int64_t(b) * gridDim.y + h) * lq;
   const int64_t slot = int64_t(b) * mb.sel_heads + (mb.per_query_head ? h : h / p.group);
-  const int32_t* idx = mb.kv_tiles + slot * int64_t(mb.kv_cap) +
-                       mb.kv_count[slot * (mb.num_blocks + 1) + mb.fwd_block] + m_block * BM;
-  const int own_end = (mb.fwd_block + 1) * mb.block;  // rows before it: own block
-  // The weights of local row r's state and tile, and the merged LSE. A row
-  // whose own block this is starts its state here.
+  const int32_t* idx = mb.kv_tiles + slot * int64_t(mb.kv_cap) + start;
+  // Round 0 (each row's own block) starts the rows' states.
+  const bool fresh = mb.fwd_round == 0;
+  // The weights of local row r's state and tile, and the merged LSE.
   auto weights = [&](int r, float& w_s, float& w_t) {
     const float lse_t = sL[r];
-    const bool fresh = diag0 + r < own_end;
     const float lse_s = fresh ? -INFINITY : mb.state[rows_all * D + head_rows + idx[r]];
     const float mx = fmaxf(lse_t, lse_s);
     w_s = w_t = 0.0f;
@@ -128,13 +140,12 @@ __device__ __noinline__ void moba_merge_tile(const FwdParams& p, const float* sO
   }
 }
 
-// The kernels' body. Gather (with Moba): MoBA's gathered rows, one block
-// per launch (flash_fwd_moba_gather_kernel), tile gather_tile of the list.
+// The kernels' body. Gather (with Moba): MoBA's gathered rows, one round
+// per launch (flash_fwd_moba_gather_kernel), the tile moba_gather_tile.
 // Persist (with Sparse): the work item `item` (sequence, query head, query
 // tile) of flash_fwd_bsparse_persistent_kernel instead of the block's.
 template <class T, int D, bool Sparse, bool Moba, bool Gather, bool Persist = false>
-__device__ __forceinline__ void flash_fwd_tile(const FwdParams& p, int gather_tile,
-                                               const int32_t* item = nullptr) {
+__device__ __forceinline__ void flash_fwd_tile(const FwdParams& p, const int32_t* item = nullptr) {
   using Tr = FwdTraits<D>;
   constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN, ST = Tr::kStages, NTH = Tr::kThreads;
   constexpr int R = Tr::kRows, MT = R / 16, NT = BN / 8, DT = D / 8, LD = Tr::kLd;
@@ -150,30 +161,22 @@ __device__ __forceinline__ void flash_fwd_tile(const FwdParams& p, int gather_ti
   const int g = lane >> 2, t4 = lane & 3;
   int b = blockIdx.z, h = blockIdx.y;
   // Last query tiles first: under a causal mask they are the longest.
-  int m_block = Gather ? gather_tile : int(gridDim.x) - 1 - int(blockIdx.x);
+  int m_block = Gather ? 0 : int(gridDim.x) - 1 - int(blockIdx.x);
   if constexpr (Persist) b = item[0], h = item[1], m_block = item[2];
 
   QueryTile qt;
   if (!query_tile_of<BM>(p, b, m_block, qt)) return;
-  // MoBA gather: the tile is rows [m_block BM, +BM) of the block's list
-  // (moba_rows(), recomputed where used: registers are scarce), numbered
-  // (qt.r0) from the first row whose own block it is.
+  // MoBA gather: the tile's rows (moba_rows(), recomputed where used:
+  // registers are scarce), numbered (qt.r0) for the mask as the tile says.
   auto moba_rows = [&] {
     const MobaLists& mb = p.moba;
     const int64_t slot = int64_t(blockIdx.z) * mb.sel_heads +
                          (mb.per_query_head ? int(blockIdx.y) : int(blockIdx.y) / p.group);
-    return mb.kv_tiles + slot * int64_t(mb.kv_cap) +
-           mb.kv_count[slot * (mb.num_blocks + 1) + mb.fwd_block] + m_block * BM;
+    return mb.kv_tiles + slot * int64_t(mb.kv_cap) + gather_field(moba_gather_tile.start);
   };
   if constexpr (Gather) {
-    const MobaLists& mb = p.moba;
-    const int kb = mb.fwd_block;
-    const int64_t slot = int64_t(b) * mb.sel_heads + (mb.per_query_head ? h : h / p.group);
-    const int32_t* at = mb.kv_count + slot * (mb.num_blocks + 1) + kb;
-    const int count = at[1] - at[0];
-    if (m_block * BM >= count) return;
-    qt.r0 = max(0, kb * mb.block - qt.off) + m_block * BM;
-    qt.rows = min(BM, count - m_block * BM);
+    qt.r0 = gather_field(moba_gather_tile.r0);
+    qt.rows = gather_field(moba_gather_tile.rows);
     qt.lo_first = 0, qt.hi_first = key_hi(p, qt, qt.r0);
     qt.lo_last = 0, qt.hi_last = key_hi(p, qt, qt.r0 + qt.rows - 1);
   }
@@ -221,7 +224,7 @@ __device__ __forceinline__ void flash_fwd_tile(const FwdParams& p, int gather_ti
     n_tiles = 0;
     if constexpr (Gather) {
       // The block's KV tiles up to the tile's last diagonal.
-      const int kb = mb.fwd_block;
+      const int kb = gather_field(moba_gather_tile.kb);
       n_tiles = min(hi_last, (kb + 1) * mb.block - 1) / BN - kb * moba_tpb() + 1;
     } else {
       const int64_t list = moba_slot() * mb.q_tiles + m_block;
@@ -246,7 +249,7 @@ __device__ __forceinline__ void flash_fwd_tile(const FwdParams& p, int gather_ti
   auto tile_of = [&](int it) {
     if constexpr (Moba) {
       const int v = n_tiles - 1 - it, tpb = moba_tpb();
-      if constexpr (Gather) return p.moba.fwd_block * tpb + v;
+      if constexpr (Gather) return gather_field(moba_gather_tile.kb) * tpb + v;
       return (moba_blocks[v / tpb] & kMobaIndexMask) * tpb + v % tpb;
     } else {
       return Sparse ? visits[2 * (n_tiles - 1 - it)] : n_end - 1 - it;
@@ -546,7 +549,7 @@ __device__ __forceinline__ void flash_fwd_tile(const FwdParams& p, int gather_ti
           sL[row] = row_lse(row_max[mt][hh], l, scale_log2);
       }
     __syncthreads();
-    moba_merge_tile<BM, D, NTH>(p, sO, sL, m_block, rows, r0 + qt.off, tid);
+    moba_merge_tile<BM, D, NTH>(p, sO, sL, gather_field(moba_gather_tile.start), rows, tid);
     return;
   }
 
@@ -582,7 +585,7 @@ __device__ __forceinline__ void flash_fwd_tile(const FwdParams& p, int gather_ti
 template <class T, int D, bool Sparse = false, bool Moba = false>
 __global__ void __launch_bounds__(FwdTraits<D>::kThreads, FwdTraits<D>::kMinBlocks)
     flash_fwd_kernel(const __grid_constant__ FwdParams p) {
-  flash_fwd_tile<T, D, Sparse, Moba, false>(p, 0);
+  flash_fwd_tile<T, D, Sparse, Moba, false>(p);
 }
 
 // Into L2: the Q tile and the first KV tile (the list's last) of a
@@ -627,27 +630,50 @@ __global__ void __launch_bounds__(FwdTraits<D>::kThreads, FwdTraits<D>::kMinBloc
   const int end = p.sparse.item_offsets[blockIdx.x + 1];
   for (int w = p.sparse.item_offsets[blockIdx.x]; w < end; ++w) {
     if (w + 1 < end) prefetch_bsparse_item<T, D>(p, p.sparse.items + kItemWords * (w + 1));
-    flash_fwd_tile<T, D, true, false, false, true>(p, 0, p.sparse.items + kItemWords * w);
+    flash_fwd_tile<T, D, true, false, false, true>(p, p.sparse.items + kItemWords * w);
     __syncthreads();  // the next item reuses shared memory
   }
 }
 
-// MoBA's gathered forward for block p.moba.fwd_block: grid (x, heads_q,
+// MoBA's gathered forward for round p.moba.fwd_round: grid (x, heads_q,
 // batch), block x taking tiles x, x + gridDim.x, ... of its (sequence,
-// head)'s row list, whose length only the device knows (the host sizes
-// the grid to fill the GPU, not to the longest possible list).
+// head)'s round lists, whose number only the device knows (the host sizes
+// the grid to the most there can be). Lists start at whole tiles: tile m
+// is the BM rows from entry first + m BM of the list that holds it (the
+// last list starting at or before it, by bisection over the blocks).
 template <class T, int D>
 __global__ void __launch_bounds__(FwdTraits<D>::kThreads, FwdTraits<D>::kMinBlocks)
     flash_fwd_moba_gather_kernel(const __grid_constant__ FwdParams p) {
+  constexpr int BM = FwdTraits<D>::kBlockM;
   const MobaLists& mb = p.moba;
-  const int h = int(blockIdx.y);
+  const int h = int(blockIdx.y), nb = mb.num_blocks;
+  const int64_t slots = int64_t(gridDim.z) * mb.sel_heads;
   const int64_t slot =
       int64_t(blockIdx.z) * mb.sel_heads + (mb.per_query_head ? h : h / p.group);
-  const int32_t* at = mb.kv_count + slot * (mb.num_blocks + 1) + mb.fwd_block;
-  const int count = at[1] - at[0];
-  for (int m = int(blockIdx.x); m * FwdTraits<D>::kBlockM < count; m += int(gridDim.x)) {
-    flash_fwd_tile<T, D, false, true, true>(p, m);
-    __syncthreads();  // the next tile reuses shared memory
+  // [num_blocks + 1] pairs (start, rows)
+  const int32_t* e = mb.kv_count + 2 * (int64_t(mb.fwd_round) * slots + slot) * (nb + 1);
+  const int first = e[0], tiles = (e[2 * nb] - first) / BM;
+  const int off = p.seqlen_kv - p.seqlen_q;
+  for (int m = int(blockIdx.x); m < tiles; m += int(gridDim.x)) {
+    const int at = first + m * BM;
+    int lo = 0, hi = nb - 1;
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) / 2;
+      if (e[2 * mid] <= at) lo = mid;
+      else hi = mid - 1;
+    }
+    if (threadIdx.x == 0) {
+      MobaGatherTile& gt = moba_gather_tile;
+      gt.kb = lo;
+      gt.start = at;
+      gt.rows = min(BM, e[2 * lo] + e[2 * lo + 1] - at);
+      // Round 0: the block's own rows; later rounds: rows after them.
+      const int own = mb.fwd_round == 0 ? lo : lo + 1;
+      gt.r0 = max(0, own * mb.block - off) + (at - e[2 * lo]);
+    }
+    __syncthreads();
+    flash_fwd_tile<T, D, false, true, true>(p);
+    __syncthreads();  // the next tile reuses shared memory and the tile's fields
   }
 }
 

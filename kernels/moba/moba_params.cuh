@@ -26,6 +26,19 @@
 //              Rows whose own block is kb come first and are contiguous
 //              (every row selects its own block; a row never selects a
 //              later one), which the kernel's causal mask relies on.
+//   round lists (the gathered forward, instead of the row lists) round r
+//              of a row is its r-th selected block counting down from its
+//              own block (round 0); per (round, slot, block) the rows whose
+//              round-r block it is. The forward runs one launch per round
+//              over every list of the round, so that a launch fills the GPU
+//              and meets each row at most once (its softmax state is
+//              merged without races), with rounds <= top_k + 1 launches
+//              instead of one per block. Each list starts at a multiple of
+//              the forward's query tile in the slot's rows (a tile holds
+//              rows of one block); round 0's lists are the own-block rows in
+//              increasing order (the causal mask numbers them), the others'
+//              order is the device's (their rows see the whole block, and a
+//              row's result does not depend on the tile it shares).
 #pragma once
 
 #include <cstdint>
@@ -42,7 +55,10 @@ struct MobaLists {
   // gather = 0: the kv lists. gather = 1: the row lists, kv_count holding
   // [slots][num_blocks + 1] offsets (list (slot, kb) is entries
   // [kv_count[kb], kv_count[kb + 1]) of the slot's part) and kv_tiles
-  // [slots][kv_cap] row indices (kv_cap: a slot's most entries).
+  // [slots][kv_cap] row indices (kv_cap: a slot's most entries). The
+  // gathered forward: the round lists, kv_count holding [rounds][slots]
+  // [num_blocks + 1] pairs (start in the slot's rows, rows; the last pair's
+  // start ends the round's lists) and kv_tiles [slots][kv_cap] rows.
   const int32_t* kv_count;   // [batch * heads_kv][num_blocks]
   const int32_t* kv_tiles;   // [batch * heads_kv][num_blocks][kv_cap]
   // Gathered forward: per (sequence, query head, row) the softmax state of
@@ -54,7 +70,7 @@ struct MobaLists {
   int32_t q_tiles;           // ceil(seqlen_q / the forward kernel's block_m)
   int32_t q_cap, kv_cap;     // list capacities (entries)
   int32_t sel_heads;         // heads_kv when shared, else heads_q
-  int32_t fwd_block;         // gathered forward: the block this launch computes
+  int32_t fwd_round;         // gathered forward: the round this launch computes
   int16_t per_query_head;    // 1: slots count query heads
   // 1: kv_count and kv_tiles are the row lists (the gathered kernels,
   // flash_fwd_moba_gather_kernel and flash_bwd_dkdv_moba_gather_kernel).
@@ -84,6 +100,14 @@ struct SelectParams {
   int32_t* row_offsets;  // gathered row lists (null: not built): flash::MobaLists
   int32_t* rows;         // kv_count and kv_tiles with gather = 1
   int32_t rows_cap;      // entries per slot: seqlen_q x min(top_k + 1, num_blocks)
+  // The gathered forward's round lists (null: not built): flash::MobaLists
+  // kv_count and kv_tiles of its launches; round r's lists lie in entries
+  // [r round_cap, (r + 1) round_cap) of the slot's rows.
+  int32_t* round_lists;  // [rounds][slots][num_blocks + 1][2], zeroed before the selection
+  int32_t* round_rows;   // [slots][rounds * round_cap]
+  int32_t rounds;        // min(top_k + 1, num_blocks)
+  int32_t round_tile;    // the forward's query tile: every list starts at a multiple
+  int32_t round_cap;     // seqlen_q + num_blocks * (round_tile - 1)
   int32_t batch, heads_q, heads_kv, group, seqlen_q, seqlen_kv, d;
   int32_t block, num_blocks, top_k, shared;
   int32_t sel_heads, q_words;

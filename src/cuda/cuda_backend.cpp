@@ -37,21 +37,25 @@
 // (cuda/moba_plan.hpp); the backward pass selects again, with the same
 // launches, and so sees the forward's selection bit for bit.
 // By default the kernels walk, per block, the rows that selected it
-// (gathered row lists): the forward one launch per block merging into
-// per-row softmax states, the dK/dV kernel per KV tile; "-moba-gather" in
-// the kernel name. ATTN_CUDA_MOBA_GATHER=0 (a test and tuning hook) takes
-// the tile-union schedule instead: the query tiles in which some row
-// selected the block ("-moba"), which is also the path of plans whose row
-// lists would not fit 32-bit offsets. With ATTN_CUDA_MOBA_SM90=1, MoBA plans
-// at d = 64 and 128 without softcap on sm_90 devices run the sm_90a (wgmma)
-// kernels' Moba instantiations on that tile-union schedule instead
-// ("cuda-sm90-wgmma-...-moba", "+bwd-wgmma-..."; moba_fits_sm90). Not the
-// default: the tile union costs what the rows of a tile select together,
-// nearly every past block when they disagree, so on an H200 (d = 128) its
-// forward ran 1.1-1.6x faster than the gathered sm_80 kernels' on queries
-// that agree over 256-token runs (forward and backward together 1.02-1.23x),
-// but on independent ones forward and backward took up to 7.8x as long (L =
-// 128K; bench/results/cuda-moba-sm90-*2026-12-01-c37f71b.md).
+// (gathered lists): the forward one launch per round (each row's own
+// block, then its next selected block down, ...: moba/moba_params.cuh)
+// merging into per-row softmax states, the dK/dV kernel per KV tile;
+// "-moba-gather" in the kernel name. ATTN_CUDA_MOBA_GATHER=0 (a test and
+// tuning hook) takes the tile-union schedule instead: the query tiles in
+// which some row selected the block ("-moba"), which is also the path of
+// plans whose row lists would not fit 32-bit offsets. On sm_90 devices,
+// plans at d = 64 and 128 without softcap whose rule keeps over half the
+// causal pairs (moba_pair_share > kMobaSm90Share), or all of them with
+// ATTN_CUDA_MOBA_SM90=1 (none with 0), run the sm_90a (wgmma) kernels'
+// Moba instantiations on that tile-union schedule instead
+// ("cuda-sm90-wgmma-...-moba", "+bwd-wgmma-..."; moba_fits_sm90). The tile
+// union costs what the rows of a tile select together, nearly every past
+// block when they disagree (about the dense plan's time), so it wins where
+// MoBA keeps much of the causal mask anyway; on an H200 (d = 128) it ran
+// 1.1-1.6x faster than the gathered sm_80 kernels on queries that agree
+// over 256-token runs, but on independent ones at low shares forward and
+// backward took up to 7.8x as long (L = 128K;
+// bench/results/cuda-moba-sm90-*2026-12-01-c37f71b.md).
 #include "cuda/cuda_backend.hpp"
 
 #include <cuda_runtime_api.h>
@@ -133,7 +137,7 @@ size_t align_up(size_t x) { return (x + kWorkspaceAlign - 1) / kWorkspaceAlign *
 // variable and the value (core/env.hpp), whichever kernels the plan runs.
 struct CudaHooks {
   bool moba_gather;               // ATTN_CUDA_MOBA_GATHER (default 1)
-  bool moba_sm90;                 // ATTN_CUDA_MOBA_SM90 (default 0)
+  std::optional<int> moba_sm90;   // ATTN_CUDA_MOBA_SM90: 0 or 1 (default: by the pair share)
   bool fwd_persist;               // ATTN_CUDA_BSPARSE_FWD_PERSIST (default 0)
   bool bwd_persist;               // ATTN_CUDA_BSPARSE_BWD_PERSIST (default 0)
   bool prefetch;                  // ATTN_CUDA_BSPARSE_PREFETCH (default 0)
@@ -148,7 +152,7 @@ struct CudaHooks {
   static CudaHooks from_env() {
     CudaHooks h;
     h.moba_gather = env_flag("ATTN_CUDA_MOBA_GATHER", true);
-    h.moba_sm90 = env_flag("ATTN_CUDA_MOBA_SM90", false);
+    h.moba_sm90 = env_int_choice("ATTN_CUDA_MOBA_SM90", {0, 1});
     h.fwd_persist = env_flag("ATTN_CUDA_BSPARSE_FWD_PERSIST", false);
     h.bwd_persist = env_flag("ATTN_CUDA_BSPARSE_BWD_PERSIST", false);
     h.prefetch = env_flag("ATTN_CUDA_BSPARSE_PREFETCH", false);
@@ -264,8 +268,6 @@ class CudaPlan final : public BackendPlan {
       const int kv_tile_rows =
           !p.backward ? 0 : bwd_sm90_ ? bwd_sm90_cfg_.block_m : bwd_cfg_.block_m;
       moba_.emplace(p, tile_q(), kv_tile_rows, gather);
-      check(cudaDeviceGetAttribute(&moba_sm_count_, cudaDevAttrMultiProcessorCount, device_),
-            "cudaDeviceGetAttribute");
     }
 
     fill_params();
@@ -422,23 +424,20 @@ class CudaPlan final : public BackendPlan {
       const bool gather = moba_->gathers(), bf16 = p.dtype == ATTN_DTYPE_BF16;
       const auto stream = static_cast<cudaStream_t>(a.stream);
       char* ws = static_cast<char*>(a.workspace);
-      const moba::SelectParams sp = moba_->select_params(a.q, a.k, ws, l, !gather, gather);
+      const moba::SelectParams sp =
+          moba_->select_params(a.q, a.k, ws, l, !gather, false, gather);
       check(moba_select_launch(sp, bf16, stream), "MoBA selection launch");
       prm.moba = moba_->lists(sp);
       if (gather) {
-        // One launch per block, the last first (see flash/fwd_kernel.cuh),
-        // then O and LSE from the rows' states. A list's length is known on
-        // the device only: each (sequence, head) gets at most 8 thread
-        // blocks per SM over all of them, which loop over its tiles.
+        // One launch per round, own blocks first (see flash/fwd_kernel.cuh),
+        // then O and LSE from the rows' states. A round's tiles are counted
+        // on the device only: each (sequence, head) gets a thread block per
+        // tile the round can have, those without one return at once.
         prm.moba.state = reinterpret_cast<float*>(ws + l.state);
-        const int64_t heads = p.heads_q * p.batch;
-        const int64_t per_head =
-            std::max<int64_t>(1, (8 * int64_t(moba_sm_count_) + heads - 1) / heads);
-        for (int64_t kb = p.moba_num_blocks() - 1; kb >= 0; --kb) {
-          const int64_t tiles = std::min(moba_->gather_tiles(kb, cfg_.block_m), per_head);
-          if (tiles == 0) continue;
-          prm.moba.fwd_block = int32_t(kb);
-          check(kernel_.launch(prm, int(tiles), int(p.heads_q), int(p.batch), stream),
+        for (int32_t r = 0; r < moba_->rounds(); ++r) {
+          prm.moba.fwd_round = r;
+          check(kernel_.launch(prm, int(moba_->round_tiles()), int(p.heads_q), int(p.batch),
+                               stream),
                 "forward kernel launch");
         }
         check(moba_finish_launch(moba_->finish_params(prm.moba.state, a.o, a.lse), bf16, stream),
@@ -640,8 +639,9 @@ class CudaPlan final : public BackendPlan {
   // instantiations on the same lists otherwise).
   bool moba_fits_sm90(const Problem& p, int major, int minor, size_t smem_optin) const {
     const int64_t d = p.head_dim_qk;
-    if (!hooks_.moba_sm90 || p.softcap > 0.0f || (d != 64 && d != 128) || major != 9 ||
-        minor != 0)
+    const bool wanted =
+        hooks_.moba_sm90 ? *hooks_.moba_sm90 == 1 : moba_pair_share(p) > kMobaSm90Share;
+    if (!wanted || p.softcap > 0.0f || (d != 64 && d != 128) || major != 9 || minor != 0)
       return false;
     const bool bf16 = p.dtype == ATTN_DTYPE_BF16;
     const FwdKernel k = d == 64 ? fwd_kernel_sm90_moba_d64(bf16) : fwd_kernel_sm90_moba_d128(bf16);
@@ -955,7 +955,7 @@ class CudaPlan final : public BackendPlan {
 
   MobaLayout moba_forward_layout() const {
     const bool gather = moba_->gathers();
-    return moba_->layout(0, !gather, gather, gather);
+    return moba_->layout(0, !gather, false, gather);
   }
   MobaLayout moba_backward_layout() const {
     return moba_->layout(2 * delta_bytes() + dq_accum_bytes() + 2 * kv_accum_bytes(),
@@ -987,7 +987,6 @@ class CudaPlan final : public BackendPlan {
   int device_;
   int group_splits_ = 1;
   int sm_count_ = 0;
-  int moba_sm_count_ = 0;  // MoBA: sizes the gathered forward's grids
   int kv_items_ = 0;             // block-sparse: the dK/dV kernel's blocks per slot
   bool kv_lists_split_ = false;  // block-sparse: some dK/dV list is cut into several items
   flash::FwdConfig cfg_{};

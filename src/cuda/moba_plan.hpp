@@ -12,11 +12,16 @@
 //             [batch][heads_kv][num_blocks][kv_q_tiles] entries
 // or, when the kernels gather rows (both passes; then no q lists except for
 // the deterministic backward's dQ kernel, and no kv lists):
-//   row lists int32 [slots][num_blocks + 1] offsets and [slots][rows_cap]
-//             rows, rows_cap = seqlen_q x min(top_k + 1, num_blocks) (each
-//             row selects its own block and at most top_k others)
-//   forward:  the rows' softmax states, fp32 O [batch][heads_q][seqlen_q]
-//             [head_dim] and LSE [batch][heads_q][seqlen_q]
+//   backward: row lists int32 [slots][num_blocks + 1] offsets and
+//             [slots][rows_cap] rows, rows_cap = seqlen_q x min(top_k + 1,
+//             num_blocks) (each row selects its own block and at most top_k
+//             others)
+//   forward:  round lists int32 [rounds][slots][num_blocks + 1][2] and
+//             [slots][rounds][round_cap] rows, rounds = min(top_k + 1,
+//             num_blocks), round_cap = seqlen_q + num_blocks x (tile - 1)
+//             (each row once per round, each list padded to whole tiles);
+//             then the rows' softmax states, fp32 O [batch][heads_q]
+//             [seqlen_q][head_dim] and LSE [batch][heads_q][seqlen_q]
 // slots = batch x (heads_kv when shared, else heads_q). A q list holds at
 // most q_cap = min(num_blocks, tile_rows * top_k + 2) blocks: each row adds
 // top_k past blocks and the tile's rows have at most two own blocks (a
@@ -47,11 +52,13 @@ constexpr bool moba_tiles_divide_block() {
         kMobaBlockMultiple % flash::dq_config(d).block_n != 0 ||
         kMobaBlockMultiple % flash::bwd_config(d, 0).block_n != 0 ||
         kMobaBlockMultiple % flash::bwd_config(d, flash::bwd_variants(d) - 1).block_n != 0 ||
-        flash::fwd_config(d).block_m % flash::dq_config(d).block_m != 0)
+        flash::fwd_config(d).block_m % flash::dq_config(d).block_m != 0 ||
+        flash::fwd_config(d).block_m > kMobaBlockMultiple)
       return false;
   return true;
 }
-// The dQ kernel also reads the q lists of the forward tile holding its own.
+// The dQ kernel also reads the q lists of the forward tile holding its own;
+// moba_rows_fit bounds the gathered forward's tiles by the block multiple.
 static_assert(moba_tiles_divide_block(), "MoBA: every KV tile divides the block multiple");
 
 inline void validate_moba(const Problem& p) {
@@ -76,8 +83,41 @@ inline int64_t moba_rows_cap(const Problem& p) {
   return p.seqlen_q *
          std::min<int64_t>(std::min<int64_t>(p.moba_top_k, INT32_MAX) + 1, p.moba_num_blocks());
 }
-// The kernels can gather rows when a slot's row list has 32-bit offsets.
-inline bool moba_rows_fit(const Problem& p) { return moba_rows_cap(p) < INT32_MAX; }
+// The gathered forward's rounds (moba/moba_params.cuh) and a round's
+// entries per slot with lists padded to tiles of tile_rows rows.
+inline int64_t moba_rounds(const Problem& p) {
+  return std::min<int64_t>(std::min<int64_t>(p.moba_top_k, INT32_MAX) + 1, p.moba_num_blocks());
+}
+inline int64_t moba_round_cap(const Problem& p, int64_t tile_rows) {
+  return p.seqlen_q + p.moba_num_blocks() * (tile_rows - 1);
+}
+// The kernels can gather rows when a slot's row lists (both passes) have
+// 32-bit offsets (the forward's tiles have at most kMobaBlockMultiple rows).
+inline bool moba_rows_fit(const Problem& p) {
+  return moba_rows_cap(p) < INT32_MAX &&
+         moba_rounds(p) * moba_round_cap(p, kMobaBlockMultiple) < INT32_MAX;
+}
+
+// The share of the causal (row, key) pairs a MoBA plan can visit at most:
+// each row sees its own block up to the diagonal and top_k whole past
+// blocks (attn_plan_describe's visible_pairs over the causal mask's).
+inline double moba_pair_share(const Problem& p) {
+  const int64_t off = p.seqlen_kv - p.seqlen_q;
+  double kept = 0.0, causal = 0.0;
+  for (int64_t i = std::max<int64_t>(0, -off); i < p.seqlen_q; ++i) {
+    const int64_t d = i + off, own = d / p.moba_block;
+    kept += double(d - own * p.moba_block + 1 + std::min(own, p.moba_top_k) * p.moba_block);
+    causal += double(d + 1);
+  }
+  return causal > 0.0 ? kept / causal : 0.0;
+}
+
+// Above this share the sm_90a (wgmma) kernels on the tile-union schedule
+// take MoBA plans by default where they apply: the union costs at most
+// about the dense plan (every tile's rows disagreeing), the gathered sm_80
+// kernels about twice the dense plan's time per pair they visit (see
+// cuda_backend.cpp).
+constexpr double kMobaSm90Share = 0.5;
 
 struct MobaLayout {
   size_t pooled = 0, selected = 0, q_count = 0, q_blocks = 0, kv_count = 0, kv_tiles = 0;
@@ -107,14 +147,17 @@ class MobaSchedule {
     if (gather && moba_rows_fit(p)) {
       lists_.gather = 1;
       lists_.kv_cap = int32_t(moba_rows_cap(p));
+      rounds_ = int32_t(moba_rounds(p));
+      round_cap_ = int32_t(moba_round_cap(p, q_tile_rows));
     }
     lists_.sel_heads = int32_t(p.moba_heads());
     lists_.per_query_head = int16_t(p.moba_shared ? 0 : 1);
   }
 
   // The layout from `base` with the q lists and/or the kv lists (the row
-  // lists when gathering), and the rows' states (gathered forward).
-  MobaLayout layout(size_t base, bool q_lists, bool kv_lists, bool state = false) const {
+  // lists when gathering), or, for the gathered forward (`forward_rounds`),
+  // the round lists and the rows' states.
+  MobaLayout layout(size_t base, bool q_lists, bool kv_lists, bool forward_rounds = false) const {
     const Problem& p = p_;
     auto align = [](size_t x) { return (x + 255) / 256 * 256; };
     const size_t nb = size_t(lists_.num_blocks), slots = size_t(p.batch * p.moba_heads());
@@ -132,14 +175,17 @@ class MobaSchedule {
       l.q_count = take(slots * size_t(lists_.q_tiles) * sizeof(int32_t));
       l.q_blocks = take(slots * size_t(lists_.q_tiles) * size_t(lists_.q_cap) * sizeof(int32_t));
     }
-    if (kv_lists && gathers()) {
+    if (forward_rounds) {
+      l.kv_count = take(size_t(rounds_) * slots * (nb + 1) * 2 * sizeof(int32_t));
+      l.kv_tiles = take(slots * size_t(rounds_) * size_t(round_cap_) * sizeof(int32_t));
+    } else if (kv_lists && gathers()) {
       l.kv_count = take(slots * (nb + 1) * sizeof(int32_t));
       l.kv_tiles = take(slots * size_t(lists_.kv_cap) * sizeof(int32_t));
     } else if (kv_lists) {
       l.kv_count = take(bh * nb * sizeof(int32_t));
       l.kv_tiles = take(bh * nb * size_t(lists_.kv_cap) * sizeof(int32_t));
     }
-    if (state)
+    if (forward_rounds)
       l.state = take(size_t(p.batch * p.heads_q * p.seqlen_q) * size_t(p.head_dim_qk + 1) *
                      sizeof(float));
     l.end = at;
@@ -147,9 +193,10 @@ class MobaSchedule {
   }
 
   // The selector's parameters and the kernels' lists for workspace ws laid
-  // out as l.
+  // out as l (by layout() with the same flags).
   moba::SelectParams select_params(const void* q, const void* k, char* ws, const MobaLayout& l,
-                                   bool q_lists, bool kv_lists) const {
+                                   bool q_lists, bool kv_lists,
+                                   bool forward_rounds = false) const {
     const Problem& p = p_;
     const TensorStrides& sq = p.strides[ATTN_TENSOR_Q];
     const TensorStrides& sk = p.strides[ATTN_TENSOR_K];
@@ -163,7 +210,11 @@ class MobaSchedule {
       s.q_count = reinterpret_cast<int32_t*>(ws + l.q_count);
       s.q_blocks = reinterpret_cast<int32_t*>(ws + l.q_blocks);
     }
-    if (kv_lists && gathers()) {
+    if (forward_rounds) {
+      s.round_lists = reinterpret_cast<int32_t*>(ws + l.kv_count);
+      s.round_rows = reinterpret_cast<int32_t*>(ws + l.kv_tiles);
+      s.rounds = rounds_, s.round_tile = q_tile_rows_, s.round_cap = round_cap_;
+    } else if (kv_lists && gathers()) {
       s.row_offsets = reinterpret_cast<int32_t*>(ws + l.kv_count);
       s.rows = reinterpret_cast<int32_t*>(ws + l.kv_tiles);
       s.rows_cap = lists_.kv_cap;
@@ -188,7 +239,9 @@ class MobaSchedule {
     flash::MobaLists m = lists_;
     m.selected = s.selected;
     m.q_count = s.q_count, m.q_blocks = s.q_blocks;
-    if (gathers())
+    if (s.round_lists != nullptr)
+      m.kv_count = s.round_lists, m.kv_tiles = s.round_rows, m.kv_cap = rounds_ * round_cap_;
+    else if (gathers())
       m.kv_count = s.row_offsets, m.kv_tiles = s.rows;
     else
       m.kv_count = s.kv_count, m.kv_tiles = s.kv_tiles;
@@ -197,12 +250,10 @@ class MobaSchedule {
 
   bool gathers() const { return lists_.gather != 0; }
 
-  // The gathered forward's launch for block kb has one query tile per
-  // tile_rows of the rows that can select it (the list is no longer).
-  int64_t gather_tiles(int64_t kb, int tile_rows) const {
-    const int64_t first = std::max<int64_t>(0, kb * p_.moba_block - (p_.seqlen_kv - p_.seqlen_q));
-    return first >= p_.seqlen_q ? 0 : (p_.seqlen_q - first + tile_rows - 1) / tile_rows;
-  }
+  // The gathered forward: its launches (one per round) and the most query
+  // tiles of a (slot, round), its padded lists' entries over tile_rows.
+  int32_t rounds() const { return rounds_; }
+  int64_t round_tiles() const { return round_cap_ / q_tile_rows_; }
 
   moba::FinishParams finish_params(const float* state, void* o, float* lse) const {
     const Problem& p = p_;
@@ -222,6 +273,7 @@ class MobaSchedule {
   flash::MobaLists lists_{};
   int32_t kv_tile_rows_ = 0, kv_q_tiles_ = 0;
   int32_t q_words_ = 0, q_tile_rows_ = 0;
+  int32_t rounds_ = 0, round_cap_ = 0;  // gathered forward
 };
 
 }  // namespace attn::cuda

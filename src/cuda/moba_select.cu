@@ -2,6 +2,7 @@
 #include <cuda_runtime.h>
 
 #include "cuda/moba_select.hpp"
+#include "moba/moba_rounds.cuh"
 #include "moba/moba_select.cuh"
 
 namespace attn::cuda {
@@ -48,6 +49,16 @@ cudaError_t launch_t(const moba::SelectParams& p, cudaStream_t stream) {
     moba::row_scan_kernel<<<unsigned((slots + per_block - 1) / per_block), moba::kListThreads, 0,
                             stream>>>(p);
     moba::row_scatter_kernel<<<list_blocks, moba::kListThreads, 0, stream>>>(p);
+  }
+  if (p.round_lists != nullptr && row_lists > 0) {
+    const size_t pair_bytes = size_t(p.rounds) * size_t(slots) * size_t(p.num_blocks + 1) * 8u;
+    const cudaError_t e = cudaMemsetAsync(p.round_lists, 0, pair_bytes, stream);
+    if (e != cudaSuccess) return e;
+    const unsigned word_blocks = unsigned((slots * p.q_words + per_block - 1) / per_block);
+    moba::round_count_kernel<<<word_blocks, moba::kListThreads, 0, stream>>>(p);
+    moba::round_scan_kernel<<<unsigned((p.rounds * slots + per_block - 1) / per_block),
+                              moba::kListThreads, 0, stream>>>(p);
+    moba::round_scatter_kernel<<<word_blocks, moba::kListThreads, 0, stream>>>(p);
   }
   return cudaGetLastError();
 }
