@@ -103,10 +103,9 @@ struct FinishParams {
 
 // The selector's tiling: query rows and past blocks per step of the gate
 // product, the channels of block means staged at a time (d must be a
-// multiple), the largest top_k it keeps per row, and the CTAs per SM its
-// registers are bounded for (shared memory allows 3 at d = 128).
+// multiple), and the largest top_k it keeps per row.
 constexpr int kSelectRows = 64, kSelectBlocks = 64, kSelectThreads = 256;
-constexpr int kSelectSlab = 32, kSelectMinBlocks = 3;
+constexpr int kSelectSlab = 32;
 constexpr int kMaxTopK = 32;
 constexpr int kPoolThreads = 256;
 constexpr int kListThreads = 256;  // 8 warps, one list each

@@ -137,6 +137,14 @@ __device__ __forceinline__ uint32_t gate_key(float g) {
 // every block of the slab's column: no global atomics, and `selected`
 // needs no zeroing before (a CTA none of whose rows sees a key writes its
 // zero words like the others).
+// The CTAs per SM select_kernel's registers are bounded for: what shared
+// memory allows at d = 128 (3 on sm_90's 228 KiB, 2 on sm_80's 164 KiB).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+constexpr int kSelectMinBlocks = 2;
+#else
+constexpr int kSelectMinBlocks = 3;
+#endif
+
 template <class T>
 __global__ void __launch_bounds__(kSelectThreads, kSelectMinBlocks)
     select_kernel(const __grid_constant__ SelectParams p) {
@@ -214,7 +222,7 @@ __global__ void __launch_bounds__(kSelectThreads, kSelectMinBlocks)
 #pragma unroll
     for (int u = 0; u < 2; ++u) {
       const int x = tid + u * kSelectThreads, bl = x / slab_vecs, c = c0 + (x % slab_vecs) * 4;
-      next[u] = kb0 + bl < p.num_blocks
+      next[u] = kb0 + bl < past_end  // (later blocks: gates nobody reads)
                     ? *reinterpret_cast<const float4*>(pooled + int64_t(kb0 + bl) * d + c)
                     : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
@@ -226,6 +234,9 @@ __global__ void __launch_bounds__(kSelectThreads, kSelectMinBlocks)
     for (int i = 0; i < 4; ++i)
 #pragma unroll
       for (int j = 0; j < 4; ++j) acc[i][j] = 0.0f;
+    // A warp whose 16 blocks all lie at or after past_end computes no gate
+    // anyone reads (causal tiles see half the blocks on average).
+    const int slab_end = kb0 + bb < past_end ? kSelectSlab : 0;
     for (int s = 0; s < slabs; ++s) {
       __syncthreads();  // qs written; the previous slab consumed
 #pragma unroll
@@ -241,7 +252,7 @@ __global__ void __launch_bounds__(kSelectThreads, kSelectMinBlocks)
       const float* qa = qs + (rb + tr) * ld + s * kSelectSlab;
       const float* pa = ps + (bb + tb) * ls;
 #pragma unroll 1
-      for (int c = 0; c < kSelectSlab; c += 4) {
+      for (int c = 0; c < slab_end; c += 4) {
         float4 pv[4];
 #pragma unroll
         for (int j = 0; j < 4; ++j) pv[j] = *reinterpret_cast<const float4*>(pa + 4 * j * ls + c);
