@@ -106,7 +106,8 @@ __global__ void __launch_bounds__(kPoolThreads)
 // mapped to +0 first (equal gates must compare equal, as floats do), and
 // the result is at least 1, since 0 marks an empty candidate below.
 __device__ __forceinline__ uint32_t gate_key(float g) {
-  const uint32_t u = __float_as_uint(g == 0.0f ? 0.0f : g);
+  uint32_t u = __float_as_uint(g);
+  if ((u << 1) == 0u) u = 0u;  // -0 (bits, whatever the compiler's float flags)
   return max((u & 0x80000000u) ? ~u : u | 0x80000000u, 1u);
 }
 
