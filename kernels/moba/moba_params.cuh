@@ -92,7 +92,7 @@ struct SelectParams {
   int64_t q_batch, q_seq, q_head;
   int64_t k_batch, k_seq, k_head;
   float* pooled;       // [batch][heads_kv][num_blocks][d] block means of K
-  uint64_t* selected;  // flash::MobaLists::selected, zeroed before select_kernel
+  uint64_t* selected;  // flash::MobaLists::selected, every word written by select_kernel
   int32_t* q_count;    // flash::MobaLists (null: the q lists are not built)
   int32_t* q_blocks;
   int32_t* kv_count;  // flash::MobaLists (null: the kv lists are not built)
@@ -126,18 +126,22 @@ struct FinishParams {
 };
 
 // The selector's tiling: query rows and past blocks per step of the gate
-// product, and the largest top_k it keeps per row.
+// product, the channels of block means staged at a time (d must be a
+// multiple), and the largest top_k it keeps per row.
 constexpr int kSelectRows = 64, kSelectBlocks = 64, kSelectThreads = 256;
+constexpr int kSelectSlab = 32;
 constexpr int kMaxTopK = 32;
 constexpr int kPoolThreads = 256;
 constexpr int kListThreads = 256;  // 8 warps, one list each
 
-// Dynamic shared memory of select_kernel for head dimension d: Q rows and a
-// chunk of block means in fp32 (rows padded by 4 floats), the chunk's gates
-// and each row's running top-k (gates and block indices). d = 256: 162 KiB.
+// Dynamic shared memory of select_kernel for head dimension d: Q rows in
+// fp32 (padded by 4 floats), a slab of a chunk's block means (likewise),
+// the chunk's gates, the CTA's 64 output words and the block indices of
+// the rows' running top lists. d = 128: 66.75 KiB, d = 256: 98.75 KiB.
 constexpr size_t select_smem_bytes(int d) {
-  return size_t(kSelectRows + kSelectBlocks) * size_t(d + 4) * 4u +
-         size_t(kSelectRows) * size_t(kSelectBlocks + 1) * 4u + size_t(kSelectRows) * kMaxTopK * 8u;
+  return size_t(kSelectRows) * size_t(d + 4) * 4u + size_t(kSelectBlocks) * (kSelectSlab + 4) * 4u +
+         size_t(kSelectRows) * size_t(kSelectBlocks + 1) * 4u + size_t(kSelectBlocks) * 8u +
+         size_t(kSelectRows) * kMaxTopK * 4u;
 }
 
 }  // namespace attn::moba

@@ -7,7 +7,7 @@
 //   select_kernel   per query row the gates q . mean over its past blocks
 //                   (summed over the selecting heads), the top_k of them
 //                   (larger gate first, equal gates: lower block index) plus
-//                   the own block -> bits in `selected`
+//                   the own block -> every word of `selected` (64 rows)
 //   q_list_kernel   per (slot, forward query tile) the blocks its rows chose
 //   kv_list_kernel  per (sequence, KV head, block) the dK/dV kernel's query
 //                   tiles with a row that chose it
@@ -21,9 +21,10 @@
 // The kernels that are not templates are static: their host stubs stay out
 // of the library's global symbols (tests/ffi/check_exports.py).
 //
-// Every launch is deterministic (the bits are ORed, which commutes), so the
-// backward pass, which runs the same launches on the same inputs, sees the
-// selection of the forward bit for bit. The gates are fp32 like the CPU
+// Every launch is deterministic (a word's bits are ORed in shared memory,
+// which commutes, then stored by one thread), so the backward pass, which
+// runs the same launches on the same inputs, sees the forward's selection
+// bit for bit. The gates are fp32 like the CPU
 // backend's; their summation order differs (the selecting heads' query rows
 // are added first, then multiplied with the block mean), so the two agree
 // except where two gates lie within fp32 rounding of each other.
@@ -101,131 +102,250 @@ __global__ void __launch_bounds__(kPoolThreads)
   }
 }
 
+// A gate as a uint32 whose unsigned order is the gates' order: -0 is
+// mapped to +0 first (equal gates must compare equal, as floats do), and
+// the result is at least 1, since 0 marks an empty candidate below.
+__device__ __forceinline__ uint32_t gate_key(float g) {
+  uint32_t u = __float_as_uint(g);
+  if ((u << 1) == 0u) u = 0u;  // -0 (bits, whatever the compiler's float flags)
+  return max((u & 0x80000000u) ? ~u : u | 0x80000000u, 1u);
+}
+
 // Grid (ceil(seqlen_q / kSelectRows), sel_heads, batch), kSelectThreads
-// threads, select_smem_bytes(d) of dynamic shared memory. Gates of
-// kSelectRows rows x kSelectBlocks past blocks per step (each thread 4 rows
-// x 4 blocks, 16 apart, fp32 over the channels in order, read 4 at a time:
-// rows padded to d + 4 floats put the 8 blocks a quarter-warp reads in
-// distinct banks), then each row's thread merges them into its running
-// top_k, kept sorted: a gate enters only when
-// strictly larger than the last kept one, and goes behind every kept gate
-// that is not smaller, so that blocks visited in increasing order leave the
-// lower index first among equal gates.
+// threads, select_smem_bytes(d) of dynamic shared memory; CTA x owns the
+// words x of its slot's columns (kSelectRows = 64 rows: one word).
+//
+// Gates of kSelectRows rows x kSelectBlocks past blocks per chunk. The
+// selecting heads' query rows are added in fp32 (head order) into shared
+// memory once; the chunk's block means come in slabs of kSelectSlab
+// channels (global loads of the next slab overlap the current one's FMAs).
+// Each thread keeps 4 rows x 4 blocks of gates, fp32 FMAs over the channels
+// in order (the warp covers 32 rows x 16 blocks: its float4 reads of rows
+// and of block means each hit distinct banks).
+//
+// The merge: warp w keeps the running top_k of rows 8 w .. 8 w + 7 in
+// registers, entry t of a row in lane t (key gate_key, block index). Per
+// chunk a row's candidates are its kept entries and the chunk's gates of
+// its past blocks (lane l: blocks l and l + 32 of the chunk); min(top_k,
+// candidates) rounds of a warp argmax on (larger gate, then lower block
+// index) build the new list, round t's winner into lane t. That is the
+// top_k under that order, whatever the chunking: equal gates keep the lower
+// block index, as on the CPU backend. A row with at most top_k past blocks
+// takes them all, without gates.
+//
+// The output: after the last chunk, per 64 blocks the CTA ORs its rows'
+// bits into 64 words in shared memory and stores them, zeros included, for
+// every block of the slab's column: no global atomics, and `selected`
+// needs no zeroing before (a CTA none of whose rows sees a key writes its
+// zero words like the others).
+// The CTAs per SM select_kernel's registers are bounded for: what shared
+// memory allows at d = 128 (3 on sm_90's 228 KiB, 2 on sm_80's 164 KiB).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+constexpr int kSelectMinBlocks = 2;
+#else
+constexpr int kSelectMinBlocks = 3;
+#endif
+
 template <class T>
-__global__ void __launch_bounds__(kSelectThreads)
+__global__ void __launch_bounds__(kSelectThreads, kSelectMinBlocks)
     select_kernel(const __grid_constant__ SelectParams p) {
   static_assert(kSelectRows == 64 && kSelectBlocks == 64 && kSelectThreads == 256,
-                "4 x 4 gates per thread");
+                "4 x 4 gates per thread, 8 rows per warp, one word per CTA and block");
+  static_assert(kMaxTopK <= 32, "entry t of a row's top list in lane t");
   extern __shared__ __align__(16) unsigned char smem[];
   const int d = p.d, ld = d + 4;
+  constexpr int ls = kSelectSlab + 4;
   float* qs = reinterpret_cast<float*>(smem);             // [kSelectRows][ld]
-  float* ps = qs + kSelectRows * ld;                      // [kSelectBlocks][ld]
-  float* gs = ps + kSelectBlocks * ld;                    // [kSelectRows][kSelectBlocks + 1]
-  float* top_g = gs + kSelectRows * (kSelectBlocks + 1);  // [kSelectRows][kMaxTopK]
-  int32_t* top_i = reinterpret_cast<int32_t*>(top_g + kSelectRows * kMaxTopK);
+  float* ps = qs + kSelectRows * ld;                      // [kSelectBlocks][ls]
+  float* gs = ps + kSelectBlocks * ls;                    // [kSelectRows][kSelectBlocks + 1]
+  unsigned long long* words =                             // [kSelectBlocks]
+      reinterpret_cast<unsigned long long*>(gs + kSelectRows * (kSelectBlocks + 1));
+  int32_t* top_idx_s = reinterpret_cast<int32_t*>(words + kSelectBlocks);  // [kSelectRows][32]
 
-  const int tid = int(threadIdx.x);
+  const int tid = int(threadIdx.x), lane = tid & 31, warp = tid >> 5;
   const int r0 = int(blockIdx.x) * kSelectRows, hs = int(blockIdx.y), b = int(blockIdx.z);
   const int lq = p.seqlen_q, off = p.seqlen_kv - p.seqlen_q;
   const int rows = min(kSelectRows, lq - r0);
-  if (r0 + rows - 1 + off < 0) return;  // no row of the tile sees a key
-  const int own_last = (r0 + rows - 1 + off) / p.block;
+  const int last_diag = r0 + rows - 1 + off;  // < 0: no row of the tile sees a key
+  const int own_last = last_diag >= 0 ? last_diag / p.block : -1;
   const int h0 = p.shared ? hs * p.group : hs, nh = p.shared ? p.group : 1;
   const int hk = p.shared ? hs : hs / p.group;
-
-  // The selecting heads' query rows, added (rows past the sequence: 0).
-  const T* gq = static_cast<const T*>(p.q) + b * p.q_batch + int64_t(r0) * p.q_seq;
-  for (int x = tid; x < kSelectRows * d; x += kSelectThreads) {
-    const int r = x / d, c = x - r * d;
-    float s = 0.0f;
-    if (r < rows)
-      for (int h = h0; h < h0 + nh; ++h)
-        s += to_f32<T>(gq[int64_t(r) * p.q_seq + h * p.q_head + c]);
-    qs[r * ld + c] = s;
-  }
-  // This thread's row (merge and output), its own block and kept count.
-  const bool row_thread = tid < kSelectRows;
-  const int my_d = r0 + tid + off;
-  const int my_own = row_thread && tid < rows && my_d >= 0 ? my_d / p.block : -1;
-  // A row with at most top_k past blocks takes them all, without gates (the
-  // plan keeps top_k <= kMaxTopK).
-  const bool all_past = my_own <= p.top_k;
   const int top_k = min(p.top_k, kMaxTopK);
-  int kept = 0;
-
-  const float* pooled = p.pooled + (int64_t(b) * p.heads_kv + hk) * int64_t(p.num_blocks) * d;
-  const int tr = tid / 16, tb = tid % 16;  // rows tr + 16 i, blocks tb + 16 j (i, j < 4)
   // Past blocks kb < own <= own_last, needed when some row has more than top_k.
   const int past_end = top_k > 0 && own_last > p.top_k ? own_last : 0;
-  for (int kb0 = 0; kb0 < past_end; kb0 += kSelectBlocks) {
-    __syncthreads();  // qs written; the previous step's ps and gs consumed
-    for (int x = tid; x < kSelectBlocks * d; x += kSelectThreads) {
-      const int bl = x / d, c = x - bl * d;
-      ps[bl * ld + c] = kb0 + bl < p.num_blocks ? pooled[int64_t(kb0 + bl) * d + c] : 0.0f;
+
+  // The selecting heads' query rows, added (rows past the sequence: 0), 8
+  // channels per 16-byte load.
+  if (past_end > 0) {
+    const T* gq = static_cast<const T*>(p.q) + b * p.q_batch + int64_t(r0) * p.q_seq;
+    const int chunks = d / 8;
+    for (int x = tid; x < kSelectRows * chunks; x += kSelectThreads) {
+      const int r = x / chunks, c = (x - r * chunks) * 8;
+      float s[8];
+#pragma unroll
+      for (int e = 0; e < 8; ++e) s[e] = 0.0f;
+      if (r < rows)
+        for (int h = h0; h < h0 + nh; ++h) {
+          const uint4 v =
+              *reinterpret_cast<const uint4*>(gq + int64_t(r) * p.q_seq + h * p.q_head + c);
+#pragma unroll
+          for (int e = 0; e < 8; ++e) s[e] += unpacked_f32<T>(v, e);
+        }
+      *reinterpret_cast<float4*>(qs + r * ld + c) = make_float4(s[0], s[1], s[2], s[3]);
+      *reinterpret_cast<float4*>(qs + r * ld + c + 4) = make_float4(s[4], s[5], s[6], s[7]);
     }
-    __syncthreads();
+  }
+
+  // Row 8 warp + k of this warp: its own block (-1: not a row, or it sees
+  // no key).
+  auto own_of = [&](int k) {
+    const int row = warp * 8 + k, diag = r0 + row + off;
+    return row < rows && diag >= 0 ? diag / p.block : -1;
+  };
+  // Entry `lane` of row 8 warp + k: its key (0: none) in a register, its
+  // block index in shared memory (top_idx[k][lane]: registers are short
+  // during the gate product).
+  uint32_t top_key[8];
+  int32_t* top_idx = top_idx_s + warp * 8 * 32 + lane;
+#pragma unroll
+  for (int k = 0; k < 8; ++k) top_key[k] = 0u, top_idx[32 * k] = -1;
+
+  const float* pooled = p.pooled + (int64_t(b) * p.heads_kv + hk) * int64_t(p.num_blocks) * d;
+  // Gate tile: rows rb + tr + 8 i, blocks bb + tb + 4 j (i, j < 4).
+  const int rb = (warp >> 2) * 32, bb = (warp & 3) * 16, tr = lane >> 2, tb = lane & 3;
+  // Slab loads: float4 number tid and tid + kSelectThreads of a slab
+  // [kSelectBlocks][kSelectSlab].
+  constexpr int slab_vecs = kSelectSlab / 4;
+  static_assert(kSelectBlocks * slab_vecs == 2 * kSelectThreads, "two float4 per thread per slab");
+  const int slabs = d / kSelectSlab;
+  float4 next[2];
+  auto load_slab = [&](int kb0, int c0) {
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      const int x = tid + u * kSelectThreads, bl = x / slab_vecs, c = c0 + (x % slab_vecs) * 4;
+      next[u] = kb0 + bl < past_end  // (later blocks: gates nobody reads)
+                    ? *reinterpret_cast<const float4*>(pooled + int64_t(kb0 + bl) * d + c)
+                    : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+  };
+  if (past_end > 0) load_slab(0, 0);
+  for (int kb0 = 0; kb0 < past_end; kb0 += kSelectBlocks) {
     float acc[4][4];
 #pragma unroll
     for (int i = 0; i < 4; ++i)
 #pragma unroll
       for (int j = 0; j < 4; ++j) acc[i][j] = 0.0f;
-    const float* qa = qs + tr * ld;
-    const float* pa = ps + tb * ld;
-    for (int c = 0; c < d; c += 4) {
-      float4 qv[4], pv[4];
+    // A warp whose 16 blocks all lie at or after past_end computes no gate
+    // anyone reads (causal tiles see half the blocks on average).
+    const int slab_end = kb0 + bb < past_end ? kSelectSlab : 0;
+    for (int s = 0; s < slabs; ++s) {
+      __syncthreads();  // qs written; the previous slab consumed
 #pragma unroll
-      for (int i = 0; i < 4; ++i) qv[i] = *reinterpret_cast<const float4*>(qa + 16 * i * ld + c);
+      for (int u = 0; u < 2; ++u) {
+        const int x = tid + u * kSelectThreads;
+        *reinterpret_cast<float4*>(ps + (x / slab_vecs) * ls + (x % slab_vecs) * 4) = next[u];
+      }
+      __syncthreads();
+      if (s + 1 < slabs)
+        load_slab(kb0, (s + 1) * kSelectSlab);
+      else if (kb0 + kSelectBlocks < past_end)
+        load_slab(kb0 + kSelectBlocks, 0);
+      const float* qa = qs + (rb + tr) * ld + s * kSelectSlab;
+      const float* pa = ps + (bb + tb) * ls;
+#pragma unroll 1
+      for (int c = 0; c < slab_end; c += 4) {
+        float4 pv[4];
 #pragma unroll
-      for (int j = 0; j < 4; ++j) pv[j] = *reinterpret_cast<const float4*>(pa + 16 * j * ld + c);
+        for (int j = 0; j < 4; ++j) pv[j] = *reinterpret_cast<const float4*>(pa + 4 * j * ls + c);
 #pragma unroll
-      for (int i = 0; i < 4; ++i)
+        for (int i = 0; i < 4; ++i) {
+          const float4 qv = *reinterpret_cast<const float4*>(qa + 8 * i * ld + c);
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          float a = acc[i][j];
-          a = fmaf(qv[i].x, pv[j].x, a);
-          a = fmaf(qv[i].y, pv[j].y, a);
-          a = fmaf(qv[i].z, pv[j].z, a);
-          acc[i][j] = fmaf(qv[i].w, pv[j].w, a);
+          for (int j = 0; j < 4; ++j) {
+            float a = acc[i][j];
+            a = fmaf(qv.x, pv[j].x, a);
+            a = fmaf(qv.y, pv[j].y, a);
+            a = fmaf(qv.z, pv[j].z, a);
+            acc[i][j] = fmaf(qv.w, pv[j].w, a);
+          }
         }
+      }
     }
+    // gs is free: the previous chunk's merge ended before this chunk's
+    // first slab barrier.
 #pragma unroll
     for (int i = 0; i < 4; ++i)
 #pragma unroll
-      for (int j = 0; j < 4; ++j) gs[(tr + 16 * i) * (kSelectBlocks + 1) + tb + 16 * j] = acc[i][j];
+      for (int j = 0; j < 4; ++j)
+        gs[(rb + tr + 8 * i) * (kSelectBlocks + 1) + bb + tb + 4 * j] = acc[i][j];
     __syncthreads();
-    if (!all_past && my_own > kb0) {
-      float* tg = top_g + tid * kMaxTopK;
-      int32_t* ti = top_i + tid * kMaxTopK;
-      const int n = min(kSelectBlocks, my_own - kb0);
-      for (int j = 0; j < n; ++j) {
-        const float g = gs[tid * (kSelectBlocks + 1) + j];
-        if (kept == top_k && !(g > tg[top_k - 1])) continue;
-        int at = kept < top_k ? kept++ : top_k - 1;
-        while (at > 0 && tg[at - 1] < g) {
-          tg[at] = tg[at - 1];
-          ti[at] = ti[at - 1];
-          --at;
+
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      const int own = own_of(k);  // the same in every lane: the branch is warp-uniform
+      if (own <= p.top_k || own <= kb0) continue;  // takes every past block / none in this chunk
+      const int n = min(kSelectBlocks, own - kb0);
+      const int kept = min(top_k, kb0);  // every block before kb0 is past for this row
+      const int rounds = min(top_k, kept + n);
+      const float* g = gs + (warp * 8 + k) * (kSelectBlocks + 1);
+      // Candidates of this lane, in increasing block index: its kept entry,
+      // then blocks kb0 + lane and kb0 + lane + 32.
+      uint32_t key0 = lane < kept ? top_key[k] : 0u;
+      uint32_t key1 = lane < n ? gate_key(g[lane]) : 0u;
+      uint32_t key2 = lane + 32 < n ? gate_key(g[lane + 32]) : 0u;
+      const int idx0 = top_idx[32 * k], idx1 = kb0 + lane, idx2 = kb0 + lane + 32;
+      uint32_t new_key = 0u;
+      int32_t new_idx = -1;
+      for (int t = 0; t < rounds; ++t) {
+        // The lane's best: strictly larger keys only, so that among equal
+        // gates the lower block index stays.
+        uint32_t best = key0;
+        int best_idx = idx0, from = 0;
+        if (key1 > best) best = key1, best_idx = idx1, from = 1;
+        if (key2 > best) best = key2, best_idx = idx2, from = 2;
+        const uint32_t top = __reduce_max_sync(0xffffffffu, best);
+        const uint32_t win = __reduce_min_sync(
+            0xffffffffu, best == top ? uint32_t(best_idx) : 0xffffffffu);
+        // top >= 1: there are at least `rounds` non-empty candidates.
+        if (best == top && uint32_t(best_idx) == win) {
+          if (from == 0) key0 = 0u;
+          if (from == 1) key1 = 0u;
+          if (from == 2) key2 = 0u;
         }
-        tg[at] = g;
-        ti[at] = kb0 + j;
+        if (lane == t) new_key = top, new_idx = int32_t(win);
       }
+      top_key[k] = new_key;
+      top_idx[32 * k] = new_idx;
     }
   }
-  if (my_own < 0) return;
-  const int i = r0 + tid;
+
+  // The words, 64 blocks at a time: the bits of the rows' top lists, of
+  // their own blocks, and of every block up to the own one for rows that
+  // take them all.
   const int64_t slot = int64_t(b) * p.sel_heads + hs;
-  uint64_t* col = p.selected + slot * p.num_blocks * int64_t(p.q_words) + (i >> 6);
-  const unsigned long long bit = 1ull << (i & 63);
-  if (all_past) {
-    for (int kb = 0; kb <= my_own; ++kb)
-      atomicOr(reinterpret_cast<unsigned long long*>(col + int64_t(kb) * p.q_words), bit);
-    return;
+  uint64_t* col = p.selected + slot * p.num_blocks * int64_t(p.q_words) + blockIdx.x;
+  for (int ob = 0; ob < p.num_blocks; ob += kSelectBlocks) {
+    if (tid < kSelectBlocks) words[tid] = 0ull;
+    __syncthreads();
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      const int own = own_of(k);
+      if (own < ob) continue;  // (own -1 included: no bit)
+      const unsigned long long bit = 1ull << (warp * 8 + k);
+      if (own <= p.top_k) {
+        for (int kb = ob + lane; kb <= min(own, ob + kSelectBlocks - 1); kb += 32)
+          atomicOr(&words[kb - ob], bit);
+        continue;
+      }
+      if (lane == 0 && own < ob + kSelectBlocks) atomicOr(&words[own - ob], bit);
+      const int kb = top_idx[32 * k];
+      if (lane < top_k && kb >= ob && kb < ob + kSelectBlocks) atomicOr(&words[kb - ob], bit);
+    }
+    __syncthreads();
+    if (tid < kSelectBlocks && ob + tid < p.num_blocks)
+      col[int64_t(ob + tid) * p.q_words] = words[tid];
+    __syncthreads();  // read before the next step zeroes them
   }
-  for (int t = 0; t < kept; ++t)
-    atomicOr(
-        reinterpret_cast<unsigned long long*>(col + int64_t(top_i[tid * kMaxTopK + t]) * p.q_words),
-        bit);
-  atomicOr(reinterpret_cast<unsigned long long*>(col + int64_t(my_own) * p.q_words), bit);
 }
 
 // Whether any and whether every row of [r0, r0 + n) has its bit set in the

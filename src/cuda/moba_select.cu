@@ -21,11 +21,9 @@ namespace {
 template <class T>
 cudaError_t launch_t(const moba::SelectParams& p, cudaStream_t stream) {
   const int64_t slots = int64_t(p.batch) * p.sel_heads;
-  const size_t sel_bytes = size_t(slots) * size_t(p.num_blocks) * size_t(p.q_words) * 8u;
-  if (sel_bytes > 0) {
-    const cudaError_t e = cudaMemsetAsync(p.selected, 0, sel_bytes, stream);
-    if (e != cudaSuccess) return e;
-  }
+  // No zeroing of p.selected: select_kernel stores every word of it (its
+  // grid has one CTA per word column, q_words = ceil(seqlen_q / 64)), and
+  // when it is not launched `selected` has no word.
   if (p.num_blocks > 0 && p.seqlen_q > 0) {
     moba::pool_kernel<T><<<dim3(unsigned(p.num_blocks), unsigned(p.heads_kv), unsigned(p.batch)),
                            moba::kPoolThreads, 0, stream>>>(p);

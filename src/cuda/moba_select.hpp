@@ -12,7 +12,7 @@ namespace attn::cuda {
 // for head dimension d.
 cudaError_t moba_select_prepare(int d);
 
-// Enqueues the selection on stream: zeroes p.selected, pools the keys,
+// Enqueues the selection on stream: pools the keys, writes p.selected,
 // selects, then builds the q lists when p.q_count is set, the kv lists
 // when p.kv_count is set and the gathered row lists when p.row_offsets is.
 // Returns the first launch error.

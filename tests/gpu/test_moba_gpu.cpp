@@ -18,7 +18,8 @@
 // GQA-shared selection, MHA/GQA/MQA, lq < lk and lq > lk (rows that see no
 // key), batch > 1, BHSD and padded strides, d = 64, 96, 128, 256, bf16 and
 // fp16; independent random query rows, and "coherent" ones (runs of equal
-// rows, which select alike, as neighbouring tokens of real text tend to).
+// rows, which select alike, as neighbouring tokens of real text tend to);
+// one case with more than 64 blocks (the selector's steps of 64 blocks).
 // With ATTN_CUDA_MOBA_SM90=1 on an sm_90 device, plans at d = 64 and 128
 // run the sm_90a (wgmma) kernels' MoBA instantiations on the tile-union
 // lists (forward "cuda-sm90-wgmma-...-moba", dK/dV "+bwd-wgmma-"; meson
@@ -286,6 +287,12 @@ std::vector<Case> cases() {
            7, true);
   c.coherent = true;
   v.push_back(c);
+  // More than 64 blocks: the selector gates 64 past blocks per step and
+  // merges each step into the rows' running top lists (rows of the last
+  // blocks carry a list into a second step). One head: the fp64 reference
+  // is quadratic in the length.
+  v.push_back(make("d64-bf16-b128-top5-per-head-66-blocks", BF, 64, 1, 1, 1, 8400, 8400, 128, 5,
+                   false));
   return v;
 }
 
