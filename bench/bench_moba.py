@@ -49,6 +49,7 @@ Usage: bench_moba.py --lib build/src/libattn.so [--out results.md] [--reps 5]
                      [--seqlens 32768,131072] [--heads-q 16 --heads-kv 16] [--shared]
                      [--coherent] [--schedules union,gather] [--head-dim 128]
                      [--variant "" --variant ATTN_CUDA_MOBA_SM90=1 ...] [--kernels]
+                     [--combos 512:3,4096:12]
 """
 import argparse
 import datetime
@@ -103,6 +104,8 @@ def main():
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--kernels", action="store_true",
                     help="also profile one forward and one backward call per configuration")
+    ap.add_argument("--combos",
+                    help="BLOCK:TOP_K[,BLOCK:TOP_K...] instead of the default pairs per length")
     ap.add_argument("--commit", default=os.environ.get("ATTN_COMMIT", "unknown"))
     a = ap.parse_args()
     hq, hkv, d = a.heads_q, a.heads_kv, a.head_dim
@@ -132,6 +135,10 @@ def main():
     # 7 past blocks: plain causal, checked against the dense plan.
     combos = {32768: [(512, 3), (512, 12), (4096, 3), (4096, 12)],
               131072: [(512, 3), (512, 12), (4096, 3), (4096, 12)]}
+    other = [(512, 3), (4096, 3)]  # other lengths
+    if a.combos:
+        other = [tuple(int(x) for x in c.split(":")) for c in a.combos.split(",")]
+        combos = {}
 
     rows = []
     for L in (int(x) for x in a.seqlens.split(",")):
@@ -163,7 +170,7 @@ def main():
         print(rows[-1], flush=True)
         dense.close()
 
-        for (block, top_k), (label, env) in ((c, v) for c in combos.get(L, [(512, 3), (4096, 3)])
+        for (block, top_k), (label, env) in ((c, v) for c in combos.get(L, other)
                                              for v in variants):
             set_hooks(env)  # read by the library at plan creation
             plan = Plan(lib, ctx, 1, hq, hkv, L, d, moba=(block, top_k, a.shared))
