@@ -166,10 +166,11 @@ if [ "${GPU_CHECK_SANITIZE:-1}" != 0 ] && command -v compute-sanitizer >/dev/nul
   sanitize memcheck moba_sm90_sm80bwd "$bin" ATTN_CUDA_MOBA_SM90=1 ATTN_CUDA_BWD_SM90=0 \
     ATTN_GPU_TEST_FILTER=gqa4/2
   sanitize memcheck moba "$bin" ATTN_GPU_TEST_FILTER=shared-gqa4/2
-  # The gathered sm_80 kernels on every case (the forward's round lists),
-  # races on the per-head GQA cases (lists of several heads).
-  sanitize memcheck moba_gather "$bin" ATTN_CUDA_MOBA_SM90=0
-  sanitize racecheck moba_gather "$bin" ATTN_CUDA_MOBA_SM90=0 ATTN_GPU_TEST_FILTER=per-head-gqa
+  # The default path on the case of 66 blocks (the selector's chunks of
+  # 64 blocks, the forward's round lists), and races on the per-head GQA
+  # cases (lists of several heads).
+  sanitize memcheck moba_66_blocks "$bin" ATTN_GPU_TEST_FILTER=66-blocks
+  sanitize racecheck moba_per_head "$bin" ATTN_GPU_TEST_FILTER=per-head-gqa
 fi
 
 torch_out=""

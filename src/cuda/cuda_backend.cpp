@@ -43,19 +43,21 @@
 // "-moba-gather" in the kernel name. ATTN_CUDA_MOBA_GATHER=0 (a test and
 // tuning hook) takes the tile-union schedule instead: the query tiles in
 // which some row selected the block ("-moba"), which is also the path of
-// plans whose row lists would not fit 32-bit offsets. On sm_90 devices,
-// plans at d = 64 and 128 without softcap whose rule keeps over half the
-// causal pairs (moba_pair_share > kMobaSm90Share), or all of them with
-// ATTN_CUDA_MOBA_SM90=1 (none with 0), run the sm_90a (wgmma) kernels'
-// Moba instantiations on that tile-union schedule instead
-// ("cuda-sm90-wgmma-...-moba", "+bwd-wgmma-..."; moba_fits_sm90). The tile
-// union costs what the rows of a tile select together, nearly every past
-// block when they disagree (about the dense plan's time), so it wins where
-// MoBA keeps much of the causal mask anyway; on an H200 (d = 128) it ran
-// 1.1-1.6x faster than the gathered sm_80 kernels on queries that agree
-// over 256-token runs, but on independent ones at low shares forward and
-// backward took up to 7.8x as long (L = 128K;
-// bench/results/cuda-moba-sm90-*2026-12-01-c37f71b.md).
+// plans whose row lists would not fit 32-bit offsets. With
+// ATTN_CUDA_MOBA_SM90=1, MoBA plans at d = 64 and 128 without softcap on
+// sm_90 devices run the sm_90a (wgmma) kernels' Moba instantiations on that
+// tile-union schedule instead ("cuda-sm90-wgmma-...-moba", "+bwd-wgmma-...";
+// moba_fits_sm90). Not the default: the tile union costs what the rows of a
+// tile select together, nearly every past block when they disagree, so on
+// an H200 (d = 128) its forward ran 1.1-1.6x faster than the gathered sm_80
+// kernels' on queries that agree over 256-token runs (forward and backward
+// together 1.02-1.23x), but on independent ones forward and backward took
+// up to 7.8x as long (L = 128K; bench/results/cuda-moba-sm90-*2026-12-01-
+// c37f71b.md). Nor where MoBA keeps most of the causal pairs: with
+// independent queries the union cost 1.3x the dense plan there, no less
+// than the gathered kernels (32K, block 4096, top 3: 46.4 against 47.5 ms;
+// 128K, block 4096, top 12: 682 against 613; bench/results/cuda-moba-*
+// 2026-12-01-cd51e18.md).
 #include "cuda/cuda_backend.hpp"
 
 #include <cuda_runtime_api.h>
@@ -137,7 +139,7 @@ size_t align_up(size_t x) { return (x + kWorkspaceAlign - 1) / kWorkspaceAlign *
 // variable and the value (core/env.hpp), whichever kernels the plan runs.
 struct CudaHooks {
   bool moba_gather;               // ATTN_CUDA_MOBA_GATHER (default 1)
-  std::optional<int> moba_sm90;   // ATTN_CUDA_MOBA_SM90: 0 or 1 (default: by the pair share)
+  bool moba_sm90;                 // ATTN_CUDA_MOBA_SM90 (default 0)
   bool fwd_persist;               // ATTN_CUDA_BSPARSE_FWD_PERSIST (default 0)
   bool bwd_persist;               // ATTN_CUDA_BSPARSE_BWD_PERSIST (default 0)
   bool prefetch;                  // ATTN_CUDA_BSPARSE_PREFETCH (default 0)
@@ -152,7 +154,7 @@ struct CudaHooks {
   static CudaHooks from_env() {
     CudaHooks h;
     h.moba_gather = env_flag("ATTN_CUDA_MOBA_GATHER", true);
-    h.moba_sm90 = env_int_choice("ATTN_CUDA_MOBA_SM90", {0, 1});
+    h.moba_sm90 = env_flag("ATTN_CUDA_MOBA_SM90", false);
     h.fwd_persist = env_flag("ATTN_CUDA_BSPARSE_FWD_PERSIST", false);
     h.bwd_persist = env_flag("ATTN_CUDA_BSPARSE_BWD_PERSIST", false);
     h.prefetch = env_flag("ATTN_CUDA_BSPARSE_PREFETCH", false);
@@ -639,9 +641,8 @@ class CudaPlan final : public BackendPlan {
   // instantiations on the same lists otherwise).
   bool moba_fits_sm90(const Problem& p, int major, int minor, size_t smem_optin) const {
     const int64_t d = p.head_dim_qk;
-    const bool wanted =
-        hooks_.moba_sm90 ? *hooks_.moba_sm90 == 1 : moba_pair_share(p) > kMobaSm90Share;
-    if (!wanted || p.softcap > 0.0f || (d != 64 && d != 128) || major != 9 || minor != 0)
+    if (!hooks_.moba_sm90 || p.softcap > 0.0f || (d != 64 && d != 128) || major != 9 ||
+        minor != 0)
       return false;
     const bool bf16 = p.dtype == ATTN_DTYPE_BF16;
     const FwdKernel k = d == 64 ? fwd_kernel_sm90_moba_d64(bf16) : fwd_kernel_sm90_moba_d128(bf16);

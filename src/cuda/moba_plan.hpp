@@ -98,27 +98,6 @@ inline bool moba_rows_fit(const Problem& p) {
          moba_rounds(p) * moba_round_cap(p, kMobaBlockMultiple) < INT32_MAX;
 }
 
-// The share of the causal (row, key) pairs a MoBA plan can visit at most:
-// each row sees its own block up to the diagonal and top_k whole past
-// blocks (attn_plan_describe's visible_pairs over the causal mask's).
-inline double moba_pair_share(const Problem& p) {
-  const int64_t off = p.seqlen_kv - p.seqlen_q;
-  double kept = 0.0, causal = 0.0;
-  for (int64_t i = std::max<int64_t>(0, -off); i < p.seqlen_q; ++i) {
-    const int64_t d = i + off, own = d / p.moba_block;
-    kept += double(d - own * p.moba_block + 1 + std::min(own, p.moba_top_k) * p.moba_block);
-    causal += double(d + 1);
-  }
-  return causal > 0.0 ? kept / causal : 0.0;
-}
-
-// Above this share the sm_90a (wgmma) kernels on the tile-union schedule
-// take MoBA plans by default where they apply: the union costs at most
-// about the dense plan (every tile's rows disagreeing), the gathered sm_80
-// kernels about twice the dense plan's time per pair they visit (see
-// cuda_backend.cpp).
-constexpr double kMobaSm90Share = 0.5;
-
 struct MobaLayout {
   size_t pooled = 0, selected = 0, q_count = 0, q_blocks = 0, kv_count = 0, kv_tiles = 0;
   size_t state = 0;  // gathered forward

@@ -71,13 +71,10 @@ using Problem = CaseProblem<Case>;
 
 uint64_t g_seed = 0;
 bool g_gather = true;  // unless ATTN_CUDA_MOBA_GATHER=0: the kernels gather rows
-// On an sm_90 device, d = 64 and 128 plans run the wgmma kernels
-// (tile-union lists) with ATTN_CUDA_MOBA_SM90=1, and when it is unset those
-// whose pairs exceed half the causal ones (moba_share), the forward unless
-// ATTN_CUDA_FWD_SM90=0, the dK/dV pass unless ATTN_CUDA_BWD_SM90=0 or
-// ATTN_CUDA_BWD_VARIANT is set. g_moba_sm90: -1 unset, else 0 or 1.
-bool g_sm90_device = false, g_fwd_sm90 = true, g_bwd_sm90 = true;
-int g_moba_sm90 = -1;
+// sm_90 device and ATTN_CUDA_MOBA_SM90=1: d = 64 and 128 plans run the
+// wgmma kernels (tile-union lists), the forward unless ATTN_CUDA_FWD_SM90=0,
+// the dK/dV pass unless ATTN_CUDA_BWD_SM90=0 or ATTN_CUDA_BWD_VARIANT is set.
+bool g_moba_sm90 = false, g_fwd_sm90 = true, g_bwd_sm90 = true;
 
 bool env_is(const char* name, const char* value) {
   const char* v = std::getenv(name);
@@ -95,23 +92,8 @@ struct ExpectedKernels {
   bool bwd_sm90;     // "+bwd-wgmma-" (or shortened "+bwd-wg-") dK/dV kernel
   int32_t tile_kv;  // the forward's KV tile (its query tile is 128 either way)
 };
-// The most (row, key) pairs MoBA's rule keeps (own block up to the
-// diagonal, top_k whole past blocks per row) over the causal pairs.
-double moba_share(const Case& c) {
-  double kept = 0.0, causal = 0.0;
-  for (int64_t i = 0; i < c.lq; ++i) {
-    const int64_t d = i + c.lk - c.lq;
-    if (d < 0) continue;
-    const int64_t own = d / c.block;
-    kept += double(d - own * c.block + 1 + std::min(own, c.top_k) * c.block);
-    causal += double(d + 1);
-  }
-  return kept / causal;
-}
-
 ExpectedKernels expected_kernels(const Case& c) {
-  const bool sm90 = g_sm90_device && (c.d == 64 || c.d == 128) &&
-                    (g_moba_sm90 == 1 || (g_moba_sm90 == -1 && moba_share(c) > 0.5));
+  const bool sm90 = g_moba_sm90 && (c.d == 64 || c.d == 128);
   ExpectedKernels e;
   e.gather = !sm90 && g_gather;
   e.fwd_sm90 = sm90 && g_fwd_sm90;
@@ -370,16 +352,13 @@ int main() {
   g_gather = !env_is("ATTN_CUDA_MOBA_GATHER", "0");
   cudaDeviceProp prop{};
   GPU_CHECK(cudaGetDeviceProperties(&prop, 0));
-  g_sm90_device = prop.major == 9 && prop.minor == 0;
-  g_moba_sm90 = env_is("ATTN_CUDA_MOBA_SM90", "1") ? 1 : env_is("ATTN_CUDA_MOBA_SM90", "0") ? 0 : -1;
+  g_moba_sm90 = prop.major == 9 && prop.minor == 0 && env_is("ATTN_CUDA_MOBA_SM90", "1");
   g_fwd_sm90 = !env_is("ATTN_CUDA_FWD_SM90", "0");
   g_bwd_sm90 = !env_is("ATTN_CUDA_BWD_SM90", "0") && !env_set("ATTN_CUDA_BWD_VARIANT");
-  const bool sm90 = g_sm90_device && g_moba_sm90 != 0;
   std::printf("device sm_%d%d: d = 64/128 plans expected on the %s forward and the %s dK/dV "
-              "kernel%s; elsewhere the %s schedule\n",
-              prop.major, prop.minor, sm90 && g_fwd_sm90 ? "sm_90a (wgmma)" : "sm_80",
-              sm90 && g_bwd_sm90 ? "sm_90a (wgmma)" : "sm_80",
-              sm90 && g_moba_sm90 == -1 ? " where MoBA keeps over half the causal pairs" : "",
+              "kernel; elsewhere the %s schedule\n",
+              prop.major, prop.minor, g_moba_sm90 && g_fwd_sm90 ? "sm_90a (wgmma)" : "sm_80",
+              g_moba_sm90 && g_bwd_sm90 ? "sm_90a (wgmma)" : "sm_80",
               g_gather ? "gathered (the default)" : "tile-union (ATTN_CUDA_MOBA_GATHER=0)");
 
   attn_context_t ctx = nullptr;
