@@ -641,10 +641,9 @@ __global__ void __launch_bounds__(FwdTraits<D>::kThreads, FwdTraits<D>::kMinBloc
 // the grid to the most there can be). Lists start at whole tiles: tile m
 // is the BM rows from entry first + m BM of the list that holds it (the
 // last list starting at or before it, by bisection over the blocks).
-template <class T, int D>
-__global__ void __launch_bounds__(FwdTraits<D>::kThreads, FwdTraits<D>::kMinBlocks)
-    flash_fwd_moba_gather_kernel(const __grid_constant__ FwdParams p) {
-  constexpr int BM = FwdTraits<D>::kBlockM;
+// for_each_moba_gather_tile sets moba_gather_tile and runs body() per tile.
+template <int BM, class Body>
+__device__ __forceinline__ void for_each_moba_gather_tile(const FwdParams& p, Body&& body) {
   const MobaLists& mb = p.moba;
   const int h = int(blockIdx.y), nb = mb.num_blocks;
   const int64_t slots = int64_t(gridDim.z) * mb.sel_heads;
@@ -672,9 +671,16 @@ __global__ void __launch_bounds__(FwdTraits<D>::kThreads, FwdTraits<D>::kMinBloc
       gt.r0 = max(0, own * mb.block - off) + (at - e[2 * lo]);
     }
     __syncthreads();
-    flash_fwd_tile<T, D, false, true, true>(p);
+    body();
     __syncthreads();  // the next tile reuses shared memory and the tile's fields
   }
+}
+
+template <class T, int D>
+__global__ void __launch_bounds__(FwdTraits<D>::kThreads, FwdTraits<D>::kMinBlocks)
+    flash_fwd_moba_gather_kernel(const __grid_constant__ FwdParams p) {
+  for_each_moba_gather_tile<FwdTraits<D>::kBlockM>(
+      p, [&] { flash_fwd_tile<T, D, false, true, true>(p); });
 }
 
 }  // namespace attn::flash

@@ -45,6 +45,13 @@
 // cuts, gets the predicate: row i sees key j when it selected j's block
 // (one bit per row) and j <= its diagonal.
 //
+// MoBA's gathered forward (Moba and Gather, flash_fwd_sm90_moba_gather_kernel)
+// is that of the sm_80 kernel (flash/fwd_kernel.cuh): one round per launch,
+// a tile of 128 rows of one round list (Q rows loaded by index), the KV
+// tiles of its block up to the diagonal (round 0's own rows, the only ones
+// the causal mask cuts), and the tile's (O, LSE) merged into the rows'
+// softmax states (moba_merge_tile) instead of written out.
+//
 // Built only for sm_90a (ATTN_SM90_WGMMA); other targets get an empty
 // kernel, which the host never launches (it checks the image's PTX version).
 #pragma once
@@ -100,9 +107,12 @@ __device__ __forceinline__ void mask_by_bits(float (&s)[NS], const uint64_t* tb,
 // ring's words).
 constexpr int kSm90MobaListSmem = 2 * kSm90VisitRing;
 
-template <class T, int D, int BM_, bool Cap, bool Sparse, bool Moba = false>
+template <class T, int D, int BM_, bool Cap, bool Sparse, bool Moba = false, bool Gather = false>
 __device__ __forceinline__ void flash_fwd_sm90_tile(const FwdParams& p) {
   static_assert(!(Moba && (Sparse || Cap)), "MoBA: neither block masks nor softcap");
+  static_assert(!Gather || Moba, "gathered rows: MoBA only");
+  // The union schedule's list (Moba without Gather).
+  constexpr bool kMobaList = Moba && !Gather;
   using Tr = FwdSm90Traits<D, BM_>;
   constexpr int BM = Tr::kBlockM, BN = Tr::kBlockN, ST = Tr::kStages, NTH = Tr::kThreads;
   constexpr int NS = BN / 2, NO = D / 2;  // accumulators per thread: S, O
@@ -138,11 +148,17 @@ __device__ __forceinline__ void flash_fwd_sm90_tile(const FwdParams& p) {
     m_block = item[0];
     n_tiles = item[2] - item[1];
   } else {
-    m_block = int(gridDim.x) - 1 - int(blockIdx.x);
+    m_block = Gather ? 0 : int(gridDim.x) - 1 - int(blockIdx.x);
   }
 
   QueryTile qt;
   if (!query_tile_of<BM>(p, b, m_block, qt)) return;
+  if constexpr (Gather) {  // numbered as flash_fwd_moba_gather_kernel says
+    qt.r0 = gather_field(moba_gather_tile.r0);
+    qt.rows = gather_field(moba_gather_tile.rows);
+    qt.lo_first = 0, qt.hi_first = key_hi(p, qt, qt.r0);
+    qt.lo_last = 0, qt.hi_last = key_hi(p, qt, qt.r0 + qt.rows - 1);
+  }
   const int lk = qt.lk, r0 = qt.r0, rows = qt.rows;
   const bool varlen = p.cu_q != nullptr;
   const T* gQ = static_cast<const T*>(p.q) + (varlen ? qt.q_tok * p.q_seq : b * p.q_batch) +
@@ -178,7 +194,11 @@ __device__ __forceinline__ void flash_fwd_sm90_tile(const FwdParams& p) {
     return i < kSm90MobaListSmem ? sRing[i] : moba_list()[i];
   };
   int moba_count = 0;
-  if constexpr (Moba) {
+  if constexpr (Gather) {
+    // The block's KV tiles up to the tile's last diagonal.
+    const int kb = gather_field(moba_gather_tile.kb);
+    n_tiles = min(qt.hi_last, (kb + 1) * p.moba.block - 1) / BN - kb * moba_tpb() + 1;
+  } else if constexpr (Moba) {
     moba_count = p.moba.q_count[moba_slot() * p.moba.q_tiles + m_block];
     if (moba_count > 0 && qt.hi_last >= 0)
       n_tiles = (moba_count - 1) * moba_tpb() + qt.hi_last / BN -
@@ -190,7 +210,9 @@ __device__ __forceinline__ void flash_fwd_sm90_tile(const FwdParams& p) {
   auto ring_entry = [&](int it) { return 2 * ((n_tiles - 1 - it) & (kRing - 1)); };
   // KV tile of iteration it (the last first).
   auto tile_of = [&](int it) {
-    if constexpr (Moba) {
+    if constexpr (Gather) {
+      return gather_field(moba_gather_tile.kb) * moba_tpb() + n_tiles - 1 - it;
+    } else if constexpr (Moba) {
       const int v = n_tiles - 1 - it, tpb = moba_tpb();
       return (moba_entry(v / tpb) & kMobaIndexMask) * tpb + v % tpb;
     } else {
@@ -202,6 +224,9 @@ __device__ __forceinline__ void flash_fwd_sm90_tile(const FwdParams& p) {
     const int32_t* src = p.sparse.visits + 2 * int64_t(work_item()[1]);
     for (int w = 2 * lo + tid; w < 2 * hi; w += NTH) sRing[w & (2 * kRing - 1)] = src[w];
   };
+  if constexpr (Gather) {
+    if (n_tiles <= 0) return;  // (every listed row sees a key of the block)
+  }
   if (n_tiles == 0) {  // no row of the tile sees a key
     constexpr int DT = D / 8;
     for (int c = tid; c < BM * DT; c += NTH) {
@@ -238,12 +263,20 @@ __device__ __forceinline__ void flash_fwd_sm90_tile(const FwdParams& p) {
     cp_async_commit();
   };
   // Q first: its copies need no visit and run while the ring fills.
-  sm90::load_tile_swizzled<BM, D, NTH>(sQa, gQ, p.q_seq, rows, tid);
+  if constexpr (Gather) {
+    const MobaLists& mb = p.moba;
+    const int64_t slot = int64_t(b) * mb.sel_heads + (mb.per_query_head ? h : h / p.group);
+    sm90::load_rows_swizzled<BM, D, NTH>(
+        sQa, static_cast<const T*>(p.q) + b * p.q_batch + h * p.q_head, p.q_seq,
+        mb.kv_tiles + slot * int64_t(mb.kv_cap) + gather_field(moba_gather_tile.start), rows, tid);
+  } else {
+    sm90::load_tile_swizzled<BM, D, NTH>(sQa, gQ, p.q_seq, rows, tid);
+  }
   if constexpr (Sparse) {
     fill_ring(max(0, n_tiles - kRing), n_tiles);
     __syncthreads();
   }
-  if constexpr (Moba) {
+  if constexpr (kMobaList) {
     const int32_t* src = moba_list();
     for (int i = tid; i < min(moba_count, kSm90MobaListSmem); i += NTH) sRing[i] = src[i];
     __syncthreads();
@@ -310,7 +343,9 @@ __device__ __forceinline__ void flash_fwd_sm90_tile(const FwdParams& p) {
         s[i] = cap - __fdividef(2.0f * cap, fast_exp2(s[i] * cin) + 1.0f);
     }
     bool dense_mask;
-    if constexpr (Moba) {
+    if constexpr (Gather) {  // the rows' diagonals, numbered from r0
+      dense_mask = !dense_tile_full<BN>(qt, tile_of(j) * BN);
+    } else if constexpr (Moba) {
       // Every row selected the block and the diagonal cuts no row's keys of
       // the tile: no predicate.
       const int v = n_tiles - 1 - j, tpb = moba_tpb();
@@ -436,6 +471,30 @@ __device__ __forceinline__ void flash_fwd_sm90_tile(const FwdParams& p) {
   sm90::reg_fence(acc_o);
   cp_async_wait<0>();
 
+  if constexpr (Gather) {
+    // O = acc / l (fp32) and LSE through shared memory ([BM][D + 4], then
+    // [BM], over the Q and K buffers: only the other warpgroup's last P V
+    // may still read V), then merged into the rows' states.
+    constexpr int LO = D + 4;
+    static_assert(BM * (LO + 1) * 4 <= kQBytes + uint32_t(ST) * kKvBytes, "the fp32 tile fits");
+    float* sO = reinterpret_cast<float*>(sQ);
+    float* sL = sO + BM * LO;
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const float l = quad_sum(row_sum[hh]);
+      const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+      const int row = row0 + hh * 8;
+#pragma unroll
+      for (int j = 0; j < D / 8; ++j)
+        *reinterpret_cast<float2*>(sO + row * LO + j * 8 + t4 * 2) =
+            make_float2(acc_o[j * 4 + hh * 2] * inv, acc_o[j * 4 + hh * 2 + 1] * inv);
+      if (t4 == 0) sL[row] = row_lse(row_max[hh], l, scale_log2);
+    }
+    __syncthreads();
+    moba_merge_tile<BM, D, NTH>(p, sO, sL, gather_field(moba_gather_tile.start), rows, tid);
+    return;
+  }
+
   // Epilogue: O = acc / l, LSE = m * scale_log2 * ln2 + ln l. The warpgroup
   // stages its 64 rows in its own rows of the Q tile (same swizzled layout:
   // the quad's stores of a column group hit 8 distinct chunks), then writes
@@ -469,6 +528,18 @@ __global__ void __launch_bounds__(FwdSm90Traits<D, BM>::kThreads, 1)
     flash_fwd_sm90_kernel(const __grid_constant__ FwdParams p) {
 #if ATTN_SM90_WGMMA
   flash_fwd_sm90_tile<T, D, BM, Cap, Sparse, Moba>(p);
+#endif
+}
+
+// MoBA's gathered forward on wgmma: the grid and the tiles of
+// flash_fwd_moba_gather_kernel, 128-row tiles.
+template <class T, int D>
+__global__ void __launch_bounds__(FwdSm90Traits<D, kSm90MobaBlockM>::kThreads, 1)
+    flash_fwd_sm90_moba_gather_kernel(const __grid_constant__ FwdParams p) {
+#if ATTN_SM90_WGMMA
+  for_each_moba_gather_tile<kSm90MobaBlockM>(p, [&] {
+    flash_fwd_sm90_tile<T, D, kSm90MobaBlockM, false, false, true, true>(p);
+  });
 #endif
 }
 

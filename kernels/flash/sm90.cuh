@@ -237,13 +237,13 @@ ATTN_SM90_MNMN_DEF(__half, "f16")
 ATTN_SM90_MNMN_DEF(__nv_bfloat16, "bf16")
 #undef ATTN_SM90_MNMN_DEF
 
-// Copies a [ROWS][C] tile of 16-bit elements (row r at src + r * stride,
-// 16-byte aligned rows) into the swizzled panel layout at dst (1024-byte
-// aligned) with cp.async, THREADS threads sharing the 16-byte chunks; rows
-// >= valid become zeros (so that masked keys multiply finite values).
-template <int ROWS, int C, int THREADS, class T>
-__device__ __forceinline__ void load_tile_swizzled(uint32_t dst, const T* src, int64_t stride,
-                                                   int valid, int tid) {
+// Copies a [ROWS][C] tile of 16-bit elements (row r at row_src(r), 16-byte
+// aligned rows) into the swizzled panel layout at dst (1024-byte aligned)
+// with cp.async, THREADS threads sharing the 16-byte chunks; rows >= valid
+// become zeros (so that masked keys multiply finite values): their
+// copies read 0 bytes at row_src(0).
+template <int ROWS, int C, int THREADS, class RowSrc>
+__device__ __forceinline__ void load_swizzled(uint32_t dst, int valid, int tid, RowSrc&& row_src) {
   constexpr int kChunks = C / 8, kTotal = ROWS * kChunks;
   static_assert(THREADS % kChunks == 0, "a thread keeps one column chunk");
   constexpr int kRowStep = THREADS / kChunks;
@@ -253,11 +253,27 @@ __device__ __forceinline__ void load_tile_swizzled(uint32_t dst, const T* src, i
     const int row = r + i * kRowStep;
     if (kTotal % THREADS != 0 && row >= ROWS) break;
     const bool ok = row < valid;
-    const T* g = ok ? src + int64_t(row) * stride + ch * 8 : src;
+    const auto* g = ok ? row_src(row) + ch * 8 : row_src(0);
     const uint32_t s = dst + swizzled_offset(ROWS, row, ch * 8);
     const int bytes = ok ? 16 : 0;
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(g), "r"(bytes));
   }
+}
+
+// A tile whose row r is at src + r * stride.
+template <int ROWS, int C, int THREADS, class T>
+__device__ __forceinline__ void load_tile_swizzled(uint32_t dst, const T* src, int64_t stride,
+                                                   int valid, int tid) {
+  load_swizzled<ROWS, C, THREADS>(dst, valid, tid,
+                                  [&](int row) { return src + int64_t(row) * stride; });
+}
+
+// Gathered rows: row r of the tile is src + idx[r] * stride.
+template <int ROWS, int C, int THREADS, class T>
+__device__ __forceinline__ void load_rows_swizzled(uint32_t dst, const T* src, int64_t stride,
+                                                   const int32_t* idx, int valid, int tid) {
+  load_swizzled<ROWS, C, THREADS>(dst, valid, tid,
+                                  [&](int row) { return src + int64_t(idx[row]) * stride; });
 }
 
 }  // namespace attn::flash::sm90

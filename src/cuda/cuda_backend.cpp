@@ -140,6 +140,7 @@ size_t align_up(size_t x) { return (x + kWorkspaceAlign - 1) / kWorkspaceAlign *
 struct CudaHooks {
   bool moba_gather;               // ATTN_CUDA_MOBA_GATHER (default 1)
   bool moba_sm90;                 // ATTN_CUDA_MOBA_SM90 (default 0)
+  bool moba_gather_sm90;          // ATTN_CUDA_MOBA_GATHER_SM90 (default 1)
   bool fwd_persist;               // ATTN_CUDA_BSPARSE_FWD_PERSIST (default 0)
   bool bwd_persist;               // ATTN_CUDA_BSPARSE_BWD_PERSIST (default 0)
   bool prefetch;                  // ATTN_CUDA_BSPARSE_PREFETCH (default 0)
@@ -155,6 +156,7 @@ struct CudaHooks {
     CudaHooks h;
     h.moba_gather = env_flag("ATTN_CUDA_MOBA_GATHER", true);
     h.moba_sm90 = env_flag("ATTN_CUDA_MOBA_SM90", false);
+    h.moba_gather_sm90 = env_flag("ATTN_CUDA_MOBA_GATHER_SM90", true);
     h.fwd_persist = env_flag("ATTN_CUDA_BSPARSE_FWD_PERSIST", false);
     h.bwd_persist = env_flag("ATTN_CUDA_BSPARSE_BWD_PERSIST", false);
     h.prefetch = env_flag("ATTN_CUDA_BSPARSE_PREFETCH", false);
@@ -219,7 +221,7 @@ class CudaPlan final : public BackendPlan {
         not_supported("backend CUDA: head_dim ", d, " needs ", smem, " bytes of shared memory per ",
                       "block for the ", pass, " pass; device ", device_, " allows ", smem_optin);
     };
-    pick_sm90_forward(p, major, minor, size_t(smem_optin));
+    pick_sm90_forward(p, major, minor, size_t(smem_optin), gather);
     require_image(kernel_.func);
     require_smem(sm90_ ? sm90_cfg_.smem_bytes(int(d)) : cfg_.smem_bytes(int(d)), "forward");
     check(kernel_.prepare(), "cudaFuncSetAttribute");
@@ -586,12 +588,41 @@ class CudaPlan final : public BackendPlan {
   // another value is an invalid argument). Softcap at d = 64 is built with 128 rows only
   // (the 192-row shape spills under it); block-sparse plans keep the default
   // shape (their tile lists are built for it).
-  void pick_sm90_forward(const Problem& p, int major, int minor, size_t smem_optin) {
+  // Whether the device runs the sm_90a forward kernel k of tile shape c: an
+  // image compiled for sm_90a (PTX 9.0; other images' kernels are empty)
+  // and the shared memory.
+  static bool sm90_forward_runs(const FwdKernel& k, const flash::FwdSm90Config& c, int64_t d,
+                                size_t smem_optin) {
+    cudaFuncAttributes attrs{};
+    if (cudaFuncGetAttributes(&attrs, k.func) != cudaSuccess) {
+      (void)cudaGetLastError();  // no image: the sm_80 kernels
+      return false;
+    }
+    return attrs.ptxVersion >= 90 && smem_optin >= c.smem_bytes(int(d));
+  }
+
+  void pick_sm90_forward(const Problem& p, int major, int minor, size_t smem_optin, bool gather) {
     if (!hooks_.fwd_sm90) return;
     // ATTN_CUDA_BSPARSE_FWD_PERSIST=1 asks for the persistent sm_80 kernel.
     if (fwd_persist_) return;
     const int64_t d = p.head_dim_qk;
     const bool sparse = p.block_mask != nullptr, softcap = p.softcap > 0.0f;
+    // MoBA's gathered forward on wgmma (the same round lists, 128-row tiles
+    // as the sm_80 one's), unless ATTN_CUDA_MOBA_GATHER_SM90=0.
+    if (gather) {
+      if (!hooks_.moba_gather_sm90 || softcap || (d != 64 && d != 128) || major != 9 ||
+          minor != 0)
+        return;
+      const bool bf16 = p.dtype == ATTN_DTYPE_BF16;
+      const FwdKernel k =
+          d == 64 ? fwd_kernel_sm90_moba_gather_d64(bf16) : fwd_kernel_sm90_moba_gather_d128(bf16);
+      const flash::FwdSm90Config c = flash::fwd_sm90_config(int(d), flash::kSm90MobaBlockM);
+      if (!sm90_forward_runs(k, c, d, smem_optin)) return;
+      kernel_ = k;
+      sm90_cfg_ = c;
+      sm90_ = true;
+      return;
+    }
     if ((p.moba_block > 0 && !moba_sm90_) || (sparse && softcap) || (d != 64 && d != 128) ||
         major != 9 || minor != 0)
       return;
@@ -620,12 +651,7 @@ class CudaPlan final : public BackendPlan {
                         : d == 64 ? fwd_kernel_sm90_d64(bf16, block_m, softcap)
                                   : fwd_kernel_sm90_d128(bf16, softcap);
     const flash::FwdSm90Config c = flash::fwd_sm90_config(int(d), block_m);
-    cudaFuncAttributes attrs{};
-    if (cudaFuncGetAttributes(&attrs, k.func) != cudaSuccess) {
-      (void)cudaGetLastError();  // no image: the sm_80 kernel
-      return;
-    }
-    if (attrs.ptxVersion < 90 || smem_optin < c.smem_bytes(int(d))) return;
+    if (!sm90_forward_runs(k, c, d, smem_optin)) return;
     kernel_ = k;
     sm90_cfg_ = c;
     sm90_ = true;
@@ -646,13 +672,8 @@ class CudaPlan final : public BackendPlan {
       return false;
     const bool bf16 = p.dtype == ATTN_DTYPE_BF16;
     const FwdKernel k = d == 64 ? fwd_kernel_sm90_moba_d64(bf16) : fwd_kernel_sm90_moba_d128(bf16);
-    cudaFuncAttributes attrs{};
-    if (cudaFuncGetAttributes(&attrs, k.func) != cudaSuccess) {
-      (void)cudaGetLastError();  // no image: the sm_80 kernels
-      return false;
-    }
-    const flash::FwdSm90Config c = flash::fwd_sm90_config(int(d), flash::kSm90MobaBlockM);
-    return attrs.ptxVersion >= 90 && smem_optin >= c.smem_bytes(int(d));
+    return sm90_forward_runs(k, flash::fwd_sm90_config(int(d), flash::kSm90MobaBlockM), d,
+                             smem_optin);
   }
 
   // The sm_90a (wgmma) dK/dV kernel replaces the sm_80 one for dense plans

@@ -41,5 +41,8 @@ FwdKernel fwd_kernel_sm90_bsparse_d128(bool bf16);
 // q lists), with 128-row tiles (flash::kSm90MobaBlockM); grid as the dense one.
 FwdKernel fwd_kernel_sm90_moba_d64(bool bf16);
 FwdKernel fwd_kernel_sm90_moba_d128(bool bf16);
+// MoBA's gathered forward on wgmma (round lists, 128-row tiles).
+FwdKernel fwd_kernel_sm90_moba_gather_d64(bool bf16);
+FwdKernel fwd_kernel_sm90_moba_gather_d128(bool bf16);
 
 }  // namespace attn::cuda

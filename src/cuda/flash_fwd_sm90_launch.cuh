@@ -66,4 +66,34 @@ FwdKernel make_fwd_kernel_sm90_moba(bool bf16) {
               : make_fwd_kernel_sm90_t<__half, D, BM, false, false, true>();
 }
 
+// MoBA's gathered forward on wgmma (flash_fwd_sm90_moba_gather_kernel):
+// 128-row tiles of the round lists; m_blocks: thread blocks per (sequence,
+// head).
+template <class T, int D>
+cudaError_t fwd_sm90_gather_prepare() {
+  return cudaFuncSetAttribute(
+      flash::flash_fwd_sm90_moba_gather_kernel<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+      int(flash::fwd_sm90_config(D, flash::kSm90MobaBlockM).smem_bytes(D)));
+}
+
+template <class T, int D>
+cudaError_t fwd_sm90_gather_launch(const flash::FwdParams& params, int m_blocks, int heads_q,
+                                   int batch, cudaStream_t stream) {
+  constexpr flash::FwdSm90Config cfg = flash::fwd_sm90_config(D, flash::kSm90MobaBlockM);
+  const dim3 grid{unsigned(m_blocks), unsigned(heads_q), unsigned(batch)};
+  flash::flash_fwd_sm90_moba_gather_kernel<T, D>
+      <<<grid, cfg.threads(), cfg.smem_bytes(D), stream>>>(params);
+  return cudaGetLastError();
+}
+
+template <int D>
+FwdKernel make_fwd_kernel_sm90_moba_gather(bool bf16) {
+  if (bf16)
+    return {&fwd_sm90_gather_prepare<__nv_bfloat16, D>, &fwd_sm90_gather_launch<__nv_bfloat16, D>,
+            reinterpret_cast<const void*>(
+                &flash::flash_fwd_sm90_moba_gather_kernel<__nv_bfloat16, D>)};
+  return {&fwd_sm90_gather_prepare<__half, D>, &fwd_sm90_gather_launch<__half, D>,
+          reinterpret_cast<const void*>(&flash::flash_fwd_sm90_moba_gather_kernel<__half, D>)};
+}
+
 }  // namespace attn::cuda

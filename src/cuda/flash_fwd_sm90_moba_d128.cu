@@ -4,4 +4,7 @@
 
 namespace attn::cuda {
 FwdKernel fwd_kernel_sm90_moba_d128(bool bf16) { return make_fwd_kernel_sm90_moba<128>(bf16); }
+FwdKernel fwd_kernel_sm90_moba_gather_d128(bool bf16) {
+  return make_fwd_kernel_sm90_moba_gather<128>(bf16);
+}
 }  // namespace attn::cuda

@@ -4,4 +4,7 @@
 
 namespace attn::cuda {
 FwdKernel fwd_kernel_sm90_moba_d64(bool bf16) { return make_fwd_kernel_sm90_moba<64>(bf16); }
+FwdKernel fwd_kernel_sm90_moba_gather_d64(bool bf16) {
+  return make_fwd_kernel_sm90_moba_gather<64>(bf16);
+}
 }  // namespace attn::cuda

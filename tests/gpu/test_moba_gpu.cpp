@@ -28,8 +28,10 @@
 // ATTN_CUDA_BWD_VARIANT (the sm_80 dK/dV kernel: moba_gpu_sm90_sm80bwd).
 // Otherwise, by default the forward
 // and the dK/dV kernel walk the gathered row lists
-// (the forward merging one block per launch into fp32 row states in the
-// workspace); with ATTN_CUDA_MOBA_GATHER=0 (meson tests moba_gpu_union*)
+// (the forward merging one round per launch into fp32 row states in the
+// workspace; on sm_90 devices at d = 64 and 128 on the wgmma forward,
+// unless ATTN_CUDA_MOBA_GATHER_SM90=0: meson test moba_gpu_gather_sm80fwd);
+// with ATTN_CUDA_MOBA_GATHER=0 (meson tests moba_gpu_union*)
 // they walk the tile-union lists; describe must say which. Each runs the forward, the backward with dQ by atomics and the
 // deterministic backward (three times: bit-identical). Tolerance as
 // test_block_sparse_gpu (FlashAttention's rule): max |X - X_fp64| <=
@@ -75,6 +77,9 @@ bool g_gather = true;  // unless ATTN_CUDA_MOBA_GATHER=0: the kernels gather row
 // wgmma kernels (tile-union lists), the forward unless ATTN_CUDA_FWD_SM90=0,
 // the dK/dV pass unless ATTN_CUDA_BWD_SM90=0 or ATTN_CUDA_BWD_VARIANT is set.
 bool g_moba_sm90 = false, g_fwd_sm90 = true, g_bwd_sm90 = true;
+// sm_90 device, gathered lists: d = 64 and 128 plans run the gathered
+// forward on wgmma unless ATTN_CUDA_MOBA_GATHER_SM90=0 or ATTN_CUDA_FWD_SM90=0.
+bool g_gather_sm90 = false;
 
 bool env_is(const char* name, const char* value) {
   const char* v = std::getenv(name);
@@ -96,7 +101,7 @@ ExpectedKernels expected_kernels(const Case& c) {
   const bool sm90 = g_moba_sm90 && (c.d == 64 || c.d == 128);
   ExpectedKernels e;
   e.gather = !sm90 && g_gather;
-  e.fwd_sm90 = sm90 && g_fwd_sm90;
+  e.fwd_sm90 = (sm90 && g_fwd_sm90) || (e.gather && g_gather_sm90 && (c.d == 64 || c.d == 128));
   e.bwd_sm90 = sm90 && g_bwd_sm90;
   e.tile_kv = e.fwd_sm90 ? 128 : 64;
   return e;
@@ -355,11 +360,15 @@ int main() {
   g_moba_sm90 = prop.major == 9 && prop.minor == 0 && env_is("ATTN_CUDA_MOBA_SM90", "1");
   g_fwd_sm90 = !env_is("ATTN_CUDA_FWD_SM90", "0");
   g_bwd_sm90 = !env_is("ATTN_CUDA_BWD_SM90", "0") && !env_set("ATTN_CUDA_BWD_VARIANT");
+  g_gather_sm90 = prop.major == 9 && prop.minor == 0 && g_fwd_sm90 &&
+                  !env_is("ATTN_CUDA_MOBA_GATHER_SM90", "0");
   std::printf("device sm_%d%d: d = 64/128 plans expected on the %s forward and the %s dK/dV "
               "kernel; elsewhere the %s schedule\n",
               prop.major, prop.minor, g_moba_sm90 && g_fwd_sm90 ? "sm_90a (wgmma)" : "sm_80",
               g_moba_sm90 && g_bwd_sm90 ? "sm_90a (wgmma)" : "sm_80",
-              g_gather ? "gathered (the default)" : "tile-union (ATTN_CUDA_MOBA_GATHER=0)");
+              g_gather ? (g_gather_sm90 ? "gathered (the default; d = 64/128 forward on wgmma)"
+                                        : "gathered (the default)")
+                       : "tile-union (ATTN_CUDA_MOBA_GATHER=0)");
 
   attn_context_t ctx = nullptr;
   ATTN_CHECK(attn_context_create(ATTN_BACKEND_CUDA, 0, 0, &ctx));
