@@ -171,11 +171,13 @@ if [ "${GPU_CHECK_SANITIZE:-1}" != 0 ] && command -v compute-sanitizer >/dev/nul
   # (lists of several heads; all of them take minutes under racecheck).
   sanitize memcheck moba_66_blocks "$bin" ATTN_GPU_TEST_FILTER=66-blocks
   sanitize racecheck moba_per_head "$bin" ATTN_GPU_TEST_FILTER=top6-per-head-gqa4
-  # The same on the gathered forward's wgmma kernel.
+  # The same on the gathered wgmma kernels.
   sanitize memcheck moba_gather_sm90 "$bin" ATTN_CUDA_MOBA_GATHER_SM90=1 \
-    ATTN_GPU_TEST_FILTER=66-blocks
+    ATTN_CUDA_MOBA_GATHER_BWD_SM90=1 ATTN_GPU_TEST_FILTER=66-blocks
   sanitize racecheck moba_gather_sm90 "$bin" ATTN_CUDA_MOBA_GATHER_SM90=1 \
-    ATTN_GPU_TEST_FILTER=top6-per-head-gqa4
+    ATTN_CUDA_MOBA_GATHER_BWD_SM90=1 ATTN_GPU_TEST_FILTER=top6-per-head-gqa4
+  sanitize memcheck moba_gather_sm90_gqa "$bin" ATTN_CUDA_MOBA_GATHER_SM90=1 \
+    ATTN_CUDA_MOBA_GATHER_BWD_SM90=1 ATTN_GPU_TEST_FILTER=gqa4/2
 fi
 
 torch_out=""

@@ -429,6 +429,56 @@ __device__ __forceinline__ void prefetch_dkdv_item(const BwdParams& p, int b, in
   prefetch_rows_l2<T, D>(gV, p.v_seq, rows, int(threadIdx.x), NTH);
 }
 
+// MoBA's gathered rows for the dK/dV kernels: block kb's row lists of the
+// query heads [h_first, h_end) of KV head hk of sequence b, walked in tiles
+// of BM rows, head by head. (Addresses are rebuilt from the parameters at
+// each use: registers are scarce.) F gives b(), hk(), kb() and h_end():
+// MobaWalkFields holds them in registers.
+struct MobaWalkFields {
+  int b_, hk_, kb_, h_end_;
+  __device__ __forceinline__ int b() const { return b_; }
+  __device__ __forceinline__ int hk() const { return hk_; }
+  __device__ __forceinline__ int kb() const { return kb_; }
+  __device__ __forceinline__ int h_end() const { return h_end_; }
+};
+template <int BM, class F = MobaWalkFields>
+struct MobaGatherWalk {
+  const BwdParams& p;
+  F f;
+  // The rows of query head hh that selected the block (its slot's list),
+  // and how many.
+  __device__ __forceinline__ const int32_t* rows(int hh, int& count) const {
+    const MobaLists& mb = p.moba;
+    const int64_t slot = int64_t(f.b()) * mb.sel_heads + (mb.per_query_head ? hh : f.hk());
+    const int32_t* at = mb.kv_count + slot * (mb.num_blocks + 1) + f.kb();
+    const int first = at[0];
+    count = at[1] - first;
+    return mb.kv_tiles + slot * int64_t(mb.kv_cap) + first;
+  }
+  // (hh, mm) -> the next (head, tile of BM rows) with rows; from (h_first,
+  // -1), the first.
+  __device__ __forceinline__ void next(int& hh, int& mm) const {
+    ++mm;
+    while (hh < f.h_end()) {
+      int count;
+      rows(hh, count);
+      if (mm * BM < count) break;
+      mm = 0;
+      ++hh;
+    }
+  }
+  // The tiles of every head from h_first.
+  __device__ __forceinline__ int tiles(int h_first) const {
+    int n = 0;
+    for (int hh = h_first; hh < f.h_end(); ++hh) {
+      int count;
+      rows(hh, count);
+      n += (count + BM - 1) / BM;
+    }
+    return n;
+  }
+};
+
 // The dK/dV kernels' body. Gather (with Moba): MoBA's gathered rows.
 // Persist (with Sparse): the block `work` of the one-block-per-item grid
 // (flash_bwd_dkdv_bsparse_persistent_kernel) instead of this block's.
@@ -556,42 +606,13 @@ __device__ __forceinline__ void flash_bwd_dkdv_tile(const BwdParams& p, int work
     if constexpr (Moba) return visits[mm] & kMobaIndexMask;
     else return Sparse ? visits[2 * mm] : mm;
   };
-  // MoBA gather: the rows of query head hh that selected the block (its
-  // slot's list), and how many.
-  auto moba_rows = [&](int hh, int& count) {
-    const MobaLists& mb = p.moba;
-    const int64_t slot = int64_t(b) * mb.sel_heads + (mb.per_query_head ? hh : hk);
-    const int32_t* at = mb.kv_count + slot * (mb.num_blocks + 1) + moba_kb;
-    const int first = at[0];
-    count = at[1] - first;
-    return mb.kv_tiles + slot * int64_t(mb.kv_cap) + first;
-  };
-  const int h_end = h_first + heads_per;
-  // MoBA gather: (hh, mm) -> the next (head, tile of BM rows) with rows.
-  auto moba_next = [&](int& hh, int& mm) {
-    ++mm;
-    while (hh < h_end) {
-      int count;
-      moba_rows(hh, count);
-      if (mm * BM < count) break;
-      mm = 0;
-      ++hh;
-    }
-  };
+  // MoBA gather: the rows of the group's heads that selected the block.
+  const MobaGatherWalk<BM> walk{p, {b, hk, moba_kb, h_first + heads_per}};
+  auto moba_rows = [&](int hh, int& count) { return walk.rows(hh, count); };
+  auto moba_next = [&](int& hh, int& mm) { walk.next(hh, mm); };
   // The query row the mask numbers the first gathered row of the block with.
   const int moba_row0 = Gather ? max(0, moba_kb * p.moba.block - off) : 0;
-  const int n_iter = [&] {
-    if constexpr (Gather) {
-      int n = 0;
-      for (int hh = h_first; hh < h_end; ++hh) {
-        int count;
-        moba_rows(hh, count);
-        n += (count + BM - 1) / BM;
-      }
-      return n;
-    }
-    return n_mt * heads_per;
-  }();
+  const int n_iter = Gather ? walk.tiles(h_first) : n_mt * heads_per;
 
   // Iteration it: query head h_first + it / n_mt, query tile m_begin + it % n_mt,
   // tracked by counters (no division). (Addresses are rebuilt from the

@@ -52,6 +52,12 @@
 // cuts, is masked by the interval test and by the rows' selection bits of
 // the query head's slot (one or two 64-bit words per tile, read while the
 // score GEMMs run).
+// MoBA's gathered rows (Moba and Gather, flash_bwd_dkdv_sm90_moba_gather_kernel)
+// walk, per query head of the group, tiles of BM of the rows that selected
+// the KV tile's block (MobaGatherWalk of flash/bwd_kernel.cuh: Q, dO and the
+// row statistics loaded by index, dQ reduced at each row's index), numbered
+// for the causal mask as the sm_80 kernel's Gather does (the block's own
+// rows lead the list), with no selection bit.
 // Softcap plans run the Cap instantiation: the logit z = cap tanh(u) and
 // dS^T = P^T (dP^T - D) (1 - (z/cap)^2), as flash/bwd_kernel.cuh; it waits
 // for dP^T before the exponentials and folds the tanh derivative into it
@@ -94,6 +100,25 @@ struct BwdSm90Traits {
 };
 
 namespace bwd_sm90 {
+
+// MoBA gather: the previous iteration's (query head, tile), whose dQ the
+// next iteration reduces; in shared memory (written by thread 0 before the
+// barrier that starts the next iteration, read through volatile), so that
+// no register holds it through the GEMMs (in registers, 16 bytes spilled).
+__shared__ int moba_gather_prev[2];
+// Likewise the walk's sequence, KV head, block and end head (MobaGatherWalk
+// of flash/bwd_kernel.cuh), written by thread 0 before the first barrier
+// (in registers, the d = 64 kernel spilled 44 bytes).
+__shared__ int moba_gather_fields[4];
+struct WalkFieldsSmem {
+  __device__ __forceinline__ static int at(int i) {
+    return static_cast<const volatile int*>(moba_gather_fields)[i];
+  }
+  __device__ __forceinline__ int b() const { return at(0); }
+  __device__ __forceinline__ int hk() const { return at(1); }
+  __device__ __forceinline__ int kb() const { return at(2); }
+  __device__ __forceinline__ int h_end() const { return at(3); }
+};
 
 // acc[64][BM] (+)= A[64][D] B[D][BM] with A = 64 rows of a [BN][D] tile
 // (K or V; `rows` its first row's address in panel 0) and B = a [BM][D]
@@ -168,10 +193,12 @@ __device__ __forceinline__ void hold(uint32_t (&a)[N][4]) {
 // Accum: dQ is added into p.dq_accum; otherwise (deterministic plans) the
 // kernel computes dK and dV only. Cap: softcap plans. Sparse: block-sparse
 // plans (p.sparse_kv; not with Cap).
-template <class T, int D, bool Accum, bool Cap, bool Sparse = false, bool Moba = false>
+template <class T, int D, bool Accum, bool Cap, bool Sparse = false, bool Moba = false,
+          bool Gather = false>
 __device__ __forceinline__ void flash_bwd_dkdv_sm90_tile(const BwdParams& p) {
   static_assert(!(Sparse && Cap), "no softcap on block-sparse plans");
   static_assert(!(Moba && (Sparse || Cap)), "MoBA: neither block masks nor softcap");
+  static_assert(!Gather || Moba, "gathered rows: MoBA only");
   using Tr = BwdSm90Traits<D>;
   constexpr int BM = Tr::kBM, BN = Tr::kBN, NTH = Tr::kThreads, LDQ = Tr::kLdDq;
   constexpr int NS = BM / 2;  // S^T, dP^T accumulators per thread
@@ -238,7 +265,10 @@ __device__ __forceinline__ void flash_bwd_dkdv_sm90_tile(const BwdParams& p) {
   int m_begin, n_mt;
   // MoBA: the KV tile lies in block c0 / block, whose list holds the query
   // tiles (one word each) in which some row selected it.
-  if constexpr (Moba) {
+  if constexpr (Gather) {
+    m_begin = 0;
+    n_mt = 0;  // see walk
+  } else if constexpr (Moba) {
     const MobaLists& mb = p.moba;
     const int64_t list = (int64_t(b) * (p.heads_q / p.group) + hk) * mb.num_blocks + c0 / mb.block;
     m_begin = 0;
@@ -253,7 +283,16 @@ __device__ __forceinline__ void flash_bwd_dkdv_sm90_tile(const BwdParams& p) {
     n_mt = row_lo <= row_hi ? row_hi / BM - m_begin + 1 : 0;
   }
   const int m_end = m_begin + n_mt;
-  const int n_iter = n_mt * heads_per;
+  // MoBA gather: the rows of the group's heads that selected the block, the
+  // first numbered (for the mask) as the block's first own row.
+  if (Gather && tid == 0) {
+    int* fields = bwd_sm90::moba_gather_fields;
+    fields[0] = b, fields[1] = hk, fields[2] = c0 / p.moba.block, fields[3] = h_first + heads_per;
+  }
+  if constexpr (Gather) __syncthreads();
+  const MobaGatherWalk<BM, bwd_sm90::WalkFieldsSmem> walk{p, {}};
+  const int moba_row0 = Gather ? max(0, (c0 / p.moba.block) * p.moba.block - off) : 0;
+  const int n_iter = Gather ? walk.tiles(h_first) : n_mt * heads_per;
   // The query tile of step mm.
   auto q_tile = [&](int mm) {
     if constexpr (Moba) return visits[mm] & kMobaIndexMask;
@@ -263,7 +302,29 @@ __device__ __forceinline__ void flash_bwd_dkdv_sm90_tile(const BwdParams& p) {
 
   // Iteration it: query head h_first + it / n_mt, query tile q_tile(m_begin + it % n_mt).
   int ld_h = h_first, ld_m = m_begin;  // the next tile to load
+  if constexpr (Gather) ld_m = -1, walk.next(ld_h, ld_m);
   auto load_q = [&](int it) {
+    if constexpr (Gather) {
+      const int h = ld_h;
+      int count;
+      const int32_t* idx = walk.rows(h, count) + ld_m * BM;
+      const int rows = min(BM, count - ld_m * BM);
+      walk.next(ld_h, ld_m);
+      const uint32_t st = uint32_t(it & 1);
+      const int64_t qs = opaque(p.q_seq), ds = opaque(p.do_seq);
+      sm90::load_rows_swizzled<BM, D, NTH>(
+          sQ + st * Tr::kTileQ, static_cast<const T*>(p.q) + b * p.q_batch + h * p.q_head, qs, idx,
+          rows, tid);
+      sm90::load_rows_swizzled<BM, D, NTH>(
+          sDo + st * Tr::kTileQ, static_cast<const T*>(p.d_o) + b * p.do_batch + h * p.do_head,
+          ds, idx, rows, tid);
+      if (tid < 2 * BM) {
+        const int r = tid % BM;
+        const float* src = (tid < BM ? p.lse2 : p.delta) + b * p.lse_batch + h * p.lse_head;
+        cp_async_4(sStat + (st * 2 * BM + tid) * 4u, r < rows ? src + idx[r] : src, r < rows);
+      }
+      return;
+    }
     const int h = ld_h, r0 = q_tile(ld_m) * BM;
     if (++ld_m == m_end) ld_m = m_begin, ++ld_h;
     const int rows = min(BM, lq - r0);
@@ -311,10 +372,23 @@ __device__ __forceinline__ void flash_bwd_dkdv_sm90_tile(const BwdParams& p) {
   // Deterministic plans (no accumulator) get dQ from the sm_80 dQ kernel.
   constexpr bool accum = Accum;
   int h = h_first, m = m_begin;  // the tile of this iteration
+  if constexpr (Gather) m = -1, walk.next(h, m);
   // The staged dQ of the previous iteration's tile, one bulk reduction per
   // valid row, issued by thread `row` (the staging writes are behind a
   // fence and a barrier).
   auto bulk_issue = [&] {
+    if constexpr (Gather) {  // at the rows' indices
+      const volatile int* prev = bwd_sm90::moba_gather_prev;
+      const int prev_h = prev[0], prev_m = prev[1];
+      int count;
+      const int32_t* idx = walk.rows(prev_h, count) + prev_m * BM;
+      if (tid < min(BM, count - prev_m * BM)) {
+        float* dst = p.dq_accum + ((opaque(q_tok) + idx[tid]) * p.heads_q + prev_h) * D;
+        bulk_reduce_add_f32(dst, sStage + uint32_t(tid * LDQ * 4), D * 4);
+        bulk_commit();
+      }
+      return;
+    }
     const bool first = m == m_begin;
     const int pm = first ? m_end - 1 : m - 1, ph = first ? h - 1 : h;
     const int pr0 = q_tile(pm) * BM;
@@ -331,7 +405,17 @@ __device__ __forceinline__ void flash_bwd_dkdv_sm90_tile(const BwdParams& p) {
     sm90::fence_proxy_async();
     __syncthreads();  // tile `it` landed; iteration it-1 is done with the other stage and dS^T
 
-    const int r0 = q_tile(m) * BM, rows = min(BM, lq - r0), r1 = r0 + rows - 1;
+    int r0, rows;
+    if constexpr (Gather) {
+      int count;
+      walk.rows(h, count);
+      r0 = moba_row0 + m * BM;
+      rows = min(BM, count - m * BM);
+    } else {
+      r0 = q_tile(m) * BM;
+      rows = min(BM, lq - r0);
+    }
+    const int r1 = r0 + rows - 1;
     const uint32_t st = uint32_t(it & 1);
     const uint32_t q_st = sQ + st * Tr::kTileQ, do_st = sDo + st * Tr::kTileQ;
     const float* lse_s = stat + st * 2 * BM;
@@ -370,7 +454,7 @@ __device__ __forceinline__ void flash_bwd_dkdv_sm90_tile(const BwdParams& p) {
     // whether every row of every query head of the group selected the block.
     [[maybe_unused]] uint64_t moba_sel[WPR];
     bool moba_all = false;
-    if constexpr (Moba) {
+    if constexpr (Moba && !Gather) {
       const MobaLists& mb = p.moba;
       moba_all = (visits[m] & kMobaAllRows) != 0;
       const int64_t slot = int64_t(b) * mb.sel_heads + (mb.per_query_head ? h : hk);
@@ -421,7 +505,7 @@ __device__ __forceinline__ void flash_bwd_dkdv_sm90_tile(const BwdParams& p) {
       full = kind == kVisitFull;
     } else {
       full = c0 + BN <= lk && c0 - r1 >= dmin && c0 + BN - 1 - r0 <= dmax;
-      if constexpr (Moba) full = full && moba_all;
+      if constexpr (Moba && !Gather) full = full && moba_all;
     }
     if (Sparse && kind >= 0) {
       // Bit tile: column (query) 8 j + 2 t4 + (e & 1) of register 4 j + e
@@ -453,7 +537,8 @@ __device__ __forceinline__ void flash_bwd_dkdv_sm90_tile(const BwdParams& p) {
           bool hidden = vis[e >> 1].outside(col);
           // MoBA: query col's row did not select the block (word j / 8, a
           // constant per unrolled j).
-          if constexpr (Moba) hidden = hidden || !((moba_sel[(8 * j) >> 6] >> (col & 63)) & 1u);
+          if constexpr (Moba && !Gather)
+            hidden = hidden || !((moba_sel[(8 * j) >> 6] >> (col & 63)) & 1u);
           if (hidden) s[4 * j + e] = 0.0f;
         }
     }
@@ -510,6 +595,11 @@ __device__ __forceinline__ void flash_bwd_dkdv_sm90_tile(const BwdParams& p) {
     bwd_sm90::hold(da);
     sm90::reg_fence(acc_dv);
     sm90::reg_fence(acc_dk);
+    if constexpr (Gather) {
+      if (tid == 0) bwd_sm90::moba_gather_prev[0] = h, bwd_sm90::moba_gather_prev[1] = m;
+      walk.next(h, m);
+      continue;
+    }
     if (++m == m_end) m = m_begin, ++h;
   }
   cp_async_wait<0>();
@@ -596,6 +686,15 @@ __global__ void __launch_bounds__(BwdSm90Traits<D>::kThreads, 1)
     flash_bwd_dkdv_sm90_moba_kernel(const __grid_constant__ BwdParams p) {
 #if ATTN_SM90_WGMMA
   flash_bwd_dkdv_sm90_tile<T, D, Accum, false, false, true>(p);
+#endif
+}
+
+// MoBA's gathered rows: grid as flash_bwd_dkdv_sm90_kernel's.
+template <class T, int D, bool Accum>
+__global__ void __launch_bounds__(BwdSm90Traits<D>::kThreads, 1)
+    flash_bwd_dkdv_sm90_moba_gather_kernel(const __grid_constant__ BwdParams p) {
+#if ATTN_SM90_WGMMA
+  flash_bwd_dkdv_sm90_tile<T, D, Accum, false, false, true, true>(p);
 #endif
 }
 

@@ -148,6 +148,7 @@ struct CudaHooks {
   bool moba_gather;               // ATTN_CUDA_MOBA_GATHER (default 1)
   bool moba_sm90;                 // ATTN_CUDA_MOBA_SM90 (default 0)
   std::optional<int> moba_gather_sm90;  // ATTN_CUDA_MOBA_GATHER_SM90: 0 or 1 (default: by block)
+  bool moba_gather_bwd_sm90;      // ATTN_CUDA_MOBA_GATHER_BWD_SM90 (default 0)
   bool fwd_persist;               // ATTN_CUDA_BSPARSE_FWD_PERSIST (default 0)
   bool bwd_persist;               // ATTN_CUDA_BSPARSE_BWD_PERSIST (default 0)
   bool prefetch;                  // ATTN_CUDA_BSPARSE_PREFETCH (default 0)
@@ -164,6 +165,7 @@ struct CudaHooks {
     h.moba_gather = env_flag("ATTN_CUDA_MOBA_GATHER", true);
     h.moba_sm90 = env_flag("ATTN_CUDA_MOBA_SM90", false);
     h.moba_gather_sm90 = env_int_choice("ATTN_CUDA_MOBA_GATHER_SM90", {0, 1});
+    h.moba_gather_bwd_sm90 = env_flag("ATTN_CUDA_MOBA_GATHER_BWD_SM90", false);
     h.fwd_persist = env_flag("ATTN_CUDA_BSPARSE_FWD_PERSIST", false);
     h.bwd_persist = env_flag("ATTN_CUDA_BSPARSE_BWD_PERSIST", false);
     h.prefetch = env_flag("ATTN_CUDA_BSPARSE_PREFETCH", false);
@@ -269,7 +271,7 @@ class CudaPlan final : public BackendPlan {
       require_smem(bwd_cfg_.smem_bytes(int(d)), "backward");
       require_smem(flash::dq_config(int(d)).smem_bytes(int(d)), "backward");
       check(bwd_.prepare(), "cudaFuncSetAttribute");
-      pick_sm90_backward(p, major, minor, size_t(smem_optin));
+      pick_sm90_backward(p, major, minor, size_t(smem_optin), gather);
     }
     if (moba) {
       require_smem(moba::select_smem_bytes(int(d)), "MoBA selection");
@@ -696,17 +698,25 @@ class CudaPlan final : public BackendPlan {
   // random and BigBird masks) unless ATTN_CUDA_BWD_SM90_SPARSE=0 or the
   // sm_80 kernel's own tuning hooks are asked for (the persistent dK/dV
   // kernel, L2 prefetches).
-  void pick_sm90_backward(const Problem& p, int major, int minor, size_t smem_optin) {
+  // MoBA's gathered rows take its Moba gather instantiation with
+  // ATTN_CUDA_MOBA_GATHER_BWD_SM90=1 (no softcap; a hook until measured),
+  // else the sm_80 kernel.
+  void pick_sm90_backward(const Problem& p, int major, int minor, size_t smem_optin,
+                          bool gather) {
     if (!hooks_.bwd_sm90 || hooks_.bwd_variant) return;
     const int64_t d = p.head_dim_qk;
     const bool sparse = p.block_mask != nullptr, softcap = p.softcap > 0.0f;
     if (sparse && (!hooks_.bwd_sm90_sparse || softcap || bwd_persist_ || hooks_.prefetch)) return;
-    if ((p.moba_block > 0 && !moba_sm90_) || (d != 64 && d != 128) || major != 9 || minor != 0)
+    const bool moba_gather = gather && hooks_.moba_gather_bwd_sm90 && !softcap;
+    if ((p.moba_block > 0 && !moba_sm90_ && !moba_gather) || (d != 64 && d != 128) ||
+        major != 9 || minor != 0)
       return;
     const bool bf16 = p.dtype == ATTN_DTYPE_BF16;
     const BwdSm90Kernel k =
-        moba_sm90_ ? (d == 64 ? bwd_kernel_sm90_moba_d64(bf16, p.deterministic)
-                              : bwd_kernel_sm90_moba_d128(bf16, p.deterministic))
+        moba_gather ? (d == 64 ? bwd_kernel_sm90_moba_gather_d64(bf16, p.deterministic)
+                               : bwd_kernel_sm90_moba_gather_d128(bf16, p.deterministic))
+        : moba_sm90_ ? (d == 64 ? bwd_kernel_sm90_moba_d64(bf16, p.deterministic)
+                                : bwd_kernel_sm90_moba_d128(bf16, p.deterministic))
         : sparse ? (d == 64 ? bwd_kernel_sm90_bsparse_d64(bf16, p.deterministic)
                             : bwd_kernel_sm90_bsparse_d128(bf16, p.deterministic))
         : d == 64 ? bwd_kernel_sm90_d64(bf16, p.deterministic, softcap)

@@ -39,5 +39,8 @@ BwdSm90Kernel bwd_kernel_sm90_bsparse_d128(bool bf16, bool deterministic);
 // dense kernel's grid.
 BwdSm90Kernel bwd_kernel_sm90_moba_d64(bool bf16, bool deterministic);
 BwdSm90Kernel bwd_kernel_sm90_moba_d128(bool bf16, bool deterministic);
+// MoBA's gathered rows (the row lists of cuda/moba_plan.hpp), no softcap.
+BwdSm90Kernel bwd_kernel_sm90_moba_gather_d64(bool bf16, bool deterministic);
+BwdSm90Kernel bwd_kernel_sm90_moba_gather_d128(bool bf16, bool deterministic);
 
 }  // namespace attn::cuda

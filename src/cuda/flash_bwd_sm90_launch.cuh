@@ -3,7 +3,8 @@
 // bf16, with and without dQ, with and without softcap), and
 // flash_bwd_dkdv_sm90_bsparse_kernel<T, D, Accum>, included by
 // flash_bwd_sm90_bsparse_d{64,128}.cu (fp16 and bf16, with and without dQ),
-// and flash_bwd_dkdv_sm90_moba_kernel<T, D, Accum>, included by
+// and flash_bwd_dkdv_sm90_moba_kernel<T, D, Accum> and
+// flash_bwd_dkdv_sm90_moba_gather_kernel<T, D, Accum>, included by
 // flash_bwd_sm90_moba_d{64,128}.cu (likewise).
 #pragma once
 
@@ -54,75 +55,67 @@ BwdSm90Kernel make_bwd_kernel_sm90(bool bf16, bool deterministic, bool softcap) 
                  : make_bwd_kernel_sm90_cap<__half, D, false>(deterministic);
 }
 
-// The block-sparse instantiations (flash_bwd_dkdv_sm90_bsparse_kernel, no
-// softcap): grid (the most work items of a slot, heads_kv * group_splits,
-// batch).
-template <class T, int D, bool A>
-cudaError_t bwd_sm90_bsparse_prepare() {
-  return cudaFuncSetAttribute(flash::flash_bwd_dkdv_sm90_bsparse_kernel<T, D, A>,
-                              cudaFuncAttributeMaxDynamicSharedMemorySize,
+// The listed instantiations (no softcap): kernel K (K<T, D, Accum>: the
+// block-sparse flash_bwd_dkdv_sm90_bsparse_kernel, grid (the most work items
+// of a slot, heads_kv * group_splits, batch); MoBA's
+// flash_bwd_dkdv_sm90_moba_kernel and flash_bwd_dkdv_sm90_moba_gather_kernel,
+// the dense kernel's grid).
+template <auto K, int D>
+cudaError_t bwd_sm90_listed_prepare() {
+  return cudaFuncSetAttribute(K, cudaFuncAttributeMaxDynamicSharedMemorySize,
                               int(flash::bwd_sm90_config(D).smem_bytes(D)));
 }
 
-template <class T, int D, bool A>
-cudaError_t bwd_sm90_bsparse_dkdv(const flash::BwdParams& params, int n_items, int heads_kv,
-                                  int batch, cudaStream_t stream) {
-  constexpr flash::BwdSm90Config cfg = flash::bwd_sm90_config(D);
-  const dim3 grid{unsigned(n_items), unsigned(heads_kv), unsigned(batch)};
-  flash::flash_bwd_dkdv_sm90_bsparse_kernel<T, D, A>
-      <<<grid, cfg.threads(), cfg.smem_bytes(D), stream>>>(params);
-  return cudaGetLastError();
-}
-
-template <class T, int D, bool A>
-BwdSm90Kernel make_bwd_kernel_sm90_bsparse_t() {
-  return {&bwd_sm90_bsparse_prepare<T, D, A>, &bwd_sm90_bsparse_dkdv<T, D, A>,
-          reinterpret_cast<const void*>(&flash::flash_bwd_dkdv_sm90_bsparse_kernel<T, D, A>)};
-}
-
-// deterministic: the instantiation without the dQ part.
-template <int D>
-BwdSm90Kernel make_bwd_kernel_sm90_bsparse(bool bf16, bool deterministic) {
-  if (bf16)
-    return deterministic ? make_bwd_kernel_sm90_bsparse_t<__nv_bfloat16, D, false>()
-                         : make_bwd_kernel_sm90_bsparse_t<__nv_bfloat16, D, true>();
-  return deterministic ? make_bwd_kernel_sm90_bsparse_t<__half, D, false>()
-                       : make_bwd_kernel_sm90_bsparse_t<__half, D, true>();
-}
-
-// The MoBA instantiations (flash_bwd_dkdv_sm90_moba_kernel, no softcap):
-// the dense kernel's grid.
-template <class T, int D, bool A>
-cudaError_t bwd_sm90_moba_prepare() {
-  return cudaFuncSetAttribute(flash::flash_bwd_dkdv_sm90_moba_kernel<T, D, A>,
-                              cudaFuncAttributeMaxDynamicSharedMemorySize,
-                              int(flash::bwd_sm90_config(D).smem_bytes(D)));
-}
-
-template <class T, int D, bool A>
-cudaError_t bwd_sm90_moba_dkdv(const flash::BwdParams& params, int n_blocks, int heads_kv,
-                               int batch, cudaStream_t stream) {
+template <auto K, int D>
+cudaError_t bwd_sm90_listed_dkdv(const flash::BwdParams& params, int n_blocks, int heads_kv,
+                                 int batch, cudaStream_t stream) {
   constexpr flash::BwdSm90Config cfg = flash::bwd_sm90_config(D);
   const dim3 grid{unsigned(n_blocks), unsigned(heads_kv), unsigned(batch)};
-  flash::flash_bwd_dkdv_sm90_moba_kernel<T, D, A>
-      <<<grid, cfg.threads(), cfg.smem_bytes(D), stream>>>(params);
+  K<<<grid, cfg.threads(), cfg.smem_bytes(D), stream>>>(params);
   return cudaGetLastError();
 }
 
-template <class T, int D, bool A>
-BwdSm90Kernel make_bwd_kernel_sm90_moba_t() {
-  return {&bwd_sm90_moba_prepare<T, D, A>, &bwd_sm90_moba_dkdv<T, D, A>,
-          reinterpret_cast<const void*>(&flash::flash_bwd_dkdv_sm90_moba_kernel<T, D, A>)};
+template <auto K, int D>
+BwdSm90Kernel make_bwd_kernel_sm90_listed_t() {
+  return {&bwd_sm90_listed_prepare<K, D>, &bwd_sm90_listed_dkdv<K, D>,
+          reinterpret_cast<const void*>(K)};
 }
 
-// deterministic: the instantiation without the dQ part.
+// The instantiation of kernel template K for the dtype; deterministic: the
+// one without the dQ part.
+template <template <class, int, bool> class Pick, int D>
+BwdSm90Kernel make_bwd_kernel_sm90_listed(bool bf16, bool deterministic) {
+  if (bf16)
+    return deterministic ? make_bwd_kernel_sm90_listed_t<Pick<__nv_bfloat16, D, false>::k, D>()
+                         : make_bwd_kernel_sm90_listed_t<Pick<__nv_bfloat16, D, true>::k, D>();
+  return deterministic ? make_bwd_kernel_sm90_listed_t<Pick<__half, D, false>::k, D>()
+                       : make_bwd_kernel_sm90_listed_t<Pick<__half, D, true>::k, D>();
+}
+
+template <class T, int D, bool A>
+struct PickBsparse {
+  static constexpr auto k = &flash::flash_bwd_dkdv_sm90_bsparse_kernel<T, D, A>;
+};
+template <class T, int D, bool A>
+struct PickMoba {
+  static constexpr auto k = &flash::flash_bwd_dkdv_sm90_moba_kernel<T, D, A>;
+};
+template <class T, int D, bool A>
+struct PickMobaGather {
+  static constexpr auto k = &flash::flash_bwd_dkdv_sm90_moba_gather_kernel<T, D, A>;
+};
+
+template <int D>
+BwdSm90Kernel make_bwd_kernel_sm90_bsparse(bool bf16, bool deterministic) {
+  return make_bwd_kernel_sm90_listed<PickBsparse, D>(bf16, deterministic);
+}
 template <int D>
 BwdSm90Kernel make_bwd_kernel_sm90_moba(bool bf16, bool deterministic) {
-  if (bf16)
-    return deterministic ? make_bwd_kernel_sm90_moba_t<__nv_bfloat16, D, false>()
-                         : make_bwd_kernel_sm90_moba_t<__nv_bfloat16, D, true>();
-  return deterministic ? make_bwd_kernel_sm90_moba_t<__half, D, false>()
-                       : make_bwd_kernel_sm90_moba_t<__half, D, true>();
+  return make_bwd_kernel_sm90_listed<PickMoba, D>(bf16, deterministic);
+}
+template <int D>
+BwdSm90Kernel make_bwd_kernel_sm90_moba_gather(bool bf16, bool deterministic) {
+  return make_bwd_kernel_sm90_listed<PickMobaGather, D>(bf16, deterministic);
 }
 
 }  // namespace attn::cuda

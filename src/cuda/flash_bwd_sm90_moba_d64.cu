@@ -7,4 +7,7 @@ namespace attn::cuda {
 BwdSm90Kernel bwd_kernel_sm90_moba_d64(bool bf16, bool deterministic) {
   return make_bwd_kernel_sm90_moba<64>(bf16, deterministic);
 }
+BwdSm90Kernel bwd_kernel_sm90_moba_gather_d64(bool bf16, bool deterministic) {
+  return make_bwd_kernel_sm90_moba_gather<64>(bf16, deterministic);
+}
 }  // namespace attn::cuda

@@ -277,7 +277,7 @@ int hook_errors(attn_context_t ctx) {
       {"ATTN_CUDA_FWD_SM90_BM", "160"},        {"ATTN_CUDA_BWD_SM90", "-1"},
       {"ATTN_CUDA_BWD_VARIANT", "1.5"},        {"ATTN_CUDA_BWD_GROUP_SPLIT", "0"},
       {"ATTN_CUDA_BWD_GROUP_SPLIT", "99999999999"}, {"ATTN_CUDA_MOBA_SM90", "yes"},
-      {"ATTN_CUDA_MOBA_GATHER_SM90", "2"},
+      {"ATTN_CUDA_MOBA_GATHER_SM90", "2"},     {"ATTN_CUDA_MOBA_GATHER_BWD_SM90", "y"},
   };
   const int64_t heads_q = 4, heads_kv = 2, l = 200, d = 128;
   attn_block_mask_t mask = nullptr;

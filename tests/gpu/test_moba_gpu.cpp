@@ -31,7 +31,8 @@
 // (the forward merging one round per launch into fp32 row states in the
 // workspace; with ATTN_CUDA_MOBA_GATHER_SM90=1 on sm_90 devices at d = 64
 // and 128 on the wgmma forward, the default there from blocks of 4096 keys
-// on, which no case has: meson test moba_gpu_gather_sm90);
+// on, which no case has: meson test moba_gpu_gather_sm90; with
+// ATTN_CUDA_MOBA_GATHER_BWD_SM90=1 the dK/dV kernel too: the same test);
 // with ATTN_CUDA_MOBA_GATHER=0 (meson tests moba_gpu_union*)
 // they walk the tile-union lists; describe must say which. Each runs the forward, the backward with dQ by atomics and the
 // deterministic backward (three times: bit-identical). Tolerance as
@@ -82,6 +83,10 @@ bool g_moba_sm90 = false, g_fwd_sm90 = true, g_bwd_sm90 = true;
 // forward on wgmma with ATTN_CUDA_MOBA_GATHER_SM90=1, or unset with blocks
 // of 4096 keys or more (no case here), unless ATTN_CUDA_FWD_SM90=0.
 bool g_gather_sm90 = false;
+// sm_90 device, gathered lists, ATTN_CUDA_MOBA_GATHER_BWD_SM90=1: d = 64 and
+// 128 plans run the gathered dK/dV kernel on wgmma, unless
+// ATTN_CUDA_BWD_SM90=0 or ATTN_CUDA_BWD_VARIANT is set.
+bool g_gather_bwd_sm90 = false;
 
 bool env_is(const char* name, const char* value) {
   const char* v = std::getenv(name);
@@ -104,7 +109,8 @@ ExpectedKernels expected_kernels(const Case& c) {
   ExpectedKernels e;
   e.gather = !sm90 && g_gather;
   e.fwd_sm90 = (sm90 && g_fwd_sm90) || (e.gather && g_gather_sm90 && (c.d == 64 || c.d == 128));
-  e.bwd_sm90 = sm90 && g_bwd_sm90;
+  e.bwd_sm90 =
+      (sm90 && g_bwd_sm90) || (e.gather && g_gather_bwd_sm90 && (c.d == 64 || c.d == 128));
   e.tile_kv = e.fwd_sm90 ? 128 : 64;
   return e;
 }
@@ -364,6 +370,8 @@ int main() {
   g_bwd_sm90 = !env_is("ATTN_CUDA_BWD_SM90", "0") && !env_set("ATTN_CUDA_BWD_VARIANT");
   g_gather_sm90 = prop.major == 9 && prop.minor == 0 && g_fwd_sm90 &&
                   env_is("ATTN_CUDA_MOBA_GATHER_SM90", "1");
+  g_gather_bwd_sm90 = prop.major == 9 && prop.minor == 0 && g_bwd_sm90 &&
+                      env_is("ATTN_CUDA_MOBA_GATHER_BWD_SM90", "1");
   std::printf("device sm_%d%d: d = 64/128 plans expected on the %s forward and the %s dK/dV "
               "kernel; elsewhere the %s schedule\n",
               prop.major, prop.minor, g_moba_sm90 && g_fwd_sm90 ? "sm_90a (wgmma)" : "sm_80",
