@@ -492,33 +492,32 @@ __device__ __forceinline__ void flash_fwd_sm90_tile(const FwdParams& p) {
     }
     __syncthreads();
     moba_merge_tile<BM, D, NTH>(p, sO, sL, gather_field(moba_gather_tile.start), rows, tid);
-    return;
-  }
-
-  // Epilogue: O = acc / l, LSE = m * scale_log2 * ln2 + ln l. The warpgroup
-  // stages its 64 rows in its own rows of the Q tile (same swizzled layout:
-  // the quad's stores of a column group hit 8 distinct chunks), then writes
-  // them with 16-byte stores.
+  } else {
+    // Epilogue: O = acc / l, LSE = m * scale_log2 * ln2 + ln l. The warpgroup
+    // stages its 64 rows in its own rows of the Q tile (same swizzled layout:
+    // the quad's stores of a column group hit 8 distinct chunks), then writes
+    // them with 16-byte stores.
 #pragma unroll
-  for (int hh = 0; hh < 2; ++hh) {
-    const float l = quad_sum(row_sum[hh]);
-    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-    const int row = row0 + hh * 8;
+    for (int hh = 0; hh < 2; ++hh) {
+      const float l = quad_sum(row_sum[hh]);
+      const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+      const int row = row0 + hh * 8;
 #pragma unroll
-    for (int j = 0; j < D / 8; ++j)
-      *reinterpret_cast<uint32_t*>(sQ + sm90::swizzled_offset(BM, row, j * 8 + t4 * 2)) =
-          pack2<T>(acc_o[j * 4 + hh * 2] * inv, acc_o[j * 4 + hh * 2 + 1] * inv);
-    if (gL != nullptr && t4 == 0 && row < rows) gL[row] = row_lse(row_max[hh], l, scale_log2);
-  }
-  sm90::named_barrier(1 + wg, 128);
-  constexpr int DT = D / 8;
+      for (int j = 0; j < D / 8; ++j)
+        *reinterpret_cast<uint32_t*>(sQ + sm90::swizzled_offset(BM, row, j * 8 + t4 * 2)) =
+            pack2<T>(acc_o[j * 4 + hh * 2] * inv, acc_o[j * 4 + hh * 2 + 1] * inv);
+      if (gL != nullptr && t4 == 0 && row < rows) gL[row] = row_lse(row_max[hh], l, scale_log2);
+    }
+    sm90::named_barrier(1 + wg, 128);
+    constexpr int DT = D / 8;
 #pragma unroll
-  for (int i = 0; i < 64 * DT / 128; ++i) {
-    const int c = wtid + i * 128;
-    const int r = wg * 64 + c / DT, ch = c % DT;
-    if (r < rows)
-      *reinterpret_cast<uint4*>(gO + r * p.o_seq + ch * 8) =
-          *reinterpret_cast<const uint4*>(sQ + sm90::swizzled_offset(BM, r, ch * 8));
+    for (int i = 0; i < 64 * DT / 128; ++i) {
+      const int c = wtid + i * 128;
+      const int r = wg * 64 + c / DT, ch = c % DT;
+      if (r < rows)
+        *reinterpret_cast<uint4*>(gO + r * p.o_seq + ch * 8) =
+            *reinterpret_cast<const uint4*>(sQ + sm90::swizzled_offset(BM, r, ch * 8));
+    }
   }
 }
 
