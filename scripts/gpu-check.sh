@@ -174,8 +174,10 @@ if [ "${GPU_CHECK_SANITIZE:-1}" != 0 ] && command -v compute-sanitizer >/dev/nul
   # The same on the gathered wgmma kernels.
   sanitize memcheck moba_gather_sm90 "$bin" ATTN_CUDA_MOBA_GATHER_SM90=1 \
     ATTN_CUDA_MOBA_GATHER_BWD_SM90=1 ATTN_GPU_TEST_FILTER=66-blocks
+  # (Whole groups: the dK/dV kernel with dQ walks both heads of a group.)
   sanitize racecheck moba_gather_sm90 "$bin" ATTN_CUDA_MOBA_GATHER_SM90=1 \
-    ATTN_CUDA_MOBA_GATHER_BWD_SM90=1 ATTN_GPU_TEST_FILTER=top6-per-head-gqa4
+    ATTN_CUDA_MOBA_GATHER_BWD_SM90=1 ATTN_CUDA_BWD_GROUP_SPLIT=1 \
+    ATTN_GPU_TEST_FILTER=top6-per-head-gqa4
   sanitize memcheck moba_gather_sm90_gqa "$bin" ATTN_CUDA_MOBA_GATHER_SM90=1 \
     ATTN_CUDA_MOBA_GATHER_BWD_SM90=1 ATTN_GPU_TEST_FILTER=gqa4/2
 fi

@@ -372,13 +372,14 @@ int main() {
                   env_is("ATTN_CUDA_MOBA_GATHER_SM90", "1");
   g_gather_bwd_sm90 = prop.major == 9 && prop.minor == 0 && g_bwd_sm90 &&
                       env_is("ATTN_CUDA_MOBA_GATHER_BWD_SM90", "1");
+  // (As expected_kernels says for d = 64 and 128.)
+  const bool fwd_wgmma = g_moba_sm90 ? g_fwd_sm90 : g_gather && g_gather_sm90;
+  const bool bwd_wgmma = g_moba_sm90 ? g_bwd_sm90 : g_gather && g_gather_bwd_sm90;
   std::printf("device sm_%d%d: d = 64/128 plans expected on the %s forward and the %s dK/dV "
               "kernel; elsewhere the %s schedule\n",
-              prop.major, prop.minor, g_moba_sm90 && g_fwd_sm90 ? "sm_90a (wgmma)" : "sm_80",
-              g_moba_sm90 && g_bwd_sm90 ? "sm_90a (wgmma)" : "sm_80",
-              g_gather ? (g_gather_sm90 ? "gathered (the default; d = 64/128 forward on wgmma)"
-                                        : "gathered (the default; forward on sm_80)")
-                       : "tile-union (ATTN_CUDA_MOBA_GATHER=0)");
+              prop.major, prop.minor, fwd_wgmma ? "sm_90a (wgmma)" : "sm_80",
+              bwd_wgmma ? "sm_90a (wgmma)" : "sm_80",
+              g_gather ? "gathered (the default)" : "tile-union (ATTN_CUDA_MOBA_GATHER=0)");
 
   attn_context_t ctx = nullptr;
   ATTN_CHECK(attn_context_create(ATTN_BACKEND_CUDA, 0, 0, &ctx));
