@@ -12,11 +12,13 @@
 //   kv_list_kernel  per (sequence, KV head, block) the dK/dV kernel's query
 //                   tiles with a row that chose it
 //   row_count_kernel, row_scan_kernel, row_scatter_kernel
-//                   (gathered rows, instead of kv_list_kernel) per (slot,
-//                   block) the rows that chose it: counts, their prefix sums
-//                   per slot, then the row indices in increasing order
-//   finish_kernel   (gathered forward, after its per-block launches) O and
-//                   LSE from each row's softmax state
+//                   (the gathered backward, instead of kv_list_kernel) per
+//                   (slot, block) the rows that chose it: counts, their
+//                   prefix sums per slot, then the row indices in
+//                   increasing order (the gathered forward's round lists:
+//                   moba/moba_rounds.cuh)
+//   finish_kernel   (gathered forward, after its launches, one per round) O
+//                   and LSE from each row's softmax state
 //
 // The kernels that are not templates are static: their host stubs stay out
 // of the library's global symbols (tests/ffi/check_exports.py).
