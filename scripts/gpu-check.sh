@@ -18,6 +18,9 @@
 #   GPU_CHECK_VARIANTS   1 also times the d=64 and d=128 backward variants of sm_80-sized devices
 #   GPU_CHECK_NCU        1 profiles the dK/dV kernel (d=128, L=8K, full) with Nsight
 #                        Compute (clocks left alone) into $logs/ncu.txt
+#   GPU_CHECK_BENCH_MOBA arguments of bench/bench_moba.py (e.g. '--seqlens 32768 --variant ""
+#                        --variant ATTN_CUDA_MOBA_GATHER_BWD_SM90=1 --kernels'): run after
+#                        the tests on this build, its table in $logs/moba.md and in the summary
 #   OUT                  when set, logs go there (else $BUILD_DIR/logs)
 # On a machine without CMocka installed, an unpacked copy in .deps/ (its
 # pkg-config file in .deps/pc, the library in .deps/lib) is used when present.
@@ -239,6 +242,15 @@ PY
   fi
 fi
 
+if [ -n "${GPU_CHECK_BENCH_MOBA:-}" ]; then
+  step "MoBA benchmark: bench_moba.py $GPU_CHECK_BENCH_MOBA"
+  # (eval: the arguments may hold quoted empty variants)
+  eval "python3 bench/bench_moba.py --lib '$build/src/libattn.so' --out '$logs/moba.md' \
+    $GPU_CHECK_BENCH_MOBA" >"$logs/moba.log" 2>&1
+  summary+=("bench_moba.py: $([ $? = 0 ] && echo "done ($logs/moba.md)" || echo FAILED)")
+  tail -3 "$logs/moba.log"
+fi
+
 if [ "${GPU_CHECK_NCU:-0}" = 1 ] && command -v ncu >/dev/null; then
   step "Nsight Compute: dK/dV kernel, d=128, L=8K, full"
   ATTN_TIME_ONLY=1 ATTN_TIME_REPS=3 ncu --clock-control none --kernel-name regex:flash_bwd_dkdv \
@@ -254,6 +266,10 @@ fi
 
 step "summary"
 for s in "${summary[@]}"; do echo "$s"; done
+if [ -f "$logs/moba.md" ]; then
+  echo
+  grep -E "^\| (L|[0-9]+) \|" "$logs/moba.md" | grep -v " fwd | \| bwd | " | head -40
+fi
 if [ -f "$logs/timing.log" ]; then
   echo
   echo "bf16, batch*seqlen = 16K, heads = 2048/d: TFLOP/s (fwd 4*pairs*d, bwd 2.5x); ratio = libattn bwd / other bwd"
