@@ -25,14 +25,14 @@ uint64_t tu_seed(void) {
     const char *env = getenv("ATTN_TEST_SEED");
     if (env != NULL && env[0] != '\0') {
       seed = (uint64_t)strtoull(env, NULL, 0);
-      fprintf(stderr, "numerics: seed %llu (from ATTN_TEST_SEED)\n", (unsigned long long)seed);
+      fprintf(stderr, "test: seed %llu (from ATTN_TEST_SEED)\n", (unsigned long long)seed);
     } else {
       /* The clock, plus the address of a local as a little per-process
        * entropy (ASLR). Kept below 2^53 so it reads back as printed. */
       int local = 0;
       uint64_t t = (uint64_t)time(NULL) ^ ((uint64_t)clock() << 20);
       seed = mix64(t ^ (uint64_t)(uintptr_t)&local) & ((1ULL << 53) - 1);
-      fprintf(stderr, "numerics: seed %llu (rerun with ATTN_TEST_SEED=%llu to reproduce)\n",
+      fprintf(stderr, "test: seed %llu (rerun with ATTN_TEST_SEED=%llu to reproduce)\n",
               (unsigned long long)seed, (unsigned long long)seed);
     }
     have_seed = 1;

@@ -9,7 +9,6 @@
 //     variable and quotes the value;
 //   - random integers in and out of range (seed printed; ATTN_TEST_SEED=n
 //     repeats a run).
-#include <chrono>
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
@@ -20,6 +19,7 @@
 #include <utility>
 
 #include "core/env.hpp"
+#include "testutil.h"
 
 namespace {
 
@@ -116,12 +116,7 @@ int main() {
          "env_int_choice: three choices listed");
 
   // Random integers in and out of [lo, hi].
-  const char* seed_env = std::getenv("ATTN_TEST_SEED");
-  const unsigned long long seed =
-      seed_env ? std::strtoull(seed_env, nullptr, 10)
-               : (unsigned long long)std::chrono::steady_clock::now().time_since_epoch().count();
-  std::printf("seed %llu (ATTN_TEST_SEED=%llu repeats this run)\n", seed, seed);
-  std::mt19937_64 rng(seed);
+  std::mt19937_64 rng(tu_seed());  // ATTN_TEST_SEED repeats a run (printed)
   int random_failures = 0;
   for (int i = 0; i < 1000; ++i) {
     std::uniform_int_distribution<int> any(INT_MIN, INT_MAX);

@@ -8,7 +8,6 @@
 //     "+bwd-p-", "-bs-"): shortening drops fixed words only;
 //   - random facts (seed printed; ATTN_TEST_SEED=n repeats a run) keep the
 //     same properties, and names that fit are never shortened.
-#include <chrono>
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
@@ -18,6 +17,7 @@
 #include <vector>
 
 #include "cuda/kernel_name.hpp"
+#include "testutil.h"
 
 namespace {
 
@@ -144,12 +144,7 @@ int main() {
   }
 
   // Random facts.
-  const char* seed_env = std::getenv("ATTN_TEST_SEED");
-  const unsigned long long seed =
-      seed_env ? std::strtoull(seed_env, nullptr, 10)
-               : (unsigned long long)std::chrono::steady_clock::now().time_since_epoch().count();
-  std::printf("seed %llu (ATTN_TEST_SEED=%llu repeats this run)\n", seed, seed);
-  std::mt19937_64 rng(seed);
+  std::mt19937_64 rng(tu_seed());  // ATTN_TEST_SEED repeats a run (printed)
   auto pick = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
   const char* dtypes[] = {"fp16", "bf16"};
   const char* kinds[] = {"bsparse", "bsparse-p", "moba", "moba-gather"};
