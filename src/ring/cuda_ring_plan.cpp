@@ -344,20 +344,7 @@ class CudaRingPlan final : public RingBackendPlan {
       pack_kv(a.k, a.v, b.kv[0], stream);
       if (prof.on()) prof.mark(stream, -1, -1, RingPiece::prologue);
       for (int32_t t = 0; t < s_.size; ++t) {
-        if (t + 1 < s_.size) {
-          x = {b.kv[kv_cur], b.kv[1 - kv_cur], kv_bytes_,
-               s_.tag(ATTN_PASS_BACKWARD, t, Traffic::kv)};
-          tr_->start(x, a.stream);
-          in_flight = true;
-        }
-        for (size_t i = 0; i < blocks_[size_t(t)].size(); ++i)
-          backward_block(a, b, t, i, b.kv[kv_cur], b.dkv[dkv_cur]);
-        if (in_flight) {
-          in_flight = false;
-          tr_->finish(x, a.stream);
-          if (prof.on()) prof.mark(stream, t, -1, RingPiece::wait_kv);
-          kv_cur = 1 - kv_cur;
-        }
+        backward_kv_step(a, b, t, x, in_flight, kv_cur, dkv_cur);
         if (s_.size > 1) {  // the accumulators follow their K/V, then go home
           x = {b.dkv[dkv_cur], b.dkv[1 - dkv_cur], dkv_bytes_,
                s_.tag(ATTN_PASS_BACKWARD, t, Traffic::dkv)};
@@ -394,6 +381,28 @@ class CudaRingPlan final : public RingBackendPlan {
     const char *q, *o, *d_o;
   };
 
+  // Backward step t on the travelling K/V buffer kv_cur (accumulating into
+  // dkv_cur), while the next K/V arrives into the other buffer (steps before
+  // the last); x and in_flight say what is in flight, for the error path.
+  void backward_kv_step(const BackwardArgs& a, BackwardBuffers& b, int32_t t, Exchange& x,
+                        bool& in_flight, int& kv_cur, int dkv_cur) const {
+    cudaStream_t stream = static_cast<cudaStream_t>(a.stream);
+    PassProfile& prof = prof_bwd_;
+    if (t + 1 < s_.size) {
+      x = {b.kv[kv_cur], b.kv[1 - kv_cur], kv_bytes_, s_.tag(ATTN_PASS_BACKWARD, t, Traffic::kv)};
+      tr_->start(x, a.stream);
+      in_flight = true;
+    }
+    for (size_t i = 0; i < blocks_[size_t(t)].size(); ++i)
+      backward_block(a, b, t, i, b.kv[kv_cur], b.dkv[dkv_cur]);
+    if (in_flight) {
+      in_flight = false;
+      tr_->finish(x, a.stream);
+      if (prof.on()) prof.mark(stream, t, -1, RingPiece::wait_kv);
+      kv_cur = 1 - kv_cur;
+    }
+  }
+
   // The backward with the own shard's dK/dV kept home (RingOptions::dkv_home,
   // 2 or more ranks). Step 0's blocks (the own K/V, from a copy that never
   // travels) are split: the first runs while the first K/V exchange is in
@@ -423,20 +432,7 @@ class CudaRingPlan final : public RingBackendPlan {
       tr_->finish(x, a.stream);
       if (prof.on()) prof.mark(stream, 0, -1, RingPiece::wait_kv);
       for (int32_t t = 1; t < s_.size; ++t) {
-        if (t + 1 < s_.size) {
-          x = {b.kv[kv_cur], b.kv[1 - kv_cur], kv_bytes_,
-               s_.tag(ATTN_PASS_BACKWARD, t, Traffic::kv)};
-          tr_->start(x, a.stream);
-          in_flight = true;
-        }
-        for (size_t i = 0; i < blocks_[size_t(t)].size(); ++i)
-          backward_block(a, b, t, i, b.kv[kv_cur], b.dkv[dkv_cur]);
-        if (in_flight) {
-          in_flight = false;
-          tr_->finish(x, a.stream);
-          if (prof.on()) prof.mark(stream, t, -1, RingPiece::wait_kv);
-          kv_cur = 1 - kv_cur;
-        }
+        backward_kv_step(a, b, t, x, in_flight, kv_cur, dkv_cur);
         x = {b.dkv[dkv_cur], b.dkv[1 - dkv_cur], dkv_bytes_,
              s_.tag(ATTN_PASS_BACKWARD, t, Traffic::dkv)};
         tr_->start(x, a.stream);
