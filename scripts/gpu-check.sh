@@ -19,7 +19,7 @@
 #   GPU_CHECK_NCU        1 profiles the dK/dV kernel (d=128, L=8K, full) with Nsight
 #                        Compute (clocks left alone) into $logs/ncu.txt
 #   GPU_CHECK_BENCH_MOBA arguments of bench/bench_moba.py (e.g. '--seqlens 32768 --variant ""
-#                        --variant ATTN_CUDA_MOBA_GATHER_BWD_SM90=1 --kernels'): run after
+#                        --variant ATTN_CUDA_MOBA_GATHER_BWD_SM90=0 --kernels'): run after
 #                        the tests on this build, its table in $logs/moba.md and in the summary
 #   OUT                  when set, logs go there (else $BUILD_DIR/logs)
 # On a machine without CMocka installed, an unpacked copy in .deps/ (its

@@ -31,8 +31,9 @@
 // (the forward merging one round per launch into fp32 row states in the
 // workspace; with ATTN_CUDA_MOBA_GATHER_SM90=1 on sm_90 devices at d = 64
 // and 128 on the wgmma forward, the default there from blocks of 4096 keys
-// on, which no case has: meson test moba_gpu_gather_sm90; with
-// ATTN_CUDA_MOBA_GATHER_BWD_SM90=1 the dK/dV kernel too: the same test);
+// on, which no case has: meson test moba_gpu_gather_sm90; the dK/dV kernel
+// on wgmma there by default, the sm_80 one with
+// ATTN_CUDA_MOBA_GATHER_BWD_SM90=0: moba_gpu_gather_sm80bwd);
 // with ATTN_CUDA_MOBA_GATHER=0 (meson tests moba_gpu_union*)
 // they walk the tile-union lists; describe must say which. Each runs the forward, the backward with dQ by atomics and the
 // deterministic backward (three times: bit-identical). Tolerance as
@@ -83,8 +84,8 @@ bool g_moba_sm90 = false, g_fwd_sm90 = true, g_bwd_sm90 = true;
 // forward on wgmma with ATTN_CUDA_MOBA_GATHER_SM90=1, or unset with blocks
 // of 4096 keys or more (no case here), unless ATTN_CUDA_FWD_SM90=0.
 bool g_gather_sm90 = false;
-// sm_90 device, gathered lists, ATTN_CUDA_MOBA_GATHER_BWD_SM90=1: d = 64 and
-// 128 plans run the gathered dK/dV kernel on wgmma, unless
+// sm_90 device, gathered lists: d = 64 and 128 plans run the gathered dK/dV
+// kernel on wgmma, unless ATTN_CUDA_MOBA_GATHER_BWD_SM90=0,
 // ATTN_CUDA_BWD_SM90=0 or ATTN_CUDA_BWD_VARIANT is set.
 bool g_gather_bwd_sm90 = false;
 
@@ -371,7 +372,7 @@ int main() {
   g_gather_sm90 = prop.major == 9 && prop.minor == 0 && g_fwd_sm90 &&
                   env_is("ATTN_CUDA_MOBA_GATHER_SM90", "1");
   g_gather_bwd_sm90 = prop.major == 9 && prop.minor == 0 && g_bwd_sm90 &&
-                      env_is("ATTN_CUDA_MOBA_GATHER_BWD_SM90", "1");
+                      !env_is("ATTN_CUDA_MOBA_GATHER_BWD_SM90", "0");
   // (As expected_kernels says for d = 64 and 128.)
   const bool fwd_wgmma = g_moba_sm90 ? g_fwd_sm90 : g_gather && g_gather_sm90;
   const bool bwd_wgmma = g_moba_sm90 ? g_bwd_sm90 : g_gather && g_gather_bwd_sm90;
