@@ -92,12 +92,20 @@ __shared__ MobaGatherTile moba_gather_tile;
 __device__ __forceinline__ int gather_field(const volatile int& x) { return x; }
 
 // MoBA gather, the forward's end: merges the tile's normalised O (sO, fp32
-// [BM][D + 4]) and LSE (sL) into the states of the rows [start, start +
-// rows) of the round's lists (see below). Not inlined: inlined, it made the
-// d = 128 kernel spill 88 bytes (sm_90a).
-template <int BM, int D, int NTH>
-__device__ __noinline__ void moba_merge_tile(const FwdParams& p, const float* sO, const float* sL,
-                                             int start, int rows, int tid) {
+// [BM][D + 4]) and LSE (sL [BM]) into the states of the rows [start, start +
+// rows) of the round's lists (see below), or, for the rows whose last round
+// this is, writes their O and LSE. Per-row work first (one thread a row:
+// the entry, the state's LSE, the weights, into shared memory after sL),
+// then the channels in batches of kMergeBatch independent loads per thread:
+// one state row load after another, each waiting on the last, left the
+// tile's end latency-bound. Not inlined: inlined, it made the d = 128
+// kernel spill 88 bytes (sm_90a). Shared memory used: BM * (D + 8) floats.
+constexpr int kMergeBatch = 4;
+template <int BM, int D>
+constexpr int kMobaMergeSmemBytes = BM * (D + 8) * 4;
+template <class T, int BM, int D, int NTH>
+__device__ __noinline__ void moba_merge_tile(const FwdParams& p, float* sO, float* sL, int start,
+                                             int rows, int tid) {
   constexpr int LO = D + 4;
   const MobaLists& mb = p.moba;
   const int b = int(blockIdx.z), h = int(blockIdx.y), lq = p.seqlen_q;
@@ -105,38 +113,62 @@ __device__ __noinline__ void moba_merge_tile(const FwdParams& p, const float* sO
   const int64_t head_rows = (int64_t(b) * gridDim.y + h) * lq;
   const int64_t slot = int64_t(b) * mb.sel_heads + (mb.per_query_head ? h : h / p.group);
   const int32_t* idx = mb.kv_tiles + slot * int64_t(mb.kv_cap) + start;
+  float* const state_o = mb.state + head_rows * D;
+  float* const state_lse = mb.state + rows_all * D + head_rows;
   // Round 0 (each row's own block) starts the rows' states.
   const bool fresh = mb.fwd_round == 0;
-  // The weights of local row r's state and tile, and the merged LSE.
-  auto weights = [&](int r, float& w_s, float& w_t) {
-    const float lse_t = sL[r];
-    const float lse_s = fresh ? -INFINITY : mb.state[rows_all * D + head_rows + idx[r]];
-    const float mx = fmaxf(lse_t, lse_s);
-    w_s = w_t = 0.0f;
-    if (mx == -INFINITY) return -INFINITY;
-    const float e_s = expf(lse_s - mx), e_t = expf(lse_t - mx), sum = e_s + e_t;
-    w_s = e_s / sum, w_t = e_t / sum;
-    return mx + logf(sum);
-  };
-  constexpr int C4 = D / 4;
-  for (int c = tid; c < BM * C4; c += NTH) {
-    const int r = c / C4, ch = c - r * C4;
-    if (r >= rows) break;
-    float w_s, w_t;
-    weights(r, w_s, w_t);
-    float4* so = reinterpret_cast<float4*>(mb.state + (head_rows + idx[r]) * D) + ch;
-    const float4 t = *reinterpret_cast<const float4*>(sO + r * LO + ch * 4);
-    float4 x = w_s > 0.0f ? *so : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    x.x = x.x * w_s + t.x * w_t;
-    x.y = x.y * w_s + t.y * w_t;
-    x.z = x.z * w_s + t.z * w_t;
-    x.w = x.w * w_s + t.w * w_t;
-    *so = x;
-  }
-  __syncthreads();  // every read of the old LSE is done
+  int32_t* sRow = reinterpret_cast<int32_t*>(sL + BM);  // [BM] entries
+  float* sWs = sL + 2 * BM;                              // [BM] weights of the state
+  float* sWt = sL + 3 * BM;                              // [BM] weights of the tile
   for (int r = tid; r < rows; r += NTH) {
-    float w_s, w_t;
-    mb.state[rows_all * D + head_rows + idx[r]] = weights(r, w_s, w_t);
+    const int32_t e = idx[r];
+    const int row = e & kMobaRowMask;
+    const float lse_t = sL[r];
+    const float lse_s = fresh ? -INFINITY : state_lse[row];
+    const float mx = fmaxf(lse_t, lse_s);
+    float w_s = 0.0f, w_t = 0.0f, lse = -INFINITY;
+    if (mx != -INFINITY) {
+      const float e_s = expf(lse_s - mx), e_t = expf(lse_t - mx), sum = e_s + e_t;
+      w_s = e_s / sum, w_t = e_t / sum;
+      lse = mx + logf(sum);
+    }
+    sRow[r] = e, sWs[r] = w_s, sWt[r] = w_t;
+    if (e >= 0)
+      state_lse[row] = lse;
+    else if (p.lse != nullptr)
+      p.lse[b * p.lse_batch + h * p.lse_head + row] = lse;
+  }
+  __syncthreads();
+  constexpr int C4 = D / 4;
+  T* const o = static_cast<T*>(p.o) + b * p.o_batch + h * p.o_head;
+  for (int c0 = tid; c0 < rows * C4; c0 += NTH * kMergeBatch) {
+    float4 old[kMergeBatch];
+#pragma unroll
+    for (int u = 0; u < kMergeBatch; ++u) {
+      const int c = c0 + u * NTH, r = c / C4, ch = c - r * C4;
+      old[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      if (c < rows * C4 && sWs[r] > 0.0f)
+        old[u] = reinterpret_cast<const float4*>(state_o + int64_t(sRow[r] & kMobaRowMask) * D)[ch];
+    }
+#pragma unroll
+    for (int u = 0; u < kMergeBatch; ++u) {
+      const int c = c0 + u * NTH, r = c / C4, ch = c - r * C4;
+      if (c >= rows * C4) break;
+      const float w_s = sWs[r], w_t = sWt[r];
+      const float4 t = *reinterpret_cast<const float4*>(sO + r * LO + ch * 4);
+      float4 x;
+      x.x = old[u].x * w_s + t.x * w_t;
+      x.y = old[u].y * w_s + t.y * w_t;
+      x.z = old[u].z * w_s + t.z * w_t;
+      x.w = old[u].w * w_s + t.w * w_t;
+      const int32_t e = sRow[r];
+      if (e >= 0) {
+        reinterpret_cast<float4*>(state_o + int64_t(e) * D)[ch] = x;
+      } else {
+        const uint2 packed = make_uint2(pack2<T>(x.x, x.y), pack2<T>(x.z, x.w));
+        *reinterpret_cast<uint2*>(o + int64_t(e & kMobaRowMask) * p.o_seq + ch * 4) = packed;
+      }
+    }
   }
 }
 
@@ -530,7 +562,8 @@ __device__ __forceinline__ void flash_fwd_tile(const FwdParams& p, const int32_t
     // the state is read and written a row at a time, and the
     // accumulators are dead before the merge needs registers.
     constexpr int LO = D + 4;
-    static_assert(BM * (LO + 1) * 4 <= (BM + 2 * ST * BN) * LD * 2, "the fp32 tile fits");
+    static_assert(kMobaMergeSmemBytes<BM, D> <= (BM + 2 * ST * BN) * LD * 2,
+                  "the fp32 tile and the merge's rows fit");
     float* sO = reinterpret_cast<float*>(smem);
     float* sL = sO + BM * LO;
     __syncthreads();
@@ -549,7 +582,7 @@ __device__ __forceinline__ void flash_fwd_tile(const FwdParams& p, const int32_t
           sL[row] = row_lse(row_max[mt][hh], l, scale_log2);
       }
     __syncthreads();
-    moba_merge_tile<BM, D, NTH>(p, sO, sL, gather_field(moba_gather_tile.start), rows, tid);
+    moba_merge_tile<T, BM, D, NTH>(p, sO, sL, gather_field(moba_gather_tile.start), rows, tid);
     return;
   }
 

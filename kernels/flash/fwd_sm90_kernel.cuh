@@ -476,7 +476,8 @@ __device__ __forceinline__ void flash_fwd_sm90_tile(const FwdParams& p) {
     // [BM], over the Q and K buffers: only the other warpgroup's last P V
     // may still read V), then merged into the rows' states.
     constexpr int LO = D + 4;
-    static_assert(BM * (LO + 1) * 4 <= kQBytes + uint32_t(ST) * kKvBytes, "the fp32 tile fits");
+    static_assert(kMobaMergeSmemBytes<BM, D> <= kQBytes + uint32_t(ST) * kKvBytes,
+                  "the fp32 tile and the merge's rows fit");
     float* sO = reinterpret_cast<float*>(sQ);
     float* sL = sO + BM * LO;
 #pragma unroll
@@ -491,7 +492,7 @@ __device__ __forceinline__ void flash_fwd_sm90_tile(const FwdParams& p) {
       if (t4 == 0) sL[row] = row_lse(row_max[hh], l, scale_log2);
     }
     __syncthreads();
-    moba_merge_tile<BM, D, NTH>(p, sO, sL, gather_field(moba_gather_tile.start), rows, tid);
+    moba_merge_tile<T, BM, D, NTH>(p, sO, sL, gather_field(moba_gather_tile.start), rows, tid);
   } else {
     // Epilogue: O = acc / l, LSE = m * scale_log2 * ln2 + ln l. The warpgroup
     // stages its 64 rows in its own rows of the Q tile (same swizzled layout:

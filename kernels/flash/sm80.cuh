@@ -13,6 +13,8 @@
 
 #include <cstdint>
 
+#include "moba/moba_params.cuh"
+
 namespace attn::flash {
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
@@ -196,7 +198,7 @@ __device__ __forceinline__ void load_tile(uint32_t dst, const T* src, int64_t st
 }
 
 // load_tile for gathered rows: row r of the tile is src + idx[r] * stride
-// (rows >= valid become zeros).
+// (rows >= valid become zeros), idx's sign bit ignored (kMobaLastRound).
 template <int ROWS, int D, int THREADS, class T>
 __device__ __forceinline__ void load_rows(uint32_t dst, const T* src, int64_t stride,
                                           const int32_t* idx, int valid, int tid) {
@@ -209,7 +211,7 @@ __device__ __forceinline__ void load_rows(uint32_t dst, const T* src, int64_t st
   for (int i = 0; i < ROWS / kRowStep; ++i) {
     const int row = r + i * kRowStep;
     const bool ok = row < valid;
-    const T* g = ok ? src + int64_t(idx[row]) * stride + ch * 8 : src;
+    const T* g = ok ? src + int64_t(idx[row] & kMobaRowMask) * stride + ch * 8 : src;
     cp_async_16(s + uint32_t(i * kRowStep * kLd * 2), g, ok);
   }
 }

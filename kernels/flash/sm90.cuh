@@ -35,6 +35,8 @@
 
 #include <cstdint>
 
+#include "moba/moba_params.cuh"
+
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ == 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define ATTN_SM90_WGMMA 1
 #else
@@ -268,12 +270,13 @@ __device__ __forceinline__ void load_tile_swizzled(uint32_t dst, const T* src, i
                                   [&](int row) { return src + int64_t(row) * stride; });
 }
 
-// Gathered rows: row r of the tile is src + idx[r] * stride.
+// Gathered rows: row r of the tile is src + idx[r] * stride, idx's sign bit
+// ignored (kMobaLastRound).
 template <int ROWS, int C, int THREADS, class T>
 __device__ __forceinline__ void load_rows_swizzled(uint32_t dst, const T* src, int64_t stride,
                                                    const int32_t* idx, int valid, int tid) {
   load_swizzled<ROWS, C, THREADS>(dst, valid, tid,
-                                  [&](int row) { return src + int64_t(idx[row]) * stride; });
+                                  [&](int row) { return src + int64_t(idx[row] & kMobaRowMask) * stride; });
 }
 
 }  // namespace attn::flash::sm90

@@ -38,15 +38,21 @@
 //              rows of one block); round 0's lists are the own-block rows in
 //              increasing order (the causal mask numbers them), the others'
 //              order is the device's (their rows see the whole block, and a
-//              row's result does not depend on the tile it shares).
+//              row's result does not depend on the tile it shares). A
+//              row's entry in the list of its last round carries
+//              kMobaLastRound: that launch writes its O and LSE.
 #pragma once
 
 #include <cstdint>
+#include <climits>
 
 namespace attn::flash {
 
 constexpr int32_t kMobaAllRows = int32_t(1) << 30;  // list entry flag
 constexpr int32_t kMobaIndexMask = kMobaAllRows - 1;
+// Round lists: the row's last round (its entry negative), and the row.
+constexpr int32_t kMobaLastRound = INT32_MIN;
+constexpr int32_t kMobaRowMask = INT32_MAX;
 
 struct MobaLists {
   const uint64_t* selected;  // [slots][num_blocks][ceil(seqlen_q / 64)]
@@ -63,7 +69,8 @@ struct MobaLists {
   const int32_t* kv_tiles;   // [batch * heads_kv][num_blocks][kv_cap]
   // Gathered forward: per (sequence, query head, row) the softmax state of
   // the blocks done so far, O (normalised, fp32) [batch][heads_q][seqlen_q][d]
-  // then its LSE [batch][heads_q][seqlen_q].
+  // then its LSE [batch][heads_q][seqlen_q]; a row's last round writes O
+  // and LSE instead.
   float* state;
   int32_t block;             // keys per MoBA block, a multiple of every kernel's KV tile
   int32_t num_blocks;        // ceil(seqlen_kv / block)
@@ -115,10 +122,10 @@ struct SelectParams {
   int32_t kv_q_tiles, kv_tile_rows, kv_cap;  // the dK/dV kernel's query tiles
 };
 
-// The gathered forward's last launch (moba/moba_select.cuh finish_kernel):
-// O and LSE from the rows' softmax states (flash::MobaLists::state).
-struct FinishParams {
-  const float* state;  // O [batch][heads_q][seqlen_q][d], then LSE [batch][heads_q][seqlen_q]
+// The gathered forward's rows that see no key (moba/moba_select.cuh
+// blind_rows_kernel: the first seqlen_q - seqlen_kv of each sequence, in no
+// list): O = 0, LSE = -inf.
+struct BlindRowsParams {
   void* o;             // [batch, seqlen_q, heads_q, d] with the strides below
   float* lse;          // may be null
   int64_t o_batch, o_seq, o_head, lse_batch, lse_head;

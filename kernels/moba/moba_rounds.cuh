@@ -100,7 +100,8 @@ static __global__ void __launch_bounds__(kListThreads)
 // One warp per (slot, word of 64 rows): each row into its list of every
 // round. Round 0's lists are the rows of one own block, placed in row order
 // (the forward's causal mask numbers them); the other rounds' rows take the
-// places their half-word's atomic hands out.
+// places their half-word's atomic hands out. A row's entry in its last
+// round's list carries kMobaLastRound.
 static __global__ void __launch_bounds__(kListThreads)
     round_scatter_kernel(const __grid_constant__ SelectParams p) {
   const int lane = int(threadIdx.x) & 31;
@@ -109,6 +110,7 @@ static __global__ void __launch_bounds__(kListThreads)
   const int64_t slot = item / p.q_words;
   const int w = int(item - slot * p.q_words);
   int32_t* rows = p.round_rows + slot * int64_t(p.rounds) * p.round_cap;
+  int last[2] = {-1, -1};  // the lane's rows' latest entries
   walk_rounds(p, slot, w, lane, [&](int kb, int half, bool on, int r) {
     const unsigned peers = __match_any_sync(0xffffffffu, on ? r : -1);
     const int leader = __ffs(int(peers)) - 1;
@@ -120,8 +122,12 @@ static __global__ void __launch_bounds__(kListThreads)
       const int i = w * 64 + half * 32 + lane;
       at = r == 0 ? i - first_row_of_block(p, kb) : at + __popc(peers & ((1u << lane) - 1u));
       rows[e[0] + at] = i;
+      last[half] = e[0] + at;
     }
   });
+#pragma unroll
+  for (int half = 0; half < 2; ++half)
+    if (last[half] >= 0) rows[last[half]] |= flash::kMobaLastRound;
 }
 
 }  // namespace attn::moba

@@ -17,8 +17,8 @@
 //                   prefix sums per slot, then the row indices in
 //                   increasing order (the gathered forward's round lists:
 //                   moba/moba_rounds.cuh)
-//   finish_kernel   (gathered forward, after its launches, one per round) O
-//                   and LSE from each row's softmax state
+//   blind_rows_kernel (gathered forward, with its launches, one per round)
+//                   O = 0 and LSE = -inf for the rows that see no key
 //
 // The kernels that are not templates are static: their host stubs stay out
 // of the library's global symbols (tests/ffi/check_exports.py).
@@ -521,53 +521,25 @@ static __global__ void __launch_bounds__(kListThreads)
   }
 }
 
-// Two floats as the 32 bits of two T (low half first), rounded to nearest.
-template <class T>
-__device__ __forceinline__ uint32_t packed_pair(float a, float b);
-template <>
-__device__ __forceinline__ uint32_t packed_pair<__half>(float a, float b) {
-  const __half2 x = __floats2half2_rn(a, b);
-  uint32_t u;
-  memcpy(&u, &x, 4);
-  return u;
-}
-template <>
-__device__ __forceinline__ uint32_t packed_pair<__nv_bfloat16>(float a, float b) {
-  const __nv_bfloat162 x = __floats2bfloat162_rn(a, b);
-  uint32_t u;
-  memcpy(&u, &x, 4);
-  return u;
-}
-
-// One thread per 8 channels of a (sequence, query head, row): O in T and
-// LSE from the row's state; a row that sees no key (before the first key's
-// diagonal), which no list holds, gets O = 0 and LSE = -inf.
+// One thread per 8 channels of a (sequence, query head, row) of the rows
+// that see no key (before the first key's diagonal; no list holds them):
+// O = 0, LSE = -inf.
 template <class T>
 __global__ void __launch_bounds__(kListThreads)
-    finish_kernel(const __grid_constant__ FinishParams p) {
+    blind_rows_kernel(const __grid_constant__ BlindRowsParams p) {
   const int chunks = p.d / 8;
-  const int64_t rows = int64_t(p.batch) * p.heads_q * p.seqlen_q;
+  const int blind = p.seqlen_q - p.seqlen_kv;
+  const int64_t rows = int64_t(p.batch) * p.heads_q * blind;
   const int64_t t = int64_t(blockIdx.x) * kListThreads + int(threadIdx.x);
   if (t >= rows * chunks) return;
   const int64_t row = t / chunks;
   const int ch = int(t - row * chunks);
-  const int64_t bh = row / p.seqlen_q;
-  const int i = int(row - bh * p.seqlen_q);
+  const int64_t bh = row / blind;
+  const int i = int(row - bh * blind);
   const int b = int(bh / p.heads_q), h = int(bh - int64_t(b) * p.heads_q);
-  const bool sees = i + (p.seqlen_kv - p.seqlen_q) >= 0;
-  float x[8];
-  const float* so = p.state + row * p.d + ch * 8;
-#pragma unroll
-  for (int e = 0; e < 8; ++e) x[e] = sees ? so[e] : 0.0f;
-  uint4 out;
-  out.x = packed_pair<T>(x[0], x[1]);
-  out.y = packed_pair<T>(x[2], x[3]);
-  out.z = packed_pair<T>(x[4], x[5]);
-  out.w = packed_pair<T>(x[6], x[7]);
   *reinterpret_cast<uint4*>(static_cast<T*>(p.o) + b * p.o_batch + int64_t(i) * p.o_seq +
-                            h * p.o_head + ch * 8) = out;
-  if (ch == 0 && p.lse != nullptr)
-    p.lse[b * p.lse_batch + h * p.lse_head + i] = sees ? p.state[rows * p.d + row] : -INFINITY;
+                            h * p.o_head + ch * 8) = make_uint4(0u, 0u, 0u, 0u);
+  if (ch == 0 && p.lse != nullptr) p.lse[b * p.lse_batch + h * p.lse_head + i] = -INFINITY;
 }
 
 }  // namespace attn::moba

@@ -443,9 +443,10 @@ class CudaPlan final : public BackendPlan {
       prm.moba = moba_->lists(sp);
       if (gather) {
         // One launch per round, own blocks first (see flash/fwd_kernel.cuh),
-        // then O and LSE from the rows' states. A round's tiles are counted
-        // on the device only: each (sequence, head) gets a thread block per
-        // tile the round can have, those without one return at once.
+        // each row's last round writing its O and LSE; then the rows that
+        // see no key, in no list. A round's tiles are counted on the device
+        // only: each (sequence, head) gets a thread block per tile the
+        // round can have, those without one return at once.
         prm.moba.state = reinterpret_cast<float*>(ws + l.state);
         for (int32_t r = 0; r < moba_->rounds(); ++r) {
           prm.moba.fwd_round = r;
@@ -453,8 +454,8 @@ class CudaPlan final : public BackendPlan {
                                stream),
                 "forward kernel launch");
         }
-        check(moba_finish_launch(moba_->finish_params(prm.moba.state, a.o, a.lse), bf16, stream),
-              "MoBA forward finish launch");
+        check(moba_blind_rows_launch(moba_->blind_rows_params(a.o, a.lse), bf16, stream),
+              "MoBA forward launch (rows that see no key)");
         return;
       }
     }

@@ -234,11 +234,11 @@ class MobaSchedule {
   int32_t rounds() const { return rounds_; }
   int64_t round_tiles() const { return round_cap_ / q_tile_rows_; }
 
-  moba::FinishParams finish_params(const float* state, void* o, float* lse) const {
+  moba::BlindRowsParams blind_rows_params(void* o, float* lse) const {
     const Problem& p = p_;
     const TensorStrides& so = p.strides[ATTN_TENSOR_O];
-    moba::FinishParams f{};
-    f.state = state, f.o = o, f.lse = lse;
+    moba::BlindRowsParams f{};
+    f.o = o, f.lse = lse;
     f.o_batch = so.batch, f.o_seq = so.seq, f.o_head = so.head;
     f.lse_batch = p.heads_q * p.seqlen_q, f.lse_head = p.seqlen_q;
     f.batch = int32_t(p.batch), f.heads_q = int32_t(p.heads_q);

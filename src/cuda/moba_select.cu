@@ -67,14 +67,17 @@ cudaError_t moba_select_launch(const moba::SelectParams& p, bool bf16, cudaStrea
   return bf16 ? launch_t<__nv_bfloat16>(p, stream) : launch_t<__half>(p, stream);
 }
 
-cudaError_t moba_finish_launch(const moba::FinishParams& p, bool bf16, cudaStream_t stream) {
-  const int64_t threads = int64_t(p.batch) * p.heads_q * p.seqlen_q * (p.d / 8);
+cudaError_t moba_blind_rows_launch(const moba::BlindRowsParams& p, bool bf16,
+                                   cudaStream_t stream) {
+  const int64_t blind = int64_t(p.seqlen_q) - p.seqlen_kv;
+  if (blind <= 0) return cudaSuccess;
+  const int64_t threads = int64_t(p.batch) * p.heads_q * blind * (p.d / 8);
   if (threads == 0) return cudaSuccess;
   const unsigned blocks = unsigned((threads + moba::kListThreads - 1) / moba::kListThreads);
   if (bf16)
-    moba::finish_kernel<__nv_bfloat16><<<blocks, moba::kListThreads, 0, stream>>>(p);
+    moba::blind_rows_kernel<__nv_bfloat16><<<blocks, moba::kListThreads, 0, stream>>>(p);
   else
-    moba::finish_kernel<__half><<<blocks, moba::kListThreads, 0, stream>>>(p);
+    moba::blind_rows_kernel<__half><<<blocks, moba::kListThreads, 0, stream>>>(p);
   return cudaGetLastError();
 }
 

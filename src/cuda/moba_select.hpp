@@ -18,8 +18,9 @@ cudaError_t moba_select_prepare(int d);
 // Returns the first launch error.
 cudaError_t moba_select_launch(const moba::SelectParams& p, bool bf16, cudaStream_t stream);
 
-// Enqueues the gathered forward's last step: O and LSE from the rows'
-// softmax states.
-cudaError_t moba_finish_launch(const moba::FinishParams& p, bool bf16, cudaStream_t stream);
+// Enqueues the gathered forward's step for the rows that see no key (none
+// when seqlen_q <= seqlen_kv): O = 0, LSE = -inf.
+cudaError_t moba_blind_rows_launch(const moba::BlindRowsParams& p, bool bf16,
+                                   cudaStream_t stream);
 
 }  // namespace attn::cuda
