@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Nsight Compute on the kernels of one MoBA plan's forward and backward
+# (bench/bench_moba.py, one configuration: by default L = 32K, 16 heads,
+# d 128, bf16, blocks of 512 keys, top 3): the selector, the gathered
+# forward's round launches and the gathered dK/dV kernel, so that their
+# time can be read as memory traffic, occupancy or stalls. Clocks are left
+# alone (--clock-control none), as the benchmark runs. Run from the
+# repository root on a machine with a CUDA device, ncu and torch; writes
+# $OUT/ncu-moba.txt and prints the headline metrics of each kernel.
+#
+# Environment: BUILD_DIR (default /tmp/attn-profile-build), GPU_ARCHS
+# (sm_90a), OUT, PROFILE_ARGS (bench_moba.py arguments, default
+# "--seqlens 32768 --combos 512:3"), PROFILE_KERNELS (an ncu kernel-name
+# regex, default "select_kernel|moba_gather"), PROFILE_COUNT (launches
+# profiled, default 7: the forward's selection and rounds, the backward's
+# selection and dK/dV kernel).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+build=${BUILD_DIR:-/tmp/attn-profile-build}
+out=${OUT:-$build/profile}
+mkdir -p "$out"
+if [ -d .deps/pc ]; then
+  export PKG_CONFIG_PATH=$PWD/.deps/pc${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}
+  export LD_LIBRARY_PATH=$PWD/.deps/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+fi
+if [ ! -f "$build/build.ninja" ]; then
+  meson setup "$build" -Dgpu_archs="${GPU_ARCHS:-sm_90a}" -Dbench=disabled -Dexamples=false \
+    -Dtests=false >"$out/setup.log" 2>&1 || { tail -30 "$out/setup.log"; exit 1; }
+fi
+ninja -C "$build" src/libattn.so >"$out/build.log" 2>&1 || { tail -30 "$out/build.log"; exit 1; }
+
+read -r -a args <<<"${PROFILE_ARGS:---seqlens 32768 --combos 512:3}"
+# The sections' bodies (the stall reasons) where this ncu can print them.
+details=()
+if ncu --help 2>/dev/null | grep -q -- --print-details; then details=(--print-details all); fi
+ncu --clock-control none "${details[@]}" --kernel-name "regex:${PROFILE_KERNELS:-select_kernel|moba_gather}" \
+  --launch-count "${PROFILE_COUNT:-7}" \
+  --section SpeedOfLight --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
+  --section Occupancy --section LaunchStats --section WarpStateStats --section SchedulerStats \
+  --metrics dram__bytes_read.sum,dram__bytes_write.sum \
+  python3 bench/bench_moba.py --lib "$build/src/libattn.so" --reps 1 --variant "" "${args[@]}" \
+  >"$out/ncu-moba.txt" 2>&1
+rc=$?
+grep -E "^  [a-zA-Z_].*\(([0-9]+, ){2}[0-9]+\)x|Duration|DRAM Throughput|dram__bytes_(read|write).sum|Compute \(SM\) Throughput|Memory Throughput|L2 Hit|Achieved Occupancy|Theoretical Occupancy|Registers Per|Grid Size|Dynamic Shared|Eligible Warps|Issued Warp|No Eligible|Warp Cycles Per Issued|[Ss]tall" \
+  "$out/ncu-moba.txt" | head -150
+exit $rc
