@@ -3,7 +3,9 @@
 # (bench/bench_moba.py, one configuration: by default L = 32K, 16 heads,
 # d 128, bf16, blocks of 512 keys, top 3): the selector, the gathered
 # forward's round launches and the gathered dK/dV kernel, so that their
-# time can be read as memory traffic, occupancy or stalls. Clocks are left
+# time can be read as memory traffic, occupancy or stalls (with the source
+# lines where warps stall most: the library is built with -lineinfo in its
+# own build directory). Clocks are left
 # alone (--clock-control none), as the benchmark runs. Run from the
 # repository root on a machine with a CUDA device, ncu and torch; writes
 # $OUT/ncu-moba.txt and prints the headline metrics of each kernel.
@@ -24,10 +26,12 @@ if [ -d .deps/pc ]; then
   export LD_LIBRARY_PATH=$PWD/.deps/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 fi
 if [ ! -f "$build/build.ninja" ]; then
+  # -lineinfo: the stall samples (SourceCounters) name source lines.
   meson setup "$build" -Dgpu_archs="${GPU_ARCHS:-sm_90a}" -Dbench=disabled -Dexamples=false \
-    -Dtests=false >"$out/setup.log" 2>&1 || { tail -30 "$out/setup.log"; exit 1; }
+    -Dtests=false -Dcuda_args=-lineinfo >"$out/setup.log" 2>&1 ||
+    { tail -30 "$out/setup.log"; exit 1; }
 fi
-ninja -C "$build" src/libattn.so >"$out/build.log" 2>&1 || { tail -30 "$out/build.log"; exit 1; }
+ninja -C "$build" src/libattn.so.0.1.0 >"$out/build.log" 2>&1 || { tail -30 "$out/build.log"; exit 1; }
 
 read -r -a args <<<"${PROFILE_ARGS:---seqlens 32768 --combos 512:3}"
 # The sections' bodies (the stall reasons) where this ncu can print them.
@@ -37,6 +41,7 @@ ncu --clock-control none "${details[@]}" --kernel-name "regex:${PROFILE_KERNELS:
   --launch-count "${PROFILE_COUNT:-7}" \
   --section SpeedOfLight --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
   --section Occupancy --section LaunchStats --section WarpStateStats --section SchedulerStats \
+  --section SourceCounters --import-source no \
   --metrics dram__bytes_read.sum,dram__bytes_write.sum \
   python3 bench/bench_moba.py --lib "$build/src/libattn.so" --reps 1 --variant "" "${args[@]}" \
   >"$out/ncu-moba.txt" 2>&1

@@ -96,11 +96,13 @@ __device__ __forceinline__ int gather_field(const volatile int& x) { return x; }
 // rows) of the round's lists (see below), or, for the rows whose last round
 // this is, writes their O and LSE. Per-row work first (one thread a row:
 // the entry, the state's LSE, the weights, into shared memory after sL),
-// then the channels in batches of kMergeBatch independent loads per thread:
-// one state row load after another, each waiting on the last, left the
-// tile's end latency-bound. Not inlined: inlined, it made the d = 128
+// then the channels in batches of up to kMergeBatch independent 16-byte
+// loads per thread (64 KiB of state in flight per tile at d = 128): one
+// state row load after another, each waiting on the last, left the tile's
+// end latency-bound, and so did batches of 4 (ncu: the rounds after the
+// first ran at about half the dense kernel's tensor rate). Not inlined: inlined, it made the d = 128
 // kernel spill 88 bytes (sm_90a). Shared memory used: BM * (D + 8) floats.
-constexpr int kMergeBatch = 4;
+constexpr int kMergeBatch = 16;
 template <int BM, int D>
 constexpr int kMobaMergeSmemBytes = BM * (D + 8) * 4;
 template <class T, int BM, int D, int NTH>
@@ -140,18 +142,20 @@ __device__ __noinline__ void moba_merge_tile(const FwdParams& p, float* sO, floa
   }
   __syncthreads();
   constexpr int C4 = D / 4;
+  constexpr int kBatch = (BM * C4 + NTH - 1) / NTH < kMergeBatch ? (BM * C4 + NTH - 1) / NTH
+                                                                 : kMergeBatch;
   T* const o = static_cast<T*>(p.o) + b * p.o_batch + h * p.o_head;
-  for (int c0 = tid; c0 < rows * C4; c0 += NTH * kMergeBatch) {
-    float4 old[kMergeBatch];
+  for (int c0 = tid; c0 < rows * C4; c0 += NTH * kBatch) {
+    float4 old[kBatch];
 #pragma unroll
-    for (int u = 0; u < kMergeBatch; ++u) {
+    for (int u = 0; u < kBatch; ++u) {
       const int c = c0 + u * NTH, r = c / C4, ch = c - r * C4;
       old[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
       if (c < rows * C4 && sWs[r] > 0.0f)
         old[u] = reinterpret_cast<const float4*>(state_o + int64_t(sRow[r] & kMobaRowMask) * D)[ch];
     }
 #pragma unroll
-    for (int u = 0; u < kMergeBatch; ++u) {
+    for (int u = 0; u < kBatch; ++u) {
       const int c = c0 + u * NTH, r = c / C4, ch = c - r * C4;
       if (c >= rows * C4) break;
       const float w_s = sWs[r], w_t = sWt[r];
