@@ -92,29 +92,64 @@ __shared__ MobaGatherTile moba_gather_tile;
 __device__ __forceinline__ int gather_field(const volatile int& x) { return x; }
 
 // MoBA gather, the forward's end: merges the tile's normalised O (sO, fp32
-// [BM][D + 4]) and LSE (sL [BM]) into the states of the rows [start, start +
-// rows) of the round's lists (see below), or, for the rows whose last round
-// this is, writes their O and LSE. Per-row work first (one thread a row:
-// the entry, the state's LSE, the weights, into shared memory after sL),
-// then the channels in batches of up to kMergeBatch independent 16-byte
-// loads per thread (64 KiB of state in flight per tile at d = 128): one
-// state row load after another, each waiting on the last, left the tile's
-// end latency-bound, and so did batches of 4 (ncu: the rounds after the
-// first ran at about half the dense kernel's tensor rate). Not inlined: inlined, it made the d = 128
+// [BM][D + 4]) and LSE (sL [BM]) into the states of the tile's rows (their
+// entries and old LSE in moba_merge_rows, below), or, for the rows whose
+// last round this is, writes their O and LSE. Per-row work first (one
+// thread a row: the weights, into shared memory after sL), then the
+// channels in batches of up to kMergeBatch independent 16-byte loads per
+// thread (64 KiB of state in flight per tile at d = 128): one state row
+// load after another, each waiting on the last, left the tile's end
+// latency-bound (ncu: the rounds after the first ran at about half the
+// dense kernel's tensor rate). Not inlined: inlined, it made the d = 128
 // kernel spill 88 bytes (sm_90a). Shared memory used: BM * (D + 8) floats.
 constexpr int kMergeBatch = 16;
+
+// The gathered forward's rows of the current tile, read at the tile's start
+// (moba_merge_prefetch, before Q's copies, whose addresses need the same
+// entries), so that the merge at its end waits on no global load but the
+// state rows, which the start also asks L2 for: the rows' list entries, and
+// in rounds after the first their states' LSE (by cp.async, landing with
+// the copies of the tile's first KV tile).
+constexpr int kMobaMergeRows = 128;  // the gathered kernels' query tile
+struct MobaMergeRows {
+  int32_t entry[kMobaMergeRows];
+  float lse[kMobaMergeRows];
+};
+__shared__ MobaMergeRows moba_merge_rows;
+
+template <int BM, int D, int NTH>
+__device__ __forceinline__ void moba_merge_prefetch(const FwdParams& p, int start, int rows,
+                                                    int tid) {
+  static_assert(BM <= kMobaMergeRows, "a tile's rows fit");
+  const MobaLists& mb = p.moba;
+  const int b = int(blockIdx.z), h = int(blockIdx.y);
+  const int64_t rows_all = int64_t(gridDim.z) * gridDim.y * p.seqlen_q;
+  const int64_t head_rows = (int64_t(b) * gridDim.y + h) * p.seqlen_q;
+  const int64_t slot = int64_t(b) * mb.sel_heads + (mb.per_query_head ? h : h / p.group);
+  const int32_t* idx = mb.kv_tiles + slot * int64_t(mb.kv_cap) + start;
+  const bool fresh = mb.fwd_round == 0;
+  constexpr int kLines = D * 4 / 128;  // 128-byte lines of a state row
+  for (int r = tid; r < rows; r += NTH) {
+    const int32_t e = idx[r];
+    const int64_t row = head_rows + (e & kMobaRowMask);
+    moba_merge_rows.entry[r] = e;
+    if (!fresh) {
+#pragma unroll
+      for (int l = 0; l < kLines; ++l) prefetch_l2(mb.state + row * D + l * 32);
+      cp_async_4(smem_u32(&moba_merge_rows.lse[r]), mb.state + rows_all * D + row);
+    }
+  }
+}
 template <int BM, int D>
 constexpr int kMobaMergeSmemBytes = BM * (D + 8) * 4;
 template <class T, int BM, int D, int NTH>
-__device__ __noinline__ void moba_merge_tile(const FwdParams& p, float* sO, float* sL, int start,
-                                             int rows, int tid) {
+__device__ __noinline__ void moba_merge_tile(const FwdParams& p, float* sO, float* sL, int rows,
+                                             int tid) {
   constexpr int LO = D + 4;
   const MobaLists& mb = p.moba;
   const int b = int(blockIdx.z), h = int(blockIdx.y), lq = p.seqlen_q;
   const int64_t rows_all = int64_t(gridDim.z) * gridDim.y * lq;
   const int64_t head_rows = (int64_t(b) * gridDim.y + h) * lq;
-  const int64_t slot = int64_t(b) * mb.sel_heads + (mb.per_query_head ? h : h / p.group);
-  const int32_t* idx = mb.kv_tiles + slot * int64_t(mb.kv_cap) + start;
   float* const state_o = mb.state + head_rows * D;
   float* const state_lse = mb.state + rows_all * D + head_rows;
   // Round 0 (each row's own block) starts the rows' states.
@@ -123,10 +158,10 @@ __device__ __noinline__ void moba_merge_tile(const FwdParams& p, float* sO, floa
   float* sWs = sL + 2 * BM;                              // [BM] weights of the state
   float* sWt = sL + 3 * BM;                              // [BM] weights of the tile
   for (int r = tid; r < rows; r += NTH) {
-    const int32_t e = idx[r];
+    const int32_t e = moba_merge_rows.entry[r];
     const int row = e & kMobaRowMask;
     const float lse_t = sL[r];
-    const float lse_s = fresh ? -INFINITY : state_lse[row];
+    const float lse_s = fresh ? -INFINITY : moba_merge_rows.lse[r];
     const float mx = fmaxf(lse_t, lse_s);
     float w_s = 0.0f, w_t = 0.0f, lse = -INFINITY;
     if (mx != -INFINITY) {
@@ -332,9 +367,11 @@ __device__ __forceinline__ void flash_fwd_tile(const FwdParams& p, const int32_t
     }
     cp_async_commit();
   };
-  if constexpr (Gather)
+  if constexpr (Gather) {
+    moba_merge_prefetch<BM, D, NTH>(p, gather_field(moba_gather_tile.start), rows, tid);
     load_rows<BM, D, NTH>(sQa, static_cast<const T*>(p.q) + b * p.q_batch + h * p.q_head, p.q_seq,
                           moba_rows(), rows, tid);
+  }
   else if constexpr (!Persist)
     load_tile<BM, D, NTH>(sQa, gQ, p.q_seq, rows, tid);
   load_k(0);
@@ -586,7 +623,7 @@ __device__ __forceinline__ void flash_fwd_tile(const FwdParams& p, const int32_t
           sL[row] = row_lse(row_max[mt][hh], l, scale_log2);
       }
     __syncthreads();
-    moba_merge_tile<T, BM, D, NTH>(p, sO, sL, gather_field(moba_gather_tile.start), rows, tid);
+    moba_merge_tile<T, BM, D, NTH>(p, sO, sL, rows, tid);
     return;
   }
 

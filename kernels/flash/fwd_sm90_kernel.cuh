@@ -264,6 +264,7 @@ __device__ __forceinline__ void flash_fwd_sm90_tile(const FwdParams& p) {
   };
   // Q first: its copies need no visit and run while the ring fills.
   if constexpr (Gather) {
+    moba_merge_prefetch<BM, D, NTH>(p, gather_field(moba_gather_tile.start), rows, tid);
     const MobaLists& mb = p.moba;
     const int64_t slot = int64_t(b) * mb.sel_heads + (mb.per_query_head ? h : h / p.group);
     sm90::load_rows_swizzled<BM, D, NTH>(
@@ -492,7 +493,7 @@ __device__ __forceinline__ void flash_fwd_sm90_tile(const FwdParams& p) {
       if (t4 == 0) sL[row] = row_lse(row_max[hh], l, scale_log2);
     }
     __syncthreads();
-    moba_merge_tile<T, BM, D, NTH>(p, sO, sL, gather_field(moba_gather_tile.start), rows, tid);
+    moba_merge_tile<T, BM, D, NTH>(p, sO, sL, rows, tid);
   } else {
     // Epilogue: O = acc / l, LSE = m * scale_log2 * ln2 + ln l. The warpgroup
     // stages its 64 rows in its own rows of the Q tile (same swizzled layout:
