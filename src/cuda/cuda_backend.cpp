@@ -131,13 +131,6 @@ BwdKernels pick_bwd_kernels(int64_t d, bool bf16, int variant, bool sparse, bool
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr size_t kWorkspaceAlign = 256;
 
-// MoBA's gathered forward takes the wgmma kernel from this block size on:
-// with a tile's 32 KV tiles per block it ran 17% faster than the sm_80
-// kernel, with 4 (blocks of 512 keys) 3% slower, where one block per SM
-// leaves the prologue and the merge epilogue exposed (H200, L = 32K, d =
-// 128; bench/results/cuda-moba-gather-sm90-2026-12-01-a46bb94.md).
-constexpr int64_t kMobaGatherSm90Block = 4096;
-
 size_t align_up(size_t x) { return (x + kWorkspaceAlign - 1) / kWorkspaceAlign * kWorkspaceAlign; }
 
 // The backend's tuning and test hooks, read from the environment once, at
@@ -147,7 +140,7 @@ size_t align_up(size_t x) { return (x + kWorkspaceAlign - 1) / kWorkspaceAlign *
 struct CudaHooks {
   bool moba_gather;               // ATTN_CUDA_MOBA_GATHER (default 1)
   bool moba_sm90;                 // ATTN_CUDA_MOBA_SM90 (default 0)
-  std::optional<int> moba_gather_sm90;  // ATTN_CUDA_MOBA_GATHER_SM90: 0 or 1 (default: by block)
+  bool moba_gather_sm90;          // ATTN_CUDA_MOBA_GATHER_SM90 (default 1)
   bool moba_gather_bwd_sm90;      // ATTN_CUDA_MOBA_GATHER_BWD_SM90 (default 1)
   bool fwd_persist;               // ATTN_CUDA_BSPARSE_FWD_PERSIST (default 0)
   bool bwd_persist;               // ATTN_CUDA_BSPARSE_BWD_PERSIST (default 0)
@@ -164,7 +157,7 @@ struct CudaHooks {
     CudaHooks h;
     h.moba_gather = env_flag("ATTN_CUDA_MOBA_GATHER", true);
     h.moba_sm90 = env_flag("ATTN_CUDA_MOBA_SM90", false);
-    h.moba_gather_sm90 = env_int_choice("ATTN_CUDA_MOBA_GATHER_SM90", {0, 1});
+    h.moba_gather_sm90 = env_flag("ATTN_CUDA_MOBA_GATHER_SM90", true);
     h.moba_gather_bwd_sm90 = env_flag("ATTN_CUDA_MOBA_GATHER_BWD_SM90", true);
     h.fwd_persist = env_flag("ATTN_CUDA_BSPARSE_FWD_PERSIST", false);
     h.bwd_persist = env_flag("ATTN_CUDA_BSPARSE_BWD_PERSIST", false);
@@ -618,11 +611,13 @@ class CudaPlan final : public BackendPlan {
     const int64_t d = p.head_dim_qk;
     const bool sparse = p.block_mask != nullptr, softcap = p.softcap > 0.0f;
     // MoBA's gathered forward on wgmma (the same round lists, 128-row tiles
-    // as the sm_80 one's) for blocks of kMobaGatherSm90Block keys or more,
-    // or as ATTN_CUDA_MOBA_GATHER_SM90 (0 or 1) says.
+    // as the sm_80 one's) unless ATTN_CUDA_MOBA_GATHER_SM90=0: 17% faster
+    // than the sm_80 one with blocks of 4096 keys (H200, L = 32K, d = 128;
+    // bench/results/cuda-moba-gather-sm90-2026-12-01-a46bb94.md), 1-3% with
+    // blocks of 512 since the merge's rows are fetched at the tile's start
+    // (L = 32K and 128K; cuda-moba-prefetch-2026-12-01-bbf03aa.md there).
     if (gather) {
-      const bool wanted = hooks_.moba_gather_sm90 ? *hooks_.moba_gather_sm90 == 1
-                                                  : p.moba_block >= kMobaGatherSm90Block;
+      const bool wanted = hooks_.moba_gather_sm90;
       if (!wanted || softcap || (d != 64 && d != 128) || major != 9 || minor != 0) return;
       const bool bf16 = p.dtype == ATTN_DTYPE_BF16;
       const FwdKernel k =

@@ -29,11 +29,10 @@
 // Otherwise, by default the forward
 // and the dK/dV kernel walk the gathered row lists
 // (the forward merging one round per launch into fp32 row states in the
-// workspace; with ATTN_CUDA_MOBA_GATHER_SM90=1 on sm_90 devices at d = 64
-// and 128 on the wgmma forward, the default there from blocks of 4096 keys
-// on, which no case has: meson test moba_gpu_gather_sm90; the dK/dV kernel
-// on wgmma there by default, the sm_80 one with
-// ATTN_CUDA_MOBA_GATHER_BWD_SM90=0: moba_gpu_gather_sm80bwd);
+// workspace; on sm_90 devices at d = 64 and 128 on the wgmma forward, the
+// sm_80 one with ATTN_CUDA_MOBA_GATHER_SM90=0: meson test
+// moba_gpu_gather_sm80fwd; the dK/dV kernel on wgmma there too, the sm_80
+// one with ATTN_CUDA_MOBA_GATHER_BWD_SM90=0: moba_gpu_gather_sm80bwd);
 // with ATTN_CUDA_MOBA_GATHER=0 (meson tests moba_gpu_union*)
 // they walk the tile-union lists; describe must say which. Each runs the forward, the backward with dQ by atomics and the
 // deterministic backward (three times: bit-identical). Tolerance as
@@ -81,8 +80,8 @@ bool g_gather = true;  // unless ATTN_CUDA_MOBA_GATHER=0: the kernels gather row
 // the dK/dV pass unless ATTN_CUDA_BWD_SM90=0 or ATTN_CUDA_BWD_VARIANT is set.
 bool g_moba_sm90 = false, g_fwd_sm90 = true, g_bwd_sm90 = true;
 // sm_90 device, gathered lists: d = 64 and 128 plans run the gathered
-// forward on wgmma with ATTN_CUDA_MOBA_GATHER_SM90=1, or unset with blocks
-// of 4096 keys or more (no case here), unless ATTN_CUDA_FWD_SM90=0.
+// forward on wgmma, unless ATTN_CUDA_MOBA_GATHER_SM90=0 or
+// ATTN_CUDA_FWD_SM90=0.
 bool g_gather_sm90 = false;
 // sm_90 device, gathered lists: d = 64 and 128 plans run the gathered dK/dV
 // kernel on wgmma, unless ATTN_CUDA_MOBA_GATHER_BWD_SM90=0,
@@ -370,7 +369,7 @@ int main() {
   g_fwd_sm90 = !env_is("ATTN_CUDA_FWD_SM90", "0");
   g_bwd_sm90 = !env_is("ATTN_CUDA_BWD_SM90", "0") && !env_set("ATTN_CUDA_BWD_VARIANT");
   g_gather_sm90 = prop.major == 9 && prop.minor == 0 && g_fwd_sm90 &&
-                  env_is("ATTN_CUDA_MOBA_GATHER_SM90", "1");
+                  !env_is("ATTN_CUDA_MOBA_GATHER_SM90", "0");
   g_gather_bwd_sm90 = prop.major == 9 && prop.minor == 0 && g_bwd_sm90 &&
                       !env_is("ATTN_CUDA_MOBA_GATHER_BWD_SM90", "0");
   // (As expected_kernels says for d = 64 and 128.)
