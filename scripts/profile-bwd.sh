@@ -15,15 +15,8 @@ out=${OUT:-$build/profile}
 shape=${PROFILE_SHAPE:-128,8192,0}
 IFS=, read -r d L causal <<<"$shape"
 mkdir -p "$out"
-if [ -d .deps/pc ]; then
-  export PKG_CONFIG_PATH=$PWD/.deps/pc${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}
-  export LD_LIBRARY_PATH=$PWD/.deps/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-fi
-if [ ! -f "$build/build.ninja" ]; then
-  meson setup "$build" -Dgpu_archs="${GPU_ARCHS:-sm_90a}" -Dbench=disabled -Dexamples=false \
-    >"$out/setup.log" 2>&1 || { tail -30 "$out/setup.log"; exit 1; }
-fi
-ninja -C "$build" tests/gpu/time_flash_bwd >"$out/build.log" 2>&1 || { tail -30 "$out/build.log"; exit 1; }
+. scripts/profile-build.sh
+profile_build "$build" "$out" tests/gpu/time_flash_bwd || exit 1
 
 sections=(--section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis
   --section MemoryWorkloadAnalysis_Tables --section WarpStateStats --section SchedulerStats

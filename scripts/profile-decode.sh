@@ -14,15 +14,8 @@ cd "$(dirname "$0")/.."
 build=${BUILD_DIR:-/tmp/attn-profile-build}
 out=${OUT:-$build/profile}
 mkdir -p "$out"
-if [ -d .deps/pc ]; then
-  export PKG_CONFIG_PATH=$PWD/.deps/pc${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}
-  export LD_LIBRARY_PATH=$PWD/.deps/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-fi
-if [ ! -f "$build/build.ninja" ]; then
-  meson setup "$build" -Dgpu_archs="${GPU_ARCHS:-sm_90a}" -Dbench=disabled -Dexamples=false \
-    -Dtests=false >"$out/setup.log" 2>&1 || { tail -30 "$out/setup.log"; exit 1; }
-fi
-ninja -C "$build" >"$out/build.log" 2>&1 || { tail -30 "$out/build.log"; exit 1; }
+. scripts/profile-build.sh
+profile_build "$build" "$out" "" -Dtests=false || exit 1
 
 read -r -a extra <<<"${PROFILE_ARGS:-}"
 ncu --profile-from-start off --clock-control none \

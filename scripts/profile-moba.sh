@@ -21,17 +21,9 @@ cd "$(dirname "$0")/.."
 build=${BUILD_DIR:-/tmp/attn-profile-build}
 out=${OUT:-$build/profile}
 mkdir -p "$out"
-if [ -d .deps/pc ]; then
-  export PKG_CONFIG_PATH=$PWD/.deps/pc${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}
-  export LD_LIBRARY_PATH=$PWD/.deps/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-fi
-if [ ! -f "$build/build.ninja" ]; then
-  # -lineinfo: the stall samples (SourceCounters) name source lines.
-  meson setup "$build" -Dgpu_archs="${GPU_ARCHS:-sm_90a}" -Dbench=disabled -Dexamples=false \
-    -Dtests=false -Dcuda_args=-lineinfo >"$out/setup.log" 2>&1 ||
-    { tail -30 "$out/setup.log"; exit 1; }
-fi
-ninja -C "$build" src/libattn.so.0.1.0 >"$out/build.log" 2>&1 || { tail -30 "$out/build.log"; exit 1; }
+. scripts/profile-build.sh
+# -lineinfo: the stall samples (SourceCounters) name source lines.
+profile_build "$build" "$out" src/libattn.so.0.1.0 -Dtests=false -Dcuda_args=-lineinfo || exit 1
 
 read -r -a args <<<"${PROFILE_ARGS:---seqlens 32768 --combos 512:3}"
 # The sections' bodies (the stall reasons) where this ncu can print them.
