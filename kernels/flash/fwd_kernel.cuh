@@ -29,7 +29,8 @@
 // causal mask, the others' from the first row after the block's own rows,
 // so that they see all of it), and merges each row's result into its
 // softmax state in the workspace (p.moba.state) by the (O, LSE) rule; round
-// 0 is each row's own block, whose write starts its state.
+// 0 is each row's own block, whose write starts its state, and a row's last
+// round writes its O and LSE instead.
 // Softmax statistics are fp32: m (running max of the raw or softcapped
 // logit) and l (sum of exp2, kept per thread and reduced over the 4 threads
 // of a row at the end). A row that sees no key ends with l = 0 and gives

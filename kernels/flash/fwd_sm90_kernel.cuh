@@ -50,7 +50,8 @@
 // a tile of 128 rows of one round list (Q rows loaded by index), the KV
 // tiles of its block up to the diagonal (round 0's own rows, the only ones
 // the causal mask cuts), and the tile's (O, LSE) merged into the rows'
-// softmax states (moba_merge_tile) instead of written out.
+// softmax states (moba_merge_tile) instead of written out, but for the rows
+// whose last round it is.
 //
 // Built only for sm_90a (ATTN_SM90_WGMMA); other targets get an empty
 // kernel, which the host never launches (it checks the image's PTX version).
