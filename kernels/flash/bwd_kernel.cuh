@@ -522,12 +522,8 @@ __device__ __forceinline__ void flash_bwd_dkdv_tile(const BwdParams& p, int work
   // first), and blocks start in the order of their linear index, so that
   // index counts KV heads (and parts) fastest: a few long lists (global
   // keys, sinks) then start first instead of after every head before theirs.
-  // MoBA's gathered rows likewise: a causal selection picks early blocks
-  // most (block 0 is a candidate for every row; with blocks of 4096 keys
-  // and top 3 of 8 its list is ~6x the last block's), so their KV tiles, of
-  // every head, go first instead of the last head's at the very end.
   int bx = int(blockIdx.x), by = int(blockIdx.y), b = int(blockIdx.z);
-  if constexpr (Sparse || Gather) {
+  if constexpr (Sparse) {
     int lin = bx + by * int(gridDim.x), ny = int(gridDim.y);
     if constexpr (Persist) {
       // work = b * grid_x * grid_y + lin in that grid.
@@ -540,7 +536,7 @@ __device__ __forceinline__ void flash_bwd_dkdv_tile(const BwdParams& p, int work
     by = lin - bx * ny;
     // (Not in the configurations without bulk dQ: there its registers
     // made variant 1 at D = 128 spill.)
-    if constexpr (Sparse && Tr::kBulk && !Persist)
+    if constexpr (Tr::kBulk && !Persist)
       if (p.sparse_kv.prefetch_ahead > 0)
         prefetch_dkdv_item<T, D, Tr::kBN, NTH>(p, b, lin + p.sparse_kv.prefetch_ahead, ny,
                                                int(gridDim.x) * ny);

@@ -218,12 +218,11 @@ __device__ __forceinline__ void flash_bwd_dkdv_sm90_tile(const BwdParams& p) {
   const int lane = tid & 31, g = lane >> 2, t4 = lane & 3;
   // by = hk * group_splits + part: KV head hk, query heads [h_first,
   // h_first + heads_per) of its group; bx: the KV tile. Sparse: bx is a
-  // work item of the slot; Sparse and MoBA's gathered rows: the linear
-  // index counts (KV head, part) fastest (flash_bwd_dkdv_tile's order and
-  // reasons).
+  // work item of the slot and the linear index counts (KV head, part)
+  // fastest (flash_bwd_dkdv_tile's order).
   const int b = blockIdx.z;
   int bx = int(blockIdx.x), by = int(blockIdx.y);
-  if constexpr (Sparse || Gather) {
+  if constexpr (Sparse) {
     const int lin = bx + by * int(gridDim.x), ny = int(gridDim.y);
     bx = lin / ny;
     by = lin - bx * ny;
