@@ -13,7 +13,9 @@ median.
 
 "pairs" is the share of the causal (query, key) pairs MoBA's rule keeps at
 most (attn_plan_describe's visible_pairs, an upper bound: the selection
-depends on the data); "speed-up" is the dense plan's time over MoBA's.
+depends on the data); "speed-up" is the dense plan's time over MoBA's;
+"rate/pair" is MoBA's rate per kept pair over the dense plan's (dense time
+x pairs / MoBA time; 1 when the time follows the pairs kept).
 Inputs: independent normal entries by default, so that the 128 rows of a
 query tile pick unrelated blocks and their union (what a tile visits) is
 nearly every past block; --coherent adds to Q a component that is constant
@@ -202,16 +204,18 @@ def main():
              "", f"{torch.cuda.get_device_name()}, torch {torch.__version__}; {hq} query / {hkv} KV heads, "
              f"d = {d}, bf16, batch 1, causal; selection {sel}; median of {a.reps} timed runs after 2 "
              "warm-ups. MoBA times include the selection (each pass selects); 'pairs' = the most "
-             "causal pairs MoBA keeps (visible_pairs / causal); err: max relative L2 difference of "
+             "causal pairs MoBA keeps (visible_pairs / causal); rate/pair: dense time x pairs / MoBA "
+             "time; err: max relative L2 difference of "
              "O, dQ, dK, dV from the dense plan where MoBA keeps every past block.",
              "", "| L | config | pairs | fwd ms | bwd ms | fwd+bwd ms | speed-up fwd | speed-up bwd | "
-             "speed-up total | workspace MiB | err |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "speed-up total | rate/pair fwd | rate/pair bwd | workspace MiB | err |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         tot, dtot = r["fwd"] + r["bwd"], r["dense_f"] + r["dense_b"]
         lines.append(
             f"| {r['L']} | {r['cfg']} | {r['pairs']:.3f} | {r['fwd']:.2f} | {r['bwd']:.2f} | {tot:.2f} | "
             f"{r['dense_f'] / r['fwd']:.2f} | {r['dense_b'] / r['bwd']:.2f} | {dtot / tot:.2f} | "
+            f"{r['dense_f'] * r['pairs'] / r['fwd']:.2f} | {r['dense_b'] * r['pairs'] / r['bwd']:.2f} | "
             f"{r['ws'] / 2**20:.1f} | {r.get('err', float('nan')):.1e} |")
     lines.append("")
     lines.append("Kernels: " + "; ".join(sorted({r["kernel"] for r in rows})))
