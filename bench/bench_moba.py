@@ -26,11 +26,13 @@ Each MoBA configuration runs once per variant: --variant NAME=VALUE[,NAME=
 VALUE...] (repeatable) sets those environment variables while its plan is
 created (the library reads its hooks there; variables another variant sets
 are restored to their values outside this program), "" is the library's
-defaults. E.g. --variant "" --variant ATTN_CUDA_MOBA_SM90=1 times the
-sm_80 kernels (the default) and the sm_90a (wgmma) ones side by side on an
-sm_90 device;
-the kernel column says which ran. Without --variant, one per schedule of
---schedules on the sm_80 kernels' choice: "union", the kernels visit the
+defaults. E.g. on an sm_90 device --variant "" --variant
+ATTN_CUDA_MOBA_GATHER_SM90=0,ATTN_CUDA_MOBA_GATHER_BWD_SM90=0 times the
+gathered kernels on wgmma (the default there at d = 64 and 128) and on
+mma.sync (sm_80) side by side, and --variant ATTN_CUDA_MOBA_SM90=1 the
+wgmma kernels on the tile-union lists; the kernel column says which ran.
+Without --variant, one per schedule of --schedules, each on the kernels
+the defaults pick for it: "union", the kernels visit the
 query tiles in which some row chose the block (ATTN_CUDA_MOBA_GATHER=0);
 "gather", tiles of the rows that chose it (ATTN_CUDA_MOBA_GATHER=1, the
 kernel name says "-moba-gather"). (With ATTN_CUDA_MOBA_SM90=1, on sm_90

@@ -161,20 +161,25 @@ if [ "${GPU_CHECK_SANITIZE:-1}" != 0 ] && command -v compute-sanitizer >/dev/nul
   # d = 64 and 128: the tile-union lists in both passes), on the cases of GQA
   # groups of 4 over 2 KV heads (both head dims, shared and per-head
   # selection, one with lq < lk); then with the sm_80 dK/dV kernel on the
-  # same lists, and the default sm_80 path (gathered rows); races on the
-  # shared-selection ones.
+  # same lists, and the sm_80 gathered kernels (gathered rows: the default
+  # path off sm_90, which the wgmma ones replace on it at d = 64 and 128);
+  # races on the shared-selection ones.
   bin="$build/tests/gpu/test_moba_gpu"
+  sm80_gather=(ATTN_CUDA_MOBA_GATHER_SM90=0 ATTN_CUDA_MOBA_GATHER_BWD_SM90=0)
   sanitize memcheck moba_sm90 "$bin" ATTN_CUDA_MOBA_SM90=1 ATTN_GPU_TEST_FILTER=gqa4/2
   sanitize racecheck moba_sm90 "$bin" ATTN_CUDA_MOBA_SM90=1 ATTN_GPU_TEST_FILTER=shared-gqa4/2
   sanitize memcheck moba_sm90_sm80bwd "$bin" ATTN_CUDA_MOBA_SM90=1 ATTN_CUDA_BWD_SM90=0 \
     ATTN_GPU_TEST_FILTER=gqa4/2
-  sanitize memcheck moba "$bin" ATTN_GPU_TEST_FILTER=shared-gqa4/2
-  # The default path on the case of 66 blocks (the selector's chunks of
-  # 64 blocks, the forward's round lists), and races on a per-head GQA case
-  # (lists of several heads; all of them take minutes under racecheck).
-  sanitize memcheck moba_66_blocks "$bin" ATTN_GPU_TEST_FILTER=66-blocks
-  sanitize racecheck moba_per_head "$bin" ATTN_GPU_TEST_FILTER=top6-per-head-gqa4
-  # The same on the gathered wgmma kernels.
+  sanitize memcheck moba "$bin" "${sm80_gather[@]}" ATTN_GPU_TEST_FILTER=shared-gqa4/2
+  # The sm_80 gathered kernels on the case of 66 blocks (the selector's
+  # chunks of 64 blocks, the forward's round lists), and races on a
+  # per-head GQA case (lists of several heads; all of them take minutes
+  # under racecheck).
+  sanitize memcheck moba_66_blocks "$bin" "${sm80_gather[@]}" ATTN_GPU_TEST_FILTER=66-blocks
+  sanitize racecheck moba_per_head "$bin" "${sm80_gather[@]}" \
+    ATTN_GPU_TEST_FILTER=top6-per-head-gqa4
+  # The same on the gathered wgmma kernels (the defaults on sm_90, named
+  # here so that the runs stay what they say if the defaults change).
   sanitize memcheck moba_gather_sm90 "$bin" ATTN_CUDA_MOBA_GATHER_SM90=1 \
     ATTN_CUDA_MOBA_GATHER_BWD_SM90=1 ATTN_GPU_TEST_FILTER=66-blocks
   # (Whole groups: the dK/dV kernel with dQ walks both heads of a group.)

@@ -10,15 +10,17 @@
 # repository root on a machine with a CUDA device, ncu and torch; writes
 # $OUT/ncu-moba.txt and prints the headline metrics of each kernel.
 #
-# Environment: BUILD_DIR (default /tmp/attn-profile-build), GPU_ARCHS
-# (sm_90a), OUT, PROFILE_ARGS (bench_moba.py arguments, default
+# Environment: BUILD_DIR (default /tmp/attn-profile-moba-build: its own,
+# since profile_build configures a directory only once, and one the other
+# profile scripts configured would keep their options, without -lineinfo),
+# GPU_ARCHS (sm_90a), OUT, PROFILE_ARGS (bench_moba.py arguments, default
 # "--seqlens 32768 --combos 512:3"), PROFILE_KERNELS (an ncu kernel-name
 # regex, default "select_kernel|moba_gather"), PROFILE_COUNT (launches
 # profiled, default 7: the forward's selection and rounds, the backward's
 # selection and dK/dV kernel).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-build=${BUILD_DIR:-/tmp/attn-profile-build}
+build=${BUILD_DIR:-/tmp/attn-profile-moba-build}
 out=${OUT:-$build/profile}
 mkdir -p "$out"
 . scripts/profile-build.sh

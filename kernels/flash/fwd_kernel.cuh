@@ -598,11 +598,13 @@ __device__ __forceinline__ void flash_fwd_tile(const FwdParams& p, const int32_t
   if constexpr (Gather) {
     // Merge (O_tile, LSE_tile) of each listed row into its state: the
     // row's own block (the first launch that lists it) writes the state,
-    // later launches (earlier blocks) combine with it. The tile goes
-    // through shared memory (fp32 [BM][D + 4], then LSE [BM]; the Q and
-    // K/V buffers are free once every warp is past the loop), so that
-    // the state is read and written a row at a time, and the
-    // accumulators are dead before the merge needs registers.
+    // later launches (earlier blocks) combine with it, the row's last one
+    // into its O and LSE. The tile goes through shared memory (fp32
+    // [BM][D + 4], then LSE [BM] and the merge's per-row words, [3][BM];
+    // the Q and K/V buffers are free once every warp is past the loop),
+    // so that the state rows are read and written in whole 16-byte
+    // chunks, and the accumulators are dead before the merge needs
+    // registers.
     constexpr int LO = D + 4;
     static_assert(kMobaMergeSmemBytes<BM, D> <= (BM + 2 * ST * BN) * LD * 2,
                   "the fp32 tile and the merge's rows fit");

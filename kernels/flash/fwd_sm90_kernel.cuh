@@ -475,8 +475,9 @@ __device__ __forceinline__ void flash_fwd_sm90_tile(const FwdParams& p) {
 
   if constexpr (Gather) {
     // O = acc / l (fp32) and LSE through shared memory ([BM][D + 4], then
-    // [BM], over the Q and K buffers: only the other warpgroup's last P V
-    // may still read V), then merged into the rows' states.
+    // [BM] and the merge's [3][BM], over the Q and K buffers: only the
+    // other warpgroup's last P V may still read V), then merged into the
+    // rows' states, or written as O and LSE in the rows' last round.
     constexpr int LO = D + 4;
     static_assert(kMobaMergeSmemBytes<BM, D> <= kQBytes + uint32_t(ST) * kKvBytes,
                   "the fp32 tile and the merge's rows fit");

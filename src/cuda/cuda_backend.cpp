@@ -40,7 +40,12 @@
 // (gathered lists): the forward one launch per round (each row's own
 // block, then its next selected block down, ...: moba/moba_params.cuh)
 // merging into per-row softmax states, the dK/dV kernel per KV tile;
-// "-moba-gather" in the kernel name. ATTN_CUDA_MOBA_GATHER=0 (a test and
+// "-moba-gather" in the kernel name. On sm_90 devices, plans at d = 64 and
+// 128 without softcap run both on the sm_90a (wgmma) kernels' Moba gather
+// instantiations (pick_sm90_forward, pick_sm90_backward), unless
+// ATTN_CUDA_MOBA_GATHER_SM90=0 / ATTN_CUDA_MOBA_GATHER_BWD_SM90=0 (or
+// the passes' general hooks: ATTN_CUDA_FWD_SM90=0, ATTN_CUDA_BWD_SM90=0,
+// ATTN_CUDA_BWD_VARIANT) keep the sm_80 one of that pass. ATTN_CUDA_MOBA_GATHER=0 (a test and
 // tuning hook) takes the tile-union schedule instead: the query tiles in
 // which some row selected the block ("-moba"), which is also the path of
 // plans whose row lists would not fit 32-bit offsets. With
@@ -663,8 +668,10 @@ class CudaPlan final : public BackendPlan {
     sm90_ = true;
   }
 
-  // With ATTN_CUDA_MOBA_SM90=1 (a test and tuning hook; by default the sm_80
-  // kernels, gathered or not by ATTN_CUDA_MOBA_GATHER), MoBA plans without
+  // With ATTN_CUDA_MOBA_SM90=1 (a test and tuning hook; by default the
+  // gathered kernels, on wgmma where pick_sm90_forward and
+  // pick_sm90_backward take them, or the tile-union sm_80 ones with
+  // ATTN_CUDA_MOBA_GATHER=0), MoBA plans without
   // softcap at d = 64 and 128 run the wgmma kernels' Moba instantiations on
   // the tile-union schedule, on sm_90 devices whose image of the forward one
   // was compiled for sm_90a (as pick_sm90_forward checks). The forward then

@@ -35,7 +35,8 @@
 // one with ATTN_CUDA_MOBA_GATHER_BWD_SM90=0: moba_gpu_gather_sm80bwd);
 // with ATTN_CUDA_MOBA_GATHER=0 (meson tests moba_gpu_union*)
 // they walk the tile-union lists; describe must say which. Each runs the forward, the backward with dQ by atomics and the
-// deterministic backward (three times: bit-identical). Tolerance as
+// deterministic backward (three times: bit-identical), then the forward
+// again without LSE (lse = NULL: O bit-identical). Tolerance as
 // test_block_sparse_gpu (FlashAttention's rule): max |X - X_fp64| <=
 // 2 * max |X_plain - X_fp64| + atol, X_plain from ref_lowp_* (every op
 // rounded to the dtype, fp32 sums), for dQ and dK plus twice the error floor
@@ -52,6 +53,7 @@
 // one). ATTN_GPU_TEST_FILTER=text runs only the cases whose name contains
 // text. Exit 77 without a CUDA device.
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -126,6 +128,29 @@ attn_plan_desc_t moba_desc(const Problem& p, bool deterministic) {
   return pd;
 }
 
+// The forward of `plan` once more, with lse = NULL (O poisoned, workspace
+// NaN): O must be bit-identical to r.o, the run's with LSE (the gathered
+// forward writes a row's O in its last round next to its LSE, and the
+// rows that see no key apart). Returns what differs ("" if nothing).
+std::string forward_without_lse(const Run& r, attn_plan_t plan) {
+  const Problem& p = r.p;
+  DeviceBuf q(p.tq.elems * 2), k(p.tk.elems * 2), v(p.tk.elems * 2), o(p.tq.elems * 2);
+  q.upload(r.q.data()), k.upload(r.k.data()), v.upload(r.v.data());
+  const std::vector<uint16_t> po(p.tq.elems, poison_half(p.c.dtype));
+  o.upload(po.data());
+  size_t wsb = 0;
+  ATTN_CHECK(attn_plan_workspace_size(plan, ATTN_PASS_FORWARD, &wsb));
+  DeviceBuf ws(wsb);
+  GPU_CHECK(cudaMemset(ws.p, 0xff, std::max<size_t>(wsb, 16)));  // NaN everywhere
+  GPU_CHECK(cudaDeviceSynchronize());
+  ATTN_CHECK(
+      attn_forward(plan, q.p, k.p, v.p, o.p, nullptr, wsb ? ws.p : nullptr, wsb, nullptr));
+  GPU_CHECK(cudaDeviceSynchronize());
+  std::vector<uint16_t> out(p.tq.elems);
+  o.download(out.data());
+  return out == r.o ? "" : " forward with lse = NULL: O not bit-identical to the one with LSE;";
+}
+
 // Phase one: inputs and every CUDA run of a case.
 Run run_device(const Case& c0, attn_context_t ctx) {
   std::mt19937_64 rng(g_seed ^ std::hash<std::string>{}(c0.name));
@@ -182,6 +207,7 @@ Run run_device(const Case& c0, attn_context_t ctx) {
   }
 
   run_passes(r, plans);
+  r.describe_error += forward_without_lse(r, plans[0]);
   attn_plan_destroy(plans[0]);
   attn_plan_destroy(plans[1]);
   return r;
