@@ -6,11 +6,11 @@
 # device, ncu and torch; writes $OUT/ncu-ours.txt and $OUT/ncu-fa2.txt and
 # prints the headline metrics of both.
 #
-# Environment: BUILD_DIR (default /tmp/attn-profile-build), GPU_ARCHS
+# Environment: BUILD_DIR (default /tmp/attn-profile-bwd-build), GPU_ARCHS
 # (sm_90a), PROFILE_SHAPE ("d,L,causal", default 128,8192,0), OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-build=${BUILD_DIR:-/tmp/attn-profile-build}
+build=${BUILD_DIR:-/tmp/attn-profile-bwd-build}
 out=${OUT:-$build/profile}
 shape=${PROFILE_SHAPE:-128,8192,0}
 IFS=, read -r d L causal <<<"$shape"

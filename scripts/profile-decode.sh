@@ -7,11 +7,11 @@
 # repository root on a machine with a CUDA device, ncu and torch; writes
 # $OUT/ncu-decode.txt and prints the headline metrics of each kernel.
 #
-# Environment: BUILD_DIR (default /tmp/attn-profile-build), GPU_ARCHS
+# Environment: BUILD_DIR (default /tmp/attn-profile-decode-build), GPU_ARCHS
 # (sm_90a), OUT, PROFILE_ARGS (e.g. "--batch 4 --context 65536").
 set -uo pipefail
 cd "$(dirname "$0")/.."
-build=${BUILD_DIR:-/tmp/attn-profile-build}
+build=${BUILD_DIR:-/tmp/attn-profile-decode-build}
 out=${OUT:-$build/profile}
 mkdir -p "$out"
 . scripts/profile-build.sh

@@ -25,7 +25,7 @@ out=${OUT:-$build/profile}
 mkdir -p "$out"
 . scripts/profile-build.sh
 # -lineinfo: the stall samples (SourceCounters) name source lines.
-profile_build "$build" "$out" src/libattn.so.0.1.0 -Dtests=false -Dcuda_args=-lineinfo || exit 1
+profile_build "$build" "$out" "" -Dtests=false -Dcuda_args=-lineinfo || exit 1
 
 read -r -a args <<<"${PROFILE_ARGS:---seqlens 32768 --combos 512:3}"
 # The sections' bodies (the stall reasons) where this ncu can print them.
