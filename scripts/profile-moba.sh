@@ -17,7 +17,10 @@
 # "--seqlens 32768 --combos 512:3"), PROFILE_KERNELS (an ncu kernel-name
 # regex, default "select_kernel|moba_gather"), PROFILE_COUNT (launches
 # profiled, default 7: the forward's selection and rounds, the backward's
-# selection and dK/dV kernel).
+# selection and dK/dV kernel), PROFILE_SOURCE=1 (also export the report and
+# write each profiled kernel's SASS with its stall samples per instruction,
+# the source line beside it, to $OUT/ncu-moba-source.csv, and the 40
+# instructions with the most samples of each to $OUT/ncu-moba-hot.txt).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 build=${BUILD_DIR:-/tmp/attn-profile-moba-build}
@@ -31,7 +34,9 @@ read -r -a args <<<"${PROFILE_ARGS:---seqlens 32768 --combos 512:3}"
 # The sections' bodies (the stall reasons) where this ncu can print them.
 details=()
 if ncu --help 2>/dev/null | grep -q -- --print-details; then details=(--print-details all); fi
-ncu --clock-control none "${details[@]}" --kernel-name "regex:${PROFILE_KERNELS:-select_kernel|moba_gather}" \
+export_args=()
+if [ "${PROFILE_SOURCE:-0}" = 1 ]; then export_args=(-f -o "$out/ncu-moba"); fi
+ncu --clock-control none "${export_args[@]}" "${details[@]}" --kernel-name "regex:${PROFILE_KERNELS:-select_kernel|moba_gather}" \
   --launch-count "${PROFILE_COUNT:-7}" \
   --section SpeedOfLight --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
   --section Occupancy --section LaunchStats --section WarpStateStats --section SchedulerStats \
@@ -42,4 +47,13 @@ ncu --clock-control none "${details[@]}" --kernel-name "regex:${PROFILE_KERNELS:
 rc=$?
 grep -E "^  [a-zA-Z_].*\(([0-9]+, ){2}[0-9]+\)x|Duration|DRAM Throughput|dram__bytes_(read|write).sum|Compute \(SM\) Throughput|Memory Throughput|L2 Hit|Achieved Occupancy|Theoretical Occupancy|Registers Per|Grid Size|Dynamic Shared|Eligible Warps|Issued Warp|No Eligible|Warp Cycles Per Issued|[Ss]tall" \
   "$out/ncu-moba.txt" | head -150
+if [ "${PROFILE_SOURCE:-0}" = 1 ] && [ -f "$out/ncu-moba.ncu-rep" ]; then
+  # The exported report printed again (the text above comes from the run).
+  ncu -i "$out/ncu-moba.ncu-rep" --page source --csv --print-source sass,cuda \
+    >"$out/ncu-moba-source.csv" 2>&1 ||
+    ncu -i "$out/ncu-moba.ncu-rep" --page source --csv --print-source sass \
+      >"$out/ncu-moba-source.csv" 2>&1
+  python3 scripts/ncu_hot_lines.py "$out/ncu-moba-source.csv" >"$out/ncu-moba-hot.txt" 2>&1
+  head -120 "$out/ncu-moba-hot.txt"
+fi
 exit $rc
