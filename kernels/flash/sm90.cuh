@@ -60,13 +60,23 @@ __device__ __forceinline__ uint64_t smem_desc(uint32_t addr, uint32_t lbo, uint3
          (uint64_t((sbo >> 4) & 0x3FFFu) << 32) | (uint64_t(1) << 62);
 }
 
+// desc with its start address `bytes` (a multiple of 16) further: one
+// 32-bit add to the start address field (bits 0-13, >> 4), which cannot
+// carry out, shared addresses being below 2^18. The k-steps of a GEMM share
+// their tile's descriptor and differ by constants: built once, each step
+// costs that add instead of the whole encoding.
+__device__ __forceinline__ uint64_t desc_advance(uint64_t desc, uint32_t bytes) {
+  const uint32_t lo = uint32_t(desc) + (bytes >> 4), hi = uint32_t(desc >> 32);
+  return (uint64_t(hi) << 32) | lo;
+}
+
 // K-major operand of `rows` rows (Q or K) for k-step kk: see the top.
 __device__ __forceinline__ uint64_t desc_k_major(uint32_t tile, int rows, int kk) {
-  return smem_desc(tile + uint32_t((kk >> 2) * rows * 128 + (kk & 3) * 32), 16u, 1024u);
+  return desc_advance(smem_desc(tile, 16u, 1024u), uint32_t((kk >> 2) * rows * 128 + (kk & 3) * 32));
 }
 // MN-major operand (V, [rows = keys][columns]) for k-step kk (keys 16 kk..).
 __device__ __forceinline__ uint64_t desc_mn_major(uint32_t tile, int rows, int kk) {
-  return smem_desc(tile + uint32_t(kk * 16 * 128), uint32_t(rows * 128), 1024u);
+  return desc_advance(smem_desc(tile, uint32_t(rows * 128), 1024u), uint32_t(kk * 16 * 128));
 }
 
 // Orders this warpgroup's register accesses before the wgmma that follows
