@@ -101,11 +101,23 @@ struct BwdSm90Traits {
 
 namespace bwd_sm90 {
 
-// MoBA gather: the previous iteration's (query head, tile), whose dQ the
-// next iteration reduces; in shared memory (written by thread 0 before the
-// barrier that starts the next iteration, read through volatile), so that
-// no register holds it through the GEMMs (in registers, 16 bytes spilled).
-__shared__ int moba_gather_prev[2];
+// MoBA gather: the walk's tiles in a ring (tile `it` in entry it % kGatherRing):
+// its query head, its tile in that head's row list, its rows and their
+// indices. Entry it + 2 is filled during iteration it (the fields by thread
+// 0, the indices by cp.async with the loads of tile it + 1), so that tile
+// it + 1's loads and tile it - 1's dQ reductions read their row indices in
+// shared memory: read from the global list there, each stalled the
+// iteration on a dependent global load. Fields are read through volatile,
+// so that no register holds them through the GEMMs.
+constexpr int kGatherRing = 4, kGatherRowsMax = 128;
+struct GatherTile {
+  int h, m, rows, pad;
+  int32_t idx[kGatherRowsMax];
+};
+__shared__ GatherTile moba_gather_ring[kGatherRing];
+__device__ __forceinline__ int gather_field(int entry, int i) {
+  return reinterpret_cast<const volatile int*>(&moba_gather_ring[entry % kGatherRing])[i];
+}
 // Likewise the walk's sequence, KV head, block and end head (MobaGatherWalk
 // of flash/bwd_kernel.cuh), written by thread 0 before the first barrier
 // (in registers, the d = 64 kernel spilled 44 bytes).
@@ -293,6 +305,26 @@ __device__ __forceinline__ void flash_bwd_dkdv_sm90_tile(const BwdParams& p) {
   const MobaGatherWalk<BM, bwd_sm90::WalkFieldsSmem> walk{p, {}};
   const int moba_row0 = Gather ? max(0, (c0 / p.moba.block) * p.moba.block - off) : 0;
   const int n_iter = Gather ? walk.tiles(h_first) : n_mt * heads_per;
+  // MoBA gather: ring entry `e` := the walk's tile after (hh, mm) (from
+  // (h_first, -1): the first); its indices by cp.async (async) or loads.
+  static_assert(!Gather || BM <= bwd_sm90::kGatherRowsMax, "a tile's indices fit the ring");
+  auto gather_fill = [&](int e, int hh, int mm, bool async) {
+    walk.next(hh, mm);
+    int count;
+    const int32_t* idx = walk.rows(hh, count) + mm * BM;
+    const int rows = min(BM, count - mm * BM);
+    bwd_sm90::GatherTile& t = bwd_sm90::moba_gather_ring[e % bwd_sm90::kGatherRing];
+    if (tid == 0) t.h = hh, t.m = mm, t.rows = rows;
+    if (tid < rows) {
+      if (async) cp_async_4(smem_u32(&t.idx[tid]), idx + tid);
+      else t.idx[tid] = idx[tid];
+    }
+  };
+  if constexpr (Gather) {
+    // Tile 0 (load_q(it) fills tile it + 1).
+    if (n_iter > 0) gather_fill(0, h_first, -1, false);
+    __syncthreads();
+  }
   // The query tile of step mm.
   auto q_tile = [&](int mm) {
     if constexpr (Moba) return visits[mm] & kMobaIndexMask;
@@ -301,15 +333,13 @@ __device__ __forceinline__ void flash_bwd_dkdv_sm90_tile(const BwdParams& p) {
   };
 
   // Iteration it: query head h_first + it / n_mt, query tile q_tile(m_begin + it % n_mt).
-  int ld_h = h_first, ld_m = m_begin;  // the next tile to load
-  if constexpr (Gather) ld_m = -1, walk.next(ld_h, ld_m);
+  int ld_h = h_first, ld_m = m_begin;  // the next tile to load (not Gather)
   auto load_q = [&](int it) {
-    if constexpr (Gather) {
-      const int h = ld_h;
-      int count;
-      const int32_t* idx = walk.rows(h, count) + ld_m * BM;
-      const int rows = min(BM, count - ld_m * BM);
-      walk.next(ld_h, ld_m);
+    if constexpr (Gather) {  // ring entry it, then entry it + 1 goes out
+      const int h = bwd_sm90::gather_field(it, 0), rows = bwd_sm90::gather_field(it, 2);
+      const int32_t* idx = bwd_sm90::moba_gather_ring[it % bwd_sm90::kGatherRing].idx;
+      if (it + 1 < n_iter)
+        gather_fill(it + 1, h, bwd_sm90::gather_field(it, 1), true);
       const uint32_t st = uint32_t(it & 1);
       const int64_t qs = opaque(p.q_seq), ds = opaque(p.do_seq);
       sm90::load_rows_swizzled<BM, D, NTH>(
@@ -371,19 +401,15 @@ __device__ __forceinline__ void flash_bwd_dkdv_sm90_tile(const BwdParams& p) {
 
   // Deterministic plans (no accumulator) get dQ from the sm_80 dQ kernel.
   constexpr bool accum = Accum;
-  int h = h_first, m = m_begin;  // the tile of this iteration
-  if constexpr (Gather) m = -1, walk.next(h, m);
-  // The staged dQ of the previous iteration's tile, one bulk reduction per
-  // valid row, issued by thread `row` (the staging writes are behind a
-  // fence and a barrier).
-  auto bulk_issue = [&] {
+  int h = h_first, m = m_begin;  // the tile of this iteration (not Gather: the ring's)
+  // The staged dQ of the previous iteration's tile (Gather: tile t's), one
+  // bulk reduction per valid row, issued by thread `row` (the staging
+  // writes are behind a fence and a barrier).
+  auto bulk_issue = [&](int t) {
     if constexpr (Gather) {  // at the rows' indices
-      const volatile int* prev = bwd_sm90::moba_gather_prev;
-      const int prev_h = prev[0], prev_m = prev[1];
-      int count;
-      const int32_t* idx = walk.rows(prev_h, count) + prev_m * BM;
-      if (tid < min(BM, count - prev_m * BM)) {
-        float* dst = p.dq_accum + ((opaque(q_tok) + idx[tid]) * p.heads_q + prev_h) * D;
+      if (tid < bwd_sm90::gather_field(t, 2)) {
+        const int32_t row = bwd_sm90::moba_gather_ring[t % bwd_sm90::kGatherRing].idx[tid];
+        float* dst = p.dq_accum + ((opaque(q_tok) + row) * p.heads_q + bwd_sm90::gather_field(t, 0)) * D;
         bulk_reduce_add_f32(dst, sStage + uint32_t(tid * LDQ * 4), D * 4);
         bulk_commit();
       }
@@ -407,10 +433,8 @@ __device__ __forceinline__ void flash_bwd_dkdv_sm90_tile(const BwdParams& p) {
 
     int r0, rows;
     if constexpr (Gather) {
-      int count;
-      walk.rows(h, count);
-      r0 = moba_row0 + m * BM;
-      rows = min(BM, count - m * BM);
+      r0 = moba_row0 + bwd_sm90::gather_field(it, 1) * BM;
+      rows = bwd_sm90::gather_field(it, 2);
     } else {
       r0 = q_tile(m) * BM;
       rows = min(BM, lq - r0);
@@ -432,7 +456,7 @@ __device__ __forceinline__ void flash_bwd_dkdv_sm90_tile(const BwdParams& p) {
     // previous tile's dQ reductions go out while the tensor cores run.
     if (it + 1 < n_iter) load_q(it + 1);
     cp_async_commit();
-    if (accum && it > 0) bulk_issue();
+    if (accum && it > 0) bulk_issue(it - 1);
     // Sparse: the visit's kind, and for a bit tile this thread's key rows
     // key0, key0 + 8 of it ([BN keys][WPR words]), read while the GEMMs run.
     constexpr int WPR = (BM + 63) / 64;
@@ -595,17 +619,13 @@ __device__ __forceinline__ void flash_bwd_dkdv_sm90_tile(const BwdParams& p) {
     bwd_sm90::hold(da);
     sm90::reg_fence(acc_dv);
     sm90::reg_fence(acc_dk);
-    if constexpr (Gather) {
-      if (tid == 0) bwd_sm90::moba_gather_prev[0] = h, bwd_sm90::moba_gather_prev[1] = m;
-      walk.next(h, m);
-      continue;
-    }
+    if constexpr (Gather) continue;
     if (++m == m_end) m = m_begin, ++h;
   }
   cp_async_wait<0>();
   __syncthreads();  // every warpgroup is done with K and V, the last tile is staged
   if (accum && n_iter > 0) {
-    bulk_issue();  // the last tile's dQ
+    bulk_issue(n_iter - 1);  // the last tile's dQ
     bulk_wait<0>();  // shared memory must outlive the copies
   }
 
