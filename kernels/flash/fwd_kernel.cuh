@@ -717,7 +717,9 @@ __global__ void __launch_bounds__(FwdTraits<D>::kThreads, FwdTraits<D>::kMinBloc
 // head)'s round lists, whose number only the device knows (the host sizes
 // the grid to the most there can be). Lists start at whole tiles: tile m
 // is the BM rows from entry first + m BM of the list that holds it (the
-// last list starting at or before it, by bisection over the blocks).
+// last list starting at or before it: the one list kb with start(kb) <= at
+// < start(kb + 1), which the threads look for side by side, one round of
+// loads instead of a bisection's log2(num_blocks) dependent ones).
 // for_each_moba_gather_tile sets moba_gather_tile and runs body() per tile.
 template <int BM, class Body>
 __device__ __forceinline__ void for_each_moba_gather_tile(const FwdParams& p, Body&& body) {
@@ -732,13 +734,8 @@ __device__ __forceinline__ void for_each_moba_gather_tile(const FwdParams& p, Bo
   const int off = p.seqlen_kv - p.seqlen_q;
   for (int m = int(blockIdx.x); m < tiles; m += int(gridDim.x)) {
     const int at = first + m * BM;
-    int lo = 0, hi = nb - 1;
-    while (lo < hi) {
-      const int mid = (lo + hi + 1) / 2;
-      if (e[2 * mid] <= at) lo = mid;
-      else hi = mid - 1;
-    }
-    if (threadIdx.x == 0) {
+    for (int lo = int(threadIdx.x); lo < nb; lo += int(blockDim.x)) {
+      if (!(e[2 * lo] <= at && at < e[2 * lo + 2])) continue;
       MobaGatherTile& gt = moba_gather_tile;
       gt.kb = lo;
       gt.start = at;

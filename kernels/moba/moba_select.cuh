@@ -198,12 +198,15 @@ __global__ void __launch_bounds__(kSelectThreads, kSelectMinBlocks)
     }
   }
 
-  // Row 8 warp + k of this warp: its own block (-1: not a row, or it sees
-  // no key).
-  auto own_of = [&](int k) {
-    const int row = warp * 8 + k, diag = r0 + row + off;
-    return row < rows && diag >= 0 ? diag / p.block : -1;
-  };
+  // Row r's own block (-1: not a row, or it sees no key), divided out once
+  // per row: the merge and the words read it per row and chunk. (First
+  // read after a barrier: the slab loop's, or the words'.)
+  __shared__ int own_s[kSelectRows];
+  if (tid < kSelectRows) {
+    const int diag = r0 + tid + off;
+    own_s[tid] = tid < rows && diag >= 0 ? diag / p.block : -1;
+  }
+  auto own_of = [&](int k) { return own_s[warp * 8 + k]; };  // row 8 warp + k
   // Entry `lane` of row 8 warp + k: its key (0: none) in a register, its
   // block index in shared memory (top_idx[k][lane]: registers are short
   // during the gate product).
