@@ -431,15 +431,26 @@ __device__ __forceinline__ void prefetch_dkdv_item(const BwdParams& p, int b, in
 
 // MoBA's gathered rows for the dK/dV kernels: block kb's row lists of the
 // query heads [h_first, h_end) of KV head hk of sequence b, walked in tiles
-// of BM rows, head by head. (Addresses are rebuilt from the parameters at
-// each use: registers are scarce.) F gives b(), hk(), kb() and h_end():
-// MobaWalkFields holds them in registers.
+// of BM rows, head by head, each list from its tile skip(). (Addresses are
+// rebuilt from the parameters at each use: registers are scarce.) F gives
+// b(), hk(), kb(), h_end() and skip(): MobaWalkFields holds them in
+// registers.
+//
+// skip: every list starts with the block's own rows in increasing order
+// (all of them select it), and those before the KV tile's first diagonal
+// (row_lo) see none of its keys; the whole tiles of them are skipped, as
+// the dense kernels start at row_lo's tile (for a KV tile t tiles into its
+// block those were ~t BN / BM tiles per head, all masked).
+__device__ __forceinline__ int moba_walk_skip(int row_lo, int moba_row0, int bm) {
+  return max(0, row_lo - moba_row0) / bm;
+}
 struct MobaWalkFields {
-  int b_, hk_, kb_, h_end_;
+  int b_, hk_, kb_, h_end_, skip_;
   __device__ __forceinline__ int b() const { return b_; }
   __device__ __forceinline__ int hk() const { return hk_; }
   __device__ __forceinline__ int kb() const { return kb_; }
   __device__ __forceinline__ int h_end() const { return h_end_; }
+  __device__ __forceinline__ int skip() const { return skip_; }
 };
 template <int BM, class F = MobaWalkFields>
 struct MobaGatherWalk {
@@ -456,14 +467,15 @@ struct MobaGatherWalk {
     return mb.kv_tiles + slot * int64_t(mb.kv_cap) + first;
   }
   // (hh, mm) -> the next (head, tile of BM rows) with rows; from (h_first,
-  // -1), the first.
+  // -1), the first. (Every list has more than skip() tiles: its own rows
+  // reach past row_lo.)
   __device__ __forceinline__ void next(int& hh, int& mm) const {
-    ++mm;
+    mm = max(mm + 1, f.skip());
     while (hh < f.h_end()) {
       int count;
       rows(hh, count);
       if (mm * BM < count) break;
-      mm = 0;
+      mm = f.skip();
       ++hh;
     }
   }
@@ -473,7 +485,7 @@ struct MobaGatherWalk {
     for (int hh = h_first; hh < f.h_end(); ++hh) {
       int count;
       rows(hh, count);
-      n += (count + BM - 1) / BM;
+      n += (count + BM - 1) / BM - f.skip();
     }
     return n;
   }
@@ -607,11 +619,12 @@ __device__ __forceinline__ void flash_bwd_dkdv_tile(const BwdParams& p, int work
     else return Sparse ? visits[2 * mm] : mm;
   };
   // MoBA gather: the rows of the group's heads that selected the block.
-  const MobaGatherWalk<BM> walk{p, {b, hk, moba_kb, h_first + heads_per}};
-  auto moba_rows = [&](int hh, int& count) { return walk.rows(hh, count); };
-  auto moba_next = [&](int& hh, int& mm) { walk.next(hh, mm); };
   // The query row the mask numbers the first gathered row of the block with.
   const int moba_row0 = Gather ? max(0, moba_kb * p.moba.block - off) : 0;
+  const MobaGatherWalk<BM> walk{
+      p, {b, hk, moba_kb, h_first + heads_per, moba_walk_skip(row_lo, moba_row0, BM)}};
+  auto moba_rows = [&](int hh, int& count) { return walk.rows(hh, count); };
+  auto moba_next = [&](int& hh, int& mm) { walk.next(hh, mm); };
   const int n_iter = Gather ? walk.tiles(h_first) : n_mt * heads_per;
 
   // Iteration it: query head h_first + it / n_mt, query tile m_begin + it % n_mt,

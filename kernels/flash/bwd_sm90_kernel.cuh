@@ -118,10 +118,10 @@ __shared__ GatherTile moba_gather_ring[kGatherRing];
 __device__ __forceinline__ int gather_field(int entry, int i) {
   return reinterpret_cast<const volatile int*>(&moba_gather_ring[entry % kGatherRing])[i];
 }
-// Likewise the walk's sequence, KV head, block and end head (MobaGatherWalk
+// Likewise the walk's sequence, KV head, block, end head and skip (MobaGatherWalk
 // of flash/bwd_kernel.cuh), written by thread 0 before the first barrier
 // (in registers, the d = 64 kernel spilled 44 bytes).
-__shared__ int moba_gather_fields[4];
+__shared__ int moba_gather_fields[5];
 struct WalkFieldsSmem {
   __device__ __forceinline__ static int at(int i) {
     return static_cast<const volatile int*>(moba_gather_fields)[i];
@@ -130,6 +130,7 @@ struct WalkFieldsSmem {
   __device__ __forceinline__ int hk() const { return at(1); }
   __device__ __forceinline__ int kb() const { return at(2); }
   __device__ __forceinline__ int h_end() const { return at(3); }
+  __device__ __forceinline__ int skip() const { return at(4); }
 };
 
 // acc[64][BM] (+)= A[64][D] B[D][BM] with A = 64 rows of a [BN][D] tile
@@ -300,6 +301,7 @@ __device__ __forceinline__ void flash_bwd_dkdv_sm90_tile(const BwdParams& p) {
   if (Gather && tid == 0) {
     int* fields = bwd_sm90::moba_gather_fields;
     fields[0] = b, fields[1] = hk, fields[2] = c0 / p.moba.block, fields[3] = h_first + heads_per;
+    fields[4] = moba_walk_skip(row_lo, max(0, (c0 / p.moba.block) * p.moba.block - off), BM);
   }
   if constexpr (Gather) __syncthreads();
   const MobaGatherWalk<BM, bwd_sm90::WalkFieldsSmem> walk{p, {}};
