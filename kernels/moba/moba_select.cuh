@@ -329,6 +329,10 @@ __global__ void __launch_bounds__(kSelectThreads, kSelectMinBlocks)
   // take them all.
   const int64_t slot = int64_t(b) * p.sel_heads + hs;
   uint64_t* col = p.selected + slot * p.num_blocks * int64_t(p.q_words) + blockIdx.x;
+  // The bits go in as 32-bit shared ORs (the 64-bit ones, with every row
+  // of a CTA setting its own block's word, had a fifth of the selector's
+  // warp samples): half warp / 4 of a word holds warps 4 (warp / 4) .. + 3.
+  uint32_t* const half_words = reinterpret_cast<uint32_t*>(words) + (warp >> 2);
   for (int ob = 0; ob < p.num_blocks; ob += kSelectBlocks) {
     if (tid < kSelectBlocks) words[tid] = 0ull;
     __syncthreads();
@@ -336,15 +340,16 @@ __global__ void __launch_bounds__(kSelectThreads, kSelectMinBlocks)
     for (int k = 0; k < 8; ++k) {
       const int own = own_of(k);
       if (own < ob) continue;  // (own -1 included: no bit)
-      const unsigned long long bit = 1ull << (warp * 8 + k);
+      const uint32_t bit = 1u << ((warp & 3) * 8 + k);
       if (own <= p.top_k) {
         for (int kb = ob + lane; kb <= min(own, ob + kSelectBlocks - 1); kb += 32)
-          atomicOr(&words[kb - ob], bit);
+          atomicOr(&half_words[2 * (kb - ob)], bit);
         continue;
       }
-      if (lane == 0 && own < ob + kSelectBlocks) atomicOr(&words[own - ob], bit);
+      if (lane == 0 && own < ob + kSelectBlocks) atomicOr(&half_words[2 * (own - ob)], bit);
       const int kb = top_idx[32 * k];
-      if (lane < top_k && kb >= ob && kb < ob + kSelectBlocks) atomicOr(&words[kb - ob], bit);
+      if (lane < top_k && kb >= ob && kb < ob + kSelectBlocks)
+        atomicOr(&half_words[2 * (kb - ob)], bit);
     }
     __syncthreads();
     if (tid < kSelectBlocks && ob + tid < p.num_blocks)
