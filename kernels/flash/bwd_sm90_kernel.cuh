@@ -57,7 +57,10 @@
 // the KV tile's block (MobaGatherWalk of flash/bwd_kernel.cuh: Q, dO and the
 // row statistics loaded by index, dQ reduced at each row's index), numbered
 // for the causal mask as the sm_80 kernel's Gather does (the block's own
-// rows lead the list), with no selection bit.
+// rows lead the list, and the tiles of them before the KV tile's diagonal
+// are skipped), with no selection bit. The tiles' heads, rows and indices
+// come from a ring in shared memory filled two iterations ahead
+// (bwd_sm90::moba_gather_ring).
 // Softcap plans run the Cap instantiation: the logit z = cap tanh(u) and
 // dS^T = P^T (dP^T - D) (1 - (z/cap)^2), as flash/bwd_kernel.cuh; it waits
 // for dP^T before the exponentials and folds the tanh derivative into it
