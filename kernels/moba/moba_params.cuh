@@ -142,11 +142,13 @@ constexpr int kPoolThreads = 256;
 constexpr int kListThreads = 256;  // 8 warps, one list each
 
 // Dynamic shared memory of select_kernel for head dimension d: Q rows in
-// fp32 (padded by 4 floats), a slab of a chunk's block means (likewise),
-// the chunk's gates, the CTA's 64 output words and the block indices of
-// the rows' running top lists. d = 128: 66.75 KiB, d = 256: 98.75 KiB.
+// fp32 (padded by 8 floats), a slab of a chunk's block means as three bf16
+// planes (padded by 8 elements; see select_kernel), the chunk's gates, the
+// CTA's 64 output words and the block indices of the rows' running top
+// lists. d = 128: 73.75 KiB, d = 256: 105.75 KiB.
+constexpr int kSelectLdSlab = kSelectSlab + 8;
 constexpr size_t select_smem_bytes(int d) {
-  return size_t(kSelectRows) * size_t(d + 4) * 4u + size_t(kSelectBlocks) * (kSelectSlab + 4) * 4u +
+  return size_t(kSelectRows) * size_t(d + 8) * 4u + 3u * size_t(kSelectBlocks) * kSelectLdSlab * 2u +
          size_t(kSelectRows) * size_t(kSelectBlocks + 1) * 4u + size_t(kSelectBlocks) * 8u +
          size_t(kSelectRows) * kMaxTopK * 4u;
 }

@@ -26,10 +26,11 @@
 // Every launch is deterministic (a word's bits are ORed in shared memory,
 // which commutes, then stored by one thread), so the backward pass, which
 // runs the same launches on the same inputs, sees the forward's selection
-// bit for bit. The gates are fp32 like the CPU
-// backend's; their summation order differs (the selecting heads' query rows
-// are added first, then multiplied with the block mean), so the two agree
-// except where two gates lie within fp32 rounding of each other.
+// bit for bit. The gates are fp32-accurate like the CPU backend's (fp32
+// operands split into three bf16 terms on tensor cores, select_kernel); the
+// summation order differs (the selecting heads' query rows are added first,
+// then multiplied with the block mean), so the two agree except where two
+// gates lie within a few fp32 roundings of each other.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -37,7 +38,9 @@
 
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
+#include "flash/sm80.cuh"
 #include "moba/moba_params.cuh"
 
 namespace attn::moba {
@@ -113,6 +116,22 @@ __device__ __forceinline__ uint32_t gate_key(float g) {
   return max((u & 0x80000000u) ? ~u : u | 0x80000000u, 1u);
 }
 
+// x and y as three bf16 pairs, x = hi + mid + lo to fp32's 24 bits (each
+// residual is exact in fp32): a product of two such splits on bf16 tensor
+// cores is the fp32 product up to the dropped small cross terms.
+__device__ __forceinline__ void split_bf16x3(float x, float y, uint32_t& hi, uint32_t& mid,
+                                             uint32_t& lo) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(x, y);
+  const float2 hf = __bfloat1622float2(h);
+  const float rx = x - hf.x, ry = y - hf.y;
+  const __nv_bfloat162 m = __floats2bfloat162_rn(rx, ry);
+  const float2 mf = __bfloat1622float2(m);
+  const __nv_bfloat162 l = __floats2bfloat162_rn(rx - mf.x, ry - mf.y);
+  hi = *reinterpret_cast<const uint32_t*>(&h);
+  mid = *reinterpret_cast<const uint32_t*>(&m);
+  lo = *reinterpret_cast<const uint32_t*>(&l);
+}
+
 // Grid (ceil(seqlen_q / kSelectRows), sel_heads, batch), kSelectThreads
 // threads, select_smem_bytes(d) of dynamic shared memory; CTA x owns the
 // words x of its slot's columns (kSelectRows = 64 rows: one word).
@@ -120,10 +139,16 @@ __device__ __forceinline__ uint32_t gate_key(float g) {
 // Gates of kSelectRows rows x kSelectBlocks past blocks per chunk. The
 // selecting heads' query rows are added in fp32 (head order) into shared
 // memory once; the chunk's block means come in slabs of kSelectSlab
-// channels (global loads of the next slab overlap the current one's FMAs).
-// Each thread keeps 4 rows x 4 blocks of gates, fp32 FMAs over the channels
-// in order (the warp covers 32 rows x 16 blocks: its float4 reads of rows
-// and of block means each hit distinct banks).
+// channels (global loads of the next slab overlap the current one's
+// products), stored split into three bf16 planes (hi, mid, lo: split_bf16x3).
+// Warp w computes rows 16 (w % 4) .. + 15 x blocks 32 (w / 4) .. + 31 with
+// mma.sync m16n8k16 (bf16 in, fp32 accumulators), its query fragments split
+// likewise as they are read: per k-step the products hi.hi, hi.mid, mid.hi,
+// hi.lo, lo.hi and mid.mid (per-head selection, whose query rows are bf16
+// already: hi.hi, hi.mid, hi.lo). So a gate is the fp32 dot product up to
+// terms below 2^-24 |q| |mean| per channel and the summation order; on
+// tensor cores the product of the gates took a fraction of the FMA loop's
+// instructions, which made the selector instruction-bound.
 //
 // The merge: warp w keeps the running top_k of rows 8 w .. 8 w + 7 in
 // registers, entry t of a row in lane t (key gate_key, block index). Per
@@ -152,14 +177,18 @@ template <class T>
 __global__ void __launch_bounds__(kSelectThreads, kSelectMinBlocks)
     select_kernel(const __grid_constant__ SelectParams p) {
   static_assert(kSelectRows == 64 && kSelectBlocks == 64 && kSelectThreads == 256,
-                "4 x 4 gates per thread, 8 rows per warp, one word per CTA and block");
+                "16 x 32 gates per warp, 8 rows per warp merged, one word per CTA and block");
   static_assert(kMaxTopK <= 32, "entry t of a row's top list in lane t");
+  static_assert(kSelectSlab % 16 == 0, "whole k-steps per slab");
   extern __shared__ __align__(16) unsigned char smem[];
-  const int d = p.d, ld = d + 4;
-  constexpr int ls = kSelectSlab + 4;
-  float* qs = reinterpret_cast<float*>(smem);             // [kSelectRows][ld]
-  float* ps = qs + kSelectRows * ld;                      // [kSelectBlocks][ls]
-  float* gs = ps + kSelectBlocks * ls;                    // [kSelectRows][kSelectBlocks + 1]
+  // Row pitches: d + 8 floats and kSelectLdSlab bf16 put a warp's fragment
+  // reads (rows g, columns 2t) in distinct banks.
+  const int d = p.d, ld = d + 8;
+  constexpr int ls = kSelectLdSlab, plane = kSelectBlocks * ls;
+  float* qs = reinterpret_cast<float*>(smem);  // [kSelectRows][ld]
+  __nv_bfloat16* ps =                          // [3][kSelectBlocks][ls]: hi, mid, lo
+      reinterpret_cast<__nv_bfloat16*>(qs + kSelectRows * ld);
+  float* gs = reinterpret_cast<float*>(ps + 3 * plane);  // [kSelectRows][kSelectBlocks + 1]
   unsigned long long* words =                             // [kSelectBlocks]
       reinterpret_cast<unsigned long long*>(gs + kSelectRows * (kSelectBlocks + 1));
   int32_t* top_idx_s = reinterpret_cast<int32_t*>(words + kSelectBlocks);  // [kSelectRows][32]
@@ -216,8 +245,13 @@ __global__ void __launch_bounds__(kSelectThreads, kSelectMinBlocks)
   for (int k = 0; k < 8; ++k) top_key[k] = 0u, top_idx[32 * k] = -1;
 
   const float* pooled = p.pooled + (int64_t(b) * p.heads_kv + hk) * int64_t(p.num_blocks) * d;
-  // Gate tile: rows rb + tr + 8 i, blocks bb + tb + 4 j (i, j < 4).
-  const int rb = (warp >> 2) * 32, bb = (warp & 3) * 16, tr = lane >> 2, tb = lane & 3;
+  // This warp's gate tile: rows wr + g (+ 8) x blocks wb + 8 j + 2 t (+ 1),
+  // j < 4 (the mma accumulator layout, flash/sm80.cuh).
+  const int g = lane >> 2, t = lane & 3;
+  const int wr = (warp & 3) * 16, wb = (warp >> 2) * 32;
+  // Query rows that are bf16 already (one selecting head of bf16 inputs):
+  // their mid and lo terms are 0.
+  const bool q_exact = std::is_same_v<T, __nv_bfloat16> && nh == 1;
   // Slab loads: float4 number tid and tid + kSelectThreads of a slab
   // [kSelectBlocks][kSelectSlab].
   constexpr int slab_vecs = kSelectSlab / 4;
@@ -237,41 +271,67 @@ __global__ void __launch_bounds__(kSelectThreads, kSelectMinBlocks)
   for (int kb0 = 0; kb0 < past_end; kb0 += kSelectBlocks) {
     float acc[4][4];
 #pragma unroll
-    for (int i = 0; i < 4; ++i)
+    for (int j = 0; j < 4; ++j)
 #pragma unroll
-      for (int j = 0; j < 4; ++j) acc[i][j] = 0.0f;
-    // A warp whose 16 blocks all lie at or after past_end computes no gate
+      for (int e = 0; e < 4; ++e) acc[j][e] = 0.0f;
+    // A warp whose 32 blocks all lie at or after past_end computes no gate
     // anyone reads (causal tiles see half the blocks on average).
-    const int slab_end = kb0 + bb < past_end ? kSelectSlab : 0;
+    const bool gate_warp = kb0 + wb < past_end;
     for (int s = 0; s < slabs; ++s) {
       __syncthreads();  // qs written; the previous slab consumed
 #pragma unroll
       for (int u = 0; u < 2; ++u) {
         const int x = tid + u * kSelectThreads;
-        *reinterpret_cast<float4*>(ps + (x / slab_vecs) * ls + (x % slab_vecs) * 4) = next[u];
+        uint32_t hi[2], mid[2], lo[2];
+        split_bf16x3(next[u].x, next[u].y, hi[0], mid[0], lo[0]);
+        split_bf16x3(next[u].z, next[u].w, hi[1], mid[1], lo[1]);
+        const int at = (x / slab_vecs) * ls + (x % slab_vecs) * 4;
+        *reinterpret_cast<uint2*>(ps + at) = make_uint2(hi[0], hi[1]);
+        *reinterpret_cast<uint2*>(ps + plane + at) = make_uint2(mid[0], mid[1]);
+        *reinterpret_cast<uint2*>(ps + 2 * plane + at) = make_uint2(lo[0], lo[1]);
       }
       __syncthreads();
       if (s + 1 < slabs)
         load_slab(kb0, (s + 1) * kSelectSlab);
       else if (kb0 + kSelectBlocks < past_end)
         load_slab(kb0 + kSelectBlocks, 0);
-      const float* qa = qs + (rb + tr) * ld + s * kSelectSlab;
-      const float* pa = ps + (bb + tb) * ls;
+      if (!gate_warp) continue;
 #pragma unroll 1
-      for (int c = 0; c < slab_end; c += 4) {
-        float4 pv[4];
+      for (int ks = 0; ks < kSelectSlab / 16; ++ks) {
+        // A: rows wr + g (+ 8), channels c + 2t (+ 8) of the slab's range.
+        const float* qa = qs + (wr + g) * ld + s * kSelectSlab + ks * 16 + 2 * t;
+        const float2 x0 = *reinterpret_cast<const float2*>(qa);
+        const float2 x1 = *reinterpret_cast<const float2*>(qa + 8 * ld);
+        const float2 x2 = *reinterpret_cast<const float2*>(qa + 8);
+        const float2 x3 = *reinterpret_cast<const float2*>(qa + 8 * ld + 8);
+        uint32_t ah[4], am[4], al[4];
+        split_bf16x3(x0.x, x0.y, ah[0], am[0], al[0]);
+        split_bf16x3(x1.x, x1.y, ah[1], am[1], al[1]);
+        split_bf16x3(x2.x, x2.y, ah[2], am[2], al[2]);
+        split_bf16x3(x3.x, x3.y, ah[3], am[3], al[3]);
+        // B: block wb + 8 j + g, channels ks * 16 + 2t (+ 8) of the slab,
+        // plane by plane (lo, mid, hi: small terms first), each paired with
+        // the query terms whose product is kept.
+        const __nv_bfloat16* pb = ps + (wb + g) * ls + ks * 16 + 2 * t;
 #pragma unroll
-        for (int j = 0; j < 4; ++j) pv[j] = *reinterpret_cast<const float4*>(pa + 4 * j * ls + c);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const float4 qv = *reinterpret_cast<const float4*>(qa + 8 * i * ld + c);
+        for (int pl = 2; pl >= 0; --pl) {
 #pragma unroll
           for (int j = 0; j < 4; ++j) {
-            float a = acc[i][j];
-            a = fmaf(qv.x, pv[j].x, a);
-            a = fmaf(qv.y, pv[j].y, a);
-            a = fmaf(qv.z, pv[j].z, a);
-            acc[i][j] = fmaf(qv.w, pv[j].w, a);
+            const __nv_bfloat16* b = pb + pl * plane + 8 * j * ls;
+            const uint32_t b0 = *reinterpret_cast<const uint32_t*>(b),
+                           b1 = *reinterpret_cast<const uint32_t*>(b + 8);
+            if (pl == 2) {  // lo
+              flash::mma_16816<__nv_bfloat16>(acc[j], ah, b0, b1);
+            } else if (pl == 1) {  // mid
+              if (!q_exact) flash::mma_16816<__nv_bfloat16>(acc[j], am, b0, b1);
+              flash::mma_16816<__nv_bfloat16>(acc[j], ah, b0, b1);
+            } else {  // hi
+              if (!q_exact) {
+                flash::mma_16816<__nv_bfloat16>(acc[j], al, b0, b1);
+                flash::mma_16816<__nv_bfloat16>(acc[j], am, b0, b1);
+              }
+              flash::mma_16816<__nv_bfloat16>(acc[j], ah, b0, b1);
+            }
           }
         }
       }
@@ -279,10 +339,10 @@ __global__ void __launch_bounds__(kSelectThreads, kSelectMinBlocks)
     // gs is free: the previous chunk's merge ended before this chunk's
     // first slab barrier.
 #pragma unroll
-    for (int i = 0; i < 4; ++i)
+    for (int j = 0; j < 4; ++j)
 #pragma unroll
-      for (int j = 0; j < 4; ++j)
-        gs[(rb + tr + 8 * i) * (kSelectBlocks + 1) + bb + tb + 4 * j] = acc[i][j];
+      for (int e = 0; e < 4; ++e)
+        gs[(wr + g + 8 * (e >> 1)) * (kSelectBlocks + 1) + wb + 8 * j + 2 * t + (e & 1)] = acc[j][e];
     __syncthreads();
 
 #pragma unroll
