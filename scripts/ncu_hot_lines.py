@@ -1,77 +1,67 @@
 #!/usr/bin/env python3
-"""The hottest instructions of an Nsight Compute source-page CSV export.
+"""The hottest source lines of an Nsight Compute source-page CSV export.
 
 Usage: ncu_hot_lines.py SOURCE_CSV [N]
 
-`ncu -i REPORT --page source --csv --print-source sass[,cuda]` writes, per
-profiled kernel, a header line naming the kernel and then a CSV table with
-one row per SASS instruction (its address, source, and the sampling
-columns). This prints, per kernel, the N rows (default 40) with the most
-warp-state samples, with the column of the largest stall reason beside
-each, so that a profile's stalls can be read without the GUI.
+`ncu -i REPORT --page source --csv --print-source sass,cuda` writes, per
+profiled kernel and source file, a "File Path" and a "Function Name" line,
+then a table whose rows with a "Line No" are source lines (followed by the
+SASS rows of each). This adds every kernel's source-line rows over its
+launches and files and prints, per kernel, its stall reasons' shares and
+the N lines (default 30) with the most warp samples, with their three
+largest stall reasons: where a kernel's warps wait, without the GUI.
 """
+import collections
 import csv
-import io
 import sys
-
-
-def tables(text):
-    """(title, rows) for each CSV table in the export."""
-    title, block = "", []
-    for line in text.splitlines():
-        if line.startswith('"'):
-            block.append(line)
-            continue
-        if block:
-            yield title, list(csv.reader(io.StringIO("\n".join(block))))
-            block = []
-        if line.strip():
-            title = line.strip()
-    if block:
-        yield title, list(csv.reader(io.StringIO("\n".join(block))))
-
-
-def number(x):
-    try:
-        return float(x.replace(",", ""))
-    except ValueError:
-        return None
 
 
 def main():
     path = sys.argv[1]
-    top = int(sys.argv[2]) if len(sys.argv) > 2 else 40
-    text = open(path, errors="replace").read()
-    found = False
-    for title, rows in tables(text):
-        if len(rows) < 2:
-            continue
-        head = rows[0]
-        samp = [i for i, h in enumerate(head) if "Sampling" in h and "All" in h]
-        if not samp:
-            samp = [i for i, h in enumerate(head) if "Samples" in h]
-        if not samp:
-            continue
-        found = True
-        si = samp[0]
-        stall = [i for i, h in enumerate(head) if h.startswith("stall_") or "Stall" in h]
-        src = [i for i, h in enumerate(head) if h in ("Source", "# Source", "Address")]
-        body = [r for r in rows[1:] if len(r) == len(head)]
-        total = sum(number(r[si]) or 0.0 for r in body)
-        print(f"== {title} ({len(body)} rows, {total:.0f} samples; columns: {', '.join(head[:6])}...)")
-        body.sort(key=lambda r: -(number(r[si]) or 0.0))
-        for r in body[:top]:
-            n = number(r[si]) or 0.0
-            worst = ""
-            if stall:
-                j = max(stall, key=lambda i: number(r[i]) or 0.0)
-                worst = f"{head[j]}={r[j]}"
-            where = " | ".join(r[i] for i in src)
-            print(f"{n:8.0f} {100 * n / max(total, 1):5.1f}%  {worst:40s} {where[:160]}")
-    if not found:
-        print("no table with sampling columns; the export's first lines:")
-        print("\n".join(text.splitlines()[:20]))
+    top = int(sys.argv[2]) if len(sys.argv) > 2 else 30
+    # kernel -> (file, line) -> [samples, stall counter, source text]
+    kernels = collections.OrderedDict()
+    kernel, file_name, head = None, None, None
+    with open(path, errors="replace", newline="") as f:
+        for row in csv.reader(f):
+            if not row:
+                continue
+            if row[0] == "File Path":
+                file_name = row[1].rsplit("/", 1)[-1]
+            elif row[0] == "Function Name":
+                kernel = row[1]
+            elif row[0] == "Line No":
+                head = row
+            elif head is not None and kernel is not None and row[0] and len(row) == len(head):
+                try:
+                    samples = float(row[4])
+                except ValueError:
+                    continue
+                lines = kernels.setdefault(kernel, {})
+                entry = lines.setdefault((file_name, int(row[0])),
+                                         [0.0, collections.Counter(), row[1].strip()])
+                entry[0] += samples
+                for i, name in enumerate(head):
+                    if name.startswith("stall_") and "Not Issued" not in name:
+                        try:
+                            entry[1][name[6:]] += float(row[i])
+                        except ValueError:
+                            pass
+    if not kernels:
+        print("no source-line table found; is this a --page source --csv export?")
+        return 1
+    for kernel, lines in kernels.items():
+        total = sum(e[0] for e in lines.values()) or 1.0
+        stalls = collections.Counter()
+        for e in lines.values():
+            stalls.update(e[1])
+        print(f"== {kernel} ({total:.0f} samples)")
+        print("   stalls: " + ", ".join(f"{k} {100 * v / total:.1f}%" for k, v in stalls.most_common(8)))
+        for (fname, line), e in sorted(lines.items(), key=lambda kv: -kv[1][0])[:top]:
+            reasons = ", ".join(f"{k} {int(v)}" for k, v in e[1].most_common(3))
+            print(f"{100 * e[0] / total:5.1f}% {fname}:{line:<5d} [{reasons}]  {e[2][:100]}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

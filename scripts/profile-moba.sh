@@ -18,9 +18,9 @@
 # regex, default "select_kernel|moba_gather"), PROFILE_COUNT (launches
 # profiled, default 7: the forward's selection and rounds, the backward's
 # selection and dK/dV kernel), PROFILE_SOURCE=1 (also export the report and
-# write each profiled kernel's SASS with its stall samples per instruction,
-# the source line beside it, to $OUT/ncu-moba-source.csv, and the 40
-# instructions with the most samples of each to $OUT/ncu-moba-hot.txt).
+# write the source page (source lines and SASS with their stall samples)
+# to $OUT/ncu-moba-source.csv, and each kernel's stall reasons and 40
+# hottest source lines to $OUT/ncu-moba-hot.txt: scripts/ncu_hot_lines.py).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 build=${BUILD_DIR:-/tmp/attn-profile-moba-build}
@@ -53,7 +53,7 @@ if [ "${PROFILE_SOURCE:-0}" = 1 ] && [ -f "$out/ncu-moba.ncu-rep" ]; then
     >"$out/ncu-moba-source.csv" 2>&1 ||
     ncu -i "$out/ncu-moba.ncu-rep" --page source --csv --print-source sass \
       >"$out/ncu-moba-source.csv" 2>&1
-  python3 scripts/ncu_hot_lines.py "$out/ncu-moba-source.csv" >"$out/ncu-moba-hot.txt" 2>&1
+  python3 scripts/ncu_hot_lines.py "$out/ncu-moba-source.csv" 40 >"$out/ncu-moba-hot.txt" 2>&1
   head -120 "$out/ncu-moba-hot.txt"
 fi
 exit $rc
