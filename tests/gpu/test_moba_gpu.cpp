@@ -304,6 +304,13 @@ std::vector<Case> cases() {
       make("d128-fp16-b256-top4-shared-gqa4/1-batch2", FP, 128, 2, 4, 1, 1537, 1537, 256, 4, true));
   v.push_back(
       make("d64-fp16-b128-top1-shared-mha-lq>lk", FP, 64, 1, 2, 2, 900, 645, 128, 1, true));
+  // Blocks of several KV tiles with rows that see no key: the gathered dK/dV
+  // kernels skip, per KV tile, the own rows before its diagonal, numbered
+  // from the block's first row that sees a key.
+  v.push_back(
+      make("d128-fp16-b256-top2-per-head-lq>lk", FP, 128, 1, 2, 2, 1300, 1100, 256, 2, false));
+  v.push_back(
+      make("d64-bf16-b512-top1-shared-gqa2/1-lq>lk", BF, 64, 1, 2, 1, 1500, 1100, 512, 1, true));
   c = make("d128-bf16-b128-top7-shared-gqa2/1-coherent-lq<lk", BF, 128, 1, 2, 1, 1100, 1333, 128,
            7, true);
   c.coherent = true;
