@@ -206,24 +206,43 @@ __global__ void __launch_bounds__(kSelectThreads, kSelectMinBlocks)
   const int past_end = top_k > 0 && own_last > p.top_k ? own_last : 0;
 
   // The selecting heads' query rows, added (rows past the sequence: 0), 8
-  // channels per 16-byte load.
+  // channels per 16-byte load. A thread's chunks go in groups of 4 whose
+  // loads go out together, head by head: one memory latency per group and
+  // head instead of per chunk and head (this phase was the selector's
+  // largest stall once its gates ran on tensor cores).
   if (past_end > 0) {
     const T* gq = static_cast<const T*>(p.q) + b * p.q_batch + int64_t(r0) * p.q_seq;
-    const int chunks = d / 8;
-    for (int x = tid; x < kSelectRows * chunks; x += kSelectThreads) {
-      const int r = x / chunks, c = (x - r * chunks) * 8;
-      float s[8];
+    const int chunks = d / 8, total = kSelectRows * chunks;
+    constexpr int kGroup = 4;
+    for (int x0 = tid; x0 < total; x0 += kGroup * kSelectThreads) {
+      float s[kGroup][8];
 #pragma unroll
-      for (int e = 0; e < 8; ++e) s[e] = 0.0f;
-      if (r < rows)
-        for (int h = h0; h < h0 + nh; ++h) {
-          const uint4 v =
-              *reinterpret_cast<const uint4*>(gq + int64_t(r) * p.q_seq + h * p.q_head + c);
+      for (int i = 0; i < kGroup; ++i)
 #pragma unroll
-          for (int e = 0; e < 8; ++e) s[e] += unpacked_f32<T>(v, e);
+        for (int e = 0; e < 8; ++e) s[i][e] = 0.0f;
+      for (int h = h0; h < h0 + nh; ++h) {
+        uint4 v[kGroup];
+#pragma unroll
+        for (int i = 0; i < kGroup; ++i) {
+          const int x = x0 + i * kSelectThreads, r = x / chunks, c = (x - r * chunks) * 8;
+          v[i] = x < total && r < rows ? *reinterpret_cast<const uint4*>(
+                                             gq + int64_t(r) * p.q_seq + h * p.q_head + c)
+                                       : make_uint4(0u, 0u, 0u, 0u);
         }
-      *reinterpret_cast<float4*>(qs + r * ld + c) = make_float4(s[0], s[1], s[2], s[3]);
-      *reinterpret_cast<float4*>(qs + r * ld + c + 4) = make_float4(s[4], s[5], s[6], s[7]);
+#pragma unroll
+        for (int i = 0; i < kGroup; ++i)
+#pragma unroll
+          for (int e = 0; e < 8; ++e) s[i][e] += unpacked_f32<T>(v[i], e);
+      }
+#pragma unroll
+      for (int i = 0; i < kGroup; ++i) {
+        const int x = x0 + i * kSelectThreads, r = x / chunks, c = (x - r * chunks) * 8;
+        if (x >= total) break;
+        *reinterpret_cast<float4*>(qs + r * ld + c) =
+            make_float4(s[i][0], s[i][1], s[i][2], s[i][3]);
+        *reinterpret_cast<float4*>(qs + r * ld + c + 4) =
+            make_float4(s[i][4], s[i][5], s[i][6], s[i][7]);
+      }
     }
   }
 
