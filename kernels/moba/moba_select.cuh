@@ -144,11 +144,11 @@ __device__ __forceinline__ void split_bf16x3(float x, float y, uint32_t& hi, uin
 // Warp w computes rows 16 (w % 4) .. + 15 x blocks 32 (w / 4) .. + 31 with
 // mma.sync m16n8k16 (bf16 in, fp32 accumulators), its query fragments split
 // likewise as they are read: per k-step the products hi.hi, hi.mid, mid.hi,
-// hi.lo, lo.hi and mid.mid (per-head selection, whose query rows are bf16
-// already: hi.hi, hi.mid, hi.lo). So a gate is the fp32 dot product up to
-// terms below 2^-24 |q| |mean| per channel and the summation order; on
-// tensor cores the product of the gates took a fraction of the FMA loop's
-// instructions, which made the selector instruction-bound.
+// hi.lo, lo.hi and mid.mid (one selecting head of bf16 inputs, whose query
+// rows are bf16 already: hi.hi, hi.mid, hi.lo). So a gate is the fp32 dot
+// product up to terms below 2^-24 |q| |mean| per channel and the summation
+// order. (The fp32 FMA loop this replaces made the selector
+// instruction-bound; the mma path issues a fraction of its instructions.)
 //
 // The merge: warp w keeps the running top_k of rows 8 w .. 8 w + 7 in
 // registers, entry t of a row in lane t (key gate_key, block index). Per
