@@ -120,11 +120,11 @@ if [ "${GPU_CHECK_SANITIZE:-1}" != 0 ] && command -v compute-sanitizer >/dev/nul
   # page-1 cases (per-row bulk copies, stand-in rows) and long + short
   # sequences (several units per block).
   bin="$build/tests/gpu/test_kv_decode_gpu"
-  for kernel in sm80 sm90-bulk sm90-tensor; do
+  for kernel in sm80 sm90-bulk sm90-bulk32 sm90-tensor; do
     sanitize memcheck "decode_$kernel" "$bin" ATTN_CUDA_DECODE_KERNEL=$kernel \
       ATTN_CUDA_DECODE_SPLIT=balanced ATTN_GPU_TEST_QUICK=1
   done
-  for run in sm80:2 sm90-bulk:2 sm90-bulk:3 sm90-tensor:2 sm90-tensor:3; do
+  for run in sm80:2 sm90-bulk:2 sm90-bulk:3 sm90-bulk32:2 sm90-tensor:2 sm90-tensor:3; do
     kernel=${run%:*} stages=${run#*:}
     sanitize racecheck "decode_${kernel}_s$stages" "$bin" ATTN_CUDA_DECODE_KERNEL=$kernel \
       ATTN_CUDA_DECODE_SPLIT=balanced ATTN_CUDA_DECODE_STAGES=$stages ATTN_GPU_TEST_QUICK=1 \

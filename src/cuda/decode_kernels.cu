@@ -20,12 +20,19 @@ struct KernelChoice {
   DecodeKernelFn fn;
   int smem_bytes;
 };
+// Dynamic shared memory that leaves room for two blocks per SM but not
+// three on sm_90 (228 KiB per SM, 227 KiB per block at most).
+constexpr int kTwoPerSmBytes = 78 * 1024;
 template <class T, int D, int S>
 KernelChoice kernel_of(DecodeKernel variant, bool balanced) {
   if (variant == DecodeKernel::kSm90Tensor)
     return {balanced ? decode::paged_decode_mbar_kernel<T, D, S, true, decode::TensorCopy<T, D, S>>
                      : decode::paged_decode_mbar_kernel<T, D, S, false, decode::TensorCopy<T, D, S>>,
             decode::TensorSmem<D, S>::kBytes};
+  if (variant == DecodeKernel::kSm90Bulk32)
+    return {balanced ? decode::paged_decode_mbar_kernel<T, D, S, true, decode::BulkCopy<T, D, S, 16>>
+                     : decode::paged_decode_mbar_kernel<T, D, S, false, decode::BulkCopy<T, D, S, 16>>,
+            std::max(decode::BulkSmem<D, S, 16>::kBytes, kTwoPerSmBytes)};
   if (variant == DecodeKernel::kSm90Bulk)
     return {balanced ? decode::paged_decode_mbar_kernel<T, D, S, true, decode::BulkCopy<T, D, S>>
                      : decode::paged_decode_mbar_kernel<T, D, S, false, decode::BulkCopy<T, D, S>>,

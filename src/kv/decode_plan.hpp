@@ -109,7 +109,8 @@ class DecodePlan {
   uint64_t id() const { return id_; }
   int32_t device() const { return ctx_.device; }
   // CUDA: stages of the decode kernel's pipeline, and its variant
-  // (cuda::kDecodeKernelSm80, kDecodeKernelSm90Bulk or kDecodeKernelSm90Tensor).
+  // (cuda::kDecodeKernelSm80, kDecodeKernelSm90Bulk, kDecodeKernelSm90Bulk32 or
+  // kDecodeKernelSm90Tensor).
   int32_t device_stages() const { return device_stages_; }
   int32_t device_kernel() const { return device_kernel_; }
   // CUDA: whether the automatic split balances the pages over a fixed grid
