@@ -53,7 +53,7 @@ fi
 start=$(date +%s)
 # Only what this check runs: other targets need not build for it to work.
 targets="tests/gpu/test_sm90_mma tests/gpu/test_flash_fwd tests/gpu/test_flash_bwd tests/gpu/test_block_sparse_gpu tests/gpu/test_moba_gpu
-         tests/gpu/test_kv_decode_gpu tests/gpu/time_flash_fwd tests/gpu/time_flash_bwd"
+         tests/gpu/test_kv_decode_gpu tests/gpu/test_moba_gates tests/gpu/time_flash_fwd tests/gpu/time_flash_bwd"
 # The NCCL ring test exists only in builds with NCCL (it skips below 2 GPUs).
 if ninja -C "$build" -t targets all 2>/dev/null | grep -q '^tests/gpu/test_ring_nccl:'; then
   targets="$targets tests/gpu/test_ring_nccl"

@@ -120,6 +120,11 @@ struct SelectParams {
   int32_t sel_heads, q_words;
   int32_t q_tiles, q_tile_rows, q_cap;       // forward query tiles
   int32_t kv_q_tiles, kv_tile_rows, kv_cap;  // the dK/dV kernel's query tiles
+  // Read by select_kernel<T, true> only (the gate test,
+  // tests/gpu/test_moba_gates.cu): [slots][seqlen_q][num_blocks], the gates
+  // the kernel computed (entries of blocks it computed no gate for are left
+  // as they were).
+  float* gates;
 };
 
 // The gathered forward's rows that see no key (moba/moba_select.cuh

@@ -173,7 +173,10 @@ constexpr int kSelectMinBlocks = 2;
 constexpr int kSelectMinBlocks = 3;
 #endif
 
-template <class T>
+//
+// kGates (the gate test only): every gate computed is also stored to
+// p.gates.
+template <class T, bool kGates = false>
 __global__ void __launch_bounds__(kSelectThreads, kSelectMinBlocks)
     select_kernel(const __grid_constant__ SelectParams p) {
   static_assert(kSelectRows == 64 && kSelectBlocks == 64 && kSelectThreads == 256,
@@ -362,6 +365,18 @@ __global__ void __launch_bounds__(kSelectThreads, kSelectMinBlocks)
 #pragma unroll
       for (int e = 0; e < 4; ++e)
         gs[(wr + g + 8 * (e >> 1)) * (kSelectBlocks + 1) + wb + 8 * j + 2 * t + (e & 1)] = acc[j][e];
+    if constexpr (kGates) {
+      if (gate_warp) {
+        float* out = p.gates + (int64_t(b) * p.sel_heads + hs) * int64_t(lq) * p.num_blocks;
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int r = wr + g + 8 * (e >> 1), kb = kb0 + wb + 8 * j + 2 * t + (e & 1);
+            if (r < rows && kb < past_end) out[int64_t(r0 + r) * p.num_blocks + kb] = acc[j][e];
+          }
+      }
+    }
     __syncthreads();
 
 #pragma unroll
