@@ -255,11 +255,17 @@ int32_t decode_check_supported(int32_t device, const kv::CacheConfig& cache, int
   // bench/results/decode-variants-2026-12-01-ecc8647.md): HND 32 x 8K bulk
   // 4.21 TB/s, tensor 4.14, cp.async 3.83; 4 x 64K 4.03, 4.09, 3.89;
   // 1 x 128K 3.82, 3.79, 3.65; NHD 32 x 8K bulk 2.50, tensor 4.15, cp.async
-  // 3.84.
+  // 3.84. At head dim 128 the HND default is the bulk kernel with 32-byte
+  // aligned segments and two blocks per SM (sm90-bulk32; 2026-12-02 at
+  // 68388d8, bench/results/decode-variants-2026-12-02-68388d8.md): 32 x 8K
+  // 4.34 TB/s against 4.22, 4 x 64K 4.30 against 4.03, 1 x 128K 3.91 against
+  // 3.83 (cuDNN 4.53, 4.46, 4.21); head dim 64 was not measured and keeps
+  // the bulk kernel.
   if (requested == kDecodeKernelAuto)
-    requested = cache.page_size % 8 != 0           ? kDecodeKernelSm80
-                : cache.layout == ATTN_KV_LAYOUT_HND ? kDecodeKernelSm90Bulk
-                                                     : kDecodeKernelSm90Tensor;
+    requested = cache.page_size % 8 != 0             ? kDecodeKernelSm80
+                : cache.layout != ATTN_KV_LAYOUT_HND ? kDecodeKernelSm90Tensor
+                : cache.head_dim_qk == 128           ? kDecodeKernelSm90Bulk32
+                                                     : kDecodeKernelSm90Bulk;
   // The tensor copies move 8-slot segments of one page through a tensor map
   // of the pool: for other page sizes, or where the driver has no encoder
   // or the pool's dims do not encode, a request for them takes the
