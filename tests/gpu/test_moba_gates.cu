@@ -19,8 +19,11 @@
 // computed from a wrong fragment, or left out, then moves the gates by
 // about that product's size, which the test prints and requires to be
 // well above the error it allows: relative to each gate's scale
-// sqrt(sum_c (q_c m_c)^2), an RMS error of at most 2^-18 and a largest one
-// of 2^-15 (fp32 accumulation on the tensor cores: about 2^-21 expected).
+// sqrt(sum_c (q_c m_c)^2), an RMS error of at most 2^-20 and a largest one
+// of 2^-17 (an fp32 FMA loop over the channels: about 2^-22.5 RMS and 2^-19
+// max on these inputs; the products summed into the running gates on the
+// tensor cores gave 2^-19 to 2^-21 RMS before each k-step got its own
+// accumulator).
 //
 // The merge: each row's selected blocks (the `selected` words) must be its
 // own block and the top_k of its past blocks by the kernel's own gates
@@ -250,7 +253,7 @@ void run(const Config& cfg, uint64_t seed) {
   const double err_rms = std::sqrt(err2 / double(std::max<int64_t>(n, 1)));
   double term_rms[5];
   for (int i = 0; i < 5; ++i) term_rms[i] = std::sqrt(term2[i] / double(std::max<int64_t>(n, 1)));
-  const double rms_bound = std::ldexp(1.0, -18), max_bound = std::ldexp(1.0, -15);
+  const double rms_bound = std::ldexp(1.0, -20), max_bound = std::ldexp(1.0, -17);
   if (ok && !(n > 0 && err_rms <= rms_bound && err_max <= max_bound)) {
     why = "gate error above its bound";
     ok = false;
@@ -291,7 +294,7 @@ void run(const Config& cfg, uint64_t seed) {
     ++rows_checked;
   }
 
-  std::printf("%-22s d %3d top_k %2d: %s  gates %" PRId64 ", error rms 2^%.1f max 2^%.1f (bounds 2^-18, 2^-15);"
+  std::printf("%-22s d %3d top_k %2d: %s  gates %" PRId64 ", error rms 2^%.1f max 2^%.1f (bounds 2^-20, 2^-17);"
               " products rms hi.mid 2^%.1f mid.hi 2^%.1f hi.lo 2^%.1f lo.hi 2^%.1f mid.mid 2^%.1f;"
               " rows merged %" PRId64 "%s%s\n",
               kind_name(cfg.kind), d, cfg.top_k, ok ? "ok" : "FAIL", n, std::log2(err_rms), std::log2(err_max),
