@@ -312,8 +312,12 @@ __device__ __forceinline__ void flash_bwd_dkdv_sm90_tile(const BwdParams& p) {
   const int n_iter = Gather ? walk.tiles(h_first) : n_mt * heads_per;
   // MoBA gather: ring entry `e` := the walk's tile after (hh, mm) (from
   // (h_first, -1): the first); its indices by cp.async (async) or loads.
+  // Only the threads that write the entry walk the lists (their global
+  // loads stalled every warp); the others read it after a barrier.
   static_assert(!Gather || BM <= bwd_sm90::kGatherRowsMax, "a tile's indices fit the ring");
+  static_assert(!Gather || BM % 32 == 0, "whole warps walk");
   auto gather_fill = [&](int e, int hh, int mm, bool async) {
+    if (tid >= BM) return;
     walk.next(hh, mm);
     int count;
     const int32_t* idx = walk.rows(hh, count) + mm * BM;
