@@ -188,13 +188,6 @@ if [ "${GPU_CHECK_SANITIZE:-1}" != 0 ] && command -v compute-sanitizer >/dev/nul
     ATTN_GPU_TEST_FILTER=top6-per-head-gqa4
   sanitize memcheck moba_gather_sm90_gqa "$bin" ATTN_CUDA_MOBA_GATHER_SM90=1 \
     ATTN_CUDA_MOBA_GATHER_BWD_SM90=1 ATTN_GPU_TEST_FILTER=gqa4/2
-  # The gathered forward on one block per (sequence, head) that loops over
-  # its tiles (the next tile's fields and prefetches), both kernels.
-  sanitize memcheck moba_fwd_blocks "$bin" ATTN_CUDA_MOBA_FWD_BLOCKS=1 ATTN_GPU_TEST_FILTER=66-blocks
-  sanitize racecheck moba_fwd_blocks "$bin" ATTN_CUDA_MOBA_FWD_BLOCKS=1 \
-    ATTN_GPU_TEST_FILTER=top6-per-head-gqa4
-  sanitize memcheck moba_fwd_blocks_sm80 "$bin" ATTN_CUDA_MOBA_FWD_BLOCKS=1 \
-    ATTN_CUDA_MOBA_GATHER_SM90=0 ATTN_GPU_TEST_FILTER=gqa4/2
 fi
 
 torch_out=""

@@ -721,15 +721,7 @@ __global__ void __launch_bounds__(FwdTraits<D>::kThreads, FwdTraits<D>::kMinBloc
 // < start(kb + 1), which the threads look for side by side, one round of
 // loads instead of a bisection's log2(num_blocks) dependent ones).
 // for_each_moba_gather_tile sets moba_gather_tile and runs body() per tile.
-//
-// A block with a next tile (m + gridDim.x; a grid of fewer blocks than
-// tiles, ATTN_CUDA_MOBA_FWD_PERSIST=1) asks L2 at the start of tile m for
-// what the next one loads first: its Q rows and the block's KV tile at
-// the rows' last diagonal (the kernels load KV tiles last first; 128 keys
-// cover the sm_80 kernel's first two), so that its start waits on L2
-// rather than memory.
-__shared__ MobaGatherTile moba_gather_next;
-template <class T, int D, int BM, class Body>
+template <int BM, class Body>
 __device__ __forceinline__ void for_each_moba_gather_tile(const FwdParams& p, Body&& body) {
   const MobaLists& mb = p.moba;
   const int h = int(blockIdx.y), nb = mb.num_blocks;
@@ -740,11 +732,11 @@ __device__ __forceinline__ void for_each_moba_gather_tile(const FwdParams& p, Bo
   const int32_t* e = mb.kv_count + 2 * (int64_t(mb.fwd_round) * slots + slot) * (nb + 1);
   const int first = e[0], tiles = (e[2 * nb] - first) / BM;
   const int off = p.seqlen_kv - p.seqlen_q;
-  // Tile m's fields into gt.
-  auto find = [&](int m, MobaGatherTile& gt) {
+  for (int m = int(blockIdx.x); m < tiles; m += int(gridDim.x)) {
     const int at = first + m * BM;
     for (int lo = int(threadIdx.x); lo < nb; lo += int(blockDim.x)) {
       if (!(e[2 * lo] <= at && at < e[2 * lo + 2])) continue;
+      MobaGatherTile& gt = moba_gather_tile;
       gt.kb = lo;
       gt.start = at;
       gt.rows = min(BM, e[2 * lo] + e[2 * lo + 1] - at);
@@ -752,27 +744,7 @@ __device__ __forceinline__ void for_each_moba_gather_tile(const FwdParams& p, Bo
       const int own = mb.fwd_round == 0 ? lo : lo + 1;
       gt.r0 = max(0, own * mb.block - off) + (at - e[2 * lo]);
     }
-  };
-  for (int m = int(blockIdx.x); m < tiles; m += int(gridDim.x)) {
-    const bool next = m + int(gridDim.x) < tiles;
-    find(m, moba_gather_tile);
-    if (next) find(m + int(gridDim.x), moba_gather_next);
     __syncthreads();
-    if (next) {
-      const int b = int(blockIdx.z), hk = h / p.group, tid = int(threadIdx.x), nth = int(blockDim.x);
-      const int kb = gather_field(moba_gather_next.kb), rows = gather_field(moba_gather_next.rows);
-      const int32_t* idx = mb.kv_tiles + slot * int64_t(mb.kv_cap) + gather_field(moba_gather_next.start);
-      constexpr int kLines = (D * int(sizeof(T)) + 127) / 128, kPerLine = 128 / int(sizeof(T));
-      const T* q = static_cast<const T*>(p.q) + b * p.q_batch + h * p.q_head;
-      for (int c = tid; c < rows * kLines; c += nth)
-        prefetch_l2(q + int64_t(idx[c / kLines] & kMobaRowMask) * p.q_seq + (c % kLines) * kPerLine);
-      const int hi = min(gather_field(moba_gather_next.r0) + rows - 1 + off, (kb + 1) * mb.block - 1);
-      const int k0 = max(kb * mb.block, hi - 127);
-      prefetch_rows_l2<T, D>(static_cast<const T*>(p.k) + b * p.k_batch + hk * p.k_head + int64_t(k0) * p.k_seq,
-                             p.k_seq, hi - k0 + 1, tid, nth);
-      prefetch_rows_l2<T, D>(static_cast<const T*>(p.v) + b * p.v_batch + hk * p.v_head + int64_t(k0) * p.v_seq,
-                             p.v_seq, hi - k0 + 1, tid, nth);
-    }
     body();
     __syncthreads();  // the next tile reuses shared memory and the tile's fields
   }
@@ -781,7 +753,7 @@ __device__ __forceinline__ void for_each_moba_gather_tile(const FwdParams& p, Bo
 template <class T, int D>
 __global__ void __launch_bounds__(FwdTraits<D>::kThreads, FwdTraits<D>::kMinBlocks)
     flash_fwd_moba_gather_kernel(const __grid_constant__ FwdParams p) {
-  for_each_moba_gather_tile<T, D, FwdTraits<D>::kBlockM>(
+  for_each_moba_gather_tile<FwdTraits<D>::kBlockM>(
       p, [&] { flash_fwd_tile<T, D, false, true, true>(p); });
 }
 

@@ -540,7 +540,7 @@ template <class T, int D>
 __global__ void __launch_bounds__(FwdSm90Traits<D, kSm90MobaBlockM>::kThreads, 1)
     flash_fwd_sm90_moba_gather_kernel(const __grid_constant__ FwdParams p) {
 #if ATTN_SM90_WGMMA
-  for_each_moba_gather_tile<T, D, kSm90MobaBlockM>(p, [&] {
+  for_each_moba_gather_tile<kSm90MobaBlockM>(p, [&] {
     flash_fwd_sm90_tile<T, D, kSm90MobaBlockM, false, false, true, true>(p);
   });
 #endif

@@ -147,7 +147,6 @@ struct CudaHooks {
   bool moba_sm90;                 // ATTN_CUDA_MOBA_SM90 (default 0)
   bool moba_gather_sm90;          // ATTN_CUDA_MOBA_GATHER_SM90 (default 1)
   bool moba_gather_bwd_sm90;      // ATTN_CUDA_MOBA_GATHER_BWD_SM90 (default 1)
-  std::optional<int> moba_fwd_blocks;  // ATTN_CUDA_MOBA_FWD_BLOCKS: gathered forward's blocks per slot
   bool fwd_persist;               // ATTN_CUDA_BSPARSE_FWD_PERSIST (default 0)
   bool bwd_persist;               // ATTN_CUDA_BSPARSE_BWD_PERSIST (default 0)
   bool prefetch;                  // ATTN_CUDA_BSPARSE_PREFETCH (default 0)
@@ -165,7 +164,6 @@ struct CudaHooks {
     h.moba_sm90 = env_flag("ATTN_CUDA_MOBA_SM90", false);
     h.moba_gather_sm90 = env_flag("ATTN_CUDA_MOBA_GATHER_SM90", true);
     h.moba_gather_bwd_sm90 = env_flag("ATTN_CUDA_MOBA_GATHER_BWD_SM90", true);
-    h.moba_fwd_blocks = env_int("ATTN_CUDA_MOBA_FWD_BLOCKS", 1, std::numeric_limits<int>::max());
     h.fwd_persist = env_flag("ATTN_CUDA_BSPARSE_FWD_PERSIST", false);
     h.bwd_persist = env_flag("ATTN_CUDA_BSPARSE_BWD_PERSIST", false);
     h.prefetch = env_flag("ATTN_CUDA_BSPARSE_PREFETCH", false);
@@ -281,13 +279,6 @@ class CudaPlan final : public BackendPlan {
       const int kv_tile_rows =
           !p.backward ? 0 : bwd_sm90_ ? bwd_sm90_cfg_.block_m : bwd_cfg_.block_m;
       moba_.emplace(p, tile_q(), kv_tile_rows, gather);
-      // ATTN_CUDA_MOBA_FWD_BLOCKS=n (a tuning hook): the gathered forward's
-      // rounds on n blocks per (sequence, query head), each looping over
-      // the slot's tiles with a stride and asking L2 for its next tile's
-      // first loads (flash/fwd_kernel.cuh for_each_moba_gather_tile),
-      // instead of a block per tile the round can have ("-moba-gather-p").
-      if (gather && hooks_.moba_fwd_blocks)
-        moba_fwd_grid_ = int(std::min<int64_t>(*hooks_.moba_fwd_blocks, moba_->round_tiles()));
     }
 
     fill_params();
@@ -375,8 +366,7 @@ class CudaPlan final : public BackendPlan {
                    : sparse        ? F::kSparseSm80
                    : sm90_         ? F::kSm90
                                    : F::kSm80;
-    name.kind = moba ? (moba_->gathers() ? (moba_fwd_grid_ > 0 ? "moba-gather-p" : "moba-gather")
-                                         : "moba")
+    name.kind = moba ? (moba_->gathers() ? "moba-gather" : "moba")
                      : fwd_persist_ ? "bsparse-p" : "bsparse";
     name.fwd_block_m = sm90_ ? sm90_cfg_.block_m : cfg_.block_m;
     name.fwd_block_n = sm90_ ? sm90_cfg_.block_n : cfg_.block_n;
@@ -458,8 +448,8 @@ class CudaPlan final : public BackendPlan {
         prm.moba.state = reinterpret_cast<float*>(ws + l.state);
         for (int32_t r = 0; r < moba_->rounds(); ++r) {
           prm.moba.fwd_round = r;
-          const int grid_x = moba_fwd_grid_ > 0 ? moba_fwd_grid_ : int(moba_->round_tiles());
-          check(kernel_.launch(prm, grid_x, int(p.heads_q), int(p.batch), stream),
+          check(kernel_.launch(prm, int(moba_->round_tiles()), int(p.heads_q), int(p.batch),
+                               stream),
                 "forward kernel launch");
         }
         check(moba_blind_rows_launch(moba_->blind_rows_params(a.o, a.lse), bf16, stream),
@@ -1057,7 +1047,6 @@ class CudaPlan final : public BackendPlan {
   int m_blocks_ = 0;
   bool fwd_persist_ = false;  // block-sparse: the persistent forward
   int fwd_grid_ = 0;          // its blocks
-  int moba_fwd_grid_ = 0;     // MoBA gather, ATTN_CUDA_MOBA_FWD_PERSIST: blocks per (sequence, head)
   bool bwd_persist_ = false;  // block-sparse: the persistent dK/dV kernel
   int bwd_grid_ = 0;          // its blocks
   int32_t* cu_dev_ = nullptr;

@@ -31,8 +31,7 @@ struct KernelNameFacts {
   const char* dtype = "";
   int head_dim = 0;
   Forward forward = Forward::kSm80;
-  const char* kind = "";  // block-sparse, MoBA: "bsparse", "bsparse-p", "moba", "moba-gather",
-                          // "moba-gather-p" (ATTN_CUDA_MOBA_FWD_BLOCKS)
+  const char* kind = "";  // block-sparse, MoBA: "bsparse", "bsparse-p", "moba", "moba-gather"
   int fwd_block_m = 0, fwd_block_n = 0, fwd_warps = 0, fwd_stages = 0;
   // kSm80Listed: the sm_80 dK/dV kernel walking tile lists (block-sparse,
   // MoBA), which leaves out the warps for room.

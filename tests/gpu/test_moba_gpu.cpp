@@ -32,9 +32,7 @@
 // workspace; on sm_90 devices at d = 64 and 128 on the wgmma forward, the
 // sm_80 one with ATTN_CUDA_MOBA_GATHER_SM90=0: meson test
 // moba_gpu_gather_sm80fwd; the dK/dV kernel on wgmma there too, the sm_80
-// one with ATTN_CUDA_MOBA_GATHER_BWD_SM90=0: moba_gpu_gather_sm80bwd; the
-// forward's rounds on n blocks per (sequence, head) that loop over tiles
-// with ATTN_CUDA_MOBA_FWD_BLOCKS=n, "moba-gather-p": moba_gpu_fwd_blocks*);
+// one with ATTN_CUDA_MOBA_GATHER_BWD_SM90=0: moba_gpu_gather_sm80bwd);
 // with ATTN_CUDA_MOBA_GATHER=0 (meson tests moba_gpu_union*)
 // they walk the tile-union lists; describe must say which. Each runs the forward, the backward with dQ by atomics and the
 // deterministic backward (three times: bit-identical), then the forward
@@ -91,9 +89,6 @@ bool g_gather_sm90 = false;
 // kernel on wgmma, unless ATTN_CUDA_MOBA_GATHER_BWD_SM90=0,
 // ATTN_CUDA_BWD_SM90=0 or ATTN_CUDA_BWD_VARIANT is set.
 bool g_gather_bwd_sm90 = false;
-// ATTN_CUDA_MOBA_FWD_BLOCKS set: the gathered forward runs on that many
-// blocks per (sequence, head), looping over tiles ("moba-gather-p").
-bool g_fwd_blocks = false;
 
 bool env_is(const char* name, const char* value) {
   const char* v = std::getenv(name);
@@ -192,10 +187,6 @@ Run run_device(const Case& c0, attn_context_t ctx) {
     if (!every_block && (std::strstr(info.kernel, "moba-gather") != nullptr) != want.gather)
       r.describe_error += std::string(" kernel '") + info.kernel + "' where the " +
                           (want.gather ? "gathered" : "tile-union") + " schedule was expected;";
-    if (!every_block && want.gather &&
-        (std::strstr(info.kernel, "moba-gather-p") != nullptr) != g_fwd_blocks)
-      r.describe_error += std::string(" kernel '") + info.kernel + "' where ATTN_CUDA_MOBA_FWD_BLOCKS is " +
-                          (g_fwd_blocks ? "set" : "unset") + ";";
     if (!every_block && (std::strstr(info.kernel, want.fwd_sm90 ? "sm90-wgmma-" : "fa2-") ==
                              nullptr ||
                          info.tile_q != 128 || info.tile_kv != want.tile_kv))
@@ -405,7 +396,6 @@ int main() {
   skip_without_device();
   g_seed = test_seed();
   g_gather = !env_is("ATTN_CUDA_MOBA_GATHER", "0");
-  g_fwd_blocks = env_set("ATTN_CUDA_MOBA_FWD_BLOCKS");
   cudaDeviceProp prop{};
   GPU_CHECK(cudaGetDeviceProperties(&prop, 0));
   g_moba_sm90 = prop.major == 9 && prop.minor == 0 && env_is("ATTN_CUDA_MOBA_SM90", "1");
