@@ -26,8 +26,9 @@
 // Every launch is deterministic (a word's bits are ORed in shared memory,
 // which commutes, then stored by one thread), so the backward pass, which
 // runs the same launches on the same inputs, sees the forward's selection
-// bit for bit. The gates are fp32-accurate like the CPU backend's (fp32
-// operands split into three bf16 terms on tensor cores, select_kernel); the
+// bit for bit. The gates are close to the CPU backend's fp32 ones (fp32
+// operands split into three bf16 terms on tensor cores, select_kernel;
+// tests/gpu/test_moba_gates.cu bounds their error against fp64); the
 // summation order differs (the selecting heads' query rows are added first,
 // then multiplied with the block mean), so the two agree except where two
 // gates lie within a few fp32 roundings of each other.
