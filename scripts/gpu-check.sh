@@ -130,9 +130,11 @@ if [ "${GPU_CHECK_SANITIZE:-1}" != 0 ] && command -v compute-sanitizer >/dev/nul
       ATTN_CUDA_DECODE_SPLIT=balanced ATTN_CUDA_DECODE_STAGES=$stages ATTN_GPU_TEST_QUICK=1 \
       "ATTN_GPU_TEST_FILTER=one long sequence"
   done
-  sanitize racecheck decode_sm90-bulk_p1 "$bin" ATTN_CUDA_DECODE_KERNEL=sm90-bulk \
-    ATTN_GPU_TEST_QUICK=1 "ATTN_GPU_TEST_FILTER= p1 d128"
-  for kernel in sm90-bulk sm90-tensor; do
+  for kernel in sm90-bulk sm90-bulk32; do
+    sanitize racecheck "decode_${kernel}_p1" "$bin" ATTN_CUDA_DECODE_KERNEL=$kernel \
+      ATTN_GPU_TEST_QUICK=1 "ATTN_GPU_TEST_FILTER= p1 d128"
+  done
+  for kernel in sm90-bulk sm90-bulk32 sm90-tensor; do
     sanitize racecheck "decode_${kernel}_units" "$bin" ATTN_CUDA_DECODE_KERNEL=$kernel \
       ATTN_CUDA_DECODE_SPLIT=balanced ATTN_GPU_TEST_QUICK=1 "ATTN_GPU_TEST_FILTER=long + short"
   done

@@ -733,9 +733,8 @@ ATTN_API attn_status_t attn_plan_desc_set_block_mask(attn_plan_desc_t desc,
  * selection) needs block_size a multiple of 128 and top_k <= 32, else
  * NOT_SUPPORTED; its gates are as accurate as fp32 dot products (computed
  * on tensor cores from fp32 values split into three bf16 terms: within 2^-22
- * RMS and 2^-19 at most of the exact product, relative to
- * sqrt(sum_c (q_c mean_c)^2), on the GPU test's inputs, as an fp32 loop over
- * the channels) but summed in another order than the CPU backend's, so the
+ * RMS of the exact product, relative to sqrt(sum_c (q_c mean_c)^2), on the
+ * GPU test's inputs, as an fp32 loop over the channels) but summed in another order than the CPU backend's, so the
  * two may pick differently between gates within a few fp32 roundings of
  * each other. attn_plan_describe's visible_pairs and
  * visited_tile_pairs are then upper bounds, since the selection depends on

@@ -11,20 +11,8 @@
 // 8 slots that is contiguous in the pool (HND, or NHD with one KV head,
 // page size a multiple of 8) costs one thread two copies of 8 rows.
 //
-// Shared-memory layout of a K (or V) tile: 8 segments of 8 rows, [segment]
-// [row][D] with 16 bytes of padding after each segment; tile key k is row
-// k % 8 of segment k / 8 (a bulk copy writes contiguous bytes, so rows
-// inside a segment are unpadded). Rows of one segment share their banks;
-// rows of different segments are 16 bytes apart in bank order. So each
-// 8-row ldmatrix reads the same row of 8 segments: warp w takes rows 2w
-// and 2w + 1 of every segment, n-tile nt of its S = Q K^T being row 2w + nt
-// (key c * 8 + 2w + nt in column c), and P V reads V in the same order.
-//
-// Slots that hold no key (past the unit, or at positions >= n in the
-// sequence's last page, which may hold anything) are filled from a stand-in
-// finite row (Q of the sequence's first token, query head g * G) and get
-// position -1: their weight is exactly 0, which would not cancel a NaN or
-// Inf left in an unfilled slot.
+// The bulk copies' shared layout and the stand-in rows of empty slots: see
+// BulkCopy below.
 #pragma once
 
 #include "decode/paged_decode.cuh"
@@ -166,14 +154,16 @@ __device__ __forceinline__ SlotKey slot_key(const UnitInfo& ui, const TileIssue&
 }
 
 // The bulk-copy policy. Shared layout of a K (or V) tile: 8 segments of 8
-// rows, [segment][row][D] with 16 bytes of padding after each segment; tile
-// key k is row k % 8 of segment k / 8 (a bulk copy writes contiguous bytes,
-// so rows inside a segment are unpadded). Rows of one segment share their
-// banks; rows of different segments are 16 bytes apart in bank order. So
-// each 8-row ldmatrix reads the same row of 8 segments: warp w takes rows
-// 2w and 2w + 1 of every segment, n-tile nt of its S = Q K^T being row
-// 2w + nt (key c * 8 + 2w + nt in column c), and P V reads V in the same
-// order.
+// rows, [segment][row][D] with Pad elements after each segment; tile key k
+// is row k % 8 of segment k / 8 (a bulk copy writes contiguous bytes, so
+// rows inside a segment are unpadded). Rows of one segment share their
+// banks; with Pad 8 (16 bytes) rows of different segments are 16 bytes
+// apart in bank order, so each 8-row ldmatrix, which reads the same row of
+// 8 segments, is conflict-free; with Pad 16 (32 bytes, sm90-bulk32, every
+// copy's destination 32-byte aligned) segments s and s + 4 share banks, a
+// 2-way conflict. Warp w takes rows 2w and 2w + 1 of every segment, n-tile
+// nt of its S = Q K^T being row 2w + nt (key c * 8 + 2w + nt in column c),
+// and P V reads V in the same order.
 //
 // Slots that hold no key (past the unit, or at positions >= n in the
 // sequence's last page, which may hold anything) are filled from a stand-in

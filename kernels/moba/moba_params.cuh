@@ -120,10 +120,11 @@ struct SelectParams {
   int32_t sel_heads, q_words;
   int32_t q_tiles, q_tile_rows, q_cap;       // forward query tiles
   int32_t kv_q_tiles, kv_tile_rows, kv_cap;  // the dK/dV kernel's query tiles
-  // Read by select_kernel<T, true> only (the gate test,
+  // Written by select_kernel<T, true> only (the gate test,
   // tests/gpu/test_moba_gates.cu): [slots][seqlen_q][num_blocks], the gates
-  // the kernel computed (entries of blocks it computed no gate for are left
-  // as they were).
+  // the kernel computed, for every row of a 64-row tile and the blocks
+  // before the tile's last row's own block (a row reads those before its
+  // own); other entries are left as they were.
   float* gates;
 };
 

@@ -260,12 +260,14 @@ int32_t decode_check_supported(int32_t device, const kv::CacheConfig& cache, int
   // 68388d8, bench/results/decode-variants-2026-12-02-68388d8.md): 32 x 8K
   // 4.34 TB/s against 4.22, 4 x 64K 4.30 against 4.03, 1 x 128K 3.91 against
   // 3.83 (cuDNN 4.53, 4.46, 4.21); head dim 64 was not measured and keeps
-  // the bulk kernel.
+  // the bulk kernel, and so do devices other than sm_90 (bulk32's shared
+  // memory request keeps two blocks on an SM of 228 KiB; elsewhere it may
+  // keep one).
   if (requested == kDecodeKernelAuto)
-    requested = cache.page_size % 8 != 0             ? kDecodeKernelSm80
-                : cache.layout != ATTN_KV_LAYOUT_HND ? kDecodeKernelSm90Tensor
-                : cache.head_dim_qk == 128           ? kDecodeKernelSm90Bulk32
-                                                     : kDecodeKernelSm90Bulk;
+    requested = cache.page_size % 8 != 0                 ? kDecodeKernelSm80
+                : cache.layout != ATTN_KV_LAYOUT_HND     ? kDecodeKernelSm90Tensor
+                : cache.head_dim_qk == 128 && major == 9 ? kDecodeKernelSm90Bulk32
+                                                         : kDecodeKernelSm90Bulk;
   // The tensor copies move 8-slot segments of one page through a tensor map
   // of the pool: for other page sizes, or where the driver has no encoder
   // or the pool's dims do not encode, a request for them takes the

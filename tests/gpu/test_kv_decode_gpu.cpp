@@ -768,8 +768,8 @@ void kernel_env_case() {
 
   refused("ATTN_CUDA_DECODE_KERNEL", "sm91");
   // (The cache's pages hold 16 slots of a head-major pool at head dim 128:
-  // the tensor copies apply; the default on sm_90+ is the bulk copies to
-  // 32-byte aligned segments.)
+  // the tensor copies apply; the default is the bulk copies, to 32-byte
+  // aligned segments on sm_90.)
   const char* bulk_name = major >= 9 ? "cuda-sm90-bulk-paged" : "cuda-sm80-mma-paged";
   const char* bulk32_name = major >= 9 ? "cuda-sm90-bulk32-paged" : "cuda-sm80-mma-paged";
   const char* tensor_name = major >= 9 ? "cuda-sm90-tensor-paged" : "cuda-sm80-mma-paged";
@@ -777,7 +777,7 @@ void kernel_env_case() {
                                       {"sm90-bulk", bulk_name},
                                       {"sm90-bulk32", bulk32_name},
                                       {"sm90-tensor", tensor_name},
-                                      {"auto", bulk32_name}}) {
+                                      {"auto", major == 9 ? bulk32_name : bulk_name}}) {
     const attn_decode_plan_info_t pi = described("ATTN_CUDA_DECODE_KERNEL", value, 0);
     ok = ok && std::strncmp(pi.kernel, kernel, std::strlen(kernel)) == 0;
   }

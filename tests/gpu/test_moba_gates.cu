@@ -19,12 +19,14 @@
 // computed from a wrong fragment, or left out, then moves the gates by
 // about that product's size, which the test prints and requires to be
 // well above the error it allows: relative to each gate's scale
-// sqrt(sum_c (q_c m_c)^2), an RMS error of at most 2^-22 and a largest one
-// of 2^-19, an fp32 FMA loop's over the channels on these inputs (about
-// 2^-22.5 and 2^-19). Measured on an H200 (three runs): 2^-23.3 to 2^-24.3
-// RMS, 2^-20.4 to 2^-21.6 max; before each k-step's products got their own accumulator
-// (summed into the running gates on the tensor cores) 2^-19.1 to 2^-20.9
-// RMS, 2^-16.9 max.
+// sqrt(sum_c (q_c m_c)^2), an RMS error of at most 2^-22, an fp32 FMA
+// loop's over the channels on these inputs (about 2^-22.5; its largest
+// about 2^-19), and a largest one of 2^-18 (a margin for the random inputs
+// of every run). Measured on an H200 (three runs): 2^-23.3 to 2^-24.3 RMS,
+// 2^-20.4 to 2^-21.6 max; before each k-step's products got their own
+// accumulator (summed into the running gates on the tensor cores) 2^-19.1 to
+// 2^-20.9 RMS, 2^-16.9 max. (The bounds were measured on sm_90 only; the
+// test runs on sm_80 and later.)
 //
 // The merge: each row's selected blocks (the `selected` words) must be its
 // own block and the top_k of its past blocks by the kernel's own gates
@@ -254,7 +256,7 @@ void run(const Config& cfg, uint64_t seed) {
   const double err_rms = std::sqrt(err2 / double(std::max<int64_t>(n, 1)));
   double term_rms[5];
   for (int i = 0; i < 5; ++i) term_rms[i] = std::sqrt(term2[i] / double(std::max<int64_t>(n, 1)));
-  const double rms_bound = std::ldexp(1.0, -22), max_bound = std::ldexp(1.0, -19);
+  const double rms_bound = std::ldexp(1.0, -22), max_bound = std::ldexp(1.0, -18);
   if (ok && !(n > 0 && err_rms <= rms_bound && err_max <= max_bound)) {
     why = "gate error above its bound";
     ok = false;
@@ -295,7 +297,7 @@ void run(const Config& cfg, uint64_t seed) {
     ++rows_checked;
   }
 
-  std::printf("%-22s d %3d top_k %2d: %s  gates %" PRId64 ", error rms 2^%.1f max 2^%.1f (bounds 2^-22, 2^-19);"
+  std::printf("%-22s d %3d top_k %2d: %s  gates %" PRId64 ", error rms 2^%.1f max 2^%.1f (bounds 2^-22, 2^-18);"
               " products rms hi.mid 2^%.1f mid.hi 2^%.1f hi.lo 2^%.1f lo.hi 2^%.1f mid.mid 2^%.1f;"
               " rows merged %" PRId64 "%s%s\n",
               kind_name(cfg.kind), d, cfg.top_k, ok ? "ok" : "FAIL", n, std::log2(err_rms), std::log2(err_max),
@@ -316,6 +318,11 @@ int main() {
   CHECK_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
   if (major < 8) {
     std::printf("device older than sm_80: skipped\n");
+    return 77;
+  }
+  cudaFuncAttributes attr{};
+  if (cudaFuncGetAttributes(&attr, attn::moba::select_kernel<__nv_bfloat16, true>) != cudaSuccess) {
+    std::printf("no kernel image for this device in this build: skipped\n");
     return 77;
   }
   const char* env = std::getenv("ATTN_TEST_SEED");
