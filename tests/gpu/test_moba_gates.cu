@@ -51,34 +51,16 @@
 #include <string>
 #include <vector>
 
+#include "gpu_common.hpp"
 #include "moba/moba_select.cuh"
 
 namespace {
 
-#define CHECK_CUDA(x)                                                                     \
-  do {                                                                                    \
-    const cudaError_t e_ = (x);                                                           \
-    if (e_ != cudaSuccess) {                                                              \
-      std::printf("FAIL %s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                       \
-    }                                                                                     \
-  } while (0)
+using gpu_test::from_bf16;
+using gpu_test::to_bf16;
 
 // Round to nearest even of fp32 to bf16, as fp32 (inputs are finite).
-float bf16_rn(float x) {
-  uint32_t u;
-  std::memcpy(&u, &x, 4);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  u &= 0xffff0000u;
-  float r;
-  std::memcpy(&r, &u, 4);
-  return r;
-}
-uint16_t bf16_bits(float x) {  // x a bf16 value
-  uint32_t u;
-  std::memcpy(&u, &x, 4);
-  return uint16_t(u >> 16);
-}
+float bf16_rn(float x) { return from_bf16(to_bf16(x)); }
 
 // The kernel's split (split_bf16x3): hi, mid, lo with fp32 residuals.
 struct Split {
@@ -167,7 +149,7 @@ void run(const Config& cfg, uint64_t seed) {
           heads[2] = bf16_rn(float(t * std::fabs(heads[1]) * std::exp2(-9.0 - 0.5 * u01(rng))));
           heads[3] = bf16_rn(float((coin(rng) ? 1.0 : -1.0) * std::fabs(heads[0]) * std::exp2(-30.0)));
         }
-        for (int h = 0; h < G; ++h) qbits[(size_t(r) * G + h) * d + c] = bf16_bits(heads[h]);
+        for (int h = 0; h < G; ++h) qbits[(size_t(r) * G + h) * d + c] = to_bf16(heads[h]);
       }
       float acc = 0.f;
       for (int h = 0; h < G; ++h) acc += heads[h];
@@ -178,14 +160,14 @@ void run(const Config& cfg, uint64_t seed) {
   uint16_t* dq = nullptr;
   float *dpooled = nullptr, *dgates = nullptr;
   uint64_t* dsel = nullptr;
-  CHECK_CUDA(cudaMalloc(&dq, qbits.size() * 2));
-  CHECK_CUDA(cudaMalloc(&dpooled, means.size() * 4));
-  CHECK_CUDA(cudaMalloc(&dgates, size_t(L) * nb * 4));
-  CHECK_CUDA(cudaMalloc(&dsel, size_t(nb) * q_words * 8));
-  CHECK_CUDA(cudaMemcpy(dq, qbits.data(), qbits.size() * 2, cudaMemcpyHostToDevice));
-  CHECK_CUDA(cudaMemcpy(dpooled, means.data(), means.size() * 4, cudaMemcpyHostToDevice));
-  CHECK_CUDA(cudaMemset(dgates, 0xff, size_t(L) * nb * 4));  // NaN
-  CHECK_CUDA(cudaMemset(dsel, 0xa5, size_t(nb) * q_words * 8));
+  GPU_CHECK(cudaMalloc(&dq, qbits.size() * 2));
+  GPU_CHECK(cudaMalloc(&dpooled, means.size() * 4));
+  GPU_CHECK(cudaMalloc(&dgates, size_t(L) * nb * 4));
+  GPU_CHECK(cudaMalloc(&dsel, size_t(nb) * q_words * 8));
+  GPU_CHECK(cudaMemcpy(dq, qbits.data(), qbits.size() * 2, cudaMemcpyHostToDevice));
+  GPU_CHECK(cudaMemcpy(dpooled, means.data(), means.size() * 4, cudaMemcpyHostToDevice));
+  GPU_CHECK(cudaMemset(dgates, 0xff, size_t(L) * nb * 4));  // NaN
+  GPU_CHECK(cudaMemset(dsel, 0xa5, size_t(nb) * q_words * 8));
   p.q = dq;
   p.q_batch = int64_t(L) * G * d, p.q_seq = int64_t(G) * d, p.q_head = d;
   p.pooled = dpooled;
@@ -198,20 +180,20 @@ void run(const Config& cfg, uint64_t seed) {
   p.sel_heads = 1;  // shared: one per KV head; else one per query head (G = 1)
   p.q_words = q_words;
   const int smem = int(attn::moba::select_smem_bytes(d));
-  CHECK_CUDA(cudaFuncSetAttribute(attn::moba::select_kernel<T, true>,
+  GPU_CHECK(cudaFuncSetAttribute(attn::moba::select_kernel<T, true>,
                                   cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   attn::moba::select_kernel<T, true>
       <<<dim3(unsigned(q_words), 1, 1), attn::moba::kSelectThreads, size_t(smem)>>>(p);
-  CHECK_CUDA(cudaGetLastError());
-  CHECK_CUDA(cudaDeviceSynchronize());
+  GPU_CHECK(cudaGetLastError());
+  GPU_CHECK(cudaDeviceSynchronize());
   std::vector<float> gates(size_t(L) * nb);
   std::vector<uint64_t> sel(size_t(nb) * q_words);
-  CHECK_CUDA(cudaMemcpy(gates.data(), dgates, gates.size() * 4, cudaMemcpyDeviceToHost));
-  CHECK_CUDA(cudaMemcpy(sel.data(), dsel, sel.size() * 8, cudaMemcpyDeviceToHost));
-  CHECK_CUDA(cudaFree(dq));
-  CHECK_CUDA(cudaFree(dpooled));
-  CHECK_CUDA(cudaFree(dgates));
-  CHECK_CUDA(cudaFree(dsel));
+  GPU_CHECK(cudaMemcpy(gates.data(), dgates, gates.size() * 4, cudaMemcpyDeviceToHost));
+  GPU_CHECK(cudaMemcpy(sel.data(), dsel, sel.size() * 8, cudaMemcpyDeviceToHost));
+  GPU_CHECK(cudaFree(dq));
+  GPU_CHECK(cudaFree(dpooled));
+  GPU_CHECK(cudaFree(dgates));
+  GPU_CHECK(cudaFree(dsel));
 
   // Gates: every past block of every row whose own block exceeds top_k (the
   // kernel computes a tile's gates up to its last row's own block; rows
@@ -309,13 +291,9 @@ void run(const Config& cfg, uint64_t seed) {
 }  // namespace
 
 int main() {
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
-    std::printf("no CUDA device: skipped\n");
-    return 77;
-  }
+  gpu_test::skip_without_device();
   int major = 0;
-  CHECK_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
+  GPU_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
   if (major < 8) {
     std::printf("device older than sm_80: skipped\n");
     return 77;
