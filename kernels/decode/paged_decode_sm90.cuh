@@ -89,10 +89,7 @@ struct MbarSmem {
   static constexpr int kKvBytes = S * 2 * kTileBytes;
   static constexpr int kPosBytes = S * kTileKeys * 4;
   static constexpr int kEntriesPerTile = kTileKeys + 1;
-  // S + 1 buffers: the early issue (decode_unit_mbar) reads a tile's
-  // entries S iterations before its copies and fetches them one earlier.
-  static constexpr int kEntryBufs = S + 1;
-  static constexpr int kEntryBytes = kEntryBufs * kEntriesPerTile * 16;
+  static constexpr int kEntryBytes = S * kEntriesPerTile * 16;
   static constexpr int kLdQ = D + 8;
   static constexpr int kQBytes = 16 * kLdQ * 2;
   static constexpr int kBarBytes = (S * 8 + 15) / 16 * 16;
@@ -181,54 +178,37 @@ struct BulkCopy {
 
   __device__ static void prefetch(const DecodeParams&) {}
 
-  // Tile key tid's copies, computed ahead of their issue (plan, then fire):
-  // its position (-1: none), the bytes it copies per side (0: the first
-  // thread of its segment copies all 8 rows), K and V sources.
-  struct Planned {
-    int pos;
-    uint32_t bytes;
-    const T* k;
-    const T* v;
-  };
-
   // Thread tid < kTileKeys (whole warps: the ballot) takes tile key tid, row
   // tid % 8 of segment tid / 8. 8 slots from a multiple of 8 lie in one page
   // when ps % 8 == 0 (a unit starts at a page) and are contiguous when a
   // slot's row follows the last: then the segment's first thread copies all.
-  // Reads t.ent (the tile's page entries) only.
-  __device__ static Planned plan(const DecodeParams& p, const UnitInfo& ui, const TileIssue& t) {
+  __device__ static void issue(const DecodeParams& p, const UnitInfo& ui, const TileIssue& t) {
     const T* k_pool = static_cast<const T*>(p.k_pool);
     const T* v_pool = static_cast<const T*>(p.v_pool);
-    const int key = threadIdx.x, lane = key % 32, row = key % 8;
+    const int key = threadIdx.x, lane = key % 32, seg = key / 8, row = key % 8;
     const SlotKey sk = slot_key(ui, t, key);
     const int64_t off = sk.page * p.page_elems + int64_t(ui.g) * p.head_stride +
                         int64_t(sk.in_page) * p.slot_stride;
+    t.pos[key] = sk.valid ? sk.pos : -1;
     const uint32_t seg_valid = (__ballot_sync(0xffffffffu, sk.valid) >> (lane & 24)) & 0xffu;
     const bool runs_of_8 = ui.ps % 8 == 0 && p.slot_stride == D;
-    if (runs_of_8 && seg_valid == 0xffu)
-      return {sk.pos, row == 0 ? 8 * kRowBytes : 0u, k_pool + off, v_pool + off};
-    // token 0 of the sequence, query head g * G: finite
-    const T* filler = static_cast<const T*>(p.q) + (ui.q_begin * p.heads_q + int64_t(ui.g) * p.group) * D;
-    return {sk.valid ? sk.pos : -1, kRowBytes, sk.valid ? k_pool + off : filler,
-            sk.valid ? v_pool + off : filler};
-  }
-
-  // The planned copies into the stage of t (its positions, barrier, tiles).
-  __device__ static void fire(const Planned& c, const TileIssue& t) {
-    const int key = threadIdx.x, seg = key / 8, row = key % 8;
-    t.pos[key] = c.pos;
-    const uint32_t at = uint32_t((seg * SM::kSegElems + row * D) * 2);
-    if (c.bytes != 0) {
-      mbar_arrive_expect_tx(t.bar, 2 * c.bytes);
-      bulk_load(t.k + at, c.k, c.bytes, t.bar);
-      bulk_load(t.v + at, c.v, c.bytes, t.bar);
+    const uint32_t dk = t.k + uint32_t((seg * SM::kSegElems + row * D) * 2);
+    const uint32_t dv = t.v + uint32_t((seg * SM::kSegElems + row * D) * 2);
+    if (runs_of_8 && seg_valid == 0xffu) {
+      if (row == 0) {
+        mbar_arrive_expect_tx(t.bar, 2 * 8 * kRowBytes);
+        bulk_load(dk, k_pool + off, 8 * kRowBytes, t.bar);
+        bulk_load(dv, v_pool + off, 8 * kRowBytes, t.bar);
+      } else {
+        mbar_arrive(t.bar);
+      }
     } else {
-      mbar_arrive(t.bar);
+      // token 0 of the sequence, query head g * G: finite
+      const T* filler = static_cast<const T*>(p.q) + (ui.q_begin * p.heads_q + int64_t(ui.g) * p.group) * D;
+      mbar_arrive_expect_tx(t.bar, 2 * kRowBytes);
+      bulk_load(dk, sk.valid ? k_pool + off : filler, kRowBytes, t.bar);
+      bulk_load(dv, sk.valid ? v_pool + off : filler, kRowBytes, t.bar);
     }
-  }
-
-  __device__ static void issue(const DecodeParams& p, const UnitInfo& ui, const TileIssue& t) {
-    fire(plan(p, ui, t), t);
   }
 
   // A warp's ldmatrix addresses (lane l: row l % 8 of matrix l / 8) and keys.
@@ -248,28 +228,12 @@ struct BulkCopy {
   };
 };
 
-// The register type of the early issue's planned copies (none without it).
-template <class Copy, bool kEarly>
-struct PlannedOf {
-  using type = int;
-};
-template <class Copy>
-struct PlannedOf<Copy, true> {
-  using type = typename Copy::Planned;
-};
-
 // One work unit u of an sm_90 kernel with copy policy Copy: the pipeline of
 // paged_decode_kernel, the entries on cp.async groups, the K/V of tile t on
 // stage (tile_base + t) % S, completing phase (tile_base + t) / S of that
 // stage's barrier (tile_base: the tiles of the block's earlier units,
 // advanced here).
-//
-// kEarly (Copy with plan and fire): tile t's copies are planned (addresses,
-// positions) at the end of iteration t - S, while the warps wait for tile
-// t - S + 1, and fired right after that barrier: the stage's refill leaves
-// at once when the tile before it lands instead of after the address
-// arithmetic. Its entries are fetched S + 1 tiles ahead (S + 1 buffers).
-template <class T, int D, int S, class Copy, bool kEarly = false>
+template <class T, int D, int S, class Copy>
 __device__ __forceinline__ void decode_unit_mbar(const DecodeParams& p, const WorkUnit& u,
                                                  unsigned char* smem, int& tile_base) {
   using flash::cp_async_16;
@@ -293,18 +257,15 @@ __device__ __forceinline__ void decode_unit_mbar(const DecodeParams& p, const Wo
   const int tiles = int((slots + kTileKeys - 1) / kTileKeys);
 
   // Entries of tile `tile` into buffer tile % S, S - 1 iterations before its
-  // K/V (as in paged_decode_kernel); kEarly: buffer tile % (S + 1), S + 1
-  // iterations before.
-  constexpr int kAhead = kEarly ? S + 1 : S - 1;
-  auto ebuf = [](int tile) { return kEarly ? tile % (S + 1) : tile % S; };
+  // K/V (as in paged_decode_kernel).
   auto fetch_entries = [&](int tile) {
     const int64_t first = int64_t(uint32_t(tile * kTileKeys) / ups);
     const int64_t last = min(int64_t(uint32_t(tile * kTileKeys + kTileKeys - 1) / ups), num_entries - 1);
     if (tid <= last - first)
-      cp_async_16(smem_u32(sEnt + ebuf(tile) * SM::kEntriesPerTile + tid),
+      cp_async_16(smem_u32(sEnt + (tile % S) * SM::kEntriesPerTile + tid),
                   p.entries + u.entry_begin + first + tid, true);
   };
-  for (int j = 0; j < kAhead; ++j)
+  for (int j = 0; j < S - 1; ++j)
     if (j < tiles) fetch_entries(j);
 
   const SeqMeta sm = p.seqs[u.seq];
@@ -333,38 +294,26 @@ __device__ __forceinline__ void decode_unit_mbar(const DecodeParams& p, const Wo
   const int base = tile_base;
   tile_base += tiles;
   // Tile `tile` into stage (base + tile) % S, by threads tid < kTileKeys.
-  auto tile_issue = [&](int tile) {
+  auto issue_kv = [&](int tile) {
     const int st = (base + tile) % S;
     const uint32_t slot0 = uint32_t(tile * kTileKeys);
     const uint32_t sK = sKV + uint32_t(st * 2 * SM::kTileBytes);
-    return TileIssue{sEnt + ebuf(tile) * SM::kEntriesPerTile, sPos + st * kTileKeys,
-                     smem_u32(sBar + st), sK, sK + uint32_t(SM::kTileBytes), slot0, slot0 / ups};
+    const TileIssue t{sEnt + (tile % S) * SM::kEntriesPerTile, sPos + st * kTileKeys,
+                      smem_u32(sBar + st), sK, sK + uint32_t(SM::kTileBytes), slot0, slot0 / ups};
+    Copy::issue(p, ui, t);
   };
-  auto issue_kv = [&](int tile) { Copy::issue(p, ui, tile_issue(tile)); };
 
   // The barrier at the top of iteration i also ends every warp's reads of
   // the stage of tile i-1, which the iteration refills.
   flash::cp_async_commit();
   flash::cp_async_wait<0>();
-  __syncthreads();  // sQ, the entries of tiles 0 .. kAhead - 1, the barriers
-  // kEarly: the planned copies of tile `tile + S - 1`, fired at the top of
-  // iteration `tile` (threads tid < kTileKeys).
-  [[maybe_unused]] typename PlannedOf<Copy, kEarly>::type planned{};
-  if constexpr (kEarly) {
-    if (tid < kTileKeys) {
+  __syncthreads();  // sQ, the entries of tiles 0 .. S-2, the barriers
 #pragma unroll
-      for (int j = 0; j < S - 1; ++j)
-        if (j < tiles) issue_kv(j);
-      if (S - 1 < tiles) planned = Copy::plan(p, ui, tile_issue(S - 1));
-    }
-  } else {
-#pragma unroll
-    for (int j = 0; j < S - 1; ++j) {
-      if (j > 0) __syncthreads();
-      if (j < tiles && tid < kTileKeys) issue_kv(j);
-      if (S - 1 + j < tiles) fetch_entries(S - 1 + j);
-      flash::cp_async_commit();
-    }
+  for (int j = 0; j < S - 1; ++j) {
+    if (j > 0) __syncthreads();
+    if (j < tiles && tid < kTileKeys) issue_kv(j);
+    if (S - 1 + j < tiles) fetch_entries(S - 1 + j);
+    flash::cp_async_commit();
   }
 
   uint32_t qf[D / 16][4];
@@ -391,21 +340,11 @@ __device__ __forceinline__ void decode_unit_mbar(const DecodeParams& p, const Wo
   const typename Copy::Reader rd(warp, lane);
   for (int tile = 0; tile < tiles; ++tile) {
     const int st = (base + tile) % S;
-    if constexpr (kEarly) {
-      // The entries fetched last iteration (those of tile + S, planned
-      // below) with the tile.
-      mbar_wait(smem_u32(sBar + st), uint32_t((base + tile) / S) & 1u);
-      flash::cp_async_wait<0>();
-      __syncthreads();
-      if (tile + S - 1 < tiles && tid < kTileKeys) Copy::fire(planned, tile_issue(tile + S - 1));
-      if (tile + S + 1 < tiles) fetch_entries(tile + S + 1);
-    } else {
-      flash::cp_async_wait<S - 2>();
-      mbar_wait(smem_u32(sBar + st), uint32_t((base + tile) / S) & 1u);
-      __syncthreads();
-      if (tile + S - 1 < tiles && tid < kTileKeys) issue_kv(tile + S - 1);
-      if (tile + 2 * S - 2 < tiles) fetch_entries(tile + 2 * S - 2);
-    }
+    flash::cp_async_wait<S - 2>();
+    mbar_wait(smem_u32(sBar + st), uint32_t((base + tile) / S) & 1u);
+    __syncthreads();
+    if (tile + S - 1 < tiles && tid < kTileKeys) issue_kv(tile + S - 1);
+    if (tile + 2 * S - 2 < tiles) fetch_entries(tile + 2 * S - 2);
     flash::cp_async_commit();
 
     const uint32_t sK = sKV + uint32_t(st * 2 * SM::kTileBytes);
@@ -431,8 +370,6 @@ __device__ __forceinline__ void decode_unit_mbar(const DecodeParams& p, const Wo
       flash::mma_16816<T>(acc[2 * dn], a, b[0], b[1]);
       flash::mma_16816<T>(acc[2 * dn + 1], a, b[2], b[3]);
     }
-    if constexpr (kEarly)
-      if (tile + S < tiles && tid < kTileKeys) planned = Copy::plan(p, ui, tile_issue(tile + S));
   }
   flash::cp_async_wait<0>();
   __syncthreads();  // every warp's last reads of the K/V area, now the merge area
@@ -447,7 +384,7 @@ __device__ __forceinline__ void decode_unit_mbar(const DecodeParams& p, const Wo
 // tensor copies address its tensor maps. The minimum of resident blocks
 // steers ptxas' register choice: left free, at D = 64 it settles on 96
 // registers and spills.
-template <class T, int D, int S, bool kBalanced, class Copy, bool kEarly = false>
+template <class T, int D, int S, bool kBalanced, class Copy>
 __global__ void __launch_bounds__(kThreads, D <= 64 ? 4 : 3)
     paged_decode_mbar_kernel(const __grid_constant__ DecodeParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -468,7 +405,7 @@ __global__ void __launch_bounds__(kThreads, D <= 64 ? 4 : 3)
   mbar_init_fence();
   int tile_base = 0;
   for_each_unit<kBalanced>(
-      p, [&](const WorkUnit& u) { decode_unit_mbar<T, D, S, Copy, kEarly>(p, u, smem, tile_base); });
+      p, [&](const WorkUnit& u) { decode_unit_mbar<T, D, S, Copy>(p, u, smem, tile_base); });
 #else
   __trap();  // the host launches this kernel only on devices it was built for
 #endif

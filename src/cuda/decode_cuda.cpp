@@ -189,9 +189,8 @@ int32_t decode_kernel_requested() {
   if (std::strcmp(env, "sm80") == 0) return kDecodeKernelSm80;
   if (std::strcmp(env, "sm90-bulk") == 0) return kDecodeKernelSm90Bulk;
   if (std::strcmp(env, "sm90-bulk32") == 0) return kDecodeKernelSm90Bulk32;
-  if (std::strcmp(env, "sm90-bulk32e") == 0) return kDecodeKernelSm90Bulk32Early;
   if (std::strcmp(env, "sm90-tensor") == 0) return kDecodeKernelSm90Tensor;
-  invalid_argument("ATTN_CUDA_DECODE_KERNEL must be auto, sm80, sm90-bulk, sm90-bulk32, sm90-bulk32e or sm90-tensor, got \"",
+  invalid_argument("ATTN_CUDA_DECODE_KERNEL must be auto, sm80, sm90-bulk, sm90-bulk32 or sm90-tensor, got \"",
                    env, "\"");
 }
 
@@ -280,7 +279,7 @@ int32_t decode_check_supported(int32_t device, const kv::CacheConfig& cache, int
   // sm_80 PTX compiled by the driver); else the cp.async kernel.
   int32_t kernel = kDecodeKernelSm80;
   if ((requested == kDecodeKernelSm90Bulk || requested == kDecodeKernelSm90Bulk32 ||
-       requested == kDecodeKernelSm90Bulk32Early || requested == kDecodeKernelSm90Tensor) &&
+       requested == kDecodeKernelSm90Tensor) &&
       major >= 9) {
     int arch = 0;
     if (decode_kernels_available(DecodeKernel(requested), &arch) == cudaSuccess && arch >= 90)

@@ -23,11 +23,11 @@
 // refused without writing O, NOT_SUPPORTED for what the kernel lacks (grids
 // past CUDA's limits included), and
 // ATTN_CUDA_DECODE_STAGES refused unless 2 or 3, ATTN_CUDA_DECODE_KERNEL
-// refused unless auto, sm80, sm90-bulk, sm90-bulk32(e) or sm90-tensor, ATTN_CUDA_DECODE_SPLIT unless
+// refused unless auto, sm80, sm90-bulk, sm90-bulk32 or sm90-tensor, ATTN_CUDA_DECODE_SPLIT unless
 // auto, waves or balanced, ATTN_CUDA_DECODE_PDL unless 0 or 1. The page memory is the test's,
 // every byte 0xff (NaN) before the first append, so that slots holding no
 // token must not weigh in. Under ATTN_CUDA_DECODE_KERNEL=sm80, sm90-bulk,
-// sm90-bulk32(e) or sm90-tensor every plan must name that kernel in describe() (the sm_90 ones
+// sm90-bulk32 or sm90-tensor every plan must name that kernel in describe() (the sm_90 ones
 // on sm_90+ devices, the sm_80 one before; sm90-tensor on page sizes that
 // are multiples of 8, sm90-bulk on others); under ATTN_CUDA_DECODE_SPLIT=balanced
 // the automatic split's plans must name the balanced split.
@@ -772,12 +772,10 @@ void kernel_env_case() {
   // aligned segments on sm_90.)
   const char* bulk_name = major >= 9 ? "cuda-sm90-bulk-paged" : "cuda-sm80-mma-paged";
   const char* bulk32_name = major >= 9 ? "cuda-sm90-bulk32-paged" : "cuda-sm80-mma-paged";
-  const char* bulk32e_name = major >= 9 ? "cuda-sm90-bulk32e-paged" : "cuda-sm80-mma-paged";
   const char* tensor_name = major >= 9 ? "cuda-sm90-tensor-paged" : "cuda-sm80-mma-paged";
   for (const auto& [value, kernel] : {std::pair<const char*, const char*>{"sm80", "cuda-sm80-mma-paged"},
                                       {"sm90-bulk", bulk_name},
                                       {"sm90-bulk32", bulk32_name},
-                                      {"sm90-bulk32e", bulk32e_name},
                                       {"sm90-tensor", tensor_name},
                                       {"auto", major == 9 ? bulk32_name : bulk_name}}) {
     const attn_decode_plan_info_t pi = described("ATTN_CUDA_DECODE_KERNEL", value, 0);
@@ -827,8 +825,6 @@ int main() {
       g_expect_kernel = g_expect_kernel_p8 = sm90 ? "cuda-sm90-bulk-paged" : sm80;
     } else if (forced != nullptr && std::strcmp(forced, "sm90-bulk32") == 0) {
       g_expect_kernel = g_expect_kernel_p8 = sm90 ? "cuda-sm90-bulk32-paged" : sm80;
-    } else if (forced != nullptr && std::strcmp(forced, "sm90-bulk32e") == 0) {
-      g_expect_kernel = g_expect_kernel_p8 = sm90 ? "cuda-sm90-bulk32e-paged" : sm80;
     } else if (forced != nullptr && std::strcmp(forced, "sm90-tensor") == 0) {
       g_expect_kernel = sm90 ? "cuda-sm90-bulk-paged" : sm80;
       g_expect_kernel_p8 = sm90 ? "cuda-sm90-tensor-paged" : sm80;
