@@ -163,13 +163,13 @@ COPY_ELEMENTS = 1 << 29
 VARIANTS = tuple((f"{kernel}, {stages} stages, {split}{', pdl' if pdl == '1' else ''}",
                   {"ATTN_CUDA_DECODE_KERNEL": kernel, "ATTN_CUDA_DECODE_STAGES": stages,
                    "ATTN_CUDA_DECODE_SPLIT": split, "ATTN_CUDA_DECODE_PDL": pdl})
-                 for kernel in ("sm80", "sm90-bulk", "sm90-bulk32", "sm90-tensor", "sm90-tensor2") for stages in ("2", "3") for split in ("waves", "balanced")
+                 for kernel in ("sm80", "sm90-bulk", "sm90-bulk32", "sm90-tensor") for stages in ("2", "3") for split in ("waves", "balanced")
                  for pdl in ("0", "1"))
 
 # And each kernel x stages without a split (kv_chunk_tokens -1: one block per sequence and KV head).
 NO_SPLIT_VARIANTS = tuple((f"{kernel}, {stages} stages, no split",
                            {"ATTN_CUDA_DECODE_KERNEL": kernel, "ATTN_CUDA_DECODE_STAGES": stages})
-                          for kernel in ("sm80", "sm90-bulk", "sm90-bulk32", "sm90-tensor", "sm90-tensor2") for stages in ("2", "3"))
+                          for kernel in ("sm80", "sm90-bulk", "sm90-bulk32", "sm90-tensor") for stages in ("2", "3"))
 
 # Fixed kv_chunk_tokens timed next to the automatic split, per (batch, context). 2736 at 4 x 64K and
 # 1328 at 1 x 128K (83 pages) are the old two-wave splits (24 and 99 chunks), now with the parallel combine.

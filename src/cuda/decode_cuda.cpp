@@ -190,8 +190,7 @@ int32_t decode_kernel_requested() {
   if (std::strcmp(env, "sm90-bulk") == 0) return kDecodeKernelSm90Bulk;
   if (std::strcmp(env, "sm90-bulk32") == 0) return kDecodeKernelSm90Bulk32;
   if (std::strcmp(env, "sm90-tensor") == 0) return kDecodeKernelSm90Tensor;
-  if (std::strcmp(env, "sm90-tensor2") == 0) return kDecodeKernelSm90Tensor2;
-  invalid_argument("ATTN_CUDA_DECODE_KERNEL must be auto, sm80, sm90-bulk, sm90-bulk32, sm90-tensor or sm90-tensor2, got \"",
+  invalid_argument("ATTN_CUDA_DECODE_KERNEL must be auto, sm80, sm90-bulk, sm90-bulk32 or sm90-tensor, got \"",
                    env, "\"");
 }
 
@@ -273,14 +272,14 @@ int32_t decode_check_supported(int32_t device, const kv::CacheConfig& cache, int
   // of the pool: for other page sizes, or where the driver has no encoder
   // or the pool's dims do not encode, a request for them takes the
   // bulk-copy kernel (describe() names the kernel that runs).
-  if ((requested == kDecodeKernelSm90Tensor || requested == kDecodeKernelSm90Tensor2) && major >= 9 &&
+  if (requested == kDecodeKernelSm90Tensor && major >= 9 &&
       (cache.page_size % 8 != 0 || !pool_map_encodes(cache)))
     requested = kDecodeKernelSm90Bulk;
   // The sm_90 kernels only where code compiled for sm_90 or later runs (not
   // sm_80 PTX compiled by the driver); else the cp.async kernel.
   int32_t kernel = kDecodeKernelSm80;
   if ((requested == kDecodeKernelSm90Bulk || requested == kDecodeKernelSm90Bulk32 ||
-       requested == kDecodeKernelSm90Tensor || requested == kDecodeKernelSm90Tensor2) &&
+       requested == kDecodeKernelSm90Tensor) &&
       major >= 9) {
     int arch = 0;
     if (decode_kernels_available(DecodeKernel(requested), &arch) == cudaSuccess && arch >= 90)
@@ -398,7 +397,7 @@ void decode_launch(const kv::DecodePlan& plan, const kv::KvCache& cache,
   p.sinks = cc.sink_tokens;
   p.scale = cfg.scale;
   p.softcap = cfg.softcap;
-  if (plan.device_kernel() == kDecodeKernelSm90Tensor || plan.device_kernel() == kDecodeKernelSm90Tensor2) {
+  if (plan.device_kernel() == kDecodeKernelSm90Tensor) {
     encode_pool_map(&p.k_map, cc, p.k_pool);
     encode_pool_map(&p.v_map, cc, p.v_pool);
   }

@@ -46,7 +46,6 @@ constexpr int32_t kDecodeKernelSm80 = 0;      // cp.async from every thread, sm_
 constexpr int32_t kDecodeKernelSm90Bulk = 1;  // bulk copies on mbarriers, sm_90 code
 constexpr int32_t kDecodeKernelSm90Tensor = 2;  // swizzled tensor copies, sm_90 code
 constexpr int32_t kDecodeKernelSm90Bulk32 = 3;  // bulk copies to 32-byte aligned segments, <= 2 blocks/SM
-constexpr int32_t kDecodeKernelSm90Tensor2 = 4;  // tensor copies, <= 2 blocks/SM
 constexpr int32_t kDecodeKernelAuto = -1;     // the default choice, by layout and device
 
 // The variant ATTN_CUDA_DECODE_KERNEL asks for (a tuning hook, read at plan

@@ -29,10 +29,6 @@ KernelChoice kernel_of(DecodeKernel variant, bool balanced) {
     return {balanced ? decode::paged_decode_mbar_kernel<T, D, S, true, decode::TensorCopy<T, D, S>>
                      : decode::paged_decode_mbar_kernel<T, D, S, false, decode::TensorCopy<T, D, S>>,
             decode::TensorSmem<D, S>::kBytes};
-  if (variant == DecodeKernel::kSm90Tensor2)
-    return {balanced ? decode::paged_decode_mbar_kernel<T, D, S, true, decode::TensorCopy<T, D, S>>
-                     : decode::paged_decode_mbar_kernel<T, D, S, false, decode::TensorCopy<T, D, S>>,
-            std::max(decode::TensorSmem<D, S>::kBytes, kTwoPerSmBytes)};
   if (variant == DecodeKernel::kSm90Bulk32)
     return {balanced ? decode::paged_decode_mbar_kernel<T, D, S, true, decode::BulkCopy<T, D, S, 16>>
                      : decode::paged_decode_mbar_kernel<T, D, S, false, decode::BulkCopy<T, D, S, 16>>,

@@ -16,15 +16,8 @@ namespace attn::cuda {
 // (sm_90+ code only; page sizes that are multiples of 8).
 // kSm90Bulk32: the bulk copies into segments 32 bytes apart (every copy's
 // destination 32-byte aligned, a 2-way ldmatrix conflict), with shared
-// memory asked for so that at most two blocks share an SM; kSm90Tensor2:
-// the tensor copies with that shared memory request.
-enum class DecodeKernel {
-  kSm80CpAsync = 0,
-  kSm90Bulk = 1,
-  kSm90Tensor = 2,
-  kSm90Bulk32 = 3,
-  kSm90Tensor2 = 4
-};
+// memory asked for so that at most two blocks share an SM.
+enum class DecodeKernel { kSm80CpAsync = 0, kSm90Bulk = 1, kSm90Tensor = 2, kSm90Bulk32 = 3 };
 
 // cudaSuccess when this build has code of `variant` for the current
 // device; *virtual_arch (when not null) then receives the virtual

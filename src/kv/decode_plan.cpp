@@ -603,7 +603,6 @@ void DecodePlan::describe(attn_decode_plan_info_t& info) const {
     kernel = device_kernel_ == cuda::kDecodeKernelSm90Tensor ? "cuda-sm90-tensor-paged"
              : device_kernel_ == cuda::kDecodeKernelSm90Bulk ? "cuda-sm90-bulk-paged"
              : device_kernel_ == cuda::kDecodeKernelSm90Bulk32 ? "cuda-sm90-bulk32-paged"
-             : device_kernel_ == cuda::kDecodeKernelSm90Tensor2 ? "cuda-sm90-tensor2-paged"
                                                               : "cuda-sm80-mma-paged";
 #endif
   std::snprintf(info.kernel, sizeof info.kernel, "%s%s%s", kernel,

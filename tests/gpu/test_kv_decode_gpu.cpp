@@ -828,9 +828,6 @@ int main() {
     } else if (forced != nullptr && std::strcmp(forced, "sm90-tensor") == 0) {
       g_expect_kernel = sm90 ? "cuda-sm90-bulk-paged" : sm80;
       g_expect_kernel_p8 = sm90 ? "cuda-sm90-tensor-paged" : sm80;
-    } else if (forced != nullptr && std::strcmp(forced, "sm90-tensor2") == 0) {
-      g_expect_kernel = sm90 ? "cuda-sm90-bulk-paged" : sm80;
-      g_expect_kernel_p8 = sm90 ? "cuda-sm90-tensor2-paged" : sm80;
     } else if (forced != nullptr && std::strcmp(forced, "sm80") == 0) {
       g_expect_kernel = g_expect_kernel_p8 = sm80;
     }
