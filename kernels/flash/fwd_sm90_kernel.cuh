@@ -243,11 +243,14 @@ __device__ __forceinline__ void flash_fwd_sm90_tile(const FwdParams& p) {
   // O += P_{j-1} V_{j-1} together, then computes the softmax of S_j while
   // the tensor cores run the second GEMM; O is rescaled by S_j's alpha once
   // that GEMM is done. Loads run ST - 1 iterations ahead: commit group g_p
-  // holds K_p and V_{p-1} (g_0 also Q); g_0 .. g_{ST-2} before the loop,
-  // g_{j+ST-1} at iteration j, after the barrier, into the K buffer S_{j-1}
-  // read and the V buffer O's GEMM of iteration j-1 read (each wgmma has
-  // completed before its warpgroup reaches the next barrier). Iteration j
-  // needs g_j: ST - 2 younger groups may stay in flight.
+  // holds K_p and V_{p-1} (g_0 also Q); g_0 .. g_{ST-1} before the loop
+  // (every buffer is free then: g_{ST-1} need not wait for iteration 0's
+  // barrier, where only S_0's GEMM would hide its latency, once per query
+  // tile, which short tile lists such as block-sparse and MoBA ones feel),
+  // g_{j+ST-1} at iteration j >= 1, after the barrier, into the K buffer
+  // S_{j-1} read and the V buffer O's GEMM of iteration j-1 read (each wgmma
+  // has completed before its warpgroup reaches the next barrier). Iteration
+  // j needs g_j: ST - 2 younger groups may stay in flight (ST - 1 at j = 0).
   auto load_group = [&](int grp) {
     if (grp < n_tiles) {
       const int n = tile_of(grp);
@@ -284,7 +287,7 @@ __device__ __forceinline__ void flash_fwd_sm90_tile(const FwdParams& p) {
     __syncthreads();
   }
 #pragma unroll
-  for (int grp = 0; grp < ST - 1; ++grp) load_group(grp);
+  for (int grp = 0; grp < ST; ++grp) load_group(grp);
 
   // This thread's two rows of the tile (accumulator rows g and g + 8 of
   // its warp's 16).
@@ -306,14 +309,17 @@ __device__ __forceinline__ void flash_fwd_sm90_tile(const FwdParams& p) {
   // loads read ST - 1 iterations ahead, so the first of them is read after
   // the next barrier.
   auto tile_ready = [&](int j) {
-    cp_async_wait<ST - 2>();
+    if (j == 0)
+      cp_async_wait<ST - 1>();
+    else
+      cp_async_wait<ST - 2>();
     sm90::fence_proxy_async();
     __syncthreads();
     if constexpr (Sparse) {
       if (j >= kHalf && j % kHalf == 0 && n_tiles - j - kHalf > 0)
         fill_ring(max(0, n_tiles - j - kRing), n_tiles - j - kHalf);
     }
-    load_group(j + ST - 1);
+    if (j > 0) load_group(j + ST - 1);
   };
   // S = Q K_j^T: [64][BN] for this warpgroup (committed as one group).
   auto issue_s = [&](int j) {
