@@ -138,16 +138,22 @@ __device__ __forceinline__ void flash_fwd_sm90_tile(const FwdParams& p) {
   // Dense: last query tiles first (under a causal mask they are the
   // longest). Sparse: work item x of the slot, (tile, first visit, end).
   int m_block, n_tiles = 0, n_end = 0;
-  // Sparse: this block's work item, recomputed where needed (registers).
+  // Sparse: this block's work item (kSm90FwdItemWords words, item x of its
+  // slot at slot * tiles + x: no offset to read first), recomputed where
+  // needed (registers); the KV tiles of its first two iterations (its last
+  // two visits), so that their loads need not wait for the visit ring.
   auto work_item = [&] {
     const TileLists& sp = p.sparse;
     const int b_ = int(blockIdx.z), hk_ = int(blockIdx.y) / p.group;
-    return sp.items + kItemWords * (sp.item_offsets[mask_slot(sp, b_, hk_)] + int(blockIdx.x));
+    return sp.items + kSm90FwdItemWords * (mask_slot(sp, b_, hk_) * sp.tiles + int(blockIdx.x));
   };
+  [[maybe_unused]] int first_tiles[2] = {-1, -1};
   if constexpr (Sparse) {
     const int32_t* item = work_item();
     m_block = item[0];
     n_tiles = item[2] - item[1];
+    first_tiles[0] = item[3];
+    first_tiles[1] = item[4];
   } else {
     m_block = Gather ? 0 : int(gridDim.x) - 1 - int(blockIdx.x);
   }
@@ -251,22 +257,25 @@ __device__ __forceinline__ void flash_fwd_sm90_tile(const FwdParams& p) {
   // S_{j-1} read and the V buffer O's GEMM of iteration j-1 read (each wgmma
   // has completed before its warpgroup reaches the next barrier). Iteration
   // j needs g_j: ST - 2 younger groups may stay in flight (ST - 1 at j = 0).
-  auto load_group = [&](int grp) {
-    if (grp < n_tiles) {
-      const int n = tile_of(grp);
+  // Group grp's copies: KV tile kn's K (-1: none) into buffer grp % ST,
+  // tile vn's V into buffer (grp - 1) % ST.
+  auto load_kv = [&](int grp, int kn, int vn) {
+    if (kn >= 0)
       sm90::load_tile_swizzled<BN, D, NTH>(sKa + uint32_t(grp % ST) * kKvBytes,
-                                           gK + int64_t(n) * BN * p.k_seq, p.k_seq, lk - n * BN,
-                                           tid);
-    }
-    if (grp >= 1 && grp - 1 < n_tiles) {
-      const int n = tile_of(grp - 1);
+                                           gK + int64_t(kn) * BN * p.k_seq, p.k_seq,
+                                           lk - kn * BN, tid);
+    if (vn >= 0)
       sm90::load_tile_swizzled<BN, D, NTH>(sVa + uint32_t((grp - 1) % ST) * kKvBytes,
-                                           gV + int64_t(n) * BN * p.v_seq, p.v_seq, lk - n * BN,
-                                           tid);
-    }
+                                           gV + int64_t(vn) * BN * p.v_seq, p.v_seq,
+                                           lk - vn * BN, tid);
+  };
+  auto load_group = [&](int grp) {
+    load_kv(grp, grp < n_tiles ? tile_of(grp) : -1,
+            grp >= 1 && grp - 1 < n_tiles ? tile_of(grp - 1) : -1);
     cp_async_commit();
   };
-  // Q first: its copies need no visit and run while the ring fills.
+  // Q first: its copies need no visit (Sparse: neither do the first two
+  // groups' K and V, from the work item) and run while the ring fills.
   if constexpr (Gather) {
     moba_merge_prefetch<BM, D, NTH>(p, gather_field(moba_gather_tile.start), rows, tid);
     const MobaLists& mb = p.moba;
@@ -278,16 +287,26 @@ __device__ __forceinline__ void flash_fwd_sm90_tile(const FwdParams& p) {
     sm90::load_tile_swizzled<BM, D, NTH>(sQa, gQ, p.q_seq, rows, tid);
   }
   if constexpr (Sparse) {
+    // Groups 0 and 1 from the item's first tiles (n_tiles >= 1 here), then
+    // the ring; the barrier of iteration 0 publishes it to the masks, and
+    // with ST > 2 one here to the loads of the later groups.
+    load_kv(0, first_tiles[0], -1);
+    cp_async_commit();
+    load_kv(1, n_tiles > 1 ? first_tiles[1] : -1, first_tiles[0]);
+    cp_async_commit();
     fill_ring(max(0, n_tiles - kRing), n_tiles);
-    __syncthreads();
-  }
-  if constexpr (kMobaList) {
-    const int32_t* src = moba_list();
-    for (int i = tid; i < min(moba_count, kSm90MobaListSmem); i += NTH) sRing[i] = src[i];
-    __syncthreads();
-  }
+    if constexpr (ST > 2) __syncthreads();
 #pragma unroll
-  for (int grp = 0; grp < ST; ++grp) load_group(grp);
+    for (int grp = 2; grp < ST; ++grp) load_group(grp);
+  } else {
+    if constexpr (kMobaList) {
+      const int32_t* src = moba_list();
+      for (int i = tid; i < min(moba_count, kSm90MobaListSmem); i += NTH) sRing[i] = src[i];
+      __syncthreads();
+    }
+#pragma unroll
+    for (int grp = 0; grp < ST; ++grp) load_group(grp);
+  }
 
   // This thread's two rows of the tile (accumulator rows g and g + 8 of
   // its warp's 16).

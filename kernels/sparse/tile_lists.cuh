@@ -20,6 +20,10 @@ constexpr int32_t kVisitDense = -1;
 
 // Words per work item of the dK/dV kernel (TileLists::items).
 constexpr int kItemWords = 4;
+// Words per work item of the sm_90a forward's query-major lists: query tile,
+// first visit, end visit, the KV tiles of the last and the second-to-last
+// visit (its first two iterations; -1: none), three unused.
+constexpr int kSm90FwdItemWords = 8;
 
 struct TileLists {
   // List k = slot * tiles + tile holds visits [offsets[k], offsets[k + 1]).
@@ -48,8 +52,8 @@ struct TileLists {
   // Query-major lists of the persistent forward: its work items (sequence,
   // query head, query tile, list length), block x's [item_offsets[x],
   // item_offsets[x + 1]); of the sm_90a forward: one item per query tile
-  // (query tile, first visit, end visit, -1), slot by slot, longest list
-  // first; empty otherwise.
+  // (kSm90FwdItemWords words), slot by slot, longest list first, so that
+  // item x of slot s is item s * tiles + x; empty otherwise.
   const int32_t* items;
   const int32_t* item_offsets;
   const int32_t* cut_tiles;

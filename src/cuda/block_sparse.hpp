@@ -115,6 +115,28 @@ inline void deal_work(const std::vector<std::pair<int32_t, int64_t>>& order, int
   }
 }
 
+// The sm_90a forward's work items (flash::kSm90FwdItemWords words): the
+// query-major lists' items of cut_work_items, one per tile (never cut), each
+// widened by the KV tiles of its last two visits, which the kernel visits
+// first and loads before its visit ring is filled. False (nothing changed)
+// when some tile has other than one item.
+inline bool widen_sm90_forward_items(HostTileLists& l, int64_t slots) {
+  const size_t count = l.items.size() / flash::kItemWords;
+  if (count != size_t(slots) * size_t(l.tiles)) return false;
+  for (int64_t s = 0; s <= slots; ++s)
+    if (l.item_offsets[size_t(s)] != int32_t(s * l.tiles)) return false;
+  std::vector<int32_t> wide(count * flash::kSm90FwdItemWords, -1);
+  for (size_t i = 0; i < count; ++i) {
+    const int32_t* item = l.items.data() + flash::kItemWords * i;
+    int32_t* w = wide.data() + flash::kSm90FwdItemWords * i;
+    w[0] = item[0], w[1] = item[1], w[2] = item[2];
+    if (item[2] > item[1]) w[3] = l.visits[2 * size_t(item[2] - 1)];
+    if (item[2] - item[1] > 1) w[4] = l.visits[2 * size_t(item[2] - 2)];
+  }
+  l.items = std::move(wide);
+  return true;
+}
+
 // The persistent forward's work (flash::TileLists::items): every
 // (sequence, query head, query tile) of `batch` sequences of heads_q query
 // heads (group per KV head), dealt to `blocks` blocks (deal_work; cost:

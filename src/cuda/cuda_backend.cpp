@@ -755,7 +755,13 @@ class CudaPlan final : public BackendPlan {
     const int n = !p.backward ? 1 : p.deterministic ? 3 : 2;
     sets[0] = build_tile_lists(mask, p.window, tile_q(), tile_kv(), false);
     // The sm_90a forward takes its query tiles from work items, longest first.
-    if (sm90_) cut_work_items(sets[0], mask->batch() * mask->heads(), INT32_MAX);
+    if (sm90_) {
+      const int64_t slots = mask->batch() * mask->heads();
+      cut_work_items(sets[0], slots, INT32_MAX);
+      if (!widen_sm90_forward_items(sets[0], slots))
+        fail(ATTN_STATUS_INTERNAL_ERROR,
+             "block-sparse plan: the sm_90a forward's work items are not one per query tile");
+    }
     if (fwd_persist_) {
       fwd_persist_ = order_forward_items(sets[0], p.batch, p.heads_q, p.group(), mask->batch(),
                                          mask->heads(), fwd_grid_);

@@ -161,6 +161,32 @@ void check(const Shape& s, int64_t tile_q, int64_t tile_kv, bool kv_major, bool 
       prev = e - a;
     }
   }
+  if (!items || kv_major) return;
+  // The sm_90a forward's widened items: item x of slot k at k * tiles + x,
+  // the narrow item's words, then the KV tiles of its last two visits.
+  HostTileLists w = l;
+  expect(cuda::widen_sm90_forward_items(w, slots), "widened", name);
+  expect(w.items.size() == l.items.size() / flash::kItemWords * flash::kSm90FwdItemWords,
+         "widened item words", name);
+  if (g_failures > 0) return;
+  for (size_t i = 0; i < l.items.size() / flash::kItemWords; ++i) {
+    const int32_t* n = l.items.data() + flash::kItemWords * i;
+    const int32_t* x = w.items.data() + flash::kSm90FwdItemWords * i;
+    const int32_t len = n[2] - n[1];
+    expect(x[0] == n[0] && x[1] == n[1] && x[2] == n[2], "widened: the item's words", name);
+    expect(x[3] == (len > 0 ? l.visits[size_t(2 * (n[2] - 1))] : -1), "widened: last visit's tile",
+           name);
+    expect(x[4] == (len > 1 ? l.visits[size_t(2 * (n[2] - 2))] : -1),
+           "widened: second-to-last visit's tile", name);
+    expect(x[5] == -1 && x[6] == -1 && x[7] == -1, "widened: unused words", name);
+  }
+  // Lists cut into several items are refused, nothing changed.
+  HostTileLists c = l;
+  cuda::cut_work_items(c, slots, 1);
+  const bool some_cut = c.items.size() != l.items.size();
+  const std::vector<int32_t> before = c.items;
+  expect(cuda::widen_sm90_forward_items(c, slots) == !some_cut, "cut lists refused", name);
+  if (some_cut) expect(c.items == before, "refused: items unchanged", name);
 }
 
 }  // namespace
