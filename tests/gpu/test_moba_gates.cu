@@ -181,7 +181,7 @@ void run(const Config& cfg, uint64_t seed) {
   p.q_words = q_words;
   const int smem = int(attn::moba::select_smem_bytes(d));
   GPU_CHECK(cudaFuncSetAttribute(attn::moba::select_kernel<T, true>,
-                                  cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+                                 cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   attn::moba::select_kernel<T, true>
       <<<dim3(unsigned(q_words), 1, 1), attn::moba::kSelectThreads, size_t(smem)>>>(p);
   GPU_CHECK(cudaGetLastError());
