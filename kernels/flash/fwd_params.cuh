@@ -98,15 +98,6 @@ constexpr FwdSm90Config fwd_sm90_config(int d) {
   return d == 64 ? FwdSm90Config{192, 128, 3, 3} : FwdSm90Config{128, 128, 2, 2};
 }
 
-// Shared memory of the persistent block-sparse forward on sm_90a
-// (flash/fwd_sm90_bsparse_persist_kernel.cuh, default tile shape): two Q
-// buffers, the K and V stages, two visit rings, three work item records.
-constexpr size_t fwd_sm90_bsparse_persist_smem_bytes(int d) {
-  const FwdSm90Config c = fwd_sm90_config(d);
-  return size_t(2 * c.block_m + 2 * c.stages * c.block_n) * size_t(d) * 2u + 1024u +
-         2u * size_t(kSm90VisitRing) * 8u + 3u * size_t(kSm90FwdItemWords) * 4u;
-}
-
 // The shapes the sm_90a forward is built in: the one above, and at d = 64
 // also 128-row query tiles (two warpgroups, 3 stages; registers allow one
 // block per SM either way), which the host picks when the 192-row tiles

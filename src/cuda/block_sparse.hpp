@@ -181,56 +181,6 @@ inline bool order_forward_items(HostTileLists& l, int64_t batch, int64_t heads_q
   return true;
 }
 
-// The persistent sm_90a forward's work (flash::TileLists::items, widened
-// by widen_sm90_forward_items: one item per query tile, item x of slot s at
-// s * tiles + x, longest first): every (sequence, query head, query tile) of
-// `batch` sequences of heads_q query heads (group per KV head), dealt to
-// `blocks` blocks (deal_work; cost: the slots the kernel gives the item,
-// max(visits, stages), start cost one) in the order of order_forward_items
-// (sequence by sequence, head by head, each head's longest lists first).
-// Each item keeps its words and gets its sequence and query head in words
-// 5 and 6; per block, its items in that order, [item_offsets[x],
-// item_offsets[x + 1]). False (nothing changed) when they would not fit
-// 32-bit counts or the items are not one per tile.
-inline bool deal_sm90_forward_items(HostTileLists& l, int64_t batch, int64_t heads_q,
-                                    int64_t group, int64_t mask_batch, int64_t mask_heads,
-                                    int64_t blocks, int64_t stages) {
-  constexpr int W = flash::kSm90FwdItemWords;
-  const int64_t tiles = l.tiles, count = batch * heads_q * tiles;
-  if (count * W > INT32_MAX || blocks < 1 || blocks > INT32_MAX || group < 1 ||
-      l.items.size() != size_t(mask_batch * mask_heads * tiles) * W)
-    return false;
-  std::vector<std::pair<int32_t, int64_t>> order;  // (b, h, x) numbered, cost
-  order.reserve(size_t(count));
-  for (int64_t b = 0; b < batch; ++b)
-    for (int64_t h = 0; h < heads_q; ++h) {
-      const int64_t slot = (mask_batch > 1 ? b : 0) * mask_heads + (mask_heads > 1 ? h / group : 0);
-      for (int64_t x = 0; x < tiles; ++x) {
-        const int32_t* it = l.items.data() + W * (slot * tiles + x);
-        order.push_back({int32_t((b * heads_q + h) * tiles + x),
-                         std::max<int64_t>(it[2] - it[1], stages)});
-      }
-    }
-  std::vector<int32_t> dealt, offsets;
-  deal_work(order, blocks, 1, dealt, offsets);
-  std::vector<int32_t> work;
-  work.reserve(dealt.size() * W);
-  for (int32_t id : dealt) {
-    const int64_t x = id % tiles, h = (id / tiles) % heads_q, b = id / tiles / heads_q;
-    const int64_t slot = (mask_batch > 1 ? b : 0) * mask_heads + (mask_heads > 1 ? h / group : 0);
-    const int32_t* it = l.items.data() + W * (slot * tiles + x);
-    work.insert(work.end(), it, it + W);
-    work[work.size() - W + 5] = int32_t(b);
-    work[work.size() - W + 6] = int32_t(h);
-  }
-  l.items = std::move(work);
-  l.item_offsets = std::move(offsets);
-  l.max_items = 0;
-  for (size_t x = 0; x + 1 < l.item_offsets.size(); ++x)
-    l.max_items = std::max(l.max_items, l.item_offsets[x + 1] - l.item_offsets[x]);
-  return true;
-}
-
 // The persistent dK/dV kernel's work (KV-major lists, items cut): the
 // blocks of the one-block-per-item grid (per sequence, grid_x = max_items
 // item ranks by grid_y = heads_kv * group_splits blocks of heads_per query

@@ -21,12 +21,10 @@
 // is an invalid argument), so that one run can time both sides:
 // ATTN_CUDA_BSPARSE_FWD_PERSIST=1, the persistent forward (blocks
 // that stay resident and loop over query tiles dealt at plan creation,
-// "-bsparse-p" in the kernel name; on sm_90a devices at d = 64 and 128 the
-// wgmma one, whose pipeline runs across its query tiles;
-// ATTN_CUDA_BSPARSE_FWD_BLOCKS=n caps its blocks, for tests);
-// ATTN_CUDA_BSPARSE_BWD_PERSIST=1, the persistent dK/dV kernel (likewise,
-// work items dealt at plan creation, "+bwd-p");
-// ATTN_CUDA_BSPARSE_PREFETCH=1, L2 prefetches of later dK/dV blocks' K and V; ATTN_CUDA_BSPARSE_ITEM=n, dK/dV work items of at most n
+// "-bsparse-p" in the kernel name); ATTN_CUDA_BSPARSE_BWD_PERSIST=1, the
+// persistent dK/dV kernel (likewise, work items dealt at plan creation,
+// "+bwd-p"); ATTN_CUDA_BSPARSE_PREFETCH=1, L2 prefetches of later dK/dV
+// blocks' K and V; ATTN_CUDA_BSPARSE_ITEM=n, dK/dV work items of at most n
 // visits (split_kv_lists); ATTN_CUDA_BWD_SM90_SPARSE=0, the sm_80 dK/dV
 // kernel where sm_90 devices otherwise run the sm_90a (wgmma) one's Sparse
 // instantiation at d = 64 and 128 ("+bwd-wgmma-bs"; faster on an H200 at
@@ -150,7 +148,6 @@ struct CudaHooks {
   bool moba_gather_sm90;          // ATTN_CUDA_MOBA_GATHER_SM90 (default 1)
   bool moba_gather_bwd_sm90;      // ATTN_CUDA_MOBA_GATHER_BWD_SM90 (default 1)
   bool fwd_persist;               // ATTN_CUDA_BSPARSE_FWD_PERSIST (default 0)
-  std::optional<int> fwd_blocks;  // ATTN_CUDA_BSPARSE_FWD_BLOCKS: its blocks (tests)
   bool bwd_persist;               // ATTN_CUDA_BSPARSE_BWD_PERSIST (default 0)
   bool prefetch;                  // ATTN_CUDA_BSPARSE_PREFETCH (default 0)
   std::optional<int> item;        // ATTN_CUDA_BSPARSE_ITEM: visits per dK/dV work item
@@ -168,7 +165,6 @@ struct CudaHooks {
     h.moba_gather_sm90 = env_flag("ATTN_CUDA_MOBA_GATHER_SM90", true);
     h.moba_gather_bwd_sm90 = env_flag("ATTN_CUDA_MOBA_GATHER_BWD_SM90", true);
     h.fwd_persist = env_flag("ATTN_CUDA_BSPARSE_FWD_PERSIST", false);
-    h.fwd_blocks = env_int("ATTN_CUDA_BSPARSE_FWD_BLOCKS", 1, std::numeric_limits<int>::max());
     h.bwd_persist = env_flag("ATTN_CUDA_BSPARSE_BWD_PERSIST", false);
     h.prefetch = env_flag("ATTN_CUDA_BSPARSE_PREFETCH", false);
     h.item = env_int("ATTN_CUDA_BSPARSE_ITEM", 1, std::numeric_limits<int>::max());
@@ -234,7 +230,7 @@ class CudaPlan final : public BackendPlan {
     };
     pick_sm90_forward(p, major, minor, size_t(smem_optin), gather);
     require_image(kernel_.func);
-    require_smem(fwd_smem_bytes(), "forward");
+    require_smem(sm90_ ? sm90_cfg_.smem_bytes(int(d)) : cfg_.smem_bytes(int(d)), "forward");
     check(kernel_.prepare(), "cudaFuncSetAttribute");
     if (p.backward) {
       // The first variant whose shared memory and instructions the device
@@ -338,17 +334,12 @@ class CudaPlan final : public BackendPlan {
       int per_sm = 0;
       check(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device_),
             "cudaDeviceGetAttribute");
-      check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-                &per_sm, kernel_.func, sm90_ ? sm90_cfg_.threads() : cfg_.threads(),
-                fwd_smem_bytes()),
+      check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel_.func, cfg_.threads(),
+                                                          cfg_.smem_bytes(int(d))),
             "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
-      const int64_t bm = tile_q();
-      const int64_t items = p.batch * p.heads_q * ((p.seqlen_q + bm - 1) / bm);
-      // ATTN_CUDA_BSPARSE_FWD_BLOCKS=n (a test hook): at most n blocks, so
-      // that small problems give each block several items.
-      const int64_t resident = int64_t(std::max(per_sm, 1)) * sm_count;
-      const int64_t cap = hooks_.fwd_blocks.value_or(resident);
-      fwd_grid_ = int(std::clamp<int64_t>(std::min(resident, cap), 1, std::max<int64_t>(items, 1)));
+      const int64_t items = p.batch * p.heads_q * ((p.seqlen_q + cfg_.block_m - 1) / cfg_.block_m);
+      fwd_grid_ = int(std::clamp<int64_t>(int64_t(std::max(per_sm, 1)) * sm_count, 1,
+                                          std::max<int64_t>(items, 1)));
     }
     if (sparse) upload_tile_lists();
 
@@ -620,6 +611,8 @@ class CudaPlan final : public BackendPlan {
 
   void pick_sm90_forward(const Problem& p, int major, int minor, size_t smem_optin, bool gather) {
     if (!hooks_.fwd_sm90) return;
+    // ATTN_CUDA_BSPARSE_FWD_PERSIST=1 asks for the persistent sm_80 kernel.
+    if (fwd_persist_) return;
     const int64_t d = p.head_dim_qk;
     const bool sparse = p.block_mask != nullptr, softcap = p.softcap > 0.0f;
     // MoBA's gathered forward on wgmma (the same round lists, 128-row tiles
@@ -673,24 +666,6 @@ class CudaPlan final : public BackendPlan {
     kernel_ = k;
     sm90_cfg_ = c;
     sm90_ = true;
-    // ATTN_CUDA_BSPARSE_FWD_PERSIST=1: the persistent one where its shared
-    // memory fits (else the one-block-per-tile kernel above).
-    if (fwd_persist_) {
-      const FwdKernel pk = d == 64 ? fwd_kernel_sm90_bsparse_persist_d64(bf16)
-                                   : fwd_kernel_sm90_bsparse_persist_d128(bf16);
-      sm90_persist_ = sm90_forward_runs(pk, c, d, smem_optin) &&
-                      smem_optin >= flash::fwd_sm90_bsparse_persist_smem_bytes(int(d));
-      if (sm90_persist_) kernel_ = pk;
-      fwd_persist_ = sm90_persist_;
-    }
-  }
-
-  // Dynamic shared memory of the forward kernel_.
-  size_t fwd_smem_bytes() const {
-    const int d = int(problem_.head_dim_qk);
-    return sm90_persist_ ? flash::fwd_sm90_bsparse_persist_smem_bytes(d)
-           : sm90_       ? sm90_cfg_.smem_bytes(d)
-                         : cfg_.smem_bytes(d);
   }
 
   // With ATTN_CUDA_MOBA_SM90=1 (a test and tuning hook; by default the
@@ -787,17 +762,7 @@ class CudaPlan final : public BackendPlan {
         fail(ATTN_STATUS_INTERNAL_ERROR,
              "block-sparse plan: the sm_90a forward's work items are not one per query tile");
     }
-    if (fwd_persist_ && sm90_persist_) {
-      fwd_persist_ = sm90_persist_ =
-          deal_sm90_forward_items(sets[0], p.batch, p.heads_q, p.group(), mask->batch(),
-                                  mask->heads(), fwd_grid_, sm90_cfg_.stages);
-      if (!fwd_persist_) {  // too many items: one block per query tile
-        const bool bf16 = p.dtype == ATTN_DTYPE_BF16;
-        kernel_ = p.head_dim_qk == 64 ? fwd_kernel_sm90_bsparse_d64(bf16)
-                                      : fwd_kernel_sm90_bsparse_d128(bf16);
-        check(kernel_.prepare(), "cudaFuncSetAttribute");
-      }
-    } else if (fwd_persist_) {
+    if (fwd_persist_) {
       fwd_persist_ = order_forward_items(sets[0], p.batch, p.heads_q, p.group(), mask->batch(),
                                          mask->heads(), fwd_grid_);
       if (!fwd_persist_) {  // too many items: one block per query tile
@@ -841,10 +806,9 @@ class CudaPlan final : public BackendPlan {
             "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
       kv_prefetch = std::max(per_sm, 1) * sm_count_;
     }
-    // Layout: per set its bit tiles, offsets, visits, work items, their
-    // offsets, the cut tiles, the persistent dK/dV kernel's work and its
-    // offsets, each array 16-byte aligned (the persistent sm_90a forward
-    // copies visits and items with cp.async of 8 and 16 bytes).
+    // Layout: per set its bit tiles (8-byte words first), offsets, visits,
+    // work items, their offsets, the cut tiles, the persistent dK/dV
+    // kernel's work and its offsets.
     constexpr int kArrays = 8;
     size_t bytes = 0, at[3][kArrays];
     for (int k = 0; k < n; ++k) {
@@ -858,8 +822,9 @@ class CudaPlan final : public BackendPlan {
                                      sets[k].dealt_offsets.size() * sizeof(int32_t)};
       for (int a = 0; a < kArrays; ++a) {
         at[k][a] = bytes;
-        bytes = (bytes + sizes[a] + 15) / 16 * 16;
+        bytes += sizes[a];
       }
+      bytes = (bytes + 7) / 8 * 8;
     }
     std::vector<unsigned char> host(bytes);
     auto put = [&](size_t off, const void* src, size_t size) {
@@ -1076,7 +1041,6 @@ class CudaPlan final : public BackendPlan {
   flash::FwdConfig cfg_{};
   FwdKernel kernel_{};
   bool sm90_ = false;  // kernel_ is the sm_90a forward (sm90_cfg_), else the sm_80 one (cfg_)
-  bool sm90_persist_ = false;  // ... its persistent block-sparse kernel
   // MoBA on the wgmma kernels (moba_fits_sm90): the tile-union schedule.
   bool moba_sm90_ = false;
   flash::FwdSm90Config sm90_cfg_{};

@@ -37,11 +37,6 @@ FwdKernel fwd_kernel_sm90_d128(bool bf16, bool softcap);
 // flash::TileLists::items).
 FwdKernel fwd_kernel_sm90_bsparse_d64(bool bf16);
 FwdKernel fwd_kernel_sm90_bsparse_d128(bool bf16);
-// The persistent block-sparse forward (flash/fwd_sm90_bsparse_persist_kernel.cuh):
-// grid x = the blocks the work items were dealt to (heads_q and batch
-// ignored), shared memory flash::fwd_sm90_bsparse_persist_smem_bytes(d).
-FwdKernel fwd_kernel_sm90_bsparse_persist_d64(bool bf16);
-FwdKernel fwd_kernel_sm90_bsparse_persist_d128(bool bf16);
 // Its Moba instantiation, for MoBA plans without softcap (the tile-union
 // q lists), with 128-row tiles (flash::kSm90MobaBlockM); grid as the dense one.
 FwdKernel fwd_kernel_sm90_moba_d64(bool bf16);

@@ -52,8 +52,7 @@ inline std::string kernel_name_body(const KernelNameFacts& f) {
   int len = 0;
   switch (f.forward) {
     case F::kSparseSm90:
-      len = std::snprintf(buf, sizeof buf, "cuda-sm90-wgmma-%s-d%d-%s", f.dtype, f.head_dim,
-                          f.kind);
+      len = std::snprintf(buf, sizeof buf, "cuda-sm90-wgmma-%s-d%d-bsparse", f.dtype, f.head_dim);
       break;
     case F::kMobaSm90:  // the tile (128 x 128) is in info.tile_q and tile_kv
       len = std::snprintf(buf, sizeof buf, "cuda-sm90-wgmma-%s-d%d-%s", f.dtype, f.head_dim,

@@ -81,7 +81,6 @@ struct Case : CaseShape {
   bool expect_cut = false;    // the backward with atomics must say "-cut"
   bool cut_either = false;    // the plan's own rule decides whether it cuts (not checked)
   bool fwd_persist = false;   // ATTN_CUDA_BSPARSE_FWD_PERSIST=1 for the plans
-  int fwd_blocks = 0;         // > 0: ATTN_CUDA_BSPARSE_FWD_BLOCKS (its blocks)
   bool prefetch = false;      // ATTN_CUDA_BSPARSE_PREFETCH=1 for the plans
   bool bwd_persist = false;   // ATTN_CUDA_BSPARSE_BWD_PERSIST=1 for the plans
 };
@@ -99,9 +98,8 @@ struct ExpectedForward {
   int32_t tile_q, tile_kv;
 };
 ExpectedForward expected_forward(const Case& c) {
-  // (The persistent block-sparse forward, a tuning hook, is the sm_80 one
-  // where the sm_90a one does not apply.)
-  if (g_sm90 && (c.d == 64 || c.d == 128) && c.softcap == 0.0f)
+  // (The persistent block-sparse forward, a tuning hook, is an sm_80 kernel.)
+  if (g_sm90 && (c.d == 64 || c.d == 128) && c.softcap == 0.0f && !c.fwd_persist)
     return {"cuda-sm90-wgmma-", c.d == 64 ? 192 : 128, 128};
   return {"cuda-fa2-", 128, 64};
 }
@@ -274,7 +272,6 @@ int hook_errors(attn_context_t ctx) {
       {"ATTN_CUDA_BWD_SM90_SPARSE", "yes"},   {"ATTN_CUDA_BWD_SM90_SPARSE", "2"},
       {"ATTN_CUDA_BSPARSE_FWD_PERSIST", "on"}, {"ATTN_CUDA_BSPARSE_BWD_PERSIST", "1x"},
       {"ATTN_CUDA_BSPARSE_PREFETCH", "true"},  {"ATTN_CUDA_BSPARSE_ITEM", "0"},
-      {"ATTN_CUDA_BSPARSE_FWD_BLOCKS", "0"},   {"ATTN_CUDA_BSPARSE_FWD_BLOCKS", "2x"},
       {"ATTN_CUDA_BSPARSE_ITEM", "four"},      {"ATTN_CUDA_BSPARSE_ITEM", " 4"},
       {"ATTN_CUDA_MOBA_GATHER", "no"},         {"ATTN_CUDA_FWD_SM90", "off"},
       {"ATTN_CUDA_FWD_SM90_BM", "160"},        {"ATTN_CUDA_BWD_SM90", "-1"},
@@ -400,8 +397,6 @@ Run run_device(const Case& c0, attn_context_t ctx) {
     ScopedEnv split("ATTN_CUDA_BWD_GROUP_SPLIT",
                     c.group_split > 0 ? std::to_string(c.group_split) : "");
     ScopedEnv persist("ATTN_CUDA_BSPARSE_FWD_PERSIST", c.fwd_persist ? "1" : "");
-    ScopedEnv blocks("ATTN_CUDA_BSPARSE_FWD_BLOCKS",
-                     c.fwd_blocks > 0 ? std::to_string(c.fwd_blocks) : "");
     ScopedEnv prefetch("ATTN_CUDA_BSPARSE_PREFETCH", c.prefetch ? "1" : "");
     ScopedEnv bwd_persist("ATTN_CUDA_BSPARSE_BWD_PERSIST", c.bwd_persist ? "1" : "");
     plans[0] = build_plan(p, ctx, mask, false);
@@ -430,7 +425,7 @@ Run run_device(const Case& c0, attn_context_t ctx) {
     if (cut != (c.expect_cut && det == 0) && !(c.cut_either && det == 0))
       r.describe_error += std::string(" kernel '") + info.kernel + "': expected " +
                           (c.expect_cut && det == 0 ? "" : "no ") + "cut lists;";
-    if ((std::strstr(info.kernel, "-bsparse-p") != nullptr) != c.fwd_persist)
+    if ((std::strstr(info.kernel, "-bsparse-p-") != nullptr) != c.fwd_persist)
       r.describe_error += std::string(" kernel '") + info.kernel + "': expected the " +
                           (c.fwd_persist ? "persistent" : "one-block-per-tile") + " forward;";
     if ((std::strstr(info.kernel, "+bwd-p-") != nullptr) != c.bwd_persist)
@@ -594,31 +589,6 @@ std::vector<Case> cases() {
   c = make("d256-fp16-b64-none-cut2-lq<lk", FP, 256, 1, 2, 1, 300, 333, NONE, 64, 64);
   c.cut_item = 2, c.group_split = 1, c.expect_cut = true, c.fwd_persist = true;
   c.bwd_persist = true;
-  v.push_back(c);
-  // The persistent forward with few blocks, each walking many query tiles
-  // (on sm_90a its pipeline across them: bubbles after short lists, empty
-  // tiles between others, ring refills of long lists, masks per sequence
-  // and KV head).
-  c = make("d128-bf16-b64-bigbird-causal-persistent-3-blocks", BF, 128, 2, 4, 2, 1500, 1500,
-           CAUSAL, 64, 64);
-  c.src = Source::kBigBird, c.fwd_persist = true, c.fwd_blocks = 3, c.cut_either = true;
-  v.push_back(c);
-  c = make("d128-fp16-b128-none-empty-rows-persistent-2-blocks", FP, 128, 2, 4, 2, 1300, 1100,
-           NONE, 128, 128);
-  c.p_none = 0.7, c.empty_block0 = true, c.mask_batch = 2, c.mask_heads = 2;
-  c.fwd_persist = true, c.fwd_blocks = 2;
-  v.push_back(c);
-  c = make("d128-bf16-b64x96-none-long-lists-persistent-1-block", BF, 128, 1, 2, 1, 300, 40000,
-           NONE, 64, 96);
-  c.p_none = 0.1, c.fwd_persist = true, c.fwd_blocks = 1;
-  v.push_back(c);
-  c = make("d64-fp16-b80-causal-lq<lk-persistent-2-blocks", FP, 64, 2, 4, 2, 700, 900, CAUSAL, 80,
-           80);
-  c.mask_heads = 2, c.fwd_persist = true, c.fwd_blocks = 2;
-  v.push_back(c);
-  c = make("d64-bf16-b128-causal-window512+64sinks-persistent-5-blocks", BF, 64, 1, 4, 1, 2000,
-           2000, CAUSAL, 128, 128);
-  c.src = Source::kWindowSinks, c.fwd_persist = true, c.fwd_blocks = 5;
   v.push_back(c);
   // Cut lists in a split group: every tile in the whole accumulators.
   c = make("d128-bf16-b64-cut2-gqa4/1-split2", BF, 128, 1, 4, 1, 500, 500, CAUSAL, 64, 64);

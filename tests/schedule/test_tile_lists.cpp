@@ -15,7 +15,6 @@
 // selection) inside the sequence; full visits must not reach past the last
 // key; and the visits of a tile must cover every visible pair of its rows.
 // Seed printed; ATTN_TEST_SEED=n repeats a run.
-#include <algorithm>
 #include <chrono>
 #include <cinttypes>
 #include <cstdio>
@@ -180,62 +179,6 @@ void check(const Shape& s, int64_t tile_q, int64_t tile_kv, bool kv_major, bool 
     expect(x[4] == (len > 1 ? l.visits[size_t(2 * (n[2] - 2))] : -1),
            "widened: second-to-last visit's tile", name);
     expect(x[5] == -1 && x[6] == -1 && x[7] == -1, "widened: unused words", name);
-  }
-  // The persistent sm_90a forward's deal: every (sequence, query head,
-  // query tile) once, with its slot's widened words and its sequence and
-  // head, each block's items in queue order (sequence, head, then the
-  // slot's order), the blocks' costs (max(visits, stages) + 1 per item)
-  // within one item of each other.
-  {
-    const int64_t group = 2, heads_q = s.heads * group, batch = s.batch > 1 ? s.batch : 3;
-    const int64_t blocks = 5, stages = tile_q == 192 ? 3 : 2;
-    HostTileLists d = w;
-    expect(cuda::deal_sm90_forward_items(d, batch, heads_q, group, s.batch, s.heads, blocks,
-                                         stages),
-           "dealt", name);
-    constexpr int W = flash::kSm90FwdItemWords;
-    expect(int64_t(d.item_offsets.size()) == blocks + 1 && d.item_offsets[0] == 0 &&
-               int64_t(d.items.size()) == batch * heads_q * tiles * W &&
-               d.item_offsets[size_t(blocks)] == int32_t(batch * heads_q * tiles),
-           "dealt: counts", name);
-    if (g_failures > 0) return;
-    std::vector<uint8_t> got(size_t(batch * heads_q * tiles), 0);
-    int64_t lo = INT64_MAX, hi = 0, biggest = 0;
-    for (int64_t x = 0; x < blocks; ++x) {
-      int64_t cost = 0, prev = -1;
-      for (int32_t i = d.item_offsets[size_t(x)]; i < d.item_offsets[size_t(x) + 1]; ++i) {
-        const int32_t* it = d.items.data() + W * size_t(i);
-        const int64_t b = it[5], h = it[6];
-        expect(b >= 0 && b < batch && h >= 0 && h < heads_q && it[7] == -1, "dealt: b, h", name);
-        if (b < 0 || b >= batch || h < 0 || h >= heads_q) continue;
-        const int64_t slot = (s.batch > 1 ? b : 0) * s.heads + (s.heads > 1 ? h / group : 0);
-        // The slot's widened item of this tile (its rank in the slot).
-        int64_t rank = -1;
-        for (int64_t r = 0; r < tiles; ++r)
-          if (w.items[size_t(W * (slot * tiles + r))] == it[0]) rank = r;
-        expect(rank >= 0, "dealt: a tile of the slot", name);
-        if (rank < 0) continue;
-        const int32_t* src = w.items.data() + W * size_t(slot * tiles + rank);
-        expect(std::equal(src, src + 5, it), "dealt: the widened words", name);
-        const int64_t id = (b * heads_q + h) * tiles + rank;
-        expect(!got[size_t(id)], "dealt: each item once", name);
-        got[size_t(id)] = 1;
-        expect(id > prev, "dealt: queue order", name);
-        prev = id;
-        const int64_t c = std::max<int64_t>(it[2] - it[1], stages) + 1;
-        cost += c;
-        biggest = std::max(biggest, c);
-      }
-      lo = std::min(lo, cost), hi = std::max(hi, cost);
-    }
-    expect(hi - lo <= biggest, "dealt: balanced within an item", name);
-    // Items that are not one per tile are refused, nothing changed.
-    HostTileLists n = l;
-    const std::vector<int32_t> narrow = n.items;
-    expect(!cuda::deal_sm90_forward_items(n, batch, heads_q, group, s.batch, s.heads, blocks,
-                                          stages) &&
-               n.items == narrow,
-           "narrow items refused", name);
   }
   // Lists cut into several items are refused, nothing changed.
   HostTileLists c = l;

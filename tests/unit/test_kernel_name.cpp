@@ -110,10 +110,6 @@ int main() {
   f.cut = true, f.bwd_persist = true;
   expect(compose(f) == "cuda-fa2-bf16-d128-bsparse-128x64+bwd-p-64x128-s-atomic-cut",
          "block-sparse sm_80, cut", compose(f));
-  f = base(F::kSparseSm90, B::kSm90Sparse);
-  f.kind = "bsparse-p";
-  expect(compose(f) == "cuda-sm90-wgmma-bf16-d128-bsparse-p+bwd-wgmma-bs-bulk",
-         "block-sparse sm_90a persistent", compose(f));
   f = base(F::kMobaSm90, B::kSm90);
   expect(compose(f) == "cuda-sm90-wgmma-bf16-d128-moba+bwd-wgmma-64x128-bulk", "MoBA sm_90a",
          compose(f));
@@ -130,7 +126,7 @@ int main() {
         l.fwd_stages = 4, l.bwd_block_m = l.bwd_block_n = 192, l.bwd_warps = 16;
         l.bwd_register_path = false, l.cut = cut, l.group_splits = gs;
         l.bwd_persist = bwd == B::kSm80Listed && fwd != F::kMoba;
-        if (fwd == F::kSparseSm80 || fwd == F::kSparseSm90) l.kind = "bsparse-p";
+        if (fwd == F::kSparseSm80) l.kind = "bsparse-p";
         return l;
       };
       check(("dense sm_90a" + tag).c_str(), longest(F::kSm90, B::kSm90));
