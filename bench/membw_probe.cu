@@ -12,7 +12,10 @@
 //   bulk  one thread issues cp.async.bulk of one chunk per stage into
 //         shared memory (an mbarrier per stage), `stages` in flight, as
 //         the sm90-bulk decode kernel does
-// and prints TB/s (median of 9 runs; the buffer is 20x L2).
+// and prints TB/s (median of 9 runs; the buffer is 20x L2). Last, the
+// decode kernel's stage shape without its arithmetic (bulk-kv: each block
+// reads a K and a V half, stages of C copies of CH bytes alternating
+// between them, a block-wide barrier per stage), 256 blocks.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -116,6 +119,62 @@ __global__ void __launch_bounds__(kThreads) bulk_kernel(const char* __restrict__
   if (acc == 0x9e3779b9u) sink[threadIdx.x] = acc;
 }
 
+// The decode kernel's stage shape: stage j of a block is C copies of CH
+// bytes, alternately from the K and the V half of its share (the two
+// pools), on one mbarrier; S stages; every thread reads a word of the stage,
+// the block meets, thread 0 refills it.
+template <int S, int C, int CH>
+__global__ void __launch_bounds__(kThreads) bulk_kv_kernel(const char* __restrict__ src,
+                                                           size_t per_block, uint32_t* sink) {
+  extern __shared__ __align__(128) unsigned char buf[];  // [S][C][CH]
+  __shared__ __align__(8) uint64_t bars[S];
+  constexpr size_t kStage = size_t(C) * CH;
+  const size_t stages = per_block / kStage;
+  const char* k = src + size_t(blockIdx.x) * per_block;
+  const char* v = k + per_block / 2;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < S; ++s)
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(smem_addr(&bars[s])));
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+  auto issue = [&](size_t j) {
+    const int s = int(j % S);
+    const uint32_t bar = smem_addr(&bars[s]);
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar),
+                 "r"(uint32_t(kStage))
+                 : "memory");
+#pragma unroll
+    for (int c = 0; c < C; ++c) {
+      const char* from = (c % 2 == 0 ? k : v) + (j * (C / 2) + c / 2) * CH;
+      asm volatile(
+          "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::
+              "r"(smem_addr(buf + size_t(s) * kStage + size_t(c) * CH)),
+          "l"(from), "r"(uint32_t(CH)), "r"(bar)
+          : "memory");
+    }
+  };
+  if (threadIdx.x == 0)
+    for (size_t j = 0; j < min(size_t(S), stages); ++j) issue(j);
+  uint32_t acc = 0;
+  for (size_t j = 0; j < stages; ++j) {
+    const int s = int(j % S);
+    const uint32_t bar = smem_addr(&bars[s]), parity = uint32_t((j / S) & 1);
+    uint32_t done = 0;
+    while (!done)
+      asm volatile(
+          "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+          " selp.u32 %0, 1, 0, p;\n}\n"
+          : "=r"(done)
+          : "r"(bar), "r"(parity)
+          : "memory");
+    acc ^= reinterpret_cast<const uint32_t*>(buf + size_t(s) * kStage)[threadIdx.x];
+    __syncthreads();
+    if (threadIdx.x == 0 && j + S < stages) issue(j + S);
+  }
+  if (acc == 0x9e3779b9u) sink[threadIdx.x] = acc;
+}
+
 int main() {
   const size_t bytes = size_t(1) << 30;
   char* src = nullptr;
@@ -173,6 +232,28 @@ int main() {
       bulk(std::integral_constant<int, 16>{});
     }
   }
+  // The decode kernel's stages: two pools, stages of C copies of CH bytes.
+  std::printf("%-10s %6s %6s %6s %6s %8s\n", "bulk-kv", "blocks", "stages", "copies", "bytes", "TB/s");
+  auto kv = [&](auto st, auto cp, auto ch) {
+    constexpr int S = decltype(st)::value, C = decltype(cp)::value, CH = decltype(ch)::value;
+    const int smem = S * C * CH;
+    if (cudaFuncSetAttribute(bulk_kv_kernel<S, C, CH>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             smem) != cudaSuccess)
+      return;
+    const int blocks = 256;
+    const double tb = time([&] {
+      bulk_kv_kernel<S, C, CH><<<blocks, kThreads, smem>>>(src, bytes / blocks, sink);
+    });
+    std::printf("%-10s %6d %6d %6d %6d %8.3f\n", "bulk-kv", blocks, S, C, CH, tb);
+  };
+  using std::integral_constant;
+  kv(integral_constant<int, 2>{}, integral_constant<int, 16>{}, integral_constant<int, 2048>{});
+  kv(integral_constant<int, 2>{}, integral_constant<int, 8>{}, integral_constant<int, 4096>{});
+  kv(integral_constant<int, 3>{}, integral_constant<int, 16>{}, integral_constant<int, 2048>{});
+  kv(integral_constant<int, 4>{}, integral_constant<int, 8>{}, integral_constant<int, 2048>{});
+  kv(integral_constant<int, 4>{}, integral_constant<int, 4>{}, integral_constant<int, 4096>{});
+  kv(integral_constant<int, 8>{}, integral_constant<int, 4>{}, integral_constant<int, 2048>{});
+  kv(integral_constant<int, 8>{}, integral_constant<int, 2>{}, integral_constant<int, 4096>{});
   CHECK(cudaGetLastError());
   std::printf("(depth: KB in flight per block; %d SMs)\n", sms);
   return 0;
