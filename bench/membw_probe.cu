@@ -1,6 +1,6 @@
 // Read-bandwidth probe for the decode kernels' access pattern (not part of
 // the library; built by hand on a GPU machine):
-//   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a bench/membw_probe.cu -o membw_probe
+//   nvcc -O3 -std=c++17 -Ikernels -gencode=arch=compute_90a,code=sm_90a bench/membw_probe.cu -o membw_probe
 //   ./membw_probe
 // Paged decode over an HND cache reads, per (sequence, KV head) block, 4 KB
 // chunks (16 tokens x 128 dims x bf16) that lie 32 KB apart (a page holds
@@ -22,6 +22,16 @@
 #include <cstdint>
 #include <cstdio>
 #include <vector>
+
+// The decode kernels' mbarrier and bulk-copy wrappers (mbar_*, bulk_load).
+#include "decode/paged_decode_sm90.cuh"
+
+using attn::decode::bulk_load;
+using attn::decode::mbar_arrive_expect_tx;
+using attn::decode::mbar_init;
+using attn::decode::mbar_init_fence;
+using attn::decode::mbar_wait;
+using attn::flash::smem_u32;
 
 #define CHECK(x)                                                                   \
   do {                                                                             \
@@ -69,10 +79,6 @@ __global__ void __launch_bounds__(kThreads) ldg_kernel(const uint4* __restrict__
   if (acc == 0x9e3779b9u) sink[threadIdx.x] = acc;  // keeps the loads
 }
 
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
 template <int S>
 __global__ void __launch_bounds__(kThreads) bulk_kernel(const char* __restrict__ src,
                                                         size_t per_block, bool strided,
@@ -80,38 +86,24 @@ __global__ void __launch_bounds__(kThreads) bulk_kernel(const char* __restrict__
   extern __shared__ __align__(128) unsigned char buf[];  // [S][kChunk]
   __shared__ __align__(8) uint64_t bars[S];
   const size_t chunks = per_block / kChunk;
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < S; ++s)
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(smem_addr(&bars[s])));
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-  }
+  if (threadIdx.x == 0)
+    for (int s = 0; s < S; ++s) mbar_init(smem_u32(&bars[s]), 1);
+  mbar_init_fence();
   __syncthreads();
   auto issue = [&](size_t c) {
     const int s = int(c % S);
-    const uint32_t bar = smem_addr(&bars[s]);
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar),
-                 "r"(uint32_t(kChunk))
-                 : "memory");
-    asm volatile(
-        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::
-            "r"(smem_addr(buf + size_t(s) * kChunk)),
-        "l"(src + chunk_offset(strided, per_block, blockIdx.x, c)), "r"(uint32_t(kChunk)), "r"(bar)
-        : "memory");
+    const uint32_t bar = smem_u32(&bars[s]);
+    mbar_arrive_expect_tx(bar, uint32_t(kChunk));
+    bulk_load(smem_u32(buf + size_t(s) * kChunk),
+              src + chunk_offset(strided, per_block, blockIdx.x, c), uint32_t(kChunk), bar);
   };
   if (threadIdx.x == 0)
     for (size_t c = 0; c < min(size_t(S), chunks); ++c) issue(c);
   uint32_t acc = 0;
   for (size_t c = 0; c < chunks; ++c) {
     const int s = int(c % S);
-    const uint32_t bar = smem_addr(&bars[s]), parity = uint32_t((c / S) & 1);
-    uint32_t done = 0;
-    while (!done)
-      asm volatile(
-          "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-          " selp.u32 %0, 1, 0, p;\n}\n"
-          : "=r"(done)
-          : "r"(bar), "r"(parity)
-          : "memory");
+    const uint32_t bar = smem_u32(&bars[s]), parity = uint32_t((c / S) & 1);
+    mbar_wait(bar, parity);
     acc ^= reinterpret_cast<const uint32_t*>(buf + size_t(s) * kChunk)[threadIdx.x];
     __syncthreads();  // every thread has read stage s: it may be refilled
     if (threadIdx.x == 0 && c + S < chunks) issue(c + S);
@@ -132,26 +124,18 @@ __global__ void __launch_bounds__(kThreads) bulk_kv_kernel(const char* __restric
   const size_t stages = per_block / kStage;
   const char* k = src + size_t(blockIdx.x) * per_block;
   const char* v = k + per_block / 2;
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < S; ++s)
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(smem_addr(&bars[s])));
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-  }
+  if (threadIdx.x == 0)
+    for (int s = 0; s < S; ++s) mbar_init(smem_u32(&bars[s]), 1);
+  mbar_init_fence();
   __syncthreads();
   auto issue = [&](size_t j) {
     const int s = int(j % S);
-    const uint32_t bar = smem_addr(&bars[s]);
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar),
-                 "r"(uint32_t(kStage))
-                 : "memory");
+    const uint32_t bar = smem_u32(&bars[s]);
+    mbar_arrive_expect_tx(bar, uint32_t(kStage));
 #pragma unroll
     for (int c = 0; c < C; ++c) {
       const char* from = (c % 2 == 0 ? k : v) + (j * (C / 2) + c / 2) * CH;
-      asm volatile(
-          "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::
-              "r"(smem_addr(buf + size_t(s) * kStage + size_t(c) * CH)),
-          "l"(from), "r"(uint32_t(CH)), "r"(bar)
-          : "memory");
+      bulk_load(smem_u32(buf + size_t(s) * kStage + size_t(c) * CH), from, uint32_t(CH), bar);
     }
   };
   if (threadIdx.x == 0)
@@ -159,15 +143,8 @@ __global__ void __launch_bounds__(kThreads) bulk_kv_kernel(const char* __restric
   uint32_t acc = 0;
   for (size_t j = 0; j < stages; ++j) {
     const int s = int(j % S);
-    const uint32_t bar = smem_addr(&bars[s]), parity = uint32_t((j / S) & 1);
-    uint32_t done = 0;
-    while (!done)
-      asm volatile(
-          "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-          " selp.u32 %0, 1, 0, p;\n}\n"
-          : "=r"(done)
-          : "r"(bar), "r"(parity)
-          : "memory");
+    const uint32_t bar = smem_u32(&bars[s]), parity = uint32_t((j / S) & 1);
+    mbar_wait(bar, parity);
     acc ^= reinterpret_cast<const uint32_t*>(buf + size_t(s) * kStage)[threadIdx.x];
     __syncthreads();
     if (threadIdx.x == 0 && j + S < stages) issue(j + S);
