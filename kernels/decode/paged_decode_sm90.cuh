@@ -16,63 +16,17 @@
 #pragma once
 
 #include "decode/paged_decode.cuh"
+#include "flash/mbarrier.cuh"
 
 namespace attn::decode {
 
-// sm_90 mbarrier and bulk-copy wrappers. Built for older devices they do
-// nothing (the kernel below traps there; the host launches it only on
-// sm_90+ code).
-__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-#endif
-}
-// Initialised barriers visible to the bulk-copy engine (the async proxy).
-__device__ __forceinline__ void mbar_init_fence() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-#endif
-}
-// This thread's arrival, announcing `bytes` of copies that will complete on
-// the barrier (issued after this call).
-__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
-               : "memory");
-#endif
-}
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-#endif
-}
-// Waits until the barrier's phase of parity `parity` has completed.
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  uint32_t done = 0;
-  do {
-    asm volatile(
-        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-        " selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
-  } while (done == 0);
-#endif
-}
-// bytes (a multiple of 16) from global src to shared dst (both 16-byte
-// aligned), completing on barrier bar.
-__device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_t bytes,
-                                          uint32_t bar) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-          dst),
-      "l"(src), "r"(bytes), "r"(bar)
-      : "memory");
-#endif
-}
+// The mbarrier and bulk-copy wrappers (flash/mbarrier.cuh).
+using flash::bulk_load;
+using flash::mbar_arrive;
+using flash::mbar_arrive_expect_tx;
+using flash::mbar_init;
+using flash::mbar_init_fence;
+using flash::mbar_wait;
 
 // Shared memory of the sm_90 kernels (decode_unit_mbar): S stages of K and
 // V tiles of kTileBytes each in the copy policy's layout, then the stages'

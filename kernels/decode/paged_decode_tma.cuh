@@ -32,19 +32,7 @@
 
 namespace attn::decode {
 
-// A box of `map` at coordinates (c0 fastest) to shared dst (1024-byte
-// aligned for the swizzle), completing on barrier bar; coordinates outside
-// the tensor read as zeros (and count as bytes).
-__device__ __forceinline__ void tensor_load_4d(uint32_t dst, const CUtensorMap* map, int c0,
-                                               int c1, int c2, int c3, uint32_t bar) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile(
-      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-      " [%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
-      : "memory");
-#endif
-}
+using flash::tensor_load_4d;
 
 // The tensor-copy layout: per segment D / 64 swizzled boxes of 8 rows x
 // 128 bytes (1024-byte aligned: the base aligned up to 1024).

@@ -19,6 +19,7 @@
 #include "core/error.hpp"
 #include "cuda/cuda_util.hpp"
 #include "cuda/decode_kernels.hpp"
+#include "cuda/tensor_map.hpp"
 #include "kv/decode_plan.hpp"
 
 namespace attn::cuda {
@@ -36,32 +37,6 @@ static_assert(sizeof(decode::PageEntry) == sizeof(kv::PageEntry));
 static_assert(offsetof(decode::PageEntry, page) == offsetof(kv::PageEntry, page));
 static_assert(sizeof(decode::WorkUnit) == sizeof(kv::WorkUnit));
 static_assert(offsetof(decode::WorkUnit, partial) == offsetof(kv::WorkUnit, partial));
-
-// The driver's tensor-map encoder (through the runtime, so that the library
-// does not link libcuda itself), or null when the driver has none. The
-// versioned query exists from CUDA 12.5 on (and the unversioned one is
-// deprecated there); the build accepts any CUDA 12, whose older runtimes
-// only have the unversioned one, which returns the same (only) version of
-// this entry point.
-PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
-  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
-    void* f = nullptr;
-    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
-#if CUDART_VERSION >= 12050
-    const cudaError_t e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000,
-                                                           cudaEnableDefault, &found);
-#else
-    const cudaError_t e =
-        cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &f, cudaEnableDefault, &found);
-#endif
-    if (e != cudaSuccess || found != cudaDriverEntryPointSuccess) {
-      (void)cudaGetLastError();
-      return PFN_cuTensorMapEncodeTiled_v12000(nullptr);
-    }
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
-  }();
-  return fn;
-}
 
 // The tensor-copy kernel's view of a K or V pool (paged_decode_tma.cuh):
 // dims {head dim, page slots, KV heads, pages} with the layout's strides, a
