@@ -33,8 +33,9 @@ src/cuda/cuda_backend.cpp: ATTN_CUDA_BSPARSE_FWD_PERSIST=1,
 ATTN_CUDA_BSPARSE_BWD_PERSIST=1, ATTN_CUDA_BSPARSE_PREFETCH=1,
 ATTN_CUDA_BSPARSE_ITEM=n, ATTN_CUDA_BWD_SM90_SPARSE=0 for the sm_80
 block-sparse dK/dV kernel where the default is the sm_90a (wgmma) one,
-"+bwd-wgmma-bs" in the kernel column); "" is the library's defaults. FlexAttention runs with the first variant
-only.
+"+bwd-wgmma-bs" in the kernel column; ATTN_CUDA_FWD_SM90_WS=1 for the
+warp-specialised sm_90a forward); "" is the library's defaults. FlexAttention runs with the first
+variant only. --dense-variants times the dense causal plan under every variant too.
 
 Usage: bench_sparse_flex.py --lib build/src/libattn.so [--out results.md]
                             [--seqlen 32768] [--reps 10] [--no-flex]
@@ -105,6 +106,9 @@ def main():
     ap.add_argument("--commit", default=os.environ.get("ATTN_COMMIT", "unknown"))
     ap.add_argument("--variant", action="append",
                     help='NAME=VALUE[,NAME=VALUE...]: environment at plan creation ("": defaults)')
+    ap.add_argument("--dense-variants", action="store_true",
+                    help="time the dense causal plan under every variant too ('vs dense' stays "
+                         "the first variant's)")
     a = ap.parse_args()
     variants = []
     for spec in a.variant or [""]:
@@ -141,9 +145,10 @@ def main():
     runs = []  # (mask kind, its block table, variant index)
     for kind in ("causal", "window-sinks", "random", "bigbird"):
         table = block_tables(kind, nb, cpu_gen) if kind in ("random", "bigbird") else None
-        runs += [(kind, table, vi) for vi in range(1 if kind == "causal" else len(variants))]
+        one = kind == "causal" and not a.dense_variants
+        runs += [(kind, table, vi) for vi in range(1 if one else len(variants))]
     for kind, table, vi in runs:
-        spec, env = variants[vi] if kind != "causal" else ("", {})
+        spec, env = variants[vi] if kind != "causal" or a.dense_variants else ("", {})
         mask = None if kind == "causal" else make_mask(lib, kind, L, table)
         saved = {n: os.environ.get(n) for n in env}
         os.environ.update(env)
@@ -190,7 +195,7 @@ def main():
                "fwd": t_f, "bwd": t_b,
                "tf_f": info.flops_forward / t_f / 1e9, "tf_b": info.flops_backward / t_b / 1e9,
                "tile_f": tile_flops / t_f / 1e9, "tile_b": 2.5 * tile_flops_b / t_b / 1e9}
-        if kind == "causal":
+        if kind == "causal" and vi == 0:
             dense = row
         if flex is not None and vi == 0:
             try:

@@ -82,9 +82,12 @@ constexpr FwdConfig fwd_config(int d) {
 constexpr int kSm90VisitRing = 256;
 struct FwdSm90Config {
   int block_m, block_n, warpgroups, stages;
-  constexpr int threads() const { return warpgroups * 128; }
+  // The warp-specialised forward (flash/fwd_sm90_ws_kernel.cuh): a producer
+  // warpgroup besides the `warpgroups` consumers, two Q buffers.
+  int producers = 0, q_buffers = 1;
+  constexpr int threads() const { return (warpgroups + producers) * 128; }
   constexpr size_t smem_bytes(int d) const {
-    return size_t(block_m + 2 * stages * block_n) * size_t(d) * 2u + 1024u +
+    return size_t(q_buffers * block_m + 2 * stages * block_n) * size_t(d) * 2u + 1024u +
            size_t(kSm90VisitRing) * 8u;
   }
 };
@@ -105,6 +108,14 @@ constexpr FwdSm90Config fwd_sm90_config(int d) {
 // cuda/fwd_sm90_shape.hpp). block_m = 0: the first.
 constexpr FwdSm90Config fwd_sm90_config(int d, int block_m) {
   return d == 64 && block_m == 128 ? FwdSm90Config{128, 128, 2, 3} : fwd_sm90_config(d);
+}
+
+// The warp-specialised forward: 128-row query tiles on two consumer
+// warpgroups, one producer warpgroup (tensor copies), Q double-buffered so
+// that the next work item's Q and first KV tiles land while this one ends;
+// d = 128: 2 stages (2 Q + 4 KV tiles = 192 KB), d = 64: 4.
+constexpr FwdSm90Config fwd_sm90_ws_config(int d) {
+  return FwdSm90Config{128, 128, 2, d == 64 ? 4 : 2, 1, 2};
 }
 
 // MoBA plans run the sm_90a forward with 128-row query tiles at d = 64 and

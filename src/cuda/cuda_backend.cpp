@@ -152,6 +152,7 @@ struct CudaHooks {
   bool prefetch;                  // ATTN_CUDA_BSPARSE_PREFETCH (default 0)
   std::optional<int> item;        // ATTN_CUDA_BSPARSE_ITEM: visits per dK/dV work item
   bool fwd_sm90;                  // ATTN_CUDA_FWD_SM90 (default 1)
+  bool fwd_sm90_ws;               // ATTN_CUDA_FWD_SM90_WS (default 1)
   std::optional<int> fwd_sm90_bm; // ATTN_CUDA_FWD_SM90_BM: 128 or 192
   bool bwd_sm90;                  // ATTN_CUDA_BWD_SM90 (default 1)
   bool bwd_sm90_sparse;           // ATTN_CUDA_BWD_SM90_SPARSE (default 1)
@@ -169,6 +170,7 @@ struct CudaHooks {
     h.prefetch = env_flag("ATTN_CUDA_BSPARSE_PREFETCH", false);
     h.item = env_int("ATTN_CUDA_BSPARSE_ITEM", 1, std::numeric_limits<int>::max());
     h.fwd_sm90 = env_flag("ATTN_CUDA_FWD_SM90", true);
+    h.fwd_sm90_ws = env_flag("ATTN_CUDA_FWD_SM90_WS", true);
     h.fwd_sm90_bm = env_int_choice("ATTN_CUDA_FWD_SM90_BM", {128, 192});
     h.bwd_sm90 = env_flag("ATTN_CUDA_BWD_SM90", true);
     h.bwd_sm90_sparse = env_flag("ATTN_CUDA_BWD_SM90_SPARSE", true);
@@ -368,6 +370,7 @@ class CudaPlan final : public BackendPlan {
                                    : F::kSm80;
     name.kind = moba ? (moba_->gathers() ? "moba-gather" : "moba")
                      : fwd_persist_ ? "bsparse-p" : "bsparse";
+    name.ws = sm90_ && sm90_cfg_.producers > 0;
     name.fwd_block_m = sm90_ ? sm90_cfg_.block_m : cfg_.block_m;
     name.fwd_block_n = sm90_ ? sm90_cfg_.block_n : cfg_.block_n;
     name.fwd_warps = cfg_.warps;
@@ -609,6 +612,30 @@ class CudaPlan final : public BackendPlan {
     return attrs.ptxVersion >= 90 && smem_optin >= c.smem_bytes(int(d));
   }
 
+  // Whether the warp-specialised forward's tensor maps encode for the
+  // plan's strides (tried on stand-in bases aligned as execute requires).
+  static bool fwd_ws_maps_encode(const Problem& p, bool bf16) {
+    // What the encoder would refuse anyway (asked, it reports an API error
+    // that tools such as compute-sanitizer count): an empty side, strides
+    // that are not whole 16-byte units.
+    if (p.seqlen_q <= 0 || p.seqlen_kv <= 0) return false;
+    for (const attn_tensor_role_t t : {ATTN_TENSOR_Q, ATTN_TENSOR_K, ATTN_TENSOR_V}) {
+      const TensorStrides& s = p.strides[t];
+      if (s.seq % 8 != 0 || s.head % 8 != 0 || (p.batch > 1 && s.batch % 8 != 0)) return false;
+    }
+    flash::FwdParams t{};
+    const TensorStrides& q = p.strides[ATTN_TENSOR_Q];
+    const TensorStrides& k = p.strides[ATTN_TENSOR_K];
+    const TensorStrides& v = p.strides[ATTN_TENSOR_V];
+    t.q_batch = q.batch, t.q_seq = q.seq, t.q_head = q.head;
+    t.k_batch = k.batch, t.k_seq = k.seq, t.k_head = k.head;
+    t.v_batch = v.batch, t.v_seq = v.seq, t.v_head = v.head;
+    t.seqlen_q = int32_t(p.seqlen_q);
+    t.seqlen_kv = int32_t(p.seqlen_kv);
+    t.group = int32_t(p.group());
+    return fwd_sm90_ws_maps_encode(t, int(p.head_dim_qk), bf16, int(p.heads_q), int(p.batch));
+  }
+
   void pick_sm90_forward(const Problem& p, int major, int minor, size_t smem_optin, bool gather) {
     if (!hooks_.fwd_sm90) return;
     // ATTN_CUDA_BSPARSE_FWD_PERSIST=1 asks for the persistent sm_80 kernel.
@@ -655,6 +682,27 @@ class CudaPlan final : public BackendPlan {
         check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device_),
               "cudaDeviceGetAttribute");
         block_m = fwd_sm90_block_m_d64(p, flash::fwd_sm90_config(64).block_n, sms);
+      }
+    }
+    // The warp-specialised persistent kernel (flash/fwd_sm90_ws_kernel.cuh)
+    // for fixed-length plans without softcap whose tensors the tensor copies
+    // can address, unless ATTN_CUDA_FWD_SM90_WS=0 (the one-tile kernel
+    // below): on an H200 (bf16, d = 128, L = 32K, 16 heads, causal) 8.05
+    // against 9.83 ms dense, 1.76 / 0.85 / 0.38 against 2.41 / 1.13 / 0.55
+    // for the block masks of bench/bench_sparse_flex.py
+    // (bench/results/cuda-fwd-ws-2026-12-02-*.md).
+    // (ATTN_CUDA_FWD_SM90_BM, which forces a tile of the one-tile kernel at
+    // d = 64, keeps that kernel.)
+    if (hooks_.fwd_sm90_ws && !softcap && !p.varlen && !(d == 64 && hooks_.fwd_sm90_bm)) {
+      const FwdKernel k = d == 64 ? fwd_kernel_sm90_ws_d64(bf16, sparse)
+                                  : fwd_kernel_sm90_ws_d128(bf16, sparse);
+      const flash::FwdSm90Config c = flash::fwd_sm90_ws_config(int(d));
+      // (The encoder needs the context that the attribute query creates.)
+      if (sm90_forward_runs(k, c, d, smem_optin) && fwd_ws_maps_encode(p, bf16)) {
+        kernel_ = k;
+        sm90_cfg_ = c;
+        sm90_ = true;
+        return;
       }
     }
     const FwdKernel k = sparse ? (d == 64 ? fwd_kernel_sm90_bsparse_d64(bf16)

@@ -41,6 +41,16 @@ FwdKernel fwd_kernel_sm90_bsparse_d128(bool bf16);
 // q lists), with 128-row tiles (flash::kSm90MobaBlockM); grid as the dense one.
 FwdKernel fwd_kernel_sm90_moba_d64(bool bf16);
 FwdKernel fwd_kernel_sm90_moba_d128(bool bf16);
+// The warp-specialised persistent sm_90a forward (flash/fwd_sm90_ws_kernel.cuh),
+// dense or block-sparse (grid x: the work items per (sequence, head), as the
+// one-tile kernels'; the launch deals them over one block per SM), for
+// fixed-length plans without softcap; flash::fwd_sm90_ws_config's tiles.
+FwdKernel fwd_kernel_sm90_ws_d64(bool bf16, bool sparse);
+FwdKernel fwd_kernel_sm90_ws_d128(bool bf16, bool sparse);
+// Whether its tensor maps encode for these strides and lengths (params'
+// pointers are ignored).
+bool fwd_sm90_ws_maps_encode(const flash::FwdParams& params, int d, bool bf16, int heads_q,
+                             int batch);
 // MoBA's gathered forward on wgmma (round lists, 128-row tiles).
 FwdKernel fwd_kernel_sm90_moba_gather_d64(bool bf16);
 FwdKernel fwd_kernel_sm90_moba_gather_d128(bool bf16);

@@ -32,6 +32,7 @@ struct KernelNameFacts {
   int head_dim = 0;
   Forward forward = Forward::kSm80;
   const char* kind = "";  // block-sparse, MoBA: "bsparse", "bsparse-p", "moba", "moba-gather"
+  bool ws = false;        // sm_90a: the warp-specialised forward ("-ws")
   int fwd_block_m = 0, fwd_block_n = 0, fwd_warps = 0, fwd_stages = 0;
   // kSm80Listed: the sm_80 dK/dV kernel walking tile lists (block-sparse,
   // MoBA), which leaves out the warps for room.
@@ -52,7 +53,8 @@ inline std::string kernel_name_body(const KernelNameFacts& f) {
   int len = 0;
   switch (f.forward) {
     case F::kSparseSm90:
-      len = std::snprintf(buf, sizeof buf, "cuda-sm90-wgmma-%s-d%d-bsparse", f.dtype, f.head_dim);
+      len = std::snprintf(buf, sizeof buf, "cuda-sm90-wgmma-%s-d%d-bsparse%s", f.dtype, f.head_dim,
+                          f.ws ? "-ws" : "");
       break;
     case F::kMobaSm90:  // the tile (128 x 128) is in info.tile_q and tile_kv
       len = std::snprintf(buf, sizeof buf, "cuda-sm90-wgmma-%s-d%d-%s", f.dtype, f.head_dim,
@@ -67,8 +69,9 @@ inline std::string kernel_name_body(const KernelNameFacts& f) {
                           f.fwd_block_m, f.fwd_block_n);
       break;
     case F::kSm90:
-      len = std::snprintf(buf, sizeof buf, "cuda-sm90-wgmma-%s-d%d-%dx%d-s%d", f.dtype,
-                          f.head_dim, f.fwd_block_m, f.fwd_block_n, f.fwd_stages);
+      len = std::snprintf(buf, sizeof buf, "cuda-sm90-wgmma-%s-d%d-%dx%d-s%d%s", f.dtype,
+                          f.head_dim, f.fwd_block_m, f.fwd_block_n, f.fwd_stages,
+                          f.ws ? "-ws" : "");
       break;
     case F::kSm80:
       len = std::snprintf(buf, sizeof buf, "cuda-fa2-sm80-%s-d%d-%dx%d-w%d-s%d", f.dtype,

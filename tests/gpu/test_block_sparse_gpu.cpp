@@ -37,7 +37,9 @@
 // every run, and every element must be written. attn_plan_describe must name
 // the block-sparse kernels: on an sm_90 device the sm_90a (wgmma) forward
 // at d = 64 and 128 without softcap (192x128 tiles at d = 64, which block
-// sizes such as 128, 80 and 48x80 do not divide; 128x128 at d = 128), the
+// sizes such as 128, 80 and 48x80 do not divide; 128x128 at d = 128; the
+// warp-specialised one, "-bsparse-ws" with 128x128 tiles at both, unless
+// ATTN_CUDA_FWD_SM90_WS=0, its own meson test), the
 // sm_80 one otherwise and under ATTN_CUDA_FWD_SM90=0 (its own meson test);
 // on an sm_90 device the sm_90a (wgmma) dK/dV kernel's block-sparse
 // instantiation ("+bwd-wgmma-bs-") at d = 64 and 128 without softcap,
@@ -88,9 +90,16 @@ using Problem = CaseProblem<Case>;
 
 uint64_t g_seed = 0;
 bool g_sm90 = false;  // sm_90 device and ATTN_CUDA_FWD_SM90 != 0
+bool g_ws = false;    // sm_90 device and not ATTN_CUDA_FWD_SM90_WS=0
 // sm_90 device, and none of ATTN_CUDA_BWD_SM90_SPARSE=0, ATTN_CUDA_BWD_SM90=0
 // and ATTN_CUDA_BWD_VARIANT (which keep the sm_80 dK/dV kernel).
 bool g_sm90_bwd_sparse = false;
+
+// The warp-specialised forward ("-bsparse-ws", 128-row tiles): sm_90a
+// plans at d = 64 and 128 without softcap unless ATTN_CUDA_FWD_SM90_WS=0.
+bool expects_ws(const Case& c) {
+  return g_ws && (c.d == 64 || c.d == 128) && c.softcap == 0.0f && !c.fwd_persist;
+}
 
 // The forward kernel a case's plans must name, and its tile.
 struct ExpectedForward {
@@ -100,7 +109,7 @@ struct ExpectedForward {
 ExpectedForward expected_forward(const Case& c) {
   // (The persistent block-sparse forward, a tuning hook, is an sm_80 kernel.)
   if (g_sm90 && (c.d == 64 || c.d == 128) && c.softcap == 0.0f && !c.fwd_persist)
-    return {"cuda-sm90-wgmma-", c.d == 64 ? 192 : 128, 128};
+    return {"cuda-sm90-wgmma-", c.d == 64 && !expects_ws(c) ? 192 : 128, 128};
   return {"cuda-fa2-", 128, 64};
 }
 
@@ -428,6 +437,9 @@ Run run_device(const Case& c0, attn_context_t ctx) {
     if ((std::strstr(info.kernel, "-bsparse-p-") != nullptr) != c.fwd_persist)
       r.describe_error += std::string(" kernel '") + info.kernel + "': expected the " +
                           (c.fwd_persist ? "persistent" : "one-block-per-tile") + " forward;";
+    if ((std::strstr(info.kernel, "-bsparse-ws") != nullptr) != expects_ws(c))
+      r.describe_error += std::string(" kernel '") + info.kernel + "': expected the " +
+                          (expects_ws(c) ? "warp-specialised" : "one-tile") + " forward;";
     if ((std::strstr(info.kernel, "+bwd-p-") != nullptr) != c.bwd_persist)
       r.describe_error += std::string(" kernel '") + info.kernel + "': expected the " +
                           (c.bwd_persist ? "persistent" : "one-block-per-item") + " dK/dV kernel;";
@@ -609,8 +621,10 @@ int main() {
   GPU_CHECK(cudaGetDeviceProperties(&prop, 0));
   const char* sm90_env = std::getenv("ATTN_CUDA_FWD_SM90");
   g_sm90 = prop.major == 9 && prop.minor == 0 && !(sm90_env && std::strcmp(sm90_env, "0") == 0);
+  const char* ws_env = std::getenv("ATTN_CUDA_FWD_SM90_WS");
+  g_ws = g_sm90 && !(ws_env != nullptr && std::strcmp(ws_env, "0") == 0);
   std::printf("device sm_%d%d: d = 64/128 forwards expected on the %s kernel\n", prop.major,
-              prop.minor, g_sm90 ? "sm_90a (wgmma)" : "sm_80");
+              prop.minor, g_ws ? "sm_90a warp-specialised" : g_sm90 ? "sm_90a (wgmma)" : "sm_80");
   const char* bwd_sparse_env = std::getenv("ATTN_CUDA_BWD_SM90_SPARSE");
   const char* bwd_sm90_env = std::getenv("ATTN_CUDA_BWD_SM90");
   g_sm90_bwd_sparse = prop.major == 9 && prop.minor == 0 &&

@@ -20,7 +20,10 @@
 // attn_plan_describe gives (the build must include sm_90a, as
 // scripts/gpu-check.sh's does). Under ATTN_CUDA_FWD_SM90_BM=128 or 192 the
 // d = 64 cases must also name that query tile (softcap ones: 128, the only
-// one built with it), and tile_q must match.
+// one built with it), and tile_q must match. Fixed-length plans without
+// softcap must run the warp-specialised one ("-ws", 128-row tiles) unless
+// ATTN_CUDA_FWD_SM90_WS=0 (or, at d = 64, ATTN_CUDA_FWD_SM90_BM) asks for
+// the one-tile kernel.
 // ATTN_GPU_TEST_QUICK=1 runs only small cases (for compute-sanitizer);
 // ATTN_GPU_TEST_FILTER=text only the cases whose name contains text;
 // ATTN_GPU_TEST_HEAD_DIM=n only the cases of head dim n.
@@ -50,14 +53,22 @@ int g_failures = 0;
 int64_t g_head_dim = 0;  // ATTN_GPU_TEST_HEAD_DIM, 0: every head dim
 bool g_sm90 = false;  // sm_90 device and ATTN_CUDA_FWD_SM90 != 0
 int g_sm90_bm = 0;    // ATTN_CUDA_FWD_SM90_BM when 128 or 192, else 0
+bool g_ws = false;    // sm_90 device and not ATTN_CUDA_FWD_SM90_WS=0
 
 // The forward kernel a plan of case c must run.
 bool expects_sm90(const CaseShape& c) { return g_sm90 && (c.d == 64 || c.d == 128); }
+// The warp-specialised one ("-ws", 128-row tiles): fixed-length plans
+// without softcap whose tensors a tensor map can describe (no empty side).
+// (ATTN_CUDA_FWD_SM90_BM, forcing a d = 64 tile, keeps the one-tile kernel.)
+bool expects_ws(const CaseShape& c) {
+  return g_ws && expects_sm90(c) && c.softcap == 0.0f && !varlen(c) && c.lq > 0 && c.lk > 0 &&
+         !(c.d == 64 && g_sm90_bm != 0);
+}
 
 // The query tile the sm_90a forward must take for case c; 0: 128 or 192
 // (the plan's own estimate decides).
 int expected_sm90_rows(const CaseShape& c) {
-  if (c.d == 128) return 128;
+  if (c.d == 128 || expects_ws(c)) return 128;
   return c.softcap > 0.0f ? 128 : g_sm90_bm;
 }
 
@@ -259,6 +270,11 @@ void run_case(const Case& c0, attn_context_t cuda_ctx, attn_context_t cpu_ctx) {
     if (std::strstr(info.kernel, tile.c_str()) == nullptr || info.tile_q != bm) {
       std::printf("FAIL %s: runs %s (tile_q %d), expected the %s tile\n", c.name.c_str(),
                   info.kernel, int(info.tile_q), tile.c_str());
+      ++g_failures;
+    }
+    if ((std::strstr(info.kernel, "-ws") != nullptr) != expects_ws(c)) {
+      std::printf("FAIL %s: runs %s, expected the %s forward\n", c.name.c_str(), info.kernel,
+                  expects_ws(c) ? "warp-specialised" : "one-tile");
       ++g_failures;
     }
   }
@@ -686,7 +702,7 @@ void test_describe(attn_context_t ctx) {
   // The d = 64 tile the plan picks by itself (cuda/fwd_sm90_shape.hpp, tested
   // without a GPU by tests/unit): on this device's SM count, short causal
   // sequences take 128 rows, long full ones that both tiles divide 192.
-  if (!sm90 || g_sm90_bm != 0) return;
+  if (!sm90 || g_sm90_bm != 0 || g_ws) return;
   struct Pick {
     int64_t batch, heads, l;
     attn_mask_t mask;
@@ -780,6 +796,8 @@ int main() {
   const char* bm_env = std::getenv("ATTN_CUDA_FWD_SM90_BM");
   const int bm = bm_env ? std::atoi(bm_env) : 0;
   g_sm90_bm = bm == 128 || bm == 192 ? bm : 0;
+  const char* ws_env = std::getenv("ATTN_CUDA_FWD_SM90_WS");
+  g_ws = g_sm90 && !(ws_env != nullptr && std::strcmp(ws_env, "0") == 0);
   std::printf("device sm_%d%d: d = 64/128 plans expected on the %s forward\n", prop.major,
               prop.minor, g_sm90 ? "sm_90a (wgmma)" : "sm_80");
 

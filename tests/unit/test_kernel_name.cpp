@@ -127,6 +127,7 @@ int main() {
         l.bwd_register_path = false, l.cut = cut, l.group_splits = gs;
         l.bwd_persist = bwd == B::kSm80Listed && fwd != F::kMoba;
         if (fwd == F::kSparseSm80) l.kind = "bsparse-p";
+        l.ws = fwd == F::kSm90 || fwd == F::kSparseSm90;  // "-ws"
         return l;
       };
       check(("dense sm_90a" + tag).c_str(), longest(F::kSm90, B::kSm90));
@@ -164,6 +165,7 @@ int main() {
     r.kind = kinds[r.forward == F::kMoba ? pick(2, 3) : moba_sm90 ? 2 : pick(0, 1)];
     r.fwd_block_m = pick(1, 999), r.fwd_block_n = pick(1, 999);
     r.fwd_warps = pick(1, 99), r.fwd_stages = pick(1, 9);
+    r.ws = (r.forward == F::kSm90 || r.forward == F::kSparseSm90) && pick(0, 1) == 1;
     const B listed_bwd[] = {B::kNone, B::kSm80Listed, B::kSm90Sparse};
     const B dense_bwd[] = {B::kNone, B::kSm80, B::kSm90};
     const B moba_sm90_bwd[] = {B::kNone, B::kSm80Listed, B::kSm90};

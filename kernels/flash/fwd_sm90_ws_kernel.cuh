@@ -1,0 +1,429 @@
+// FlashAttention forward on sm_90a with warp specialisation: a persistent
+// kernel (one block per SM walking work items) whose first warpgroup only
+// moves data and whose other two only compute.
+//
+//   producer  warpgroup 0 (one thread issuing): per work item, Q by tensor
+//             copy into one of two Q buffers, then the item's KV tiles, K
+//             and V each into `stages` buffers; every buffer has a "full"
+//             mbarrier (the copies' bytes) and an "empty" one (the consumer
+//             warps' arrivals once their wgmma read it)
+//   consumers warpgroups 1 and 2, 64 query rows each: the loop of
+//             flash/fwd_sm90_kernel.cuh (S_j issued with P_{j-1} V_{j-1},
+//             the softmax under the latter) on waits for "full" barriers
+//             instead of block barriers, and no copies of their own
+//
+// Why: the one-tile kernel pays, per query tile, the latency of its first
+// loads and an epilogue that nothing overlaps, about two KV steps (4-5 us
+// on an H200 at d = 128); short tile lists (BigBird, random block masks)
+// feel it. Here the producer fetches the next item's Q and first KV tiles
+// while the consumers finish the current one, and the consumers' KV steps
+// carry no copies, address arithmetic or block barriers.
+//
+// Work: item w is (x, head, sequence) with x fastest (Sparse: item x of the
+// slot's longest-first list, else query tile m_blocks - 1 - x, the causal
+// longest first), the one-tile kernel's grid order: the items running at
+// a time share their heads' K and V in L2 (with x slowest, full-mask
+// forwards ran 5-15% slower). They are dealt in rounds of gridDim.x, block
+// k taking item k of even rounds and gridDim.x - 1 - k of odd ones (a
+// snake), so that a block that got a long item gets a short one next (in
+// plain rounds a causal batch-1 16K forward ran 11% slower than the
+// one-tile kernel, whose blocks the hardware hands out as SMs free up).
+//
+// Tensor maps (FwdWsParams, encoded by the host): dims {D, seqlen, heads,
+// batch} with the tensors' strides, box {64, 128, 1, 1}, 128-byte swizzle:
+// one box is one panel of the swizzled layout of flash/sm90.cuh, so a tile
+// of D = 128 is two copies. Rows past the sequence read as zeros (as the
+// one-tile kernel's zero-filled loads). Fixed-length plans only: in a
+// packed (varlen) batch a tile would read the next sequence's rows.
+#pragma once
+
+#include <cuda.h>
+
+#include "flash/fwd_sm90_kernel.cuh"
+#include "flash/mbarrier.cuh"
+
+namespace attn::flash {
+
+struct FwdWsParams {
+  FwdParams p;
+  CUtensorMap q_map, k_map, v_map;
+  int32_t m_blocks, heads_q, batch;  // the work: m_blocks x heads_q x batch items
+};
+
+namespace ws {
+
+template <int D>
+struct Traits {
+  static constexpr FwdSm90Config kCfg = fwd_sm90_ws_config(D);
+};
+
+// The control block after the tiles (in the one-tile kernel's visit ring
+// area).
+template <int ST>
+struct Ctl {
+  uint64_t q_full[2], q_empty[2];
+  uint64_t k_full[ST], k_empty[ST], v_full[ST], v_empty[ST];
+  int32_t item[2][4];  // per Q buffer: query tile, KV tiles, sequence, query head
+  int32_t meta[ST][2];  // per stage: KV tile, visit kind (kVisitFull / kVisitDense / bit tile)
+};
+
+// Register budgets of the two roles (setmaxnreg, as FlashAttention-3's):
+// 128 (24 + 2 x 240) <= 65536, the SM's file (the consumers spill at the
+// launch's 168).
+constexpr bool kSetMaxNReg = true;
+constexpr int kProducerRegs = 24, kConsumerRegs = 240;
+constexpr int kConsumerWarps = 8;  // arrivals on every "empty" barrier
+
+template <int N>
+__device__ __forceinline__ void setmaxnreg_inc() {
+#if ATTN_SM90_WGMMA
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+#endif
+}
+template <int N>
+__device__ __forceinline__ void setmaxnreg_dec() {
+#if ATTN_SM90_WGMMA
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+#endif
+}
+
+}  // namespace ws
+
+// Item of round r for this block (see the top), or -1 past the last.
+__device__ __forceinline__ int ws_item(int r, int total) {
+  const int k = (r & 1) ? int(gridDim.x) - 1 - int(blockIdx.x) : int(blockIdx.x);
+  const int64_t w = int64_t(r) * gridDim.x + k;
+  return w < total ? int(w) : -1;
+}
+
+template <class T, int D, bool Sparse>
+__device__ __forceinline__ void flash_fwd_sm90_ws(const FwdWsParams& wp) {
+  constexpr FwdSm90Config kCfg = ws::Traits<D>::kCfg;
+  constexpr int BM = kCfg.block_m, BN = kCfg.block_n, ST = kCfg.stages;
+  static_assert(BM == 128 && BN == 128 && kCfg.warpgroups == 2, "two consumer warpgroups");
+  constexpr int NS = BN / 2, NO = D / 2;  // accumulators per thread: S, O
+  constexpr int kPanels = D / 64;
+  constexpr uint32_t kQBytes = uint32_t(BM * D * 2), kKvBytes = uint32_t(BN * D * 2);
+  using Ctl = ws::Ctl<ST>;
+  static_assert(sizeof(Ctl) <= size_t(kSm90VisitRing) * 8u, "the control block fits");
+  const FwdParams& p = wp.p;
+
+  extern __shared__ __align__(16) unsigned char smem[];
+  const uint32_t raw = smem_u32(smem);
+  const uint32_t sQa = (raw + 1023u) & ~1023u;          // [2][BM][D]
+  const uint32_t sKa = sQa + 2u * kQBytes;              // [ST][BN][D]
+  const uint32_t sVa = sKa + uint32_t(ST) * kKvBytes;   // [ST][BN][D]
+  Ctl& ctl = *reinterpret_cast<Ctl*>(smem + (sVa + uint32_t(ST) * kKvBytes - raw));
+  auto bar = [](const uint64_t& b) { return smem_u32(&b); };
+
+  const int tid = threadIdx.x, wg = tid >> 7;
+  const int total = wp.m_blocks * wp.heads_q * wp.batch;
+
+  if (tid == 0) {
+    for (int i = 0; i < 2; ++i) {
+      mbar_init(bar(ctl.q_full[i]), 1);
+      mbar_init(bar(ctl.q_empty[i]), ws::kConsumerWarps);
+    }
+    for (int s = 0; s < ST; ++s) {
+      mbar_init(bar(ctl.k_full[s]), 1);
+      mbar_init(bar(ctl.v_full[s]), 1);
+      mbar_init(bar(ctl.k_empty[s]), ws::kConsumerWarps);
+      mbar_init(bar(ctl.v_empty[s]), ws::kConsumerWarps);
+    }
+  }
+  mbar_init_fence();
+  __syncthreads();
+
+  if (wg == 0) {
+    // ---- producer ----
+    if constexpr (ws::kSetMaxNReg) ws::setmaxnreg_dec<ws::kProducerRegs>();
+    if (tid >= 32) return;
+    const int lane = tid;
+    if (lane == 0) {
+      asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&wp.q_map)) : "memory");
+      asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&wp.k_map)) : "memory");
+      asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&wp.v_map)) : "memory");
+    }
+    uint32_t kv = 0;  // the block's KV steps so far
+    int n = 0;        // its items so far
+    for (int w; (w = ws_item(n, total)) >= 0; ++n) {
+      const int x = w % wp.m_blocks, h = (w / wp.m_blocks) % wp.heads_q;
+      const int b = w / (wp.m_blocks * wp.heads_q), hk = h / p.group;
+      int m_block, n_tiles, last;  // last: Sparse, the end visit; dense, the end KV tile
+      QueryTile qt;
+      if constexpr (Sparse) {
+        const int32_t* item =
+            p.sparse.items + kSm90FwdItemWords * (mask_slot(p.sparse, b, hk) * p.sparse.tiles + x);
+        m_block = item[0];
+        last = item[2];
+        n_tiles = item[2] - item[1];
+      } else {
+        m_block = wp.m_blocks - 1 - x;
+        query_tile_of<BM>(p, b, m_block, qt);
+        n_tiles = dense_kv_tiles<BN>(qt, last);
+      }
+      const int qb = n & 1;
+      if (lane == 0) {
+        mbar_wait(bar(ctl.q_empty[qb]), uint32_t((n >> 1) & 1) ^ 1u);
+        ctl.item[qb][0] = m_block;
+        ctl.item[qb][1] = n_tiles;
+        ctl.item[qb][2] = b;
+        ctl.item[qb][3] = h;
+        if (n_tiles > 0) {
+          mbar_arrive_expect_tx(bar(ctl.q_full[qb]), kQBytes);
+#pragma unroll
+          for (int pn = 0; pn < kPanels; ++pn)
+            tensor_load_4d(sQa + uint32_t(qb) * kQBytes + uint32_t(pn * BM * 128), &wp.q_map, pn * 64,
+                           m_block * BM, h, b, bar(ctl.q_full[qb]));
+        } else {
+          mbar_arrive(bar(ctl.q_full[qb]));  // publishes the item: nothing to load
+        }
+      }
+      // 32 steps at a time: lane l reads step it0 + l's KV tile and kind.
+      for (int it0 = 0; it0 < n_tiles; it0 += 32) {
+        int my_tile = 0, my_kind = kVisitFull;
+        if (it0 + lane < n_tiles) {
+          if constexpr (Sparse) {
+            const int32_t* v = p.sparse.visits + 2 * int64_t(last - 1 - (it0 + lane));
+            my_tile = v[0];
+            my_kind = v[1];
+          } else {
+            my_tile = last - 1 - (it0 + lane);
+            my_kind = dense_tile_full<BN>(qt, my_tile * BN) ? kVisitFull : kVisitDense;
+          }
+        }
+        const int steps = min(32, n_tiles - it0);
+        for (int i = 0; i < steps; ++i, ++kv) {
+          const int tile = __shfl_sync(0xffffffffu, my_tile, i);
+          const int kind = __shfl_sync(0xffffffffu, my_kind, i);
+          if (lane == 0) {
+            const int s = int(kv % ST);
+            const uint32_t free_parity = ((kv / ST) & 1u) ^ 1u;
+            mbar_wait(bar(ctl.k_empty[s]), free_parity);
+            ctl.meta[s][0] = tile;
+            ctl.meta[s][1] = kind;
+            mbar_arrive_expect_tx(bar(ctl.k_full[s]), kKvBytes);
+#pragma unroll
+            for (int pn = 0; pn < kPanels; ++pn)
+              tensor_load_4d(sKa + uint32_t(s) * kKvBytes + uint32_t(pn * BN * 128), &wp.k_map,
+                             pn * 64, tile * BN, hk, b, bar(ctl.k_full[s]));
+            mbar_wait(bar(ctl.v_empty[s]), free_parity);
+            mbar_arrive_expect_tx(bar(ctl.v_full[s]), kKvBytes);
+#pragma unroll
+            for (int pn = 0; pn < kPanels; ++pn)
+              tensor_load_4d(sVa + uint32_t(s) * kKvBytes + uint32_t(pn * BN * 128), &wp.v_map,
+                             pn * 64, tile * BN, hk, b, bar(ctl.v_full[s]));
+          }
+          __syncwarp();
+        }
+      }
+    }
+    return;
+  }
+
+  // ---- consumers ----
+  if constexpr (ws::kSetMaxNReg) ws::setmaxnreg_inc<ws::kConsumerRegs>();
+  const int cw = wg - 1, wtid = tid & 127;  // consumer warpgroup, thread in it
+  const int lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+  // This thread's two rows of the tile (accumulator rows g and g + 8 of its
+  // warp's 16).
+  const int row0 = cw * 64 + ((wtid >> 5) << 4) + g;
+  const float scale_log2 = p.scale_log2;
+  // The warp's arrival once all its lanes are done with the buffer.
+  auto release = [&](const uint64_t& b) {
+    __syncwarp();
+    if (lane == 0) mbar_arrive(bar(b));
+  };
+
+  uint32_t kv = 0;
+  int n = 0;
+#pragma unroll 1
+  for (; ws_item(n, total) >= 0; ++n) {
+    const int qb = n & 1;
+    mbar_wait(bar(ctl.q_full[qb]), uint32_t(n >> 1) & 1u);
+    const int m_block = ctl.item[qb][0], n_tiles = ctl.item[qb][1];
+    const int b = ctl.item[qb][2], h = ctl.item[qb][3];
+    QueryTile qt;
+    query_tile_of<BM>(p, b, m_block, qt);
+    const int r0 = qt.r0, rows = qt.rows;
+    T* gO = static_cast<T*>(p.o) + b * p.o_batch + h * p.o_head + r0 * p.o_seq;
+    float* gL = p.lse == nullptr ? nullptr : p.lse + b * p.lse_batch + h * p.lse_head + r0;
+    const uint32_t sQ = sQa + uint32_t(qb) * kQBytes;
+    unsigned char* const sQp = smem + (sQ - raw);
+
+    if (n_tiles == 0) {  // no row of the tile sees a key: O = 0, LSE = -inf
+      constexpr int DT = D / 8;
+      for (int c = wtid; c < 64 * DT; c += 128) {
+        const int r = cw * 64 + c / DT, ch = c % DT;
+        if (r < rows) *reinterpret_cast<uint4*>(gO + r * p.o_seq + ch * 8) = make_uint4(0, 0, 0, 0);
+      }
+      if (gL != nullptr)
+        for (int r = cw * 64 + wtid; r < cw * 64 + 64; r += 128)
+          if (r < rows) gL[r] = -INFINITY;
+      release(ctl.q_empty[qb]);
+      continue;
+    }
+
+    const uint32_t q_rows = sQ + uint32_t(cw * 64 * 128);  // the warpgroup's rows, panel 0
+    float acc_o[NO];
+#pragma unroll
+    for (int i = 0; i < NO; ++i) acc_o[i] = 0.0f;
+    float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
+    uint32_t pa[BN / 16][4];  // P_{j-1} in T: the A fragments of O += P V
+    float s[NS];
+
+    // Step j of the item is the block's KV step kv + j, in stage (kv + j) % ST.
+    auto wait_k = [&](int j, int& tile, int& kind) {
+      const uint32_t k = kv + uint32_t(j);
+      mbar_wait(bar(ctl.k_full[k % ST]), (k / ST) & 1u);
+      tile = ctl.meta[k % ST][0];
+      kind = ctl.meta[k % ST][1];
+    };
+    auto wait_v = [&](int j) {
+      const uint32_t k = kv + uint32_t(j);
+      mbar_wait(bar(ctl.v_full[k % ST]), (k / ST) & 1u);
+    };
+    auto issue_s = [&](int j) {
+      const uint32_t k_tile = sKa + ((kv + uint32_t(j)) % ST) * kKvBytes;
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk)
+        sm90::Wgmma<T, BN>::ss(s, sm90::desc_k_major(q_rows, BM, kk),
+                               sm90::desc_k_major(k_tile, BN, kk), kk > 0);
+      sm90::wgmma_commit();
+    };
+    auto issue_pv = [&](int j) {  // O += P_j V_j
+      const uint32_t v_tile = sVa + ((kv + uint32_t(j)) % ST) * kKvBytes;
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; ++kk)
+        sm90::Wgmma<T, D>::rs(acc_o, pa[kk], sm90::desc_mn_major(v_tile, BN, kk), true);
+      sm90::wgmma_commit();
+    };
+    // Mask and online softmax of S_j in place (as the one-tile kernel's).
+    auto softmax = [&](int tile, int kind, float (&alpha)[2]) {
+      if constexpr (Sparse) {
+        if (kind >= 0) mask_by_bits(s, p.sparse.bits + int64_t(kind) * (2 * BM), row0, t4);
+      }
+      if (kind == kVisitDense) {
+        const int c0 = tile * BN;
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const int row = int(opaque(r0 + row0 + hh * 8));
+          const int lo = key_lo(p, qt, row), hi = key_hi(p, qt, row);
+#pragma unroll
+          for (int jj = 0; jj < BN / 8; ++jj)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const int col = c0 + jj * 8 + t4 * 2 + e;
+              if (col < lo || col > hi) s[jj * 4 + hh * 2 + e] = -INFINITY;
+            }
+        }
+      }
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        float mx = row_max[hh];
+#pragma unroll
+        for (int jj = 0; jj < BN / 8; ++jj)
+          mx = fmaxf(mx, fmaxf(s[jj * 4 + hh * 2], s[jj * 4 + hh * 2 + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float m_scaled = mx == -INFINITY ? 0.0f : mx * scale_log2;
+        alpha[hh] = fast_exp2(row_max[hh] * scale_log2 - m_scaled);
+        row_max[hh] = mx;
+        float sum = 0.0f;
+#pragma unroll
+        for (int jj = 0; jj < BN / 8; ++jj)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const float pe = fast_exp2(fmaf(s[jj * 4 + hh * 2 + e], scale_log2, -m_scaled));
+            s[jj * 4 + hh * 2 + e] = pe;
+            sum += pe;
+          }
+        row_sum[hh] = row_sum[hh] * alpha[hh] + sum;
+      }
+    };
+    auto pack_p = [&] {
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; ++kk) {
+        pa[kk][0] = pack2<T>(s[8 * kk + 0], s[8 * kk + 1]);
+        pa[kk][1] = pack2<T>(s[8 * kk + 2], s[8 * kk + 3]);
+        pa[kk][2] = pack2<T>(s[8 * kk + 4], s[8 * kk + 5]);
+        pa[kk][3] = pack2<T>(s[8 * kk + 6], s[8 * kk + 7]);
+      }
+    };
+
+    float alpha[2];
+    int tile, kind;
+    wait_k(0, tile, kind);
+    sm90::wgmma_fence();
+    issue_s(0);
+    sm90::wgmma_wait<0>();
+    sm90::reg_fence(s);
+    release(ctl.k_empty[kv % ST]);
+    softmax(tile, kind, alpha);
+    pack_p();
+#pragma unroll 1
+    for (int j = 1; j < n_tiles; ++j) {
+      wait_k(j, tile, kind);
+      wait_v(j - 1);  // (landed with K_{j-1}: a wait between the GEMMs would split their fence)
+      sm90::wgmma_fence();
+      issue_s(j);
+      issue_pv(j - 1);
+      sm90::wgmma_wait<1>();  // S_j done; P_{j-1} V_{j-1} runs on under the softmax
+      sm90::reg_fence(s);
+      release(ctl.k_empty[(kv + uint32_t(j)) % ST]);
+      softmax(tile, kind, alpha);
+      sm90::wgmma_wait<0>();
+      sm90::reg_fence(acc_o);
+      release(ctl.v_empty[(kv + uint32_t(j - 1)) % ST]);
+#pragma unroll
+      for (int i = 0; i < NO; ++i) acc_o[i] *= alpha[(i >> 1) & 1];
+      pack_p();
+    }
+    wait_v(n_tiles - 1);
+    sm90::wgmma_fence();
+    issue_pv(n_tiles - 1);
+    sm90::wgmma_wait<0>();
+    sm90::reg_fence(acc_o);
+    release(ctl.v_empty[(kv + uint32_t(n_tiles - 1)) % ST]);
+    kv += uint32_t(n_tiles);
+
+    // Epilogue: O = acc / l, LSE; the warpgroup stages its 64 rows in its
+    // own rows of this item's Q buffer (its S GEMMs are done), then writes
+    // them with 16-byte stores, and frees the buffer for the producer.
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const float l = quad_sum(row_sum[hh]);
+      const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+      const int row = row0 + hh * 8;
+#pragma unroll
+      for (int j = 0; j < D / 8; ++j)
+        *reinterpret_cast<uint32_t*>(sQp + sm90::swizzled_offset(BM, row, j * 8 + t4 * 2)) =
+            pack2<T>(acc_o[j * 4 + hh * 2] * inv, acc_o[j * 4 + hh * 2 + 1] * inv);
+      if (gL != nullptr && t4 == 0 && row < rows) gL[row] = row_lse(row_max[hh], l, scale_log2);
+    }
+    sm90::named_barrier(1 + cw, 128);
+    constexpr int DT = D / 8;
+#pragma unroll
+    for (int i = 0; i < 64 * DT / 128; ++i) {
+      const int c = wtid + i * 128;
+      const int r = cw * 64 + c / DT, ch = c % DT;
+      if (r < rows)
+        *reinterpret_cast<uint4*>(gO + r * p.o_seq + ch * 8) =
+            *reinterpret_cast<const uint4*>(sQp + sm90::swizzled_offset(BM, r, ch * 8));
+    }
+    // The staging writes (generic proxy) before the producer's next tensor
+    // copy into the buffer (async proxy).
+    sm90::fence_proxy_async();
+    release(ctl.q_empty[qb]);
+  }
+}
+
+template <class T, int D, bool Sparse>
+__global__ void __launch_bounds__(ws::Traits<D>::kCfg.threads(), 1)
+    flash_fwd_sm90_ws_kernel(const __grid_constant__ FwdWsParams wp) {
+#if ATTN_SM90_WGMMA
+  flash_fwd_sm90_ws<T, D, Sparse>(wp);
+#endif
+}
+
+}  // namespace attn::flash
