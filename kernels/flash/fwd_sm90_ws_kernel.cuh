@@ -19,15 +19,19 @@
 // while the consumers finish the current one, and the consumers' KV steps
 // carry no copies, address arithmetic or block barriers.
 //
-// Work: item w is (x, head, sequence) with x fastest (Sparse: item x of the
-// slot's longest-first list, else query tile m_blocks - 1 - x, the causal
-// longest first), the one-tile kernel's grid order: the items running at
-// a time share their heads' K and V in L2 (with x slowest, full-mask
-// forwards ran 5-15% slower). They are dealt in rounds of gridDim.x, block
-// k taking item k of even rounds and gridDim.x - 1 - k of odd ones (a
-// snake), so that a block that got a long item gets a short one next (in
-// plain rounds a causal batch-1 16K forward ran 11% slower than the
-// one-tile kernel, whose blocks the hardware hands out as SMs free up).
+// Work: item w is a query tile x of a (sequence, head) (Sparse: item x of
+// the slot's longest-first list, else query tile m_blocks - 1 - x, the
+// causal longest first), dealt in rounds of gridDim.x, block k taking item
+// k of even rounds and gridDim.x - 1 - k of odd ones (a snake: a block that
+// got a long item gets a short one next). Item order (FwdWsParams::x_major):
+//   x slowest  where the items' lengths differ (masked and block-sparse
+//              plans): the items run about longest first, so that the
+//              snake balances the blocks (H200, bf16, d = 128, causal:
+//              16K x 16 heads 1.92 ms against 2.57 with x fastest, 32K
+//              7.98 against 9.55; the one-tile kernel's 2.47 and 9.83)
+//   x fastest  where they are equal (no mask): the items running at a time
+//              share their heads' K and V in L2 (full, 4K-8K: 594-597
+//              TFLOP/s against 512-523 with x slowest).
 //
 // Tensor maps (FwdWsParams, encoded by the host): dims {D, seqlen, heads,
 // batch} with the tensors' strides, box {64, 128, 1, 1}, 128-byte swizzle:
@@ -48,6 +52,7 @@ struct FwdWsParams {
   FwdParams p;
   CUtensorMap q_map, k_map, v_map;
   int32_t m_blocks, heads_q, batch;  // the work: m_blocks x heads_q x batch items
+  int32_t x_major;                   // items numbered query tile slowest (see below)
 };
 
 namespace ws {
@@ -147,8 +152,10 @@ __device__ __forceinline__ void flash_fwd_sm90_ws(const FwdWsParams& wp) {
     uint32_t kv = 0;  // the block's KV steps so far
     int n = 0;        // its items so far
     for (int w; (w = ws_item(n, total)) >= 0; ++n) {
-      const int x = w % wp.m_blocks, h = (w / wp.m_blocks) % wp.heads_q;
-      const int b = w / (wp.m_blocks * wp.heads_q), hk = h / p.group;
+      const int hb = wp.heads_q * wp.batch;
+      const int x = wp.x_major ? w / hb : w % wp.m_blocks;
+      const int bh = wp.x_major ? w % hb : w / wp.m_blocks;  // b * heads_q + h
+      const int h = bh % wp.heads_q, b = bh / wp.heads_q, hk = h / p.group;
       int m_block, n_tiles, last;  // last: Sparse, the end visit; dense, the end KV tile
       QueryTile qt;
       if constexpr (Sparse) {
