@@ -105,6 +105,9 @@ if [ "${GPU_CHECK_SANITIZE:-1}" != 0 ] && command -v compute-sanitizer >/dev/nul
     sanitize memcheck "$t" "$bin" ATTN_GPU_TEST_QUICK=1
     sanitize racecheck "$t" "$bin" ATTN_GPU_TEST_FILTER=causal-L129
   done
+  # The one-tile sm_90a forward (the defaults run the warp-specialised one).
+  sanitize memcheck fwd_onetile "$build/tests/gpu/test_flash_fwd" ATTN_GPU_TEST_QUICK=1 \
+    ATTN_CUDA_FWD_SM90_WS=0
   # The sm_90a forward's 128-row d = 64 tile (the estimate picks 192 rows
   # for most small cases), softcap cases included.
   sanitize memcheck fwd_bm128 "$build/tests/gpu/test_flash_fwd" ATTN_GPU_TEST_QUICK=1 \
