@@ -108,6 +108,107 @@ __device__ __forceinline__ void mask_by_bits(float (&s)[NS], const uint64_t* tb,
 // ring's words).
 constexpr int kSm90MobaListSmem = 2 * kSm90VisitRing;
 
+// The per-tile steps both sm_90a forwards share (this one and the
+// warp-specialised one, flash/fwd_sm90_ws_kernel.cuh), on a thread's share
+// of a warpgroup's [64][BN] S accumulators (two rows, hh = 0 and 1).
+
+// Scores of row half hh outside the keys [lo, hi] become -inf (the tile's
+// first key c0).
+template <int NS>
+__device__ __forceinline__ void mask_key_range(float (&s)[NS], int hh, int c0, int t4, int lo,
+                                               int hi) {
+#pragma unroll
+  for (int jj = 0; jj < NS / 4; ++jj)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int col = c0 + jj * 8 + t4 * 2 + e;
+      if (col < lo || col > hi) s[jj * 4 + hh * 2 + e] = -INFINITY;
+    }
+}
+
+// Online softmax of S in place (P in fp32); alpha: the factor that takes O
+// to S's row maxima. Each row lives in the 4 lanes of a quad.
+template <int NS>
+__device__ __forceinline__ void online_softmax_rows(float (&s)[NS], float (&row_max)[2],
+                                                    float (&row_sum)[2], float scale_log2,
+                                                    float (&alpha)[2]) {
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    float mx = row_max[hh];
+#pragma unroll
+    for (int jj = 0; jj < NS / 4; ++jj)
+      mx = fmaxf(mx, fmaxf(s[jj * 4 + hh * 2], s[jj * 4 + hh * 2 + 1]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    // A row masked so far keeps mx = -inf: subtract 0 so that
+    // exp2(-inf - 0) = 0 instead of NaN.
+    const float m_scaled = mx == -INFINITY ? 0.0f : mx * scale_log2;
+    alpha[hh] = fast_exp2(row_max[hh] * scale_log2 - m_scaled);
+    row_max[hh] = mx;
+    float sum = 0.0f;
+#pragma unroll
+    for (int jj = 0; jj < NS / 4; ++jj)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const float pe = fast_exp2(fmaf(s[jj * 4 + hh * 2 + e], scale_log2, -m_scaled));
+        s[jj * 4 + hh * 2 + e] = pe;
+        sum += pe;
+      }
+    row_sum[hh] = row_sum[hh] * alpha[hh] + sum;
+  }
+}
+
+// P in T: accumulator columns [16 kk, 16 kk + 16) are the A fragment of
+// k-step kk of O += P V.
+template <class T, int NS>
+__device__ __forceinline__ void pack_p_fragments(const float (&s)[NS], uint32_t (&pa)[NS / 8][4]) {
+#pragma unroll
+  for (int kk = 0; kk < NS / 8; ++kk) {
+    pa[kk][0] = pack2<T>(s[8 * kk + 0], s[8 * kk + 1]);
+    pa[kk][1] = pack2<T>(s[8 * kk + 2], s[8 * kk + 3]);
+    pa[kk][2] = pack2<T>(s[8 * kk + 4], s[8 * kk + 5]);
+    pa[kk][3] = pack2<T>(s[8 * kk + 6], s[8 * kk + 7]);
+  }
+}
+
+// Epilogue: O = acc / l into the rows row0 and row0 + 8 of a BM-row tile in
+// the swizzled layout at sQ (the quad's stores of a column group hit 8
+// distinct chunks), LSE = m * scale_log2 * ln2 + ln l to gL (if not null)
+// for rows below `rows`.
+template <class T, int D, int BM>
+__device__ __forceinline__ void stage_o_rows(unsigned char* sQ, const float (&acc_o)[D / 2],
+                                             const float (&row_max)[2], const float (&row_sum)[2],
+                                             int row0, int t4, float* gL, int rows,
+                                             float scale_log2) {
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    const float l = quad_sum(row_sum[hh]);
+    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+    const int row = row0 + hh * 8;
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j)
+      *reinterpret_cast<uint32_t*>(sQ + sm90::swizzled_offset(BM, row, j * 8 + t4 * 2)) =
+          pack2<T>(acc_o[j * 4 + hh * 2] * inv, acc_o[j * 4 + hh * 2 + 1] * inv);
+    if (gL != nullptr && t4 == 0 && row < rows) gL[row] = row_lse(row_max[hh], l, scale_log2);
+  }
+}
+
+// The staged rows [64 wg, 64 wg + 64) of warpgroup wg (its thread wtid)
+// to O (rows below `rows`) with 16-byte stores.
+template <int D, int BM, class T>
+__device__ __forceinline__ void store_o_rows(T* gO, int64_t o_seq, const unsigned char* sQ, int wg,
+                                             int wtid, int rows) {
+  constexpr int DT = D / 8;
+#pragma unroll
+  for (int i = 0; i < 64 * DT / 128; ++i) {
+    const int c = wtid + i * 128;
+    const int r = wg * 64 + c / DT, ch = c % DT;
+    if (r < rows)
+      *reinterpret_cast<uint4*>(gO + r * o_seq + ch * 8) =
+          *reinterpret_cast<const uint4*>(sQ + sm90::swizzled_offset(BM, r, ch * 8));
+  }
+}
+
 template <class T, int D, int BM_, bool Cap, bool Sparse, bool Moba = false, bool Gather = false>
 __device__ __forceinline__ void flash_fwd_sm90_tile(const FwdParams& p) {
   static_assert(!(Moba && (Sparse || Cap)), "MoBA: neither block masks nor softcap");
@@ -419,52 +520,13 @@ __device__ __forceinline__ void flash_fwd_sm90_tile(const FwdParams& p) {
         // Sparse: recomputed at each use; hoisted out of the KV loop, the
         // four bounds were spilled (d = 64).
         const int row = Sparse ? int(opaque(r0 + row0 + hh * 8)) : r0 + row0 + hh * 8;
-        const int lo = key_lo(p, qt, row), hi = key_hi(p, qt, row);
-#pragma unroll
-        for (int jj = 0; jj < BN / 8; ++jj)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int col = c0 + jj * 8 + t4 * 2 + e;
-            if (col < lo || col > hi) s[jj * 4 + hh * 2 + e] = -INFINITY;
-          }
+        mask_key_range(s, hh, c0, t4, key_lo(p, qt, row), key_hi(p, qt, row));
       }
     }
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-      float mx = row_max[hh];
-#pragma unroll
-      for (int jj = 0; jj < BN / 8; ++jj)
-        mx = fmaxf(mx, fmaxf(s[jj * 4 + hh * 2], s[jj * 4 + hh * 2 + 1]));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      // A row masked so far keeps mx = -inf: subtract 0 so that
-      // exp2(-inf - 0) = 0 instead of NaN.
-      const float m_scaled = mx == -INFINITY ? 0.0f : mx * scale_log2;
-      alpha[hh] = fast_exp2(row_max[hh] * scale_log2 - m_scaled);
-      row_max[hh] = mx;
-      float sum = 0.0f;
-#pragma unroll
-      for (int jj = 0; jj < BN / 8; ++jj)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const float pe = fast_exp2(fmaf(s[jj * 4 + hh * 2 + e], scale_log2, -m_scaled));
-          s[jj * 4 + hh * 2 + e] = pe;
-          sum += pe;
-        }
-      row_sum[hh] = row_sum[hh] * alpha[hh] + sum;
-    }
+    online_softmax_rows(s, row_max, row_sum, scale_log2, alpha);
   };
-  // P_j in T replaces P_{j-1}: accumulator columns [16 kk, 16 kk + 16) are
-  // the A fragment of k-step kk.
-  auto pack_p = [&] {
-#pragma unroll
-    for (int kk = 0; kk < BN / 16; ++kk) {
-      pa[kk][0] = pack2<T>(s[8 * kk + 0], s[8 * kk + 1]);
-      pa[kk][1] = pack2<T>(s[8 * kk + 2], s[8 * kk + 3]);
-      pa[kk][2] = pack2<T>(s[8 * kk + 4], s[8 * kk + 5]);
-      pa[kk][3] = pack2<T>(s[8 * kk + 6], s[8 * kk + 7]);
-    }
-  };
+  // P_j in T replaces P_{j-1}.
+  auto pack_p = [&] { pack_p_fragments<T>(s, pa); };
 
   // j = 0: S_0 alone (O is still 0).
   float alpha[2];
@@ -522,31 +584,11 @@ __device__ __forceinline__ void flash_fwd_sm90_tile(const FwdParams& p) {
     __syncthreads();
     moba_merge_tile<T, BM, D, NTH>(p, sO, sL, rows, tid);
   } else {
-    // Epilogue: O = acc / l, LSE = m * scale_log2 * ln2 + ln l. The warpgroup
-    // stages its 64 rows in its own rows of the Q tile (same swizzled layout:
-    // the quad's stores of a column group hit 8 distinct chunks), then writes
-    // them with 16-byte stores.
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-      const float l = quad_sum(row_sum[hh]);
-      const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-      const int row = row0 + hh * 8;
-#pragma unroll
-      for (int j = 0; j < D / 8; ++j)
-        *reinterpret_cast<uint32_t*>(sQ + sm90::swizzled_offset(BM, row, j * 8 + t4 * 2)) =
-            pack2<T>(acc_o[j * 4 + hh * 2] * inv, acc_o[j * 4 + hh * 2 + 1] * inv);
-      if (gL != nullptr && t4 == 0 && row < rows) gL[row] = row_lse(row_max[hh], l, scale_log2);
-    }
+    // Epilogue: the warpgroup stages its 64 rows in its own rows of the Q
+    // tile (same swizzled layout), then writes them with 16-byte stores.
+    stage_o_rows<T, D, BM>(sQ, acc_o, row_max, row_sum, row0, t4, gL, rows, scale_log2);
     sm90::named_barrier(1 + wg, 128);
-    constexpr int DT = D / 8;
-#pragma unroll
-    for (int i = 0; i < 64 * DT / 128; ++i) {
-      const int c = wtid + i * 128;
-      const int r = wg * 64 + c / DT, ch = c % DT;
-      if (r < rows)
-        *reinterpret_cast<uint4*>(gO + r * p.o_seq + ch * 8) =
-            *reinterpret_cast<const uint4*>(sQ + sm90::swizzled_offset(BM, r, ch * 8));
-    }
+    store_o_rows<D, BM>(gO, p.o_seq, sQ, wg, wtid, rows);
   }
 }
 

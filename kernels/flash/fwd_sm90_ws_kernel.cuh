@@ -311,52 +311,15 @@ __device__ __forceinline__ void flash_fwd_sm90_ws(const FwdWsParams& wp) {
         if (kind >= 0) mask_by_bits(s, p.sparse.bits + int64_t(kind) * (2 * BM), row0, t4);
       }
       if (kind == kVisitDense) {
-        const int c0 = tile * BN;
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
           const int row = int(opaque(r0 + row0 + hh * 8));
-          const int lo = key_lo(p, qt, row), hi = key_hi(p, qt, row);
-#pragma unroll
-          for (int jj = 0; jj < BN / 8; ++jj)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              const int col = c0 + jj * 8 + t4 * 2 + e;
-              if (col < lo || col > hi) s[jj * 4 + hh * 2 + e] = -INFINITY;
-            }
+          mask_key_range(s, hh, tile * BN, t4, key_lo(p, qt, row), key_hi(p, qt, row));
         }
       }
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        float mx = row_max[hh];
-#pragma unroll
-        for (int jj = 0; jj < BN / 8; ++jj)
-          mx = fmaxf(mx, fmaxf(s[jj * 4 + hh * 2], s[jj * 4 + hh * 2 + 1]));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        const float m_scaled = mx == -INFINITY ? 0.0f : mx * scale_log2;
-        alpha[hh] = fast_exp2(row_max[hh] * scale_log2 - m_scaled);
-        row_max[hh] = mx;
-        float sum = 0.0f;
-#pragma unroll
-        for (int jj = 0; jj < BN / 8; ++jj)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const float pe = fast_exp2(fmaf(s[jj * 4 + hh * 2 + e], scale_log2, -m_scaled));
-            s[jj * 4 + hh * 2 + e] = pe;
-            sum += pe;
-          }
-        row_sum[hh] = row_sum[hh] * alpha[hh] + sum;
-      }
+      online_softmax_rows(s, row_max, row_sum, scale_log2, alpha);
     };
-    auto pack_p = [&] {
-#pragma unroll
-      for (int kk = 0; kk < BN / 16; ++kk) {
-        pa[kk][0] = pack2<T>(s[8 * kk + 0], s[8 * kk + 1]);
-        pa[kk][1] = pack2<T>(s[8 * kk + 2], s[8 * kk + 3]);
-        pa[kk][2] = pack2<T>(s[8 * kk + 4], s[8 * kk + 5]);
-        pa[kk][3] = pack2<T>(s[8 * kk + 6], s[8 * kk + 7]);
-      }
-    };
+    auto pack_p = [&] { pack_p_fragments<T>(s, pa); };
 
     float alpha[2];
     int tile, kind;
@@ -397,27 +360,9 @@ __device__ __forceinline__ void flash_fwd_sm90_ws(const FwdWsParams& wp) {
     // Epilogue: O = acc / l, LSE; the warpgroup stages its 64 rows in its
     // own rows of this item's Q buffer (its S GEMMs are done), then writes
     // them with 16-byte stores, and frees the buffer for the producer.
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-      const float l = quad_sum(row_sum[hh]);
-      const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-      const int row = row0 + hh * 8;
-#pragma unroll
-      for (int j = 0; j < D / 8; ++j)
-        *reinterpret_cast<uint32_t*>(sQp + sm90::swizzled_offset(BM, row, j * 8 + t4 * 2)) =
-            pack2<T>(acc_o[j * 4 + hh * 2] * inv, acc_o[j * 4 + hh * 2 + 1] * inv);
-      if (gL != nullptr && t4 == 0 && row < rows) gL[row] = row_lse(row_max[hh], l, scale_log2);
-    }
+    stage_o_rows<T, D, BM>(sQp, acc_o, row_max, row_sum, row0, t4, gL, rows, scale_log2);
     sm90::named_barrier(1 + cw, 128);
-    constexpr int DT = D / 8;
-#pragma unroll
-    for (int i = 0; i < 64 * DT / 128; ++i) {
-      const int c = wtid + i * 128;
-      const int r = cw * 64 + c / DT, ch = c % DT;
-      if (r < rows)
-        *reinterpret_cast<uint4*>(gO + r * p.o_seq + ch * 8) =
-            *reinterpret_cast<const uint4*>(sQp + sm90::swizzled_offset(BM, r, ch * 8));
-    }
+    store_o_rows<D, BM>(gO, p.o_seq, sQp, cw, wtid, rows);
     // The staging writes (generic proxy) before the producer's next tensor
     // copy into the buffer (async proxy).
     sm90::fence_proxy_async();

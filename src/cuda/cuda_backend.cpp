@@ -624,15 +624,7 @@ class CudaPlan final : public BackendPlan {
       if (s.seq % 8 != 0 || s.head % 8 != 0 || (p.batch > 1 && s.batch % 8 != 0)) return false;
     }
     flash::FwdParams t{};
-    const TensorStrides& q = p.strides[ATTN_TENSOR_Q];
-    const TensorStrides& k = p.strides[ATTN_TENSOR_K];
-    const TensorStrides& v = p.strides[ATTN_TENSOR_V];
-    t.q_batch = q.batch, t.q_seq = q.seq, t.q_head = q.head;
-    t.k_batch = k.batch, t.k_seq = k.seq, t.k_head = k.head;
-    t.v_batch = v.batch, t.v_seq = v.seq, t.v_head = v.head;
-    t.seqlen_q = int32_t(p.seqlen_q);
-    t.seqlen_kv = int32_t(p.seqlen_kv);
-    t.group = int32_t(p.group());
+    fill_shape(t, p);
     return fwd_sm90_ws_maps_encode(t, int(p.head_dim_qk), bf16, int(p.heads_q), int(p.batch));
   }
 
@@ -961,9 +953,8 @@ class CudaPlan final : public BackendPlan {
     kv_lists_split_ = l.max_cut > 0;
   }
 
-  void fill_params() {
-    const Problem& p = problem_;
-    flash::FwdParams& f = params_;
+  // The forward's tensor strides, lengths and group.
+  static void fill_shape(flash::FwdParams& f, const Problem& p) {
     const TensorStrides& q = p.strides[ATTN_TENSOR_Q];
     const TensorStrides& k = p.strides[ATTN_TENSOR_K];
     const TensorStrides& v = p.strides[ATTN_TENSOR_V];
@@ -972,12 +963,18 @@ class CudaPlan final : public BackendPlan {
     f.k_batch = k.batch, f.k_seq = k.seq, f.k_head = k.head;
     f.v_batch = v.batch, f.v_seq = v.seq, f.v_head = v.head;
     f.o_batch = o.batch, f.o_seq = o.seq, f.o_head = o.head;
-    // LSE: [batch, heads_q, seqlen_q] or, varlen, [heads_q, total_q] (Problem::lse_offset).
-    f.lse_batch = p.heads_q * p.seqlen_q;
-    f.lse_head = p.varlen ? p.total_q() : p.seqlen_q;
     f.seqlen_q = int32_t(p.seqlen_q);
     f.seqlen_kv = int32_t(p.seqlen_kv);
     f.group = int32_t(p.group());
+  }
+
+  void fill_params() {
+    const Problem& p = problem_;
+    flash::FwdParams& f = params_;
+    fill_shape(f, p);
+    // LSE: [batch, heads_q, seqlen_q] or, varlen, [heads_q, total_q] (Problem::lse_offset).
+    f.lse_batch = p.heads_q * p.seqlen_q;
+    f.lse_head = p.varlen ? p.total_q() : p.seqlen_q;
     // A reach beyond every length (and shift) is the same as unbounded.
     int64_t max_shift = 0;
     for (int64_t b = 0; b < p.batch; ++b) max_shift = std::max(max_shift, std::abs(p.shift(b)));
