@@ -609,6 +609,16 @@ std::vector<Case> cases() {
   c.name = "d128-bf16-b64-cut2-gqa4/1-split2-persistent-bwd";
   c.bwd_persist = true;
   v.push_back(c);
+  // Several query tiles per SM for the warp-specialised forward's blocks
+  // (about 4 and 3 work items each on 132 SMs: both Q buffers reused, lists
+  // of different lengths, some empty, dealt in snake rounds).
+  c = make("d128-bf16-b128-causal-many-items-gqa4", BF, 128, 2, 16, 4, 2048, 2048, CAUSAL, 128,
+           128);
+  c.mask_heads = 4;
+  v.push_back(c);
+  c = make("d64-fp16-b64-none-many-items-gqa4", FP, 64, 2, 16, 4, 1500, 1500, NONE, 64, 64);
+  c.p_none = 0.5;
+  v.push_back(c);
   return v;
 }
 

@@ -602,6 +602,16 @@ std::vector<Case> cases() {
     x.name = "big-causal-3000x5000-fp16-d128", x.lq = 3000, x.lk = 5000, x.d = 128, x.batch = 1,
     x.dtype = ATTN_DTYPE_FP16, x.mask = ATTN_MASK_CAUSAL;
     add(x);
+    // Many query tiles per SM for the warp-specialised forward's blocks
+    // (about 8 and 11 work items each on 132 SMs: both Q buffers reused,
+    // stages reused across items), the second with leading tiles that see
+    // no key (items without KV tiles between the others).
+    x.name = "big-causal-L4K-b2-gqa4-bf16-d128", x.lq = x.lk = 4096, x.batch = 2, x.hq = 16,
+    x.hkv = 4, x.dtype = ATTN_DTYPE_BF16;
+    add(x);
+    x.name = "big-causal-6000x2000-b2-gqa4-fp16-d64-empty", x.lq = 6000, x.lk = 2000, x.d = 64,
+    x.dtype = ATTN_DTYPE_FP16, x.allow_empty = true;
+    add(x);
   }
   return v;
 }
