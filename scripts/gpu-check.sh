@@ -21,6 +21,9 @@
 #   GPU_CHECK_BENCH_MOBA arguments of bench/bench_moba.py (e.g. '--seqlens 32768 --variant ""
 #                        --variant ATTN_CUDA_MOBA_GATHER_BWD_SM90=0 --kernels'): run after
 #                        the tests on this build, its table in $logs/moba.md and in the summary
+#   GPU_CHECK_BENCH_SPARSE arguments of bench/bench_sparse_flex.py (e.g. '--dense-variants
+#                        --variant "" --variant ATTN_CUDA_FWD_SM90_WS=0'): likewise, its table
+#                        in $logs/sparse.md and in the summary
 #   OUT                  when set, logs go there (else $BUILD_DIR/logs)
 # On a machine without CMocka installed, an unpacked copy in .deps/ (its
 # pkg-config file in .deps/pc, the library in .deps/lib) is used when present.
@@ -261,6 +264,14 @@ if [ -n "${GPU_CHECK_BENCH_MOBA:-}" ]; then
   tail -3 "$logs/moba.log"
 fi
 
+if [ -n "${GPU_CHECK_BENCH_SPARSE:-}" ]; then
+  step "block-sparse benchmark: bench_sparse_flex.py $GPU_CHECK_BENCH_SPARSE"
+  eval "python3 bench/bench_sparse_flex.py --lib '$build/src/libattn.so' --out '$logs/sparse.md' \
+    $GPU_CHECK_BENCH_SPARSE" >"$logs/sparse.log" 2>&1
+  summary+=("bench_sparse_flex.py: $([ $? = 0 ] && echo "done ($logs/sparse.md)" || echo FAILED)")
+  tail -3 "$logs/sparse.log"
+fi
+
 if [ "${GPU_CHECK_NCU:-0}" = 1 ] && command -v ncu >/dev/null; then
   step "Nsight Compute: dK/dV kernel, d=128, L=8K, full"
   ATTN_TIME_ONLY=1 ATTN_TIME_REPS=3 ncu --clock-control none --kernel-name regex:flash_bwd_dkdv \
@@ -279,6 +290,10 @@ for s in "${summary[@]}"; do echo "$s"; done
 if [ -f "$logs/moba.md" ]; then
   echo
   grep -E "^\| (L|[0-9]+) \|" "$logs/moba.md" | grep -v " fwd | \| bwd | " | head -40
+fi
+if [ -f "$logs/sparse.md" ]; then
+  echo
+  grep -E "^\| (mask|causal|window|random|bigbird)" "$logs/sparse.md" | cut -d"|" -f2,5,6,11,12,13,14
 fi
 if [ -f "$logs/timing.log" ]; then
   echo
