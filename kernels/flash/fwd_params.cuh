@@ -44,6 +44,9 @@ struct FwdParams {
   // MoBA plans only (the kernel's Moba instantiation): the run-time
   // schedule the selector wrote into the workspace.
   MobaLists moba;
+  // The warp-specialised forward's item order (flash/fwd_sm90_ws_kernel.cuh):
+  // 0 its own choice, 1 query tile fastest, 2 query tile slowest.
+  int32_t ws_order;
 };
 
 // Tile shape per head dimension D. Rows per warp = block_m / warps: 32 when

@@ -153,6 +153,7 @@ struct CudaHooks {
   std::optional<int> item;        // ATTN_CUDA_BSPARSE_ITEM: visits per dK/dV work item
   bool fwd_sm90;                  // ATTN_CUDA_FWD_SM90 (default 1)
   bool fwd_sm90_ws;               // ATTN_CUDA_FWD_SM90_WS (default 1)
+  std::optional<int> fwd_sm90_ws_order;  // ATTN_CUDA_FWD_SM90_WS_ORDER: 0 or 1
   std::optional<int> fwd_sm90_bm; // ATTN_CUDA_FWD_SM90_BM: 128 or 192
   bool bwd_sm90;                  // ATTN_CUDA_BWD_SM90 (default 1)
   bool bwd_sm90_sparse;           // ATTN_CUDA_BWD_SM90_SPARSE (default 1)
@@ -171,6 +172,7 @@ struct CudaHooks {
     h.item = env_int("ATTN_CUDA_BSPARSE_ITEM", 1, std::numeric_limits<int>::max());
     h.fwd_sm90 = env_flag("ATTN_CUDA_FWD_SM90", true);
     h.fwd_sm90_ws = env_flag("ATTN_CUDA_FWD_SM90_WS", true);
+    h.fwd_sm90_ws_order = env_int_choice("ATTN_CUDA_FWD_SM90_WS_ORDER", {0, 1});
     h.fwd_sm90_bm = env_int_choice("ATTN_CUDA_FWD_SM90_BM", {128, 192});
     h.bwd_sm90 = env_flag("ATTN_CUDA_BWD_SM90", true);
     h.bwd_sm90_sparse = env_flag("ATTN_CUDA_BWD_SM90_SPARSE", true);
@@ -972,6 +974,10 @@ class CudaPlan final : public BackendPlan {
     const Problem& p = problem_;
     flash::FwdParams& f = params_;
     fill_shape(f, p);
+    // ATTN_CUDA_FWD_SM90_WS_ORDER=0 or 1 (a tuning hook): the warp-specialised
+    // forward's items numbered query tile fastest or slowest, instead of its
+    // own choice by mask.
+    f.ws_order = hooks_.fwd_sm90_ws_order ? 1 + *hooks_.fwd_sm90_ws_order : 0;
     // LSE: [batch, heads_q, seqlen_q] or, varlen, [heads_q, total_q] (Problem::lse_offset).
     f.lse_batch = p.heads_q * p.seqlen_q;
     f.lse_head = p.varlen ? p.total_q() : p.seqlen_q;

@@ -67,8 +67,10 @@ cudaError_t fwd_ws_launch(const flash::FwdParams& params, int m_blocks, int head
   wp.heads_q = heads_q;
   wp.batch = batch;
   // Items of different lengths (see the kernel's top): block-sparse lists,
-  // causal and window masks.
-  wp.x_major = Sparse || params.window_left >= 0 || params.window_right >= 0;
+  // causal and window masks; unless the plan asks for an order.
+  wp.x_major = params.ws_order == 0
+                   ? Sparse || params.window_left >= 0 || params.window_right >= 0
+                   : params.ws_order == 2;
   if (!encode_fwd_ws_maps(wp, D, std::is_same_v<T, __nv_bfloat16>)) return cudaErrorInvalidValue;
   int device = 0, sms = 0;
   cudaError_t e = cudaGetDevice(&device);
