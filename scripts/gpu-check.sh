@@ -255,22 +255,18 @@ PY
   fi
 fi
 
-if [ -n "${GPU_CHECK_BENCH_MOBA:-}" ]; then
-  step "MoBA benchmark: bench_moba.py $GPU_CHECK_BENCH_MOBA"
-  # (eval: the arguments may hold quoted empty variants)
-  eval "python3 bench/bench_moba.py --lib '$build/src/libattn.so' --out '$logs/moba.md' \
-    $GPU_CHECK_BENCH_MOBA" >"$logs/moba.log" 2>&1
-  summary+=("bench_moba.py: $([ $? = 0 ] && echo "done ($logs/moba.md)" || echo FAILED)")
-  tail -3 "$logs/moba.log"
-fi
-
-if [ -n "${GPU_CHECK_BENCH_SPARSE:-}" ]; then
-  step "block-sparse benchmark: bench_sparse_flex.py $GPU_CHECK_BENCH_SPARSE"
-  eval "python3 bench/bench_sparse_flex.py --lib '$build/src/libattn.so' --out '$logs/sparse.md' \
-    $GPU_CHECK_BENCH_SPARSE" >"$logs/sparse.log" 2>&1
-  summary+=("bench_sparse_flex.py: $([ $? = 0 ] && echo "done ($logs/sparse.md)" || echo FAILED)")
-  tail -3 "$logs/sparse.log"
-fi
+# bench_on_build SCRIPT NAME ARGS: one of bench/'s Python benchmarks on this
+# build, its table in $logs/NAME.md (eval: ARGS may hold quoted empty variants).
+bench_on_build() {
+  local script=$1 name=$2 args=$3
+  step "benchmark: $script $args"
+  eval "python3 bench/$script --lib '$build/src/libattn.so' --out '$logs/$name.md' $args" \
+    >"$logs/$name.log" 2>&1
+  summary+=("$script: $([ $? = 0 ] && echo "done ($logs/$name.md)" || echo FAILED)")
+  tail -3 "$logs/$name.log"
+}
+[ -n "${GPU_CHECK_BENCH_MOBA:-}" ] && bench_on_build bench_moba.py moba "$GPU_CHECK_BENCH_MOBA"
+[ -n "${GPU_CHECK_BENCH_SPARSE:-}" ] && bench_on_build bench_sparse_flex.py sparse "$GPU_CHECK_BENCH_SPARSE"
 
 if [ "${GPU_CHECK_NCU:-0}" = 1 ] && command -v ncu >/dev/null; then
   step "Nsight Compute: dK/dV kernel, d=128, L=8K, full"

@@ -52,7 +52,7 @@ struct FwdWsParams {
   FwdParams p;
   CUtensorMap q_map, k_map, v_map;
   int32_t m_blocks, heads_q, batch;  // the work: m_blocks x heads_q x batch items
-  int32_t x_major;                   // items numbered query tile slowest (see below)
+  int32_t x_major;                   // items numbered query tile slowest (see the top)
 };
 
 namespace ws {
@@ -74,8 +74,7 @@ struct Ctl {
 
 // Register budgets of the two roles (setmaxnreg, as FlashAttention-3's):
 // 128 (24 + 2 x 240) <= 65536, the SM's file (the consumers spill at the
-// launch's 168).
-constexpr bool kSetMaxNReg = true;
+// launch's 168; 32 for the producer left no slack and the kernel hung).
 constexpr int kProducerRegs = 24, kConsumerRegs = 240;
 constexpr int kConsumerWarps = 8;  // arrivals on every "empty" barrier
 
@@ -141,7 +140,7 @@ __device__ __forceinline__ void flash_fwd_sm90_ws(const FwdWsParams& wp) {
 
   if (wg == 0) {
     // ---- producer ----
-    if constexpr (ws::kSetMaxNReg) ws::setmaxnreg_dec<ws::kProducerRegs>();
+    ws::setmaxnreg_dec<ws::kProducerRegs>();
     if (tid >= 32) return;
     const int lane = tid;
     if (lane == 0) {
@@ -229,7 +228,7 @@ __device__ __forceinline__ void flash_fwd_sm90_ws(const FwdWsParams& wp) {
   }
 
   // ---- consumers ----
-  if constexpr (ws::kSetMaxNReg) ws::setmaxnreg_inc<ws::kConsumerRegs>();
+  ws::setmaxnreg_inc<ws::kConsumerRegs>();
   const int cw = wg - 1, wtid = tid & 127;  // consumer warpgroup, thread in it
   const int lane = tid & 31, g = lane >> 2, t4 = lane & 3;
   // This thread's two rows of the tile (accumulator rows g and g + 8 of its

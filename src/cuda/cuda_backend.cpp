@@ -687,7 +687,11 @@ class CudaPlan final : public BackendPlan {
     // (bench/results/cuda-fwd-ws-2026-12-02-*.md).
     // (ATTN_CUDA_FWD_SM90_BM, which forces a tile of the one-tile kernel at
     // d = 64, keeps that kernel.)
-    if (hooks_.fwd_sm90_ws && !softcap && !p.varlen && !(d == 64 && hooks_.fwd_sm90_bm)) {
+    // (Its work items are counted in 32 bits.)
+    const int64_t ws_bm = flash::fwd_sm90_ws_config(int(d)).block_m;
+    const int64_t ws_items = (p.seqlen_q + ws_bm - 1) / ws_bm * p.heads_q * p.batch;
+    if (hooks_.fwd_sm90_ws && !softcap && !p.varlen && !(d == 64 && hooks_.fwd_sm90_bm) &&
+        ws_items <= std::numeric_limits<int32_t>::max()) {
       const FwdKernel k = d == 64 ? fwd_kernel_sm90_ws_d64(bf16, sparse)
                                   : fwd_kernel_sm90_ws_d128(bf16, sparse);
       const flash::FwdSm90Config c = flash::fwd_sm90_ws_config(int(d));
