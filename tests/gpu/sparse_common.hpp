@@ -51,6 +51,18 @@ struct Outcome {
   bool ok = true;
 };
 
+// Whether a case checks only its forward pass (a case type's `fwd_only`;
+// false for types without one). Such a case's backward is neither run nor
+// referenced: large cases of the forward's scheduling, whose fp64
+// backward reference would take minutes.
+template <class C>
+bool fwd_only_case(const C& c) {
+  if constexpr (requires { c.fwd_only; })
+    return c.fwd_only;
+  else
+    return false;
+}
+
 // What phase one (the device) leaves for phase two (the host reference).
 template <class C>
 struct SparseRun {
@@ -121,7 +133,7 @@ void run_passes(SparseRun<C>& r, const attn_plan_t (&plans)[2]) {
   r.lse.resize(size_t(p.lse_elems()));
   GPU_CHECK(cudaMemcpy(r.lse.data(), lse.p, r.lse.size() * 4, cudaMemcpyDeviceToHost));
 
-  for (int det = 0; det < 2; ++det) {
+  for (int det = 0; det < (fwd_only_case(p.c) ? 0 : 2); ++det) {
     size_t wsb = 0;
     ATTN_CHECK(attn_plan_workspace_size(plans[det], ATTN_PASS_BACKWARD, &wsb));
     DeviceBuf ws(wsb);
@@ -202,14 +214,18 @@ Outcome judge_run(const SparseRun<C>& r, const ref_problem& rp, const Inputs64& 
   std::vector<double> o64(nq, 0.0), ol(nq, 0.0), lse64(nl), lsel(nl);
   ref_forward(&rp, q, k, v, o64.data(), lse64.data());
   ref_lowp_forward(&rp, c.dtype, q, k, v, ol.data(), lsel.data());
-  std::vector<double> g64[3] = {std::vector<double>(nq, 0.0), std::vector<double>(nk, 0.0),
-                                std::vector<double>(nk, 0.0)};
-  std::vector<double> gl[3] = {std::vector<double>(nq, 0.0), std::vector<double>(nk, 0.0),
-                               std::vector<double>(nk, 0.0)};
-  ref_backward(&rp, q, k, v, d_o, g64[0].data(), g64[1].data(), g64[2].data());
-  ref_lowp_backward(&rp, c.dtype, q, k, v, d_o, gl[0].data(), gl[1].data(), gl[2].data());
-  std::vector<double> fq(nq, 0.0), fk(nk, 0.0);
-  ref_backward_o_rounding_floor(&rp, u, q, k, v, d_o, fq.data(), fk.data());
+  const bool bwd = !fwd_only_case(c);
+  const size_t gq = bwd ? nq : 0, gk = bwd ? nk : 0;
+  std::vector<double> g64[3] = {std::vector<double>(gq, 0.0), std::vector<double>(gk, 0.0),
+                                std::vector<double>(gk, 0.0)};
+  std::vector<double> gl[3] = {std::vector<double>(gq, 0.0), std::vector<double>(gk, 0.0),
+                               std::vector<double>(gk, 0.0)};
+  std::vector<double> fq(gq, 0.0), fk(gk, 0.0);
+  if (bwd) {
+    ref_backward(&rp, q, k, v, d_o, g64[0].data(), g64[1].data(), g64[2].data());
+    ref_lowp_backward(&rp, c.dtype, q, k, v, d_o, gl[0].data(), gl[1].data(), gl[2].data());
+    ref_backward_o_rounding_floor(&rp, u, q, k, v, d_o, fq.data(), fk.data());
+  }
 
   // Rows that see no key and keys no row sees.
   std::vector<uint8_t> row_any(size_t(c.batch * c.hq * c.lq)),
@@ -291,7 +307,8 @@ Outcome judge_run(const SparseRun<C>& r, const ref_problem& rp, const Inputs64& 
   for (double f : fk) floor_k = std::max(floor_k, f);
   const char* names[3] = {"dQ", "dK", "dV"};
   const double floors[3] = {floor_q, floor_k, 0.0};
-  for (int det = 0; det < 2; ++det) {
+  if (!bwd) out.line += "\n     (forward only)";
+  for (int det = 0; det < (bwd ? 2 : 0); ++det) {
     int n = std::snprintf(buf, sizeof buf, "\n     %-6s", det ? "det" : "atomic");
     double magnitude = 0;
     Err e[3];
