@@ -152,25 +152,36 @@ constexpr int bwd_variants(int d) { return d == 64 || d == 128 ? 2 : 1; }
 // accumulator registers per thread, S^T and dP^T 64 more); d = 64:
 // block_m = 128, so that a tile's GEMMs are as long as at d = 128 and each
 // warpgroup computes dQ for 64 of the rows. Shared memory (swizzled
-// panels, 1024-byte aligned): K, V [block_n][d]; two stages of Q, dO
-// [block_m][d]; dS^T [block_n][block_m]; two stages of LSE and D rows; the
-// fp32 dQ staging tile [block_m][d + 8] of the bulk reductions: 180 KB at
-// d = 128, 167 KB at d = 64, one block per SM. ptxas (CUDA 13.0): 255
-// registers at d = 128, 252 at d = 64 (254 and 255 without dQ, for
-// deterministic plans), no spills.
+// panels, 1024-byte aligned): K, V [block_n][d]; q_stages stages of Q, dO
+// [block_m][d]; dS^T [block_n][block_m]; q_stages stages of LSE and D rows;
+// the fp32 dQ staging tile [block_m][d + 8] of the bulk reductions: 180 KB
+// at d = 128, 167 KB at d = 64 with two stages, one block per SM. ptxas
+// (CUDA 13.0): 255 registers at d = 128, 252 at d = 64 (254 and 255
+// without dQ, for deterministic plans), no spills.
+// Block-sparse plans take three stages (bwd_sm90_sparse_config, 212 KB at
+// d = 128, 200 KB at d = 64): their query tiles are scattered over the
+// heads' rows, so that most loads come from DRAM (BigBird at 32K: an L2
+// hit rate of 40% against 99% for the dense causal plan), and a tile
+// loaded one iteration ahead arrived late.
 struct BwdSm90Config {
   int block_m, block_n;
+  int q_stages = 2;
   static constexpr int kWarpgroups = 2;
   constexpr int threads() const { return kWarpgroups * 128; }
   constexpr int ld_dq(int d) const { return d + 8; }
   constexpr size_t smem_bytes(int d) const {
-    return 1024u + size_t(2 * block_n + 4 * block_m) * size_t(d) * 2u +
-           size_t(block_n) * size_t(block_m) * 2u + size_t(4 * block_m) * 4u +
+    return 1024u + size_t(2 * block_n + 2 * q_stages * block_m) * size_t(d) * 2u +
+           size_t(block_n) * size_t(block_m) * 2u + size_t(2 * q_stages * block_m) * 4u +
            size_t(block_m) * size_t(ld_dq(d)) * 4u;
   }
 };
 constexpr BwdSm90Config bwd_sm90_config(int d) {
   return d == 64 ? BwdSm90Config{128, 128} : BwdSm90Config{64, 128};
+}
+constexpr BwdSm90Config bwd_sm90_sparse_config(int d) {
+  BwdSm90Config c = bwd_sm90_config(d);
+  c.q_stages = 3;
+  return c;
 }
 
 // The deterministic dQ kernel: one block per query tile of one query head,

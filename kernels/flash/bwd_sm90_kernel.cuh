@@ -83,18 +83,19 @@
 
 namespace attn::flash {
 
-template <int D>
+template <int D, int QS = 2>
 struct BwdSm90Traits {
-  static constexpr BwdSm90Config kCfg = bwd_sm90_config(D);
+  static constexpr BwdSm90Config kCfg = QS == 2 ? bwd_sm90_config(D) : bwd_sm90_sparse_config(D);
+  static_assert(kCfg.q_stages == QS, "two or three stages");
   static constexpr int kBM = kCfg.block_m, kBN = kCfg.block_n, kThreads = kCfg.threads();
   static constexpr int kLdDq = kCfg.ld_dq(D);  // staging row pitch (floats)
   // Byte offsets from the 1024-byte aligned base: K, V [BN][D]; Q, dO
-  // [2][BM][D]; dS^T [BN][BM]; LSE2, D [2][2][BM] fp32; dQ [BM][kLdDq] fp32.
+  // [QS][BM][D]; dS^T [BN][BM]; LSE2, D [QS][2][BM] fp32; dQ [BM][kLdDq] fp32.
   static constexpr uint32_t kTileKV = uint32_t(kBN * D * 2), kTileQ = uint32_t(kBM * D * 2);
   static constexpr uint32_t kOffK = 0, kOffV = kTileKV, kOffQ = 2 * kTileKV;
-  static constexpr uint32_t kOffDo = kOffQ + 2 * kTileQ, kOffDs = kOffDo + 2 * kTileQ;
+  static constexpr uint32_t kOffDo = kOffQ + QS * kTileQ, kOffDs = kOffDo + QS * kTileQ;
   static constexpr uint32_t kOffStat = kOffDs + uint32_t(kBN * kBM * 2);
-  static constexpr uint32_t kOffStage = kOffStat + uint32_t(4 * kBM * 4);
+  static constexpr uint32_t kOffStage = kOffStat + uint32_t(2 * QS * kBM * 4);
   static_assert(kOffStage + uint32_t(kBM * kLdDq * 4) + 1024u == kCfg.smem_bytes(D),
                 "layout = config");
   static_assert((D == 64 || D == 128) && kBN == 128 && kBM * D == 8192 && kThreads == 256,
@@ -215,7 +216,10 @@ __device__ __forceinline__ void flash_bwd_dkdv_sm90_tile(const BwdParams& p) {
   static_assert(!(Sparse && Cap), "no softcap on block-sparse plans");
   static_assert(!(Moba && (Sparse || Cap)), "MoBA: neither block masks nor softcap");
   static_assert(!Gather || Moba, "gathered rows: MoBA only");
-  using Tr = BwdSm90Traits<D>;
+  // Stages of Q, dO and their row statistics (BwdSm90Config): three for
+  // block-sparse plans, loaded two iterations ahead.
+  constexpr int QS = Sparse ? 3 : 2;
+  using Tr = BwdSm90Traits<D, QS>;
   constexpr int BM = Tr::kBM, BN = Tr::kBN, NTH = Tr::kThreads, LDQ = Tr::kLdDq;
   constexpr int NS = BM / 2;  // S^T, dP^T accumulators per thread
   constexpr int NA = D / 2;   // dK, dV accumulators per thread
@@ -367,7 +371,7 @@ __device__ __forceinline__ void flash_bwd_dkdv_sm90_tile(const BwdParams& p) {
     const int h = ld_h, r0 = q_tile(ld_m) * BM;
     if (++ld_m == m_end) ld_m = m_begin, ++ld_h;
     const int rows = min(BM, lq - r0);
-    const uint32_t st = uint32_t(it & 1);
+    const uint32_t st = uint32_t(it % QS);
     const int64_t qs = opaque(p.q_seq), ds = opaque(p.do_seq), tok = opaque(q_tok);
     const T* gQb = static_cast<const T*>(p.q) + (varlen ? tok * qs : b * p.q_batch);
     const T* gDob = static_cast<const T*>(p.d_o) + (varlen ? tok * ds : b * p.do_batch);
@@ -397,6 +401,10 @@ __device__ __forceinline__ void flash_bwd_dkdv_sm90_tile(const BwdParams& p) {
     load_q(0);
   }
   cp_async_commit();
+  if constexpr (QS == 3) {  // tile 1 in a group of its own
+    if (n_iter > 1) load_q(1);
+    cp_async_commit();
+  }
 
   // This thread's accumulator rows of S^T, dK, dV: keys key0, key0 + 8.
   const int key0 = wg * 64 + ((wtid >> 5) << 4) + g;
@@ -436,7 +444,7 @@ __device__ __forceinline__ void flash_bwd_dkdv_sm90_tile(const BwdParams& p) {
 
 #pragma unroll 1
   for (int it = 0; it < n_iter; ++it) {
-    cp_async_wait<0>();
+    cp_async_wait<QS - 2>();  // tile `it` (three stages: tile it + 1 may be on its way)
     sm90::fence_proxy_async();
     __syncthreads();  // tile `it` landed; iteration it-1 is done with the other stage and dS^T
 
@@ -449,7 +457,7 @@ __device__ __forceinline__ void flash_bwd_dkdv_sm90_tile(const BwdParams& p) {
       rows = min(BM, lq - r0);
     }
     const int r1 = r0 + rows - 1;
-    const uint32_t st = uint32_t(it & 1);
+    const uint32_t st = uint32_t(it % QS);
     const uint32_t q_st = sQ + st * Tr::kTileQ, do_st = sDo + st * Tr::kTileQ;
     const float* lse_s = stat + st * 2 * BM;
     const float* del_s = lse_s + BM;
@@ -463,7 +471,7 @@ __device__ __forceinline__ void flash_bwd_dkdv_sm90_tile(const BwdParams& p) {
     sm90::wgmma_commit();
     // The next tile's loads (into the stage no GEMM in flight reads) and the
     // previous tile's dQ reductions go out while the tensor cores run.
-    if (it + 1 < n_iter) load_q(it + 1);
+    if (it + QS - 1 < n_iter) load_q(it + QS - 1);
     cp_async_commit();
     if (accum && it > 0) bulk_issue(it - 1);
     // Sparse: the visit's kind, and for a bit tile this thread's key rows

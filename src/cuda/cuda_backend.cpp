@@ -770,7 +770,9 @@ class CudaPlan final : public BackendPlan {
                             : bwd_kernel_sm90_bsparse_d128(bf16, p.deterministic))
         : d == 64 ? bwd_kernel_sm90_d64(bf16, p.deterministic, softcap)
                   : bwd_kernel_sm90_d128(bf16, p.deterministic, softcap);
-    const flash::BwdSm90Config c = flash::bwd_sm90_config(int(d));
+    const flash::BwdSm90Config c = sparse && !moba_sm90_ && !moba_gather
+                                       ? flash::bwd_sm90_sparse_config(int(d))
+                                       : flash::bwd_sm90_config(int(d));
     cudaFuncAttributes attrs{};
     if (cudaFuncGetAttributes(&attrs, k.func) != cudaSuccess) {
       (void)cudaGetLastError();  // no image: the sm_80 kernel

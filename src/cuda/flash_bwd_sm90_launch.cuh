@@ -59,25 +59,31 @@ BwdSm90Kernel make_bwd_kernel_sm90(bool bf16, bool deterministic, bool softcap) 
 // block-sparse flash_bwd_dkdv_sm90_bsparse_kernel, grid (the most work items
 // of a slot, heads_kv * group_splits, batch); MoBA's
 // flash_bwd_dkdv_sm90_moba_kernel and flash_bwd_dkdv_sm90_moba_gather_kernel,
-// the dense kernel's grid).
-template <auto K, int D>
-cudaError_t bwd_sm90_listed_prepare() {
-  return cudaFuncSetAttribute(K, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                              int(flash::bwd_sm90_config(D).smem_bytes(D)));
+// the dense kernel's grid); Sparse: the block-sparse kernel's shared memory
+// (three stages of query tiles, bwd_sm90_sparse_config).
+template <auto K, int D, bool Sparse>
+constexpr flash::BwdSm90Config bwd_sm90_listed_config() {
+  return Sparse ? flash::bwd_sm90_sparse_config(D) : flash::bwd_sm90_config(D);
 }
 
-template <auto K, int D>
+template <auto K, int D, bool Sparse>
+cudaError_t bwd_sm90_listed_prepare() {
+  return cudaFuncSetAttribute(K, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              int(bwd_sm90_listed_config<K, D, Sparse>().smem_bytes(D)));
+}
+
+template <auto K, int D, bool Sparse>
 cudaError_t bwd_sm90_listed_dkdv(const flash::BwdParams& params, int n_blocks, int heads_kv,
                                  int batch, cudaStream_t stream) {
-  constexpr flash::BwdSm90Config cfg = flash::bwd_sm90_config(D);
+  constexpr flash::BwdSm90Config cfg = bwd_sm90_listed_config<K, D, Sparse>();
   const dim3 grid{unsigned(n_blocks), unsigned(heads_kv), unsigned(batch)};
   K<<<grid, cfg.threads(), cfg.smem_bytes(D), stream>>>(params);
   return cudaGetLastError();
 }
 
-template <auto K, int D>
+template <auto K, int D, bool Sparse>
 BwdSm90Kernel make_bwd_kernel_sm90_listed_t() {
-  return {&bwd_sm90_listed_prepare<K, D>, &bwd_sm90_listed_dkdv<K, D>,
+  return {&bwd_sm90_listed_prepare<K, D, Sparse>, &bwd_sm90_listed_dkdv<K, D, Sparse>,
           reinterpret_cast<const void*>(K)};
 }
 
@@ -85,24 +91,28 @@ BwdSm90Kernel make_bwd_kernel_sm90_listed_t() {
 // one without the dQ part.
 template <template <class, int, bool> class Pick, int D>
 BwdSm90Kernel make_bwd_kernel_sm90_listed(bool bf16, bool deterministic) {
+  constexpr bool S = Pick<__nv_bfloat16, D, false>::sparse;
   if (bf16)
-    return deterministic ? make_bwd_kernel_sm90_listed_t<Pick<__nv_bfloat16, D, false>::k, D>()
-                         : make_bwd_kernel_sm90_listed_t<Pick<__nv_bfloat16, D, true>::k, D>();
-  return deterministic ? make_bwd_kernel_sm90_listed_t<Pick<__half, D, false>::k, D>()
-                       : make_bwd_kernel_sm90_listed_t<Pick<__half, D, true>::k, D>();
+    return deterministic ? make_bwd_kernel_sm90_listed_t<Pick<__nv_bfloat16, D, false>::k, D, S>()
+                         : make_bwd_kernel_sm90_listed_t<Pick<__nv_bfloat16, D, true>::k, D, S>();
+  return deterministic ? make_bwd_kernel_sm90_listed_t<Pick<__half, D, false>::k, D, S>()
+                       : make_bwd_kernel_sm90_listed_t<Pick<__half, D, true>::k, D, S>();
 }
 
 template <class T, int D, bool A>
 struct PickBsparse {
   static constexpr auto k = &flash::flash_bwd_dkdv_sm90_bsparse_kernel<T, D, A>;
+  static constexpr bool sparse = true;
 };
 template <class T, int D, bool A>
 struct PickMoba {
   static constexpr auto k = &flash::flash_bwd_dkdv_sm90_moba_kernel<T, D, A>;
+  static constexpr bool sparse = false;
 };
 template <class T, int D, bool A>
 struct PickMobaGather {
   static constexpr auto k = &flash::flash_bwd_dkdv_sm90_moba_gather_kernel<T, D, A>;
+  static constexpr bool sparse = false;
 };
 
 template <int D>
