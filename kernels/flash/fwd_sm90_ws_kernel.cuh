@@ -76,7 +76,13 @@ struct Ctl {
 // 128 (24 + 2 x 240) <= 65536, the SM's file (the consumers spill at the
 // launch's 168; 32 for the producer left no slack and the kernel hung).
 constexpr int kProducerRegs = 24, kConsumerRegs = 240;
-constexpr int kConsumerWarps = 8;  // arrivals on every "empty" barrier
+// Arrivals on the "empty" barriers: one per consumer warp on the V
+// stages' (only the tensor cores read them), one per consumer thread on
+// the Q buffers' and K stages', whose records (ctl.item, ctl.meta) every
+// thread reads: mbarrier.arrive releases the arriving thread's own reads,
+// so each reader arrives (compute-sanitizer's racecheck flagged the
+// record's rewrite when a warp's lane 0 arrived for it after __syncwarp).
+constexpr int kConsumerWarps = 8, kConsumerThreads = 256;
 
 template <int N>
 __device__ __forceinline__ void setmaxnreg_inc() {
@@ -126,12 +132,12 @@ __device__ __forceinline__ void flash_fwd_sm90_ws(const FwdWsParams& wp) {
   if (tid == 0) {
     for (int i = 0; i < 2; ++i) {
       mbar_init(bar(ctl.q_full[i]), 1);
-      mbar_init(bar(ctl.q_empty[i]), ws::kConsumerWarps);
+      mbar_init(bar(ctl.q_empty[i]), ws::kConsumerThreads);
     }
     for (int s = 0; s < ST; ++s) {
       mbar_init(bar(ctl.k_full[s]), 1);
       mbar_init(bar(ctl.v_full[s]), 1);
-      mbar_init(bar(ctl.k_empty[s]), ws::kConsumerWarps);
+      mbar_init(bar(ctl.k_empty[s]), ws::kConsumerThreads);
       mbar_init(bar(ctl.v_empty[s]), ws::kConsumerWarps);
     }
   }
@@ -240,6 +246,8 @@ __device__ __forceinline__ void flash_fwd_sm90_ws(const FwdWsParams& wp) {
     __syncwarp();
     if (lane == 0) mbar_arrive(bar(b));
   };
+  // Every thread's arrival (the Q buffers' and K stages' barriers).
+  auto release_all = [&](const uint64_t& b) { mbar_arrive(bar(b)); };
 
   uint32_t kv = 0;
   int n = 0;
@@ -266,7 +274,7 @@ __device__ __forceinline__ void flash_fwd_sm90_ws(const FwdWsParams& wp) {
       if (gL != nullptr)
         for (int r = cw * 64 + wtid; r < cw * 64 + 64; r += 128)
           if (r < rows) gL[r] = -INFINITY;
-      release(ctl.q_empty[qb]);
+      release_all(ctl.q_empty[qb]);
       continue;
     }
 
@@ -327,7 +335,7 @@ __device__ __forceinline__ void flash_fwd_sm90_ws(const FwdWsParams& wp) {
     issue_s(0);
     sm90::wgmma_wait<0>();
     sm90::reg_fence(s);
-    release(ctl.k_empty[kv % ST]);
+    release_all(ctl.k_empty[kv % ST]);
     softmax(tile, kind, alpha);
     pack_p();
 #pragma unroll 1
@@ -339,7 +347,7 @@ __device__ __forceinline__ void flash_fwd_sm90_ws(const FwdWsParams& wp) {
       issue_pv(j - 1);
       sm90::wgmma_wait<1>();  // S_j done; P_{j-1} V_{j-1} runs on under the softmax
       sm90::reg_fence(s);
-      release(ctl.k_empty[(kv + uint32_t(j)) % ST]);
+      release_all(ctl.k_empty[(kv + uint32_t(j)) % ST]);
       softmax(tile, kind, alpha);
       sm90::wgmma_wait<0>();
       sm90::reg_fence(acc_o);
@@ -365,7 +373,7 @@ __device__ __forceinline__ void flash_fwd_sm90_ws(const FwdWsParams& wp) {
     // The staging writes (generic proxy) before the producer's next tensor
     // copy into the buffer (async proxy).
     sm90::fence_proxy_async();
-    release(ctl.q_empty[qb]);
+    release_all(ctl.q_empty[qb]);
   }
 }
 
