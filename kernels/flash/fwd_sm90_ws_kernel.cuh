@@ -84,6 +84,50 @@ constexpr int kProducerRegs = 24, kConsumerRegs = 240;
 // record's rewrite when a warp's lane 0 arrived for it after __syncwarp).
 constexpr int kConsumerWarps = 8, kConsumerThreads = 256;
 
+#ifndef ATTN_FWD_WS_TRACE
+#define ATTN_FWD_WS_TRACE 0
+#endif
+#if ATTN_FWD_WS_TRACE
+}  // namespace ws
+}  // namespace attn::flash
+#include <cstdio>
+namespace attn::flash {
+namespace ws {
+#endif
+// Per-phase cycle sums of one consumer thread (diagnostic builds only; the
+// default build's methods are empty). Phases of an item: 0 its Q and
+// record, 1 its first K tile, 2 S_0, 3 its first softmax, 4 the steps
+// j >= 1, 5 the last P V, 6 the epilogue.
+struct Trace {
+#if ATTN_FWD_WS_TRACE
+  uint32_t sum[7] = {0, 0, 0, 0, 0, 0, 0}, last = 0, items = 0, tiles = 0;
+  __device__ __forceinline__ void start() { last = uint32_t(clock()); }
+  __device__ __forceinline__ void mark(int k) {
+    const uint32_t t = uint32_t(clock());
+    sum[k] += t - last;
+    last = t;
+  }
+  __device__ __forceinline__ void item(int n_tiles) {
+    ++items;
+    tiles += uint32_t(n_tiles);
+  }
+  __device__ void print(bool me) const {
+    const unsigned x = blockIdx.x;
+    if (!me || items == 0 || (x != 0 && x != gridDim.x / 2 && x != gridDim.x - 1)) return;
+    const float i = float(items);
+    printf("ws-trace block %u: %u items, %.2f tiles each; cycles per item: q %.0f k0 %.0f s0 %.0f "
+           "softmax0 %.0f steps %.0f (%.0f per step) pv %.0f epilogue %.0f\n",
+           x, items, float(tiles) / i, sum[0] / i, sum[1] / i, sum[2] / i, sum[3] / i, sum[4] / i,
+           tiles > items ? sum[4] / float(tiles - items) : 0.0f, sum[5] / i, sum[6] / i);
+  }
+#else
+  __device__ __forceinline__ void start() {}
+  __device__ __forceinline__ void mark(int) {}
+  __device__ __forceinline__ void item(int) {}
+  __device__ __forceinline__ void print(bool) const {}
+#endif
+};
+
 template <int N>
 __device__ __forceinline__ void setmaxnreg_inc() {
 #if ATTN_SM90_WGMMA
@@ -251,9 +295,14 @@ __device__ __forceinline__ void flash_fwd_sm90_ws(const FwdWsParams& wp) {
 
   uint32_t kv = 0;
   int n = 0;
+  // Diagnostic builds (-DATTN_FWD_WS_TRACE=1): clock cycles per phase of an
+  // item, summed by one consumer thread and printed at exit for three
+  // blocks; see ws_trace_print.
+  ws::Trace trace;
 #pragma unroll 1
   for (; ws_item(n, total) >= 0; ++n) {
     const int qb = n & 1;
+    trace.start();
     mbar_wait(bar(ctl.q_full[qb]), uint32_t(n >> 1) & 1u);
     const int m_block = ctl.item[qb][0], n_tiles = ctl.item[qb][1];
     const int b = ctl.item[qb][2], h = ctl.item[qb][3];
@@ -330,14 +379,18 @@ __device__ __forceinline__ void flash_fwd_sm90_ws(const FwdWsParams& wp) {
 
     float alpha[2];
     int tile, kind;
+    trace.mark(0);  // the item's Q and record
     wait_k(0, tile, kind);
+    trace.mark(1);  // its first K tile
     sm90::wgmma_fence();
     issue_s(0);
     sm90::wgmma_wait<0>();
     sm90::reg_fence(s);
+    trace.mark(2);  // S_0
     release_all(ctl.k_empty[kv % ST]);
     softmax(tile, kind, alpha);
     pack_p();
+    trace.mark(3);  // its softmax
 #pragma unroll 1
     for (int j = 1; j < n_tiles; ++j) {
       wait_k(j, tile, kind);
@@ -356,11 +409,13 @@ __device__ __forceinline__ void flash_fwd_sm90_ws(const FwdWsParams& wp) {
       for (int i = 0; i < NO; ++i) acc_o[i] *= alpha[(i >> 1) & 1];
       pack_p();
     }
+    trace.mark(4);  // the steps j >= 1
     wait_v(n_tiles - 1);
     sm90::wgmma_fence();
     issue_pv(n_tiles - 1);
     sm90::wgmma_wait<0>();
     sm90::reg_fence(acc_o);
+    trace.mark(5);  // the last P V
     release(ctl.v_empty[(kv + uint32_t(n_tiles - 1)) % ST]);
     kv += uint32_t(n_tiles);
 
@@ -374,7 +429,10 @@ __device__ __forceinline__ void flash_fwd_sm90_ws(const FwdWsParams& wp) {
     // copy into the buffer (async proxy).
     sm90::fence_proxy_async();
     release_all(ctl.q_empty[qb]);
+    trace.mark(6);  // the epilogue
+    trace.item(n_tiles);
   }
+  trace.print(tid == 128);
 }
 
 template <class T, int D, bool Sparse>
