@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# Compares source trees of libattn on one GPU machine in one go (machines of
+# one kind differ by several per cent, so versions are compared within a
+# run): for each tree given (default: this one), builds the library and the
+# forward and block-sparse GPU tests in its own build directory, runs the
+# tests (and compute-sanitizer's racecheck on the block-sparse cases that
+# exercise the warp-specialised forward's records), then times every tree's
+# library with bench/bench_sparse_flex.py (no FlexAttention) and prints one
+# table: the forward and backward ms of each mask per tree.
+#
+#   scripts/ab-sparse.sh [TREE ...]      e.g. . alt/ws-tma-epilogue
+#
+# A tree is a checkout of the repository (e.g. `git worktree add alt/NAME
+# BRANCH`; alt/ is ignored by git, so a copy of this tree that takes only
+# tracked files leaves it out unless asked).
+# Environment: AB_BUILD_ROOT (default /tmp/attn-ab), GPU_ARCHS (sm_90a),
+# OUT (logs; default $AB_BUILD_ROOT/logs), AB_TESTS=0 (skip tests
+# and racecheck), AB_BENCH_ARGS (extra bench_sparse_flex.py arguments, e.g.
+# "--masks random,bigbird --variant ATTN_CUDA_FWD_SM90_WS_PINGPONG=1").
+# Uses the CMocka copy in .deps/ of this tree where present.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+broot=${AB_BUILD_ROOT:-/tmp/attn-ab}
+logs=${OUT:-$broot/logs}
+mkdir -p "$logs"
+if [ -d .deps/pc ]; then
+  export PKG_CONFIG_PATH=$root/.deps/pc${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}
+  export LD_LIBRARY_PATH=$root/.deps/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+fi
+trees=("$@")
+[ ${#trees[@]} -eq 0 ] && trees=(.)
+declare -A libs
+rc=0
+for t in "${trees[@]}"; do
+  name=$(basename "$(cd "$t" && pwd)")
+  [ "$t" = . ] && name=this
+  b=$broot/$name
+  echo "== $name ($t)"
+  if [ ! -f "$b/build.ninja" ]; then
+    meson setup "$b" "$t" -Dgpu_archs="${GPU_ARCHS:-sm_90a}" -Dbench=disabled -Dexamples=false \
+      >"$logs/$name-setup.log" 2>&1 || { tail -20 "$logs/$name-setup.log"; rc=1; continue; }
+  fi
+  lib=$(ninja -C "$b" -t targets all | grep -o "^src/libattn\.so\.[0-9.]*:" | tr -d :)
+  start=$(date +%s)
+  ninja -C "$b" "$lib" tests/gpu/test_flash_fwd tests/gpu/test_block_sparse_gpu \
+    >"$logs/$name-build.log" 2>&1 || { grep -E "error" -A3 "$logs/$name-build.log" | head -30; rc=1; continue; }
+  echo "built in $(( $(date +%s) - start )) s"
+  libs[$name]=$b/$lib
+  if [ "${AB_TESTS:-1}" != 0 ]; then
+    for test in test_flash_fwd test_block_sparse_gpu; do
+      "$b/tests/gpu/$test" >"$logs/$name-$test.log" 2>&1
+      r=$?
+      echo "$test: $([ $r = 0 ] && echo PASS || echo "FAIL ($r)")"
+      grep -E "^FAIL" "$logs/$name-$test.log" | head -5
+      [ $r = 0 ] || rc=1
+    done
+    for filter in -causal-gqa bigbird-gqa4; do
+      ATTN_GPU_TEST_FILTER=$filter compute-sanitizer --tool racecheck --error-exitcode 3 \
+        "$b/tests/gpu/test_block_sparse_gpu" >"$logs/$name-racecheck$filter.log" 2>&1
+      r=$?
+      echo "racecheck $filter: $(grep -E "RACECHECK SUMMARY" "$logs/$name-racecheck$filter.log" | sed 's/.*SUMMARY: //')"
+      [ $r = 0 ] || rc=1
+    done
+  fi
+done
+# The timings, one tree after the other on the same machine.
+read -r -a extra <<<"${AB_BENCH_ARGS:-}"
+for t in "${trees[@]}"; do
+  name=$(basename "$(cd "$t" && pwd)")
+  [ "$t" = . ] && name=this
+  [ -n "${libs[$name]:-}" ] || continue
+  python3 bench/bench_sparse_flex.py --lib "${libs[$name]}" --no-flex "${extra[@]}" \
+    --out "$logs/$name-sparse.md" >"$logs/$name-sparse.log" 2>&1 || rc=1
+done
+echo
+echo "| tree | mask | fwd ms | bwd ms | vs dense fwd | vs dense bwd |"
+echo "|---|---|---|---|---|---|"
+for t in "${trees[@]}"; do
+  name=$(basename "$(cd "$t" && pwd)")
+  [ "$t" = . ] && name=this
+  [ -f "$logs/$name-sparse.md" ] || continue
+  grep -E "^\| [a-z]" "$logs/$name-sparse.md" | grep -v "^| mask" |
+    awk -F'|' -v n="$name" '{printf "| %s |%s|%s|%s|%s|%s|\n", n, $2, $5, $6, $11, $12}'
+done
+exit $rc
