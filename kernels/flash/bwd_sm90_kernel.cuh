@@ -205,6 +205,70 @@ __device__ __forceinline__ void hold(uint32_t (&a)[N][4]) {
     asm volatile("" : "+r"(a[i][0]), "+r"(a[i][1]), "+r"(a[i][2]), "+r"(a[i][3])::"memory");
 }
 
+#ifndef ATTN_BWD_SM90_TRACE
+#define ATTN_BWD_SM90_TRACE 0
+#endif
+#if ATTN_BWD_SM90_TRACE
+}  // namespace bwd_sm90
+}  // namespace attn::flash
+#include <cstdio>
+namespace attn::flash {
+namespace bwd_sm90 {
+// Per-launch sums of the blocks' phases (cycles; see Trace).
+static __device__ unsigned long long trace_sum[6];
+static __device__ unsigned int trace_done;
+#endif
+
+// Diagnostic builds (-DATTN_BWD_SM90_TRACE=1): thread 0 of every block
+// times the phases of its work item with clock64() and adds them to
+// per-launch sums when the block ends (wherever it returns); the launch's
+// last block prints the averages per item and resets them. Phases: 0 from
+// the start to the loop (the item's lookup, the first loads issued), 1
+// waiting for K, V and the first query tile, 2 the iterations, 3 the end
+// (dQ's last reductions, dK and dV out). The default build's methods are
+// empty.
+struct Trace {
+#if ATTN_BWD_SM90_TRACE
+  long long t0 = 0, last = 0, ph[4] = {0, 0, 0, 0};
+  int iters = -1;  // -1: the block had no item
+  __device__ Trace() {
+    if (threadIdx.x == 0) t0 = last = clock64();
+  }
+  __device__ void mark(int k) {
+    if (threadIdx.x != 0) return;
+    const long long t = clock64();
+    ph[k] += t - last;
+    last = t;
+  }
+  __device__ void item(int n) { iters = n; }
+  __device__ ~Trace() {
+    if (threadIdx.x != 0) return;
+    mark(3);
+    if (iters >= 0) {
+      for (int k = 0; k < 4; ++k) atomicAdd(&trace_sum[k], (unsigned long long)ph[k]);
+      atomicAdd(&trace_sum[4], (unsigned long long)iters);
+      atomicAdd(&trace_sum[5], 1ull);
+    }
+    __threadfence();
+    const unsigned blocks = gridDim.x * gridDim.y * gridDim.z;
+    if (atomicAdd(&trace_done, 1u) != blocks - 1) return;
+    __threadfence();
+    const double n = double(trace_sum[5] ? trace_sum[5] : 1);
+    printf("bwd-trace: %u blocks, %llu with an item, %.2f iterations each; cycles per item: "
+           "start %.0f first loads %.0f iterations %.0f (%.0f each) end %.0f\n",
+           blocks, trace_sum[5], double(trace_sum[4]) / n, double(trace_sum[0]) / n,
+           double(trace_sum[1]) / n, double(trace_sum[2]) / n,
+           trace_sum[4] ? double(trace_sum[2]) / double(trace_sum[4]) : 0.0,
+           double(trace_sum[3]) / n);
+    for (int k = 0; k < 6; ++k) trace_sum[k] = 0;
+    trace_done = 0;
+  }
+#else
+  __device__ void mark(int) {}
+  __device__ void item(int) {}
+#endif
+};
+
 }  // namespace bwd_sm90
 
 // Accum: dQ is added into p.dq_accum; otherwise (deterministic plans) the
@@ -223,6 +287,7 @@ __device__ __forceinline__ void flash_bwd_dkdv_sm90_tile(const BwdParams& p) {
   constexpr int BM = Tr::kBM, BN = Tr::kBN, NTH = Tr::kThreads, LDQ = Tr::kLdDq;
   constexpr int NS = BM / 2;  // S^T, dP^T accumulators per thread
   constexpr int NA = D / 2;   // dK, dV accumulators per thread
+  bwd_sm90::Trace trace;      // diagnostic builds only
 
   extern __shared__ __align__(16) unsigned char smem[];
   const uint32_t raw = smem_u32(smem);
@@ -405,6 +470,8 @@ __device__ __forceinline__ void flash_bwd_dkdv_sm90_tile(const BwdParams& p) {
     if (n_iter > 1) load_q(1);
     cp_async_commit();
   }
+  trace.item(n_iter);
+  trace.mark(0);
 
   // This thread's accumulator rows of S^T, dK, dV: keys key0, key0 + 8.
   const int key0 = wg * 64 + ((wtid >> 5) << 4) + g;
@@ -447,6 +514,7 @@ __device__ __forceinline__ void flash_bwd_dkdv_sm90_tile(const BwdParams& p) {
     cp_async_wait<QS - 2>();  // tile `it` (three stages: tile it + 1 may be on its way)
     sm90::fence_proxy_async();
     __syncthreads();  // tile `it` landed; iteration it-1 is done with the other stage and dS^T
+    if (it == 0) trace.mark(1);
 
     int r0, rows;
     if constexpr (Gather) {
@@ -639,6 +707,7 @@ __device__ __forceinline__ void flash_bwd_dkdv_sm90_tile(const BwdParams& p) {
     if constexpr (Gather) continue;
     if (++m == m_end) m = m_begin, ++h;
   }
+  trace.mark(n_iter > 0 ? 2 : 1);
   cp_async_wait<0>();
   __syncthreads();  // every warpgroup is done with K and V, the last tile is staged
   if (accum && n_iter > 0) {

@@ -297,7 +297,7 @@ __device__ __forceinline__ void flash_fwd_sm90_ws(const FwdWsParams& wp) {
   int n = 0;
   // Diagnostic builds (-DATTN_FWD_WS_TRACE=1): clock cycles per phase of an
   // item, summed by one consumer thread and printed at exit for three
-  // blocks; see ws_trace_print.
+  // blocks (ws::Trace, scripts/trace-sparse.sh).
   ws::Trace trace;
 #pragma unroll 1
   for (; ws_item(n, total) >= 0; ++n) {

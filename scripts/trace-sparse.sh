@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Where the sm_90a kernels' work items spend their time, on the masks of
+# bench/bench_sparse_flex.py: builds the library with -DATTN_FWD_WS_TRACE=1
+# and -DATTN_BWD_SM90_TRACE=1 in its own build directory and runs each mask
+# once without FlexAttention. Each launch then prints:
+#   ws-trace   the warp-specialised forward (flash/fwd_sm90_ws_kernel.cuh,
+#              ws::Trace): three blocks' cycles per item by phase (Q and
+#              record, first K tile, S_0, first softmax, the steps j >= 1
+#              and per step, last P V, epilogue)
+#   bwd-trace  the sm_90a dK/dV kernel (flash/bwd_sm90_kernel.cuh,
+#              bwd_sm90::Trace): all blocks' average cycles per item by
+#              phase (start, first loads, iterations and per iteration, end)
+# Run from the repository root on a machine with an sm_90 device and torch;
+# writes $OUT/trace-sparse.txt and prints the trace lines under their masks.
+#
+# Environment: BUILD_DIR (default /tmp/attn-trace-build), GPU_ARCHS
+# (sm_90a), OUT, TRACE_MASKS (default "causal,window-sinks,random,bigbird"),
+# TRACE_VARIANT (a bench_sparse_flex.py --variant, default "").
+set -uo pipefail
+cd "$(dirname "$0")/.."
+build=${BUILD_DIR:-/tmp/attn-trace-build}
+out=${OUT:-$build/trace}
+mkdir -p "$out"
+. scripts/profile-build.sh
+profile_build "$build" "$out" "" -Dtests=false \
+  "-Dcuda_args=['-DATTN_FWD_WS_TRACE=1','-DATTN_BWD_SM90_TRACE=1']" || exit 1
+python3 bench/bench_sparse_flex.py --lib "$build/src/libattn.so" --no-flex --reps 1 \
+  --masks "${TRACE_MASKS:-causal,window-sinks,random,bigbird}" --variant "${TRACE_VARIANT:-}" \
+  >"$out/trace-sparse.txt" 2>&1
+rc=$?
+# A plan's row (printed once it is timed) follows its launches' lines.
+grep -E "^(ws|bwd)-trace|^\{'mask'" "$out/trace-sparse.txt" |
+  sed -E "s/^\{'mask': '([^']*)'.*/== \1 (the lines above)/"
+exit $rc
