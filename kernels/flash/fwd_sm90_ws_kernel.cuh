@@ -10,7 +10,9 @@
 //   consumers warpgroups 1 and 2, 64 query rows each: the loop of
 //             flash/fwd_sm90_kernel.cuh (S_j issued with P_{j-1} V_{j-1},
 //             the softmax under the latter) on waits for "full" barriers
-//             instead of block barriers, and no copies of their own
+//             instead of block barriers, and no loads of their own; an
+//             item's O goes out to global memory under the next item's
+//             S_0
 //
 // Why: the one-tile kernel pays, per query tile, the latency of its first
 // loads and an epilogue that nothing overlaps, about two KV steps (4-5 us
@@ -97,7 +99,9 @@ namespace ws {
 // Per-phase cycle sums of one consumer thread (diagnostic builds only; the
 // default build's methods are empty). Phases of an item: 0 its Q and
 // record, 1 its first K tile, 2 S_0, 3 its first softmax, 4 the steps
-// j >= 1, 5 the last P V, 6 the epilogue.
+// j >= 1, 5 the last P V, 6 the epilogue. Where an item's S_0 overlaps the
+// previous item's end, 0 is the wait for its record, Q and first K tile
+// there, 1 is empty and 2 the wait for S_0 after that item's epilogue.
 struct Trace {
 #if ATTN_FWD_WS_TRACE
   uint32_t sum[7] = {0, 0, 0, 0, 0, 0, 0}, last = 0, items = 0, tiles = 0;
@@ -293,144 +297,270 @@ __device__ __forceinline__ void flash_fwd_sm90_ws(const FwdWsParams& wp) {
   // Every thread's arrival (the Q buffers' and K stages' barriers).
   auto release_all = [&](const uint64_t& b) { mbar_arrive(bar(b)); };
 
-  uint32_t kv = 0;
-  int n = 0;
+  uint32_t kv = 0;  // the block's KV steps before the current item's
+  int n = 0;        // the current item
+  int qb = 0, m_block = 0, n_tiles = 0, b = 0, h = 0;  // its record
+  auto read_item = [&](int w) {
+    qb = w & 1;
+    mbar_wait(bar(ctl.q_full[qb]), uint32_t(w >> 1) & 1u);
+    m_block = ctl.item[qb][0];
+    n_tiles = ctl.item[qb][1];
+    b = ctl.item[qb][2];
+    h = ctl.item[qb][3];
+  };
+  QueryTile qt;
+  // Items without a KV tile: no row of the tile sees a key, O = 0 and
+  // LSE = -inf.
+  auto write_empty = [&] {
+    query_tile_of<BM>(p, b, m_block, qt);
+    T* gO = static_cast<T*>(p.o) + b * p.o_batch + h * p.o_head + qt.r0 * p.o_seq;
+    float* gL = p.lse == nullptr ? nullptr : p.lse + b * p.lse_batch + h * p.lse_head + qt.r0;
+    constexpr int DT = D / 8;
+    for (int c = wtid; c < 64 * DT; c += 128) {
+      const int r = cw * 64 + c / DT, ch = c % DT;
+      if (r < qt.rows) *reinterpret_cast<uint4*>(gO + r * p.o_seq + ch * 8) = make_uint4(0, 0, 0, 0);
+    }
+    if (gL != nullptr)
+      for (int r = cw * 64 + wtid; r < cw * 64 + 64; r += 128)
+        if (r < qt.rows) gL[r] = -INFINITY;
+    release_all(ctl.q_empty[qb]);
+  };
+  // The next item with KV tiles from item n on (writing the empty ones on
+  // the way) as the current one; false past the last.
+  auto find_item = [&]() -> bool {
+    for (; ws_item(n, total) >= 0; ++n) {
+      read_item(n);
+      if (n_tiles > 0) return true;
+      write_empty();
+    }
+    return false;
+  };
+
+  float acc_o[NO];
+  float row_max[2], row_sum[2];
+  uint32_t pa[BN / 16][4];  // P_{j-1} in T: the A fragments of O += P V
+  float s[NS];
+
+  // Step j of the current item is the block's KV step kv + j, in stage
+  // (kv + j) % ST; the steps' waits and GEMMs take the block's step.
+  auto wait_k = [&](uint32_t k, int& tile, int& kind) {
+    mbar_wait(bar(ctl.k_full[k % ST]), (k / ST) & 1u);
+    tile = ctl.meta[k % ST][0];
+    kind = ctl.meta[k % ST][1];
+  };
+  auto wait_v = [&](uint32_t k) { mbar_wait(bar(ctl.v_full[k % ST]), (k / ST) & 1u); };
+  // S = Q K^T of the warpgroup's rows of Q buffer q (the step's K tile).
+  auto issue_s = [&](int q, uint32_t k) {
+    const uint32_t q_rows = sQa + uint32_t(q) * kQBytes + uint32_t(cw * 64 * 128);
+    const uint32_t k_tile = sKa + (k % ST) * kKvBytes;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk)
+      sm90::Wgmma<T, BN>::ss(s, sm90::desc_k_major(q_rows, BM, kk),
+                             sm90::desc_k_major(k_tile, BN, kk), kk > 0);
+    sm90::wgmma_commit();
+  };
+  auto issue_pv = [&](uint32_t k) {  // O += P V of the step
+    const uint32_t v_tile = sVa + (k % ST) * kKvBytes;
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk)
+      sm90::Wgmma<T, D>::rs(acc_o, pa[kk], sm90::desc_mn_major(v_tile, BN, kk), true);
+    sm90::wgmma_commit();
+  };
+  // Mask and online softmax of S_j in place (as the one-tile kernel's).
+  auto softmax = [&](int tile, int kind, float (&alpha)[2]) {
+    if constexpr (Sparse) {
+      if (kind >= 0) mask_by_bits(s, p.sparse.bits + int64_t(kind) * (2 * BM), row0, t4);
+    }
+    if (kind == kVisitDense) {
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int row = int(opaque(qt.r0 + row0 + hh * 8));
+        mask_key_range(s, hh, tile * BN, t4, key_lo(p, qt, row), key_hi(p, qt, row));
+      }
+    }
+    online_softmax_rows(s, row_max, row_sum, scale_log2, alpha);
+  };
+  // S_0 of the current item (in s) to P_0: a fresh O and row statistics.
+  auto first_softmax = [&](int tile, int kind) {
+    query_tile_of<BM>(p, b, m_block, qt);
+#pragma unroll
+    for (int i = 0; i < NO; ++i) acc_o[i] = 0.0f;
+    row_max[0] = row_max[1] = -INFINITY;
+    row_sum[0] = row_sum[1] = 0.0f;
+    float alpha[2];
+    softmax(tile, kind, alpha);
+    pack_p_fragments<T>(s, pa);
+  };
+
   // Diagnostic builds (-DATTN_FWD_WS_TRACE=1): clock cycles per phase of an
   // item, summed by one consumer thread and printed at exit for three
   // blocks (ws::Trace, scripts/trace-sparse.sh).
   ws::Trace trace;
-#pragma unroll 1
-  for (; ws_item(n, total) >= 0; ++n) {
-    const int qb = n & 1;
-    trace.start();
-    mbar_wait(bar(ctl.q_full[qb]), uint32_t(n >> 1) & 1u);
-    const int m_block = ctl.item[qb][0], n_tiles = ctl.item[qb][1];
-    const int b = ctl.item[qb][2], h = ctl.item[qb][3];
-    QueryTile qt;
-    query_tile_of<BM>(p, b, m_block, qt);
-    const int r0 = qt.r0, rows = qt.rows;
-    T* gO = static_cast<T*>(p.o) + b * p.o_batch + h * p.o_head + r0 * p.o_seq;
-    float* gL = p.lse == nullptr ? nullptr : p.lse + b * p.lse_batch + h * p.lse_head + r0;
-    const uint32_t sQ = sQa + uint32_t(qb) * kQBytes;
-    unsigned char* const sQp = smem + (sQ - raw);
-
-    if (n_tiles == 0) {  // no row of the tile sees a key: O = 0, LSE = -inf
-      constexpr int DT = D / 8;
-      for (int c = wtid; c < 64 * DT; c += 128) {
-        const int r = cw * 64 + c / DT, ch = c % DT;
-        if (r < rows) *reinterpret_cast<uint4*>(gO + r * p.o_seq + ch * 8) = make_uint4(0, 0, 0, 0);
-      }
-      if (gL != nullptr)
-        for (int r = cw * 64 + wtid; r < cw * 64 + 64; r += 128)
-          if (r < rows) gL[r] = -INFINITY;
-      release_all(ctl.q_empty[qb]);
-      continue;
-    }
-
-    const uint32_t q_rows = sQ + uint32_t(cw * 64 * 128);  // the warpgroup's rows, panel 0
-    float acc_o[NO];
-#pragma unroll
-    for (int i = 0; i < NO; ++i) acc_o[i] = 0.0f;
-    float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
-    uint32_t pa[BN / 16][4];  // P_{j-1} in T: the A fragments of O += P V
-    float s[NS];
-
-    // Step j of the item is the block's KV step kv + j, in stage (kv + j) % ST.
-    auto wait_k = [&](int j, int& tile, int& kind) {
-      const uint32_t k = kv + uint32_t(j);
-      mbar_wait(bar(ctl.k_full[k % ST]), (k / ST) & 1u);
-      tile = ctl.meta[k % ST][0];
-      kind = ctl.meta[k % ST][1];
-    };
-    auto wait_v = [&](int j) {
-      const uint32_t k = kv + uint32_t(j);
-      mbar_wait(bar(ctl.v_full[k % ST]), (k / ST) & 1u);
-    };
-    auto issue_s = [&](int j) {
-      const uint32_t k_tile = sKa + ((kv + uint32_t(j)) % ST) * kKvBytes;
-#pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk)
-        sm90::Wgmma<T, BN>::ss(s, sm90::desc_k_major(q_rows, BM, kk),
-                               sm90::desc_k_major(k_tile, BN, kk), kk > 0);
-      sm90::wgmma_commit();
-    };
-    auto issue_pv = [&](int j) {  // O += P_j V_j
-      const uint32_t v_tile = sVa + ((kv + uint32_t(j)) % ST) * kKvBytes;
-#pragma unroll
-      for (int kk = 0; kk < BN / 16; ++kk)
-        sm90::Wgmma<T, D>::rs(acc_o, pa[kk], sm90::desc_mn_major(v_tile, BN, kk), true);
-      sm90::wgmma_commit();
-    };
-    // Mask and online softmax of S_j in place (as the one-tile kernel's).
-    auto softmax = [&](int tile, int kind, float (&alpha)[2]) {
-      if constexpr (Sparse) {
-        if (kind >= 0) mask_by_bits(s, p.sparse.bits + int64_t(kind) * (2 * BM), row0, t4);
-      }
-      if (kind == kVisitDense) {
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-          const int row = int(opaque(r0 + row0 + hh * 8));
-          mask_key_range(s, hh, tile * BN, t4, key_lo(p, qt, row), key_hi(p, qt, row));
-        }
-      }
-      online_softmax_rows(s, row_max, row_sum, scale_log2, alpha);
-    };
-    auto pack_p = [&] { pack_p_fragments<T>(s, pa); };
-
-    float alpha[2];
-    int tile, kind;
-    trace.mark(0);  // the item's Q and record
-    wait_k(0, tile, kind);
-    trace.mark(1);  // its first K tile
+  trace.start();
+  int tile = 0, kind = 0;
+  // An item's start with S_0 alone (the block's first item, and one after
+  // an empty item).
+  auto start_alone = [&] {
+    trace.mark(0);
+    wait_k(kv, tile, kind);
+    trace.mark(1);
     sm90::wgmma_fence();
-    issue_s(0);
+    issue_s(qb, kv);
     sm90::wgmma_wait<0>();
     sm90::reg_fence(s);
-    trace.mark(2);  // S_0
+    trace.mark(2);
     release_all(ctl.k_empty[kv % ST]);
-    softmax(tile, kind, alpha);
-    pack_p();
-    trace.mark(3);  // its softmax
+    first_softmax(tile, kind);
+    trace.mark(3);
+  };
+  bool have = find_item();
+  if (have) start_alone();
+#pragma unroll 1
+  while (have) {
 #pragma unroll 1
     for (int j = 1; j < n_tiles; ++j) {
-      wait_k(j, tile, kind);
-      wait_v(j - 1);  // (landed with K_{j-1}: a wait between the GEMMs would split their fence)
+      const uint32_t k = kv + uint32_t(j);
+      float alpha[2];
+      wait_k(k, tile, kind);
+      wait_v(k - 1);  // (landed with K_{j-1}: a wait between the GEMMs would split their fence)
       sm90::wgmma_fence();
-      issue_s(j);
-      issue_pv(j - 1);
+      issue_s(qb, k);
+      issue_pv(k - 1);
       sm90::wgmma_wait<1>();  // S_j done; P_{j-1} V_{j-1} runs on under the softmax
       sm90::reg_fence(s);
-      release_all(ctl.k_empty[(kv + uint32_t(j)) % ST]);
+      release_all(ctl.k_empty[k % ST]);
       softmax(tile, kind, alpha);
       sm90::wgmma_wait<0>();
       sm90::reg_fence(acc_o);
-      release(ctl.v_empty[(kv + uint32_t(j - 1)) % ST]);
+      release(ctl.v_empty[(k - 1) % ST]);
 #pragma unroll
       for (int i = 0; i < NO; ++i) acc_o[i] *= alpha[(i >> 1) & 1];
-      pack_p();
+      pack_p_fragments<T>(s, pa);
     }
     trace.mark(4);  // the steps j >= 1
-    wait_v(n_tiles - 1);
-    sm90::wgmma_fence();
-    issue_pv(n_tiles - 1);
-    sm90::wgmma_wait<0>();
-    sm90::reg_fence(acc_o);
-    trace.mark(5);  // the last P V
-    release(ctl.v_empty[(kv + uint32_t(n_tiles - 1)) % ST]);
-    kv += uint32_t(n_tiles);
 
-    // Epilogue: O = acc / l, LSE; the warpgroup stages its 64 rows in its
-    // own rows of this item's Q buffer (its S GEMMs are done), then writes
-    // them with 16-byte stores, and frees the buffer for the producer.
-    stage_o_rows<T, D, BM>(sQp, acc_o, row_max, row_sum, row0, t4, gL, rows, scale_log2);
-    sm90::named_barrier(1 + cw, 128);
-    store_o_rows<D, BM>(gO, p.o_seq, sQp, cw, wtid, rows);
-    // The staging writes (generic proxy) before the producer's next tensor
-    // copy into the buffer (async proxy).
-    sm90::fence_proxy_async();
-    release_all(ctl.q_empty[qb]);
-    trace.mark(6);  // the epilogue
-    trace.item(n_tiles);
+    // The item's end. Block-sparse items: the last P V, then O staged in
+    // the warpgroup's own rows of the item's Q buffer (its S GEMMs are
+    // done), then the next item's S_0 when that item has KV tiles, under
+    // O's stores. Dense items: the last P V issued with the next item's S_0
+    // once that item's Q and first K tile are in, O's epilogue under S_0.
+    // (H200, bf16, d = 128, L = 32K, 16 heads, causal, fwd ms against the
+    // previous order in the same run, which had no overlap: dense 6.67 with
+    // the second order against 7.53, but BigBird 0.438 against 0.387,
+    // random 0.926 / 0.910, window 1.726 / 1.692, as short lists wait for
+    // the next item's first tile, which with 2 stages lands about when the
+    // last step ends; the first order: BigBird 0.394 / 0.394, random 0.921
+    // / 0.922, window 1.701 / 1.723, dense 7.96 / 7.64. Kept per kind.)
+    const uint32_t last = kv + uint32_t(n_tiles - 1);
+    const int e_qb = qb, e_b = b, e_h = h;  // this item's, for the epilogue
+    const int e_r0 = qt.r0, e_rows = qt.rows;
+    if constexpr (Sparse) {
+      wait_v(last);
+      sm90::wgmma_fence();
+      issue_pv(last);
+      sm90::wgmma_wait<0>();
+      sm90::reg_fence(acc_o);
+      trace.mark(5);  // the last P V
+      release(ctl.v_empty[last % ST]);
+      unsigned char* const sQp = smem + (sQa + uint32_t(e_qb) * kQBytes - raw);
+      {
+        float* gL = p.lse == nullptr ? nullptr
+                                     : p.lse + e_b * p.lse_batch + e_h * p.lse_head + e_r0;
+        stage_o_rows<T, D, BM>(sQp, acc_o, row_max, row_sum, row0, t4, gL, e_rows, scale_log2);
+      }
+      sm90::named_barrier(1 + cw, 128);
+      // O's stores, and the buffer back to the producer.
+      auto store_o = [&] {
+        T* gO = static_cast<T*>(p.o) + e_b * p.o_batch + e_h * p.o_head + e_r0 * p.o_seq;
+        store_o_rows<D, BM>(gO, p.o_seq, sQp, cw, wtid, e_rows);
+        // The staging writes (generic proxy) before the producer's next tensor
+        // copy into the buffer (async proxy).
+        sm90::fence_proxy_async();
+        release_all(ctl.q_empty[e_qb]);
+        trace.mark(6);  // the epilogue
+        trace.item(last + 1 - kv);
+        kv = last + 1;
+        ++n;
+      };
+      bool overlap = false;
+      if (ws_item(n + 1, total) >= 0) {
+        read_item(n + 1);
+        overlap = n_tiles > 0;
+      }
+      if (overlap) {
+        wait_k(last + 1, tile, kind);
+        trace.mark(0);  // the next item's record, Q and first K tile
+        sm90::wgmma_fence();
+        issue_s(qb, last + 1);
+        store_o();
+        sm90::wgmma_wait<0>();
+        sm90::reg_fence(s);
+        trace.mark(2);  // the next item's S_0
+        release_all(ctl.k_empty[kv % ST]);
+        first_softmax(tile, kind);
+        trace.mark(3);
+        continue;
+      }
+      store_o();
+    } else {
+      bool overlap = false;
+      if (ws_item(n + 1, total) >= 0) {
+        read_item(n + 1);
+        overlap = n_tiles > 0;
+      }
+      wait_v(last);
+      if (overlap) wait_k(last + 1, tile, kind);
+      trace.mark(0);  // the next item's record, Q and first K tile
+
+      // Epilogue: O = acc / l and LSE; the warpgroup stages its 64 rows in its
+      // own rows of the item's Q buffer (its S GEMMs are done), then writes
+      // them with 16-byte stores, and frees the buffer for the producer.
+      auto epilogue = [&] {
+        sm90::reg_fence(acc_o);
+        trace.mark(5);  // the last P V
+        release(ctl.v_empty[last % ST]);
+        unsigned char* const sQp = smem + (sQa + uint32_t(e_qb) * kQBytes - raw);
+        float* gL = p.lse == nullptr ? nullptr
+                                     : p.lse + e_b * p.lse_batch + e_h * p.lse_head + e_r0;
+        T* gO = static_cast<T*>(p.o) + e_b * p.o_batch + e_h * p.o_head + e_r0 * p.o_seq;
+        stage_o_rows<T, D, BM>(sQp, acc_o, row_max, row_sum, row0, t4, gL, e_rows, scale_log2);
+        sm90::named_barrier(1 + cw, 128);
+        store_o_rows<D, BM>(gO, p.o_seq, sQp, cw, wtid, e_rows);
+        // The staging writes (generic proxy) before the producer's next tensor
+        // copy into the buffer (async proxy).
+        sm90::fence_proxy_async();
+        release_all(ctl.q_empty[e_qb]);
+        trace.mark(6);  // the epilogue
+        trace.item(last + 1 - kv);
+        kv = last + 1;
+        ++n;
+      };
+      if (overlap) {
+        sm90::wgmma_fence();
+        issue_pv(last);
+        issue_s(qb, last + 1);
+        sm90::wgmma_wait<1>();  // the P V done; S_0 runs on under the epilogue
+        epilogue();
+        sm90::wgmma_wait<0>();
+        sm90::reg_fence(s);
+        trace.mark(2);  // the next item's S_0
+        release_all(ctl.k_empty[kv % ST]);
+        first_softmax(tile, kind);
+        trace.mark(3);
+        continue;
+      }
+      sm90::wgmma_fence();
+      issue_pv(last);
+      sm90::wgmma_wait<0>();
+      epilogue();
+    }
+    // No next item, or an empty one (written here): the next with KV
+    // tiles, if any, starts with S_0 alone.
+    if (ws_item(n, total) < 0) break;
+    write_empty();
+    ++n;
+    have = find_item();
+    if (have) start_alone();
   }
   trace.print(tid == 128);
 }
