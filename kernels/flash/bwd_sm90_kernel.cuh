@@ -216,15 +216,17 @@ namespace attn::flash {
 namespace bwd_sm90 {
 // Per-launch sums of the blocks' phases (cycles; see Trace).
 static __device__ unsigned long long trace_sum[6];
-static __device__ unsigned int trace_done;
+static __device__ unsigned int trace_blocks;
 #endif
 
 // Diagnostic builds (-DATTN_BWD_SM90_TRACE=1): thread 0 of every block
 // times the phases of its work item with clock64() and adds them to
-// per-launch sums when the block ends (wherever it returns); the launch's
-// last block prints the averages per item and resets them. Phases: 0 from
-// the start to the loop (the item's lookup, the first loads issued), 1
-// waiting for K, V and the first query tile, 2 the iterations, 3 the end
+// per-launch sums when the block ends (wherever it returns);
+// trace_print_kernel, launched after the kernel, prints the averages per
+// item and resets them (a printf in the kernel itself is a call, across
+// which ptxas serialises every wgmma of the kernel: warning C7510). Phases:
+// 0 from the start to the loop (the item's lookup, the first loads issued),
+// 1 waiting for K, V and the first query tile, 2 the iterations, 3 the end
 // (dQ's last reductions, dK and dV out). The default build's methods are
 // empty.
 struct Trace {
@@ -249,25 +251,28 @@ struct Trace {
       atomicAdd(&trace_sum[4], (unsigned long long)iters);
       atomicAdd(&trace_sum[5], 1ull);
     }
-    __threadfence();
-    const unsigned blocks = gridDim.x * gridDim.y * gridDim.z;
-    if (atomicAdd(&trace_done, 1u) != blocks - 1) return;
-    __threadfence();
-    const double n = double(trace_sum[5] ? trace_sum[5] : 1);
-    printf("bwd-trace: %u blocks, %llu with an item, %.2f iterations each; cycles per item: "
-           "start %.0f first loads %.0f iterations %.0f (%.0f each) end %.0f\n",
-           blocks, trace_sum[5], double(trace_sum[4]) / n, double(trace_sum[0]) / n,
-           double(trace_sum[1]) / n, double(trace_sum[2]) / n,
-           trace_sum[4] ? double(trace_sum[2]) / double(trace_sum[4]) : 0.0,
-           double(trace_sum[3]) / n);
-    for (int k = 0; k < 6; ++k) trace_sum[k] = 0;
-    trace_done = 0;
+    atomicAdd(&trace_blocks, 1u);
   }
 #else
   __device__ void mark(int) {}
   __device__ void item(int) {}
 #endif
 };
+
+#if ATTN_BWD_SM90_TRACE
+// One thread, after the dK/dV kernel: the launch's averages per item.
+__global__ void trace_print_kernel() {
+  const double n = double(trace_sum[5] ? trace_sum[5] : 1);
+  printf("bwd-trace: %u blocks, %llu with an item, %.2f iterations each; cycles per item: "
+         "start %.0f first loads %.0f iterations %.0f (%.0f each) end %.0f\n",
+         trace_blocks, trace_sum[5], double(trace_sum[4]) / n, double(trace_sum[0]) / n,
+         double(trace_sum[1]) / n, double(trace_sum[2]) / n,
+         trace_sum[4] ? double(trace_sum[2]) / double(trace_sum[4]) : 0.0,
+         double(trace_sum[3]) / n);
+  for (int k = 0; k < 6; ++k) trace_sum[k] = 0;
+  trace_blocks = 0;
+}
+#endif
 
 }  // namespace bwd_sm90
 

@@ -102,6 +102,14 @@ namespace ws {
 // j >= 1, 5 the last P V, 6 the epilogue. Where an item's S_0 overlaps the
 // previous item's end, 0 is the wait for its record, Q and first K tile
 // there, 1 is empty and 2 the wait for S_0 after that item's epilogue.
+// Blocks 0, gridDim.x / 2 and gridDim.x - 1 save their sums in device
+// memory, which trace_print_kernel (launched after the kernel) prints: a
+// printf in the kernel itself is a call, across which ptxas serialises
+// every wgmma of the kernel (warning C7510), which distorted the phases.
+#if ATTN_FWD_WS_TRACE
+// Per saved block: block index, items, KV tiles, the seven sums.
+static __device__ uint32_t trace_saved[3][10];
+#endif
 struct Trace {
 #if ATTN_FWD_WS_TRACE
   uint32_t sum[7] = {0, 0, 0, 0, 0, 0, 0}, last = 0, items = 0, tiles = 0;
@@ -115,22 +123,40 @@ struct Trace {
     ++items;
     tiles += uint32_t(n_tiles);
   }
-  __device__ void print(bool me) const {
+  __device__ void save(bool me) const {
     const unsigned x = blockIdx.x;
-    if (!me || items == 0 || (x != 0 && x != gridDim.x / 2 && x != gridDim.x - 1)) return;
-    const float i = float(items);
-    printf("ws-trace block %u: %u items, %.2f tiles each; cycles per item: q %.0f k0 %.0f s0 %.0f "
-           "softmax0 %.0f steps %.0f (%.0f per step) pv %.0f epilogue %.0f\n",
-           x, items, float(tiles) / i, sum[0] / i, sum[1] / i, sum[2] / i, sum[3] / i, sum[4] / i,
-           tiles > items ? sum[4] / float(tiles - items) : 0.0f, sum[5] / i, sum[6] / i);
+    const int slot = x == 0 ? 0 : x == gridDim.x / 2 ? 1 : x == gridDim.x - 1 ? 2 : -1;
+    if (!me || items == 0 || slot < 0) return;
+    uint32_t* r = trace_saved[slot];
+    r[0] = x;
+    r[1] = items;
+    r[2] = tiles;
+    for (int k = 0; k < 7; ++k) r[3 + k] = sum[k];
   }
 #else
   __device__ __forceinline__ void start() {}
   __device__ __forceinline__ void mark(int) {}
   __device__ __forceinline__ void item(int) {}
-  __device__ __forceinline__ void print(bool) const {}
+  __device__ __forceinline__ void save(bool) const {}
 #endif
 };
+
+#if ATTN_FWD_WS_TRACE
+// One thread: prints the saved blocks' averages per item and clears them.
+__global__ void trace_print_kernel() {
+  for (int slot = 0; slot < 3; ++slot) {
+    uint32_t* r = trace_saved[slot];
+    if (r[1] == 0) continue;
+    const float i = float(r[1]);
+    const uint32_t* sum = r + 3;
+    printf("ws-trace block %u: %u items, %.2f tiles each; cycles per item: q %.0f k0 %.0f s0 %.0f "
+           "softmax0 %.0f steps %.0f (%.0f per step) pv %.0f epilogue %.0f\n",
+           r[0], r[1], float(r[2]) / i, sum[0] / i, sum[1] / i, sum[2] / i, sum[3] / i, sum[4] / i,
+           r[2] > r[1] ? sum[4] / float(r[2] - r[1]) : 0.0f, sum[5] / i, sum[6] / i);
+    r[1] = 0;
+  }
+}
+#endif
 
 template <int N>
 __device__ __forceinline__ void setmaxnreg_inc() {
@@ -393,8 +419,8 @@ __device__ __forceinline__ void flash_fwd_sm90_ws(const FwdWsParams& wp) {
   };
 
   // Diagnostic builds (-DATTN_FWD_WS_TRACE=1): clock cycles per phase of an
-  // item, summed by one consumer thread and printed at exit for three
-  // blocks (ws::Trace, scripts/trace-sparse.sh).
+  // item, summed by one consumer thread and saved at exit for three blocks
+  // (ws::Trace, scripts/trace-sparse.sh).
   ws::Trace trace;
   trace.start();
   int tile = 0, kind = 0;
@@ -562,7 +588,7 @@ __device__ __forceinline__ void flash_fwd_sm90_ws(const FwdWsParams& wp) {
     have = find_item();
     if (have) start_alone();
   }
-  trace.print(tid == 128);
+  trace.save(tid == 128);
 }
 
 template <class T, int D, bool Sparse>

@@ -29,6 +29,9 @@ cudaError_t bwd_sm90_dkdv(const flash::BwdParams& params, int n_blocks, int head
   const dim3 grid{unsigned(n_blocks), unsigned(heads_kv), unsigned(batch)};
   flash::flash_bwd_dkdv_sm90_kernel<T, D, A, Cap>
       <<<grid, cfg.threads(), cfg.smem_bytes(D), stream>>>(params);
+#if ATTN_BWD_SM90_TRACE
+  flash::bwd_sm90::trace_print_kernel<<<1, 1, 0, stream>>>();  // diagnostic builds
+#endif
   return cudaGetLastError();
 }
 
@@ -78,6 +81,9 @@ cudaError_t bwd_sm90_listed_dkdv(const flash::BwdParams& params, int n_blocks, i
   constexpr flash::BwdSm90Config cfg = bwd_sm90_listed_config<K, D, Sparse>();
   const dim3 grid{unsigned(n_blocks), unsigned(heads_kv), unsigned(batch)};
   K<<<grid, cfg.threads(), cfg.smem_bytes(D), stream>>>(params);
+#if ATTN_BWD_SM90_TRACE
+  flash::bwd_sm90::trace_print_kernel<<<1, 1, 0, stream>>>();  // diagnostic builds
+#endif
   return cudaGetLastError();
 }
 

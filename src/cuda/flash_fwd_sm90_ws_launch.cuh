@@ -82,6 +82,9 @@ cudaError_t fwd_ws_launch(const flash::FwdParams& params, int m_blocks, int head
   constexpr flash::FwdSm90Config cfg = flash::fwd_sm90_ws_config(D);
   flash::flash_fwd_sm90_ws_kernel<T, D, Sparse>
       <<<blocks, cfg.threads(), cfg.smem_bytes(D), stream>>>(wp);
+#if ATTN_FWD_WS_TRACE
+  flash::ws::trace_print_kernel<<<1, 1, 0, stream>>>();  // diagnostic builds
+#endif
   return cudaGetLastError();
 }
 
