@@ -10,9 +10,10 @@
 //   consumers warpgroups 1 and 2, 64 query rows each: the loop of
 //             flash/fwd_sm90_kernel.cuh (S_j issued with P_{j-1} V_{j-1},
 //             the softmax under the latter) on waits for "full" barriers
-//             instead of block barriers, and no loads of their own; an
-//             item's O goes out to global memory under the next item's
-//             S_0
+//             instead of block barriers, and no loads of their own; at an
+//             item's end the next item's S_0 is issued before the epilogue
+//             is done (the orders differ for dense and block-sparse items:
+//             see the item's end below)
 //
 // Why: the one-tile kernel pays, per query tile, the latency of its first
 // loads and an epilogue that nothing overlaps, about two KV steps (4-5 us
