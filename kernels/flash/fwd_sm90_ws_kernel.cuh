@@ -12,8 +12,7 @@
 //             the softmax under the latter) on waits for "full" barriers
 //             instead of block barriers, and no loads of their own; at an
 //             item's end the next item's S_0 is issued before the epilogue
-//             is done (the orders differ for dense and block-sparse items:
-//             see the item's end below)
+//             is done (in an order per kind of item: ws::kDenseEnd)
 //
 // Why: the one-tile kernel pays, per query tile, the latency of its first
 // loads and an epilogue that nothing overlaps, about two KV steps (4-5 us
@@ -86,6 +85,27 @@ constexpr int kProducerRegs = 24, kConsumerRegs = 240;
 // so each reader arrives (compute-sanitizer's racecheck flagged the
 // record's rewrite when a warp's lane 0 arrived for it after __syncwarp).
 constexpr int kConsumerWarps = 8, kConsumerThreads = 256;
+
+// The order of an item's end (see there) for dense and for block-sparse
+// items. H200, bf16, d = 128, L = 32K, 16 heads, causal, fwd ms against
+// the earlier order without overlap, in the same run: order 1 took the
+// dense plan to 6.67 against 7.53 but BigBird to 0.438 against 0.387
+// (random 0.926 / 0.910, window + sinks 1.726 / 1.692: short lists wait
+// for the next item's first tile, which with 2 stages lands about when the
+// last step ends); order 2 left BigBird, random and window at 0.394 /
+// 0.394, 0.921 / 0.922, 1.701 / 1.723 and the dense plan at 7.96 / 7.64
+// (bench/results/cuda-fwd-ws-tail-2026-12-04-1742a1c.md). Builds for
+// measurements may set -DATTN_FWD_WS_DENSE_END=2 or
+// -DATTN_FWD_WS_SPARSE_END=1.
+#ifndef ATTN_FWD_WS_DENSE_END
+#define ATTN_FWD_WS_DENSE_END 1
+#endif
+#ifndef ATTN_FWD_WS_SPARSE_END
+#define ATTN_FWD_WS_SPARSE_END 2
+#endif
+constexpr int kDenseEnd = ATTN_FWD_WS_DENSE_END, kSparseEnd = ATTN_FWD_WS_SPARSE_END;
+static_assert((kDenseEnd == 1 || kDenseEnd == 2) && (kSparseEnd == 1 || kSparseEnd == 2),
+              "item-end orders are 1 or 2");
 
 #ifndef ATTN_FWD_WS_TRACE
 #define ATTN_FWD_WS_TRACE 0
@@ -466,22 +486,16 @@ __device__ __forceinline__ void flash_fwd_sm90_ws(const FwdWsParams& wp) {
     }
     trace.mark(4);  // the steps j >= 1
 
-    // The item's end. Block-sparse items: the last P V, then O staged in
-    // the warpgroup's own rows of the item's Q buffer (its S GEMMs are
-    // done), then the next item's S_0 when that item has KV tiles, under
-    // O's stores. Dense items: the last P V issued with the next item's S_0
-    // once that item's Q and first K tile are in, O's epilogue under S_0.
-    // (H200, bf16, d = 128, L = 32K, 16 heads, causal, fwd ms against the
-    // previous order in the same run, which had no overlap: dense 6.67 with
-    // the second order against 7.53, but BigBird 0.438 against 0.387,
-    // random 0.926 / 0.910, window 1.726 / 1.692, as short lists wait for
-    // the next item's first tile, which with 2 stages lands about when the
-    // last step ends; the first order: BigBird 0.394 / 0.394, random 0.921
-    // / 0.922, window 1.701 / 1.723, dense 7.96 / 7.64. Kept per kind.)
+    // The item's end, in one of two orders (ws::kDenseEnd, ws::kSparseEnd):
+    // 1: the last P V issued with the next item's S_0 once that item's Q
+    //    and first K tile are in, the epilogue under S_0;
+    // 2: the last P V, O staged in the warpgroup's own rows of the item's
+    //    Q buffer (its S GEMMs are done), then the next item's S_0 when
+    //    that item has KV tiles, under O's global stores.
     const uint32_t last = kv + uint32_t(n_tiles - 1);
     const int e_qb = qb, e_b = b, e_h = h;  // this item's, for the epilogue
     const int e_r0 = qt.r0, e_rows = qt.rows;
-    if constexpr (Sparse) {
+    if constexpr ((Sparse ? ws::kSparseEnd : ws::kDenseEnd) == 2) {
       wait_v(last);
       sm90::wgmma_fence();
       issue_pv(last);
