@@ -8,11 +8,14 @@
 # library with bench/bench_sparse_flex.py (no FlexAttention) and prints one
 # table: the forward and backward ms of each mask per tree.
 #
-#   scripts/ab-sparse.sh [TREE ...]      e.g. . alt/ws-tma-epilogue
+#   scripts/ab-sparse.sh [TREE[:DEFINES] ...]   e.g. . alt/ws-tma-epilogue
+#   scripts/ab-sparse.sh . .:ATTN_FWD_WS_DENSE_END=2,ATTN_FWD_WS_SPARSE_END=1
 #
 # A tree is a checkout of the repository (e.g. `git worktree add alt/NAME
 # BRANCH`; alt/ is ignored by git, so a copy of this tree that takes only
-# tracked files leaves it out unless asked).
+# tracked files leaves it out unless asked). DEFINES (comma-separated
+# NAME=VALUE) build that tree's device code with those macros set (meson's
+# cuda_args), for the kernels' build-time variants.
 # Environment: AB_BUILD_ROOT (default /tmp/attn-ab), GPU_ARCHS (sm_90a),
 # OUT (logs; default $AB_BUILD_ROOT/logs), AB_TESTS=0 (skip tests
 # and racecheck), AB_BENCH_ARGS (extra bench_sparse_flex.py arguments, e.g.
@@ -32,14 +35,28 @@ trees=("$@")
 [ ${#trees[@]} -eq 0 ] && trees=(.)
 declare -A libs
 rc=0
-for t in "${trees[@]}"; do
-  name=$(basename "$(cd "$t" && pwd)")
-  [ "$t" = . ] && name=this
+# A spec's build name: the tree's directory name ("this" for .), then its
+# defines with characters other than letters, digits, '_' and '=' as '-'.
+spec_name() {
+  local t=${1%%:*} d=""
+  [ "$1" != "$t" ] && d=-$(printf '%s' "${1#*:}" | tr -c 'A-Za-z0-9_=' '-')
+  if [ "$t" = . ]; then printf 'this%s' "$d"; else printf '%s%s' "$(basename "$(cd "$t" && pwd)")" "$d"; fi
+}
+for spec in "${trees[@]}"; do
+  t=${spec%%:*}
+  name=$(spec_name "$spec")
   b=$broot/$name
-  echo "== $name ($t)"
+  echo "== $name ($spec)"
   if [ ! -f "$b/build.ninja" ]; then
+    cuda_args=()
+    if [ "$spec" != "$t" ]; then
+      IFS=, read -r -a defs <<<"${spec#*:}"
+      list=$(printf "'-D%s'," "${defs[@]}")
+      cuda_args=("-Dcuda_args=[${list%,}]")
+    fi
     meson setup "$b" "$t" -Dgpu_archs="${GPU_ARCHS:-sm_90a}" -Dbench=disabled -Dexamples=false \
-      >"$logs/$name-setup.log" 2>&1 || { tail -20 "$logs/$name-setup.log"; rc=1; continue; }
+      "${cuda_args[@]}" >"$logs/$name-setup.log" 2>&1 ||
+      { tail -20 "$logs/$name-setup.log"; rc=1; continue; }
   fi
   lib=$(ninja -C "$b" -t targets all | grep -o "^src/libattn\.so\.[0-9.]*:" | tr -d :)
   start=$(date +%s)
@@ -66,9 +83,8 @@ for t in "${trees[@]}"; do
 done
 # The timings, one tree after the other on the same machine.
 read -r -a extra <<<"${AB_BENCH_ARGS:-}"
-for t in "${trees[@]}"; do
-  name=$(basename "$(cd "$t" && pwd)")
-  [ "$t" = . ] && name=this
+for spec in "${trees[@]}"; do
+  name=$(spec_name "$spec")
   [ -n "${libs[$name]:-}" ] || continue
   python3 bench/bench_sparse_flex.py --lib "${libs[$name]}" --no-flex "${extra[@]}" \
     --out "$logs/$name-sparse.md" >"$logs/$name-sparse.log" 2>&1 || rc=1
@@ -76,9 +92,8 @@ done
 echo
 echo "| tree | mask | fwd ms | bwd ms | vs dense fwd | vs dense bwd |"
 echo "|---|---|---|---|---|---|"
-for t in "${trees[@]}"; do
-  name=$(basename "$(cd "$t" && pwd)")
-  [ "$t" = . ] && name=this
+for spec in "${trees[@]}"; do
+  name=$(spec_name "$spec")
   [ -f "$logs/$name-sparse.md" ] || continue
   grep -E "^\| [a-z]" "$logs/$name-sparse.md" | grep -v "^| mask" |
     awk -F'|' -v n="$name" '{printf "| %s |%s|%s|%s|%s|%s|\n", n, $2, $5, $6, $11, $12}'
