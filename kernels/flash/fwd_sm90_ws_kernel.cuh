@@ -123,13 +123,20 @@ namespace ws {
 // j >= 1, 5 the last P V, 6 the epilogue. Where an item's S_0 overlaps the
 // previous item's end, 0 is the wait for its record, Q and first K tile
 // there, 1 is empty and 2 the wait for S_0 after that item's epilogue.
+// Also the clock (clock64, the SM's) at each step's S issue, summed by
+// thread 0 of each consumer warpgroup: the mean difference between the two
+// says whether they run in lock-step (about 0) or apart (ping-pong would
+// put them half a step apart).
 // Blocks 0, gridDim.x / 2 and gridDim.x - 1 save their sums in device
 // memory, which trace_print_kernel (launched after the kernel) prints: a
 // printf in the kernel itself is a call, across which ptxas serialises
 // every wgmma of the kernel (warning C7510), which distorted the phases.
 #if ATTN_FWD_WS_TRACE
-// Per saved block: block index, items, KV tiles, the seven sums.
+// Per saved block: block index, items, KV tiles, the seven sums; per
+// consumer warpgroup the summed clocks of its steps' S issues and their count.
 static __device__ uint32_t trace_saved[3][10];
+static __device__ unsigned long long trace_issue_sum[3][2];
+static __device__ uint32_t trace_issues[3][2];
 #endif
 struct Trace {
 #if ATTN_FWD_WS_TRACE
@@ -140,14 +147,24 @@ struct Trace {
     sum[k] += t - last;
     last = t;
   }
+  unsigned long long issue_sum = 0;
+  uint32_t issues = 0;
   __device__ __forceinline__ void item(int n_tiles) {
     ++items;
     tiles += uint32_t(n_tiles);
   }
-  __device__ void save(bool me) const {
+  __device__ __forceinline__ void issue() {
+    issue_sum += clock64();
+    ++issues;
+  }
+  // By thread wtid of consumer warpgroup cw.
+  __device__ void save(int wtid, int cw) const {
     const unsigned x = blockIdx.x;
     const int slot = x == 0 ? 0 : x == gridDim.x / 2 ? 1 : x == gridDim.x - 1 ? 2 : -1;
-    if (!me || items == 0 || slot < 0) return;
+    if (wtid != 0 || items == 0 || slot < 0) return;
+    trace_issue_sum[slot][cw] = issue_sum;
+    trace_issues[slot][cw] = issues;
+    if (cw != 0) return;
     uint32_t* r = trace_saved[slot];
     r[0] = x;
     r[1] = items;
@@ -158,7 +175,8 @@ struct Trace {
   __device__ __forceinline__ void start() {}
   __device__ __forceinline__ void mark(int) {}
   __device__ __forceinline__ void item(int) {}
-  __device__ __forceinline__ void save(bool) const {}
+  __device__ __forceinline__ void issue() {}
+  __device__ __forceinline__ void save(int, int) const {}
 #endif
 };
 
@@ -174,6 +192,11 @@ __global__ void trace_print_kernel() {
            "softmax0 %.0f steps %.0f (%.0f per step) pv %.0f epilogue %.0f\n",
            r[0], r[1], float(r[2]) / i, sum[0] / i, sum[1] / i, sum[2] / i, sum[3] / i, sum[4] / i,
            r[2] > r[1] ? sum[4] / float(r[2] - r[1]) : 0.0f, sum[5] / i, sum[6] / i);
+    const uint32_t n = trace_issues[slot][0];
+    if (n > 0 && trace_issues[slot][1] == n)
+      printf("ws-trace block %u: warpgroup 2's S issues %.0f cycles after warpgroup 1's, mean of %u "
+             "steps\n",
+             r[0], (double(trace_issue_sum[slot][1]) - double(trace_issue_sum[slot][0])) / n, n);
     r[1] = 0;
   }
 }
@@ -471,6 +494,7 @@ __device__ __forceinline__ void flash_fwd_sm90_ws(const FwdWsParams& wp) {
       wait_k(k, tile, kind);
       wait_v(k - 1);  // (landed with K_{j-1}: a wait between the GEMMs would split their fence)
       sm90::wgmma_fence();
+      trace.issue();
       issue_s(qb, k);
       issue_pv(k - 1);
       sm90::wgmma_wait<1>();  // S_j done; P_{j-1} V_{j-1} runs on under the softmax
@@ -603,7 +627,7 @@ __device__ __forceinline__ void flash_fwd_sm90_ws(const FwdWsParams& wp) {
     have = find_item();
     if (have) start_alone();
   }
-  trace.save(tid == 128);
+  trace.save(wtid, cw);
 }
 
 template <class T, int D, bool Sparse>
