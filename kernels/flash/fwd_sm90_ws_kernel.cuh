@@ -516,6 +516,8 @@ __device__ __forceinline__ void flash_fwd_sm90_ws(const FwdWsParams& wp) {
     // 2: the last P V, O staged in the warpgroup's own rows of the item's
     //    Q buffer (its S GEMMs are done), then the next item's S_0 when
     //    that item has KV tiles, under O's global stores.
+    // (The two branches repeat the epilogue's lines: each is the code that
+    // was measured, and sharing them in lambdas changed the machine code.)
     const uint32_t last = kv + uint32_t(n_tiles - 1);
     const int e_qb = qb, e_b = b, e_h = h;  // this item's, for the epilogue
     const int e_r0 = qt.r0, e_rows = qt.rows;
