@@ -16,15 +16,21 @@
 #
 # Environment: BUILD_DIR (default /tmp/attn-trace-build), GPU_ARCHS
 # (sm_90a), OUT, TRACE_MASKS (default "causal,window-sinks,random,bigbird"),
-# TRACE_VARIANT (a bench_sparse_flex.py --variant, default "").
+# TRACE_VARIANT (a bench_sparse_flex.py --variant, default ""),
+# TRACE_DEFINES (more device-code macros, comma-separated NAME=VALUE, e.g.
+# ATTN_FWD_WS_DENSE_END=2; give each set its own BUILD_DIR).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 build=${BUILD_DIR:-/tmp/attn-trace-build}
 out=${OUT:-$build/trace}
 mkdir -p "$out"
+defs="'-DATTN_FWD_WS_TRACE=1','-DATTN_BWD_SM90_TRACE=1'"
+if [ -n "${TRACE_DEFINES:-}" ]; then
+  IFS=, read -r -a extra <<<"$TRACE_DEFINES"
+  defs="$defs$(printf ",'-D%s'" "${extra[@]}")"
+fi
 . scripts/profile-build.sh
-profile_build "$build" "$out" "" -Dtests=false \
-  "-Dcuda_args=['-DATTN_FWD_WS_TRACE=1','-DATTN_BWD_SM90_TRACE=1']" || exit 1
+profile_build "$build" "$out" "" -Dtests=false "-Dcuda_args=[$defs]" || exit 1
 python3 bench/bench_sparse_flex.py --lib "$build/src/libattn.so" --no-flex --reps 1 \
   --masks "${TRACE_MASKS:-causal,window-sinks,random,bigbird}" --variant "${TRACE_VARIANT:-}" \
   >"$out/trace-sparse.txt" 2>&1
