@@ -107,6 +107,20 @@ constexpr int kDenseEnd = ATTN_FWD_WS_DENSE_END, kSparseEnd = ATTN_FWD_WS_SPARSE
 static_assert((kDenseEnd == 1 || kDenseEnd == 2) && (kSparseEnd == 1 || kSparseEnd == 2),
               "item-end orders are 1 or 2");
 
+// The producer's order of copies. 0: K_j and V_j together, in step order.
+// 1 (K lead): K_{j+1} before V_j, so that a K tile is copied as soon as
+// its stage is free (the S GEMM two steps back done, early in the step
+// before) instead of after V_j's stage is free (that step's end): about
+// one more step between a K tile's copy and its S GEMM, and the next
+// item's first K tile (which order 1 of an item's end waits for) issued
+// during the item's last-but-one step instead of at its end. V keeps its
+// time. Not yet measured: builds for measurements set
+// -DATTN_FWD_WS_K_LEAD=1.
+#ifndef ATTN_FWD_WS_K_LEAD
+#define ATTN_FWD_WS_K_LEAD 0
+#endif
+constexpr bool kKLead = ATTN_FWD_WS_K_LEAD != 0;
+
 #ifndef ATTN_FWD_WS_TRACE
 #define ATTN_FWD_WS_TRACE 0
 #endif
@@ -274,6 +288,32 @@ __device__ __forceinline__ void flash_fwd_sm90_ws(const FwdWsParams& wp) {
     }
     uint32_t kv = 0;  // the block's KV steps so far
     int n = 0;        // its items so far
+    // Lane 0's copies of step k's K tile and V tile into stage k % ST, each
+    // once the consumers have freed the stage.
+    auto load_k = [&](uint32_t k, int tile, int kind, int hk, int b) {
+      const int s = int(k % ST);
+      mbar_wait(bar(ctl.k_empty[s]), ((k / ST) & 1u) ^ 1u);
+      ctl.meta[s][0] = tile;
+      ctl.meta[s][1] = kind;
+      mbar_arrive_expect_tx(bar(ctl.k_full[s]), kKvBytes);
+#pragma unroll
+      for (int pn = 0; pn < kPanels; ++pn)
+        tensor_load_4d(sKa + uint32_t(s) * kKvBytes + uint32_t(pn * BN * 128), &wp.k_map, pn * 64,
+                       tile * BN, hk, b, bar(ctl.k_full[s]));
+    };
+    auto load_v = [&](uint32_t k, int tile, int hk, int b) {
+      const int s = int(k % ST);
+      mbar_wait(bar(ctl.v_empty[s]), ((k / ST) & 1u) ^ 1u);
+      mbar_arrive_expect_tx(bar(ctl.v_full[s]), kKvBytes);
+#pragma unroll
+      for (int pn = 0; pn < kPanels; ++pn)
+        tensor_load_4d(sVa + uint32_t(s) * kKvBytes + uint32_t(pn * BN * 128), &wp.v_map, pn * 64,
+                       tile * BN, hk, b, bar(ctl.v_full[s]));
+    };
+    // K lead: the V tile of step kv - 1, copied after step kv's K tile
+    // (its item's KV tile and coordinates; none before the first step).
+    bool v_due = false;
+    int v_tile = 0, v_hk = 0, v_b = 0;
     for (int w; (w = ws_item(n, total)) >= 0; ++n) {
       const int hb = wp.heads_q * wp.batch;
       const int x = wp.x_major ? w / hb : w % wp.m_blocks;
@@ -326,7 +366,18 @@ __device__ __forceinline__ void flash_fwd_sm90_ws(const FwdWsParams& wp) {
         for (int i = 0; i < steps; ++i, ++kv) {
           const int tile = __shfl_sync(0xffffffffu, my_tile, i);
           const int kind = __shfl_sync(0xffffffffu, my_kind, i);
-          if (lane == 0) {
+          if constexpr (ws::kKLead) {
+            if (lane == 0) {
+              load_k(kv, tile, kind, hk, b);
+              if (v_due) load_v(kv - 1, v_tile, v_hk, v_b);
+            }
+            v_due = true;
+            v_tile = tile;
+            v_hk = hk;
+            v_b = b;
+          } else if (lane == 0) {
+            // (The measured default's code, written out: through load_k and
+            // load_v it compiles to other machine code.)
             const int s = int(kv % ST);
             const uint32_t free_parity = ((kv / ST) & 1u) ^ 1u;
             mbar_wait(bar(ctl.k_empty[s]), free_parity);
@@ -347,6 +398,9 @@ __device__ __forceinline__ void flash_fwd_sm90_ws(const FwdWsParams& wp) {
           __syncwarp();
         }
       }
+    }
+    if constexpr (ws::kKLead) {
+      if (lane == 0 && v_due) load_v(kv - 1, v_tile, v_hk, v_b);
     }
     return;
   }
