@@ -103,9 +103,13 @@ constexpr int kConsumerWarps = 8, kConsumerThreads = 256;
 #ifndef ATTN_FWD_WS_SPARSE_END
 #define ATTN_FWD_WS_SPARSE_END 2
 #endif
+// Order 3 (not yet measured) chooses per item: order 1 when the next
+// item's first K tile has already landed (nothing to wait for), else
+// order 2; the warpgroup agrees by a barrier reduction, as its wgmmas must
+// be the same for all its warps.
 constexpr int kDenseEnd = ATTN_FWD_WS_DENSE_END, kSparseEnd = ATTN_FWD_WS_SPARSE_END;
-static_assert((kDenseEnd == 1 || kDenseEnd == 2) && (kSparseEnd == 1 || kSparseEnd == 2),
-              "item-end orders are 1 or 2");
+static_assert(kDenseEnd >= 1 && kDenseEnd <= 3 && kSparseEnd >= 1 && kSparseEnd <= 3,
+              "item-end orders are 1, 2 or 3");
 
 // The producer's order of copies. 0: K_j and V_j together, in step order.
 // 1 (K lead): K_{j+1} before V_j, so that a K tile is copied as soon as
@@ -564,7 +568,7 @@ __device__ __forceinline__ void flash_fwd_sm90_ws(const FwdWsParams& wp) {
     }
     trace.mark(4);  // the steps j >= 1
 
-    // The item's end, in one of two orders (ws::kDenseEnd, ws::kSparseEnd):
+    // The item's end, in one of three orders (ws::kDenseEnd, ws::kSparseEnd):
     // 1: the last P V issued with the next item's S_0 once that item's Q
     //    and first K tile are in, the epilogue under S_0;
     // 2: the last P V, O staged in the warpgroup's own rows of the item's
@@ -575,7 +579,20 @@ __device__ __forceinline__ void flash_fwd_sm90_ws(const FwdWsParams& wp) {
     const uint32_t last = kv + uint32_t(n_tiles - 1);
     const int e_qb = qb, e_b = b, e_h = h;  // this item's, for the epilogue
     const int e_r0 = qt.r0, e_rows = qt.rows;
-    if constexpr ((Sparse ? ws::kSparseEnd : ws::kDenseEnd) == 2) {
+    constexpr int kEnd = Sparse ? ws::kSparseEnd : ws::kDenseEnd;
+    // 3: the next item's record first, then order 1 when that item's first
+    //    K tile has landed (as every thread of the warpgroup sees it), else
+    //    order 2; their own reads of the record are skipped.
+    bool end2 = kEnd == 2, overlap3 = false;
+    if constexpr (kEnd == 3) {
+      if (ws_item(n + 1, total) >= 0) {
+        read_item(n + 1);
+        overlap3 = n_tiles > 0;
+      }
+      bool landed = overlap3 && mbar_test(bar(ctl.k_full[(last + 1) % ST]), ((last + 1) / ST) & 1u);
+      end2 = !sm90::named_barrier_and(1 + cw, 128, landed);
+    }
+    if (end2) {
       wait_v(last);
       sm90::wgmma_fence();
       issue_pv(last);
@@ -603,8 +620,8 @@ __device__ __forceinline__ void flash_fwd_sm90_ws(const FwdWsParams& wp) {
         kv = last + 1;
         ++n;
       };
-      bool overlap = false;
-      if (ws_item(n + 1, total) >= 0) {
+      bool overlap = overlap3;
+      if (kEnd != 3 && ws_item(n + 1, total) >= 0) {
         read_item(n + 1);
         overlap = n_tiles > 0;
       }
@@ -624,8 +641,8 @@ __device__ __forceinline__ void flash_fwd_sm90_ws(const FwdWsParams& wp) {
       }
       store_o();
     } else {
-      bool overlap = false;
-      if (ws_item(n + 1, total) >= 0) {
+      bool overlap = overlap3;
+      if (kEnd != 3 && ws_item(n + 1, total) >= 0) {
         read_item(n + 1);
         overlap = n_tiles > 0;
       }

@@ -49,6 +49,22 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
   } while (done == 0);
 #endif
 }
+// Whether the barrier's phase of parity `parity` has completed, without
+// waiting (test_wait: try_wait may suspend the thread for a while).
+__device__ __forceinline__ bool mbar_test(uint32_t bar, uint32_t parity) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  uint32_t done = 0;
+  asm volatile(
+      "{\n .reg .pred p;\n mbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+      " selp.u32 %0, 1, 0, p;\n}\n"
+      : "=r"(done)
+      : "r"(bar), "r"(parity)
+      : "memory");
+  return done != 0;
+#else
+  return false;
+#endif
+}
 // bytes (a multiple of 16) from global src to shared dst (both 16-byte
 // aligned), completing on barrier bar.
 __device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_t bytes,
