@@ -11,7 +11,9 @@
 // with no visible key; a few queries against 60-70K keys (lists of more
 // than 256 KV tiles). The builders' patterns (causal window + 64 sinks;
 // BigBird: window, global keys and queries, random blocks) at a medium
-// size, their selection read back from the mask (attn_block_mask_get_blocks).
+// size, their selection read back from the mask (attn_block_mask_get_blocks);
+// the Sparse Transformer's strided pattern with its local window, and
+// documents of random lengths packed per sequence (causal, lq < lk).
 //
 // Each case runs the forward, the backward with dQ by atomics and the
 // deterministic backward (three times: bit-identical); those that set
@@ -71,7 +73,7 @@ using namespace gpu_test;
 
 namespace {
 
-enum class Source { kRandom, kWindowSinks, kBigBird };
+enum class Source { kRandom, kWindowSinks, kBigBird, kStrided, kDocuments };
 
 struct Case : CaseShape {
   int64_t bq = 64, bk = 64;                // the block mask's block sizes
@@ -367,6 +369,32 @@ attn_block_mask_t make_mask(const Case& c, std::mt19937_64& rng, std::vector<uin
       ATTN_CHECK(attn_block_mask_add_random_blocks(mask, 3, rng()));
       break;
     }
+    case Source::kStrided:
+      // The Sparse Transformer's two heads in one mask: the local window
+      // (stride - 1, 0) and the strided keys; a stride that no block size
+      // divides, so that every visited tile is partial.
+      ATTN_CHECK(attn_block_mask_add_window(mask, 70, 0));
+      ATTN_CHECK(attn_block_mask_add_strided(mask, 71));
+      break;
+    case Source::kDocuments: {
+      // Packed documents of random lengths (10..400 tokens; the query and
+      // key sides share the boundaries, aligned at the end as the causal
+      // diagonal), per sequence of the mask's batch; every block first.
+      std::vector<int32_t> doc_q(size_t(c.mask_batch * c.lq)), doc_kv(size_t(c.mask_batch * c.lk));
+      std::uniform_int_distribution<int64_t> len(10, 400);
+      for (int64_t b = 0; b < c.mask_batch; ++b) {
+        std::vector<int32_t> ids(size_t(c.lk));
+        int32_t id = 0;
+        for (int64_t j = 0; j < c.lk; ++id)
+          for (int64_t n = len(rng); n > 0 && j < c.lk; --n, ++j) ids[size_t(j)] = id;
+        for (int64_t j = 0; j < c.lk; ++j) doc_kv[size_t(b * c.lk + j)] = ids[size_t(j)];
+        for (int64_t i = 0; i < c.lq; ++i)
+          doc_q[size_t(b * c.lq + i)] = ids[size_t(i + c.lk - c.lq)];
+      }
+      ATTN_CHECK(attn_block_mask_add_window(mask, -1, -1));
+      ATTN_CHECK(attn_block_mask_and_documents(mask, doc_q.data(), doc_kv.data()));
+      break;
+    }
   }
   if (c.src != Source::kRandom) sel = read_selection(c, mask);
   return mask;
@@ -580,6 +608,14 @@ std::vector<Case> cases() {
   v.push_back(c);
   c = make("d128-bf16-b64-bigbird", BF, 128, 1, 2, 1, 1800, 1800, NONE, 64, 64);
   c.src = Source::kBigBird;
+  v.push_back(c);
+  c = make("d128-bf16-b64-causal-strided71+local70-gqa2/1", BF, 128, 1, 2, 1, 1000, 1000, CAUSAL,
+           64, 64);
+  c.src = Source::kStrided;
+  v.push_back(c);
+  c = make("d64-fp16-b128-causal-documents-lq<lk-per-batch", FP, 64, 2, 2, 2, 900, 1100, CAUSAL,
+           128, 128);
+  c.src = Source::kDocuments, c.mask_batch = 2;
   v.push_back(c);
   c = make("d128-fp16-b96-bigbird-causal", FP, 128, 1, 2, 2, 1500, 1500, CAUSAL, 96, 96);
   c.src = Source::kBigBird;
