@@ -337,6 +337,15 @@ __device__ __forceinline__ void flash_fwd_sm90_ws(const FwdWsParams& wp) {
         n_tiles = dense_kv_tiles<BN>(qt, last);
       }
       const int qb = n & 1;
+      if constexpr (ws::kKLead) {
+        // An item without KV tiles has no K copy to issue the due V tile
+        // after: it goes now, since the next item's Q buffer is freed only
+        // once the item before this one has ended, which needs that tile.
+        if (n_tiles == 0 && v_due) {
+          if (lane == 0) load_v(kv - 1, v_tile, v_hk, v_b);
+          v_due = false;
+        }
+      }
       if (lane == 0) {
         mbar_wait(bar(ctl.q_empty[qb]), uint32_t((n >> 1) & 1) ^ 1u);
         ctl.item[qb][0] = m_block;
@@ -580,16 +589,20 @@ __device__ __forceinline__ void flash_fwd_sm90_ws(const FwdWsParams& wp) {
     const int e_qb = qb, e_b = b, e_h = h;  // this item's, for the epilogue
     const int e_r0 = qt.r0, e_rows = qt.rows;
     constexpr int kEnd = Sparse ? ws::kSparseEnd : ws::kDenseEnd;
-    // 3: the next item's record first, then order 1 when that item's first
-    //    K tile has landed (as every thread of the warpgroup sees it), else
-    //    order 2; their own reads of the record are skipped.
-    bool end2 = kEnd == 2, overlap3 = false;
+    // 3: order 1 when the next item's record and Q and its first K tile
+    //    have all landed (tested without waiting, and as every thread of
+    //    the warpgroup sees them: its wgmmas must agree), else order 2,
+    //    which reads the record where it does unless this thread did here.
+    bool end2 = kEnd == 2, read3 = false, overlap3 = false;
     if constexpr (kEnd == 3) {
-      if (ws_item(n + 1, total) >= 0) {
-        read_item(n + 1);
+      bool landed = false;
+      const int w = n + 1;
+      if (ws_item(w, total) >= 0 && mbar_test(bar(ctl.q_full[w & 1]), uint32_t(w >> 1) & 1u)) {
+        read_item(w);  // (no wait: the phase has completed)
+        read3 = true;
         overlap3 = n_tiles > 0;
+        landed = overlap3 && mbar_test(bar(ctl.k_full[(last + 1) % ST]), ((last + 1) / ST) & 1u);
       }
-      bool landed = overlap3 && mbar_test(bar(ctl.k_full[(last + 1) % ST]), ((last + 1) / ST) & 1u);
       end2 = !sm90::named_barrier_and(1 + cw, 128, landed);
     }
     if (end2) {
@@ -621,7 +634,7 @@ __device__ __forceinline__ void flash_fwd_sm90_ws(const FwdWsParams& wp) {
         ++n;
       };
       bool overlap = overlap3;
-      if (kEnd != 3 && ws_item(n + 1, total) >= 0) {
+      if (!read3 && ws_item(n + 1, total) >= 0) {
         read_item(n + 1);
         overlap = n_tiles > 0;
       }
@@ -642,7 +655,7 @@ __device__ __forceinline__ void flash_fwd_sm90_ws(const FwdWsParams& wp) {
       store_o();
     } else {
       bool overlap = overlap3;
-      if (kEnd != 3 && ws_item(n + 1, total) >= 0) {
+      if (!read3 && ws_item(n + 1, total) >= 0) {
         read_item(n + 1);
         overlap = n_tiles > 0;
       }
