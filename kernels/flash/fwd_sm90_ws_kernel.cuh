@@ -35,6 +35,13 @@
 //              share their heads' K and V in L2 (full, 4K-8K: 594-597
 //              TFLOP/s against 512-523 with x slowest).
 //
+// MoBA's gathered rounds (Gather, flash_fwd_sm90_ws_moba_gather_kernel):
+// items are tiles of 128 rows of a round's row lists (moba/moba_rounds.cuh),
+// whose Q the producer warp's lanes gather by row index (cp.async) while
+// its lane 0 issues the block's KV tiles; the consumers merge each item's
+// (O, LSE) into the rows' states (their epilogue) under the next item's
+// first S GEMM (order 1), and stop at a record the producer ends with.
+//
 // Tensor maps (FwdWsParams, encoded by the host): dims {D, seqlen, heads,
 // batch} with the tensors' strides, box {64, 128, 1, 1}, 128-byte swizzle:
 // one box is one panel of the swizzled layout of flash/sm90.cuh, so a tile
@@ -74,10 +81,30 @@ struct Ctl {
   int32_t meta[ST][2];  // per stage: KV tile, visit kind (kVisitFull / kVisitDense / bit tile)
 };
 
+// MoBA's gathered rounds (flash_fwd_sm90_ws_moba_gather_kernel): per Q
+// buffer the item's rows (their round-list entries: the row, with
+// kMobaLastRound in its last round), in rounds after the first their
+// states' LSE, and the rows' numbering for the causal mask (r0) and count;
+// in shared memory after the control block's area.
+struct GatherCtl {
+  int32_t entry[2][128];
+  float lse[2][128];
+  int32_t r0[2], rows[2];
+};
+// Its arrivals on a Q buffer's "full" barrier: one per producer lane, once
+// the lane's copies of rows (and states' LSE) have landed and it has fenced
+// them for the tensor cores (cp.async writes, wgmma reads).
+constexpr int kGatherQArrivals = 32;
+
 // Register budgets of the two roles (setmaxnreg, as FlashAttention-3's):
 // 128 (24 + 2 x 240) <= 65536, the SM's file (the consumers spill at the
 // launch's 168; 32 for the producer left no slack and the kernel hung).
 constexpr int kProducerRegs = 24, kConsumerRegs = 240;
+// MoBA's gathered rounds: the producer lanes also copy Q's rows by index
+// (24 registers spilled 1.3 KB there) and the consumers need fewer (221).
+constexpr int kGatherProducerRegs = 40, kGatherConsumerRegs = 232;
+static_assert(kGatherProducerRegs + 2 * kGatherConsumerRegs == kProducerRegs + 2 * kConsumerRegs,
+              "the same register file");
 // Arrivals on the "empty" barriers: one per consumer warp on the V
 // stages' (only the tensor cores read them), one per consumer thread on
 // the Q buffers' and K stages', whose records (ctl.item, ctl.meta) every
@@ -242,8 +269,11 @@ __device__ __forceinline__ int ws_item(int r, int total) {
   return w < total ? int(w) : -1;
 }
 
-template <class T, int D, bool Sparse>
+// Gather: MoBA's gathered forward, round p.moba.fwd_round (see
+// flash_fwd_sm90_ws_moba_gather_kernel below).
+template <class T, int D, bool Sparse, bool Gather = false>
 __device__ __forceinline__ void flash_fwd_sm90_ws(const FwdWsParams& wp) {
+  static_assert(!(Sparse && Gather), "gathered rows: MoBA plans only");
   constexpr FwdSm90Config kCfg = ws::Traits<D>::kCfg;
   constexpr int BM = kCfg.block_m, BN = kCfg.block_n, ST = kCfg.stages;
   static_assert(BM == 128 && BN == 128 && kCfg.warpgroups == 2, "two consumer warpgroups");
@@ -261,13 +291,18 @@ __device__ __forceinline__ void flash_fwd_sm90_ws(const FwdWsParams& wp) {
   const uint32_t sVa = sKa + uint32_t(ST) * kKvBytes;   // [ST][BN][D]
   Ctl& ctl = *reinterpret_cast<Ctl*>(smem + (sVa + uint32_t(ST) * kKvBytes - raw));
   auto bar = [](const uint64_t& b) { return smem_u32(&b); };
+  // Gather: the rows of the Q buffers' items (ws::GatherCtl).
+  auto gather_ctl = [&]() -> ws::GatherCtl& {
+    return *reinterpret_cast<ws::GatherCtl*>(smem + (sVa + uint32_t(ST) * kKvBytes - raw) +
+                                             size_t(kSm90VisitRing) * 8u);
+  };
 
   const int tid = threadIdx.x, wg = tid >> 7;
   const int total = wp.m_blocks * wp.heads_q * wp.batch;
 
   if (tid == 0) {
     for (int i = 0; i < 2; ++i) {
-      mbar_init(bar(ctl.q_full[i]), 1);
+      mbar_init(bar(ctl.q_full[i]), Gather ? ws::kGatherQArrivals : 1);
       mbar_init(bar(ctl.q_empty[i]), ws::kConsumerThreads);
     }
     for (int s = 0; s < ST; ++s) {
@@ -282,7 +317,7 @@ __device__ __forceinline__ void flash_fwd_sm90_ws(const FwdWsParams& wp) {
 
   if (wg == 0) {
     // ---- producer ----
-    ws::setmaxnreg_dec<ws::kProducerRegs>();
+    ws::setmaxnreg_dec<Gather ? ws::kGatherProducerRegs : ws::kProducerRegs>();
     if (tid >= 32) return;
     const int lane = tid;
     if (lane == 0) {
@@ -318,108 +353,235 @@ __device__ __forceinline__ void flash_fwd_sm90_ws(const FwdWsParams& wp) {
     // (its item's KV tile and coordinates; none before the first step).
     bool v_due = false;
     int v_tile = 0, v_hk = 0, v_b = 0;
-    for (int w; (w = ws_item(n, total)) >= 0; ++n) {
-      const int hb = wp.heads_q * wp.batch;
-      const int x = wp.x_major ? w / hb : w % wp.m_blocks;
-      const int bh = wp.x_major ? w % hb : w / wp.m_blocks;  // b * heads_q + h
-      const int h = bh % wp.heads_q, b = bh / wp.heads_q, hk = h / p.group;
-      int m_block, n_tiles, last;  // last: Sparse, the end visit; dense, the end KV tile
-      QueryTile qt;
-      if constexpr (Sparse) {
-        const int32_t* item =
-            p.sparse.items + kSm90FwdItemWords * (mask_slot(p.sparse, b, hk) * p.sparse.tiles + x);
-        m_block = item[0];
-        last = item[2];
-        n_tiles = item[2] - item[1];
-      } else {
-        m_block = wp.m_blocks - 1 - x;
-        query_tile_of<BM>(p, b, m_block, qt);
-        n_tiles = dense_kv_tiles<BN>(qt, last);
-      }
-      const int qb = n & 1;
-      if constexpr (ws::kKLead) {
-        // An item without KV tiles has no K copy to issue the due V tile
-        // after: it goes now, since the next item's Q buffer is freed only
-        // once the item before this one has ended, which needs that tile.
-        if (n_tiles == 0 && v_due) {
-          if (lane == 0) load_v(kv - 1, v_tile, v_hk, v_b);
-          v_due = false;
+    if constexpr (Gather) {
+      // MoBA's gathered round: work item w is tile m = w % m_blocks of the
+      // round lists of (sequence, query head) w / m_blocks (m_blocks: the
+      // most tiles a round can have; tiles past the lists' end are skipped
+      // here, so that the consumers see only items with rows). A tile is
+      // BM entries of one list (lists start at whole tiles), the rows that
+      // chose block kb in this round: Q by row index (cp.async, every
+      // lane), then block kb's KV tiles up to the tile's last diagonal (the
+      // own block of round 0, which the causal mask cuts) by tensor copies,
+      // as flash_fwd_moba_gather_kernel's tiles. After the last item, a
+      // record with n_tiles = -1 ends the consumers' walk.
+      const MobaLists& mb = p.moba;
+      ws::GatherCtl& gc = gather_ctl();
+      const int nb = mb.num_blocks, tpb = mb.block / BN;
+      const int64_t slots = int64_t(wp.batch) * mb.sel_heads;
+      const bool fresh = mb.fwd_round == 0;
+      const int64_t rows_all = int64_t(wp.batch) * wp.heads_q * p.seqlen_q;
+      int cur = -1, first = 0, tiles = 0;
+      const int32_t* e = nullptr;  // the (sequence, head)'s round lists: (start, rows) pairs
+      for (int r = 0;; ++r) {
+        const int w = ws_item(r, total);
+        if (w < 0) break;
+        const int bh = w / wp.m_blocks, m = w - bh * wp.m_blocks;
+        const int h = bh % wp.heads_q, b = bh / wp.heads_q, hk = h / p.group;
+        const int64_t slot = int64_t(b) * mb.sel_heads + (mb.per_query_head ? h : hk);
+        if (bh != cur) {
+          cur = bh;
+          e = mb.kv_count + 2 * (int64_t(mb.fwd_round) * slots + slot) * (nb + 1);
+          first = e[0];
+          tiles = (e[2 * nb] - first) / BM;
         }
-      }
-      if (lane == 0) {
-        mbar_wait(bar(ctl.q_empty[qb]), uint32_t((n >> 1) & 1) ^ 1u);
-        ctl.item[qb][0] = m_block;
-        ctl.item[qb][1] = n_tiles;
-        ctl.item[qb][2] = b;
-        ctl.item[qb][3] = h;
-        if (n_tiles > 0) {
-          mbar_arrive_expect_tx(bar(ctl.q_full[qb]), kQBytes);
-#pragma unroll
-          for (int pn = 0; pn < kPanels; ++pn)
-            tensor_load_4d(sQa + uint32_t(qb) * kQBytes + uint32_t(pn * BM * 128), &wp.q_map, pn * 64,
-                           m_block * BM, h, b, bar(ctl.q_full[qb]));
-        } else {
-          mbar_arrive(bar(ctl.q_full[qb]));  // publishes the item: nothing to load
+        if (m >= tiles) continue;
+        const int at = first + m * BM;
+        // The list that holds entry `at`: the last kb with start(kb) <= at
+        // (lists starting at the same entry are empty but the last one), by
+        // a 32-way search (two rounds of loads up to 1024 blocks).
+        int lo = 0, hi = nb;
+        while (hi - lo > 1) {
+          const int step = (hi - lo + 31) / 32, probe = lo + lane * step;
+          const unsigned le = __ballot_sync(0xffffffffu, probe < hi && e[2 * probe] <= at);
+          lo += (31 - __clz(int(le))) * step;  // (lane 0's probe, lo, always holds)
+          hi = min(hi, lo + step);
         }
-      }
-      // 32 steps at a time: lane l reads step it0 + l's KV tile and kind.
-      for (int it0 = 0; it0 < n_tiles; it0 += 32) {
-        int my_tile = 0, my_kind = kVisitFull;
-        if (it0 + lane < n_tiles) {
-          if constexpr (Sparse) {
-            const int32_t* v = p.sparse.visits + 2 * int64_t(last - 1 - (it0 + lane));
-            my_tile = v[0];
-            my_kind = v[1];
-          } else {
-            my_tile = last - 1 - (it0 + lane);
-            my_kind = dense_tile_full<BN>(qt, my_tile * BN) ? kVisitFull : kVisitDense;
+        const int kb = lo, s0 = e[2 * kb];
+        const int rows = min(BM, s0 + e[2 * kb + 1] - at);
+        QueryTile qt;
+        query_tile_of<BM>(p, b, 0, qt);  // the lengths and the diagonal's offset
+        // Round 0: the block's own rows, in order; later rounds: rows after
+        // the block, which see all of its keys.
+        qt.r0 = max(0, (fresh ? kb : kb + 1) * mb.block - qt.off) + (at - s0);
+        qt.rows = rows;
+        qt.lo_first = 0, qt.hi_first = key_hi(p, qt, qt.r0);
+        qt.lo_last = 0, qt.hi_last = key_hi(p, qt, qt.r0 + rows - 1);
+        const int n_tiles = min(qt.hi_last, (kb + 1) * mb.block - 1) / BN - kb * tpb + 1;
+        if (rows <= 0 || n_tiles <= 0) continue;  // (every listed row sees a key of its block)
+        const int qb = n & 1;
+        if (lane == 0) mbar_wait(bar(ctl.q_empty[qb]), uint32_t((n >> 1) & 1) ^ 1u);
+        __syncwarp();
+        const int32_t* idx = mb.kv_tiles + slot * int64_t(mb.kv_cap) + at;
+        for (int i = lane; i < BM; i += 32) gc.entry[qb][i] = i < rows ? idx[i] : 0;
+        if (lane == 0) {
+          ctl.item[qb][0] = kb;
+          ctl.item[qb][1] = n_tiles;
+          ctl.item[qb][2] = b;
+          ctl.item[qb][3] = h;
+          gc.r0[qb] = qt.r0;
+          gc.rows[qb] = rows;
+        }
+        __syncwarp();
+        {
+          // The rows into the buffer's swizzled panels, 16 bytes per copy,
+          // a lane keeping one column chunk; rows past the list's read as
+          // zeros. (A loop, not unrolled: unrolled, its addresses took the
+          // producer's registers and spilled.)
+          constexpr int kChunks = D / 8, kRowStep = 32 / kChunks;
+          const int ch = lane % kChunks;
+          const T* const src = static_cast<const T*>(p.q) + b * p.q_batch + h * p.q_head + ch * 8;
+          const uint32_t dst = sQa + uint32_t(qb) * kQBytes;
+#pragma unroll 2
+          for (int row = lane / kChunks; row < BM; row += kRowStep) {
+            const bool ok = row < rows;
+            const T* g = src + int64_t(gc.entry[qb][ok ? row : 0] & kMobaRowMask) * p.q_seq;
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(
+                             dst + sm90::swizzled_offset(BM, row, ch * 8)),
+                         "l"(g), "r"(ok ? 16 : 0));
           }
         }
-        const int steps = min(32, n_tiles - it0);
-        for (int i = 0; i < steps; ++i, ++kv) {
-          const int tile = __shfl_sync(0xffffffffu, my_tile, i);
-          const int kind = __shfl_sync(0xffffffffu, my_kind, i);
-          if constexpr (ws::kKLead) {
-            if (lane == 0) {
-              load_k(kv, tile, kind, hk, b);
-              if (v_due) load_v(kv - 1, v_tile, v_hk, v_b);
-            }
-            v_due = true;
-            v_tile = tile;
-            v_hk = hk;
-            v_b = b;
-          } else if (lane == 0) {
-            // (The measured default's code, written out: through load_k and
-            // load_v it compiles to other machine code.)
-            const int s = int(kv % ST);
-            const uint32_t free_parity = ((kv / ST) & 1u) ^ 1u;
-            mbar_wait(bar(ctl.k_empty[s]), free_parity);
-            ctl.meta[s][0] = tile;
-            ctl.meta[s][1] = kind;
-            mbar_arrive_expect_tx(bar(ctl.k_full[s]), kKvBytes);
+        if (!fresh) {
+          // The states the item merges into: their LSE into shared memory,
+          // their O rows asked of L2 for the consumers' merge.
+          const int64_t head_rows = int64_t(bh) * p.seqlen_q;
+          constexpr int kLines = D * 4 / 128;
+          for (int i = lane; i < rows; i += 32) {
+            const int64_t row = head_rows + (gc.entry[qb][i] & kMobaRowMask);
+            cp_async_4(smem_u32(&gc.lse[qb][i]), mb.state + rows_all * D + row);
 #pragma unroll
-            for (int pn = 0; pn < kPanels; ++pn)
-              tensor_load_4d(sKa + uint32_t(s) * kKvBytes + uint32_t(pn * BN * 128), &wp.k_map,
-                             pn * 64, tile * BN, hk, b, bar(ctl.k_full[s]));
-            mbar_wait(bar(ctl.v_empty[s]), free_parity);
-            mbar_arrive_expect_tx(bar(ctl.v_full[s]), kKvBytes);
-#pragma unroll
-            for (int pn = 0; pn < kPanels; ++pn)
-              tensor_load_4d(sVa + uint32_t(s) * kKvBytes + uint32_t(pn * BN * 128), &wp.v_map,
-                             pn * 64, tile * BN, hk, b, bar(ctl.v_full[s]));
+            for (int l = 0; l < kLines; ++l) prefetch_l2(mb.state + row * D + l * 32);
+          }
+        }
+        cp_async_commit();
+        // The KV tiles, the last first; the first step's before the rows
+        // are waited for, so that its copies overlap theirs.
+        for (int i = 0; i < n_tiles; ++i, ++kv) {
+          if (lane == 0) {
+            const int tile = kb * tpb + n_tiles - 1 - i;
+            load_k(kv, tile, dense_tile_full<BN>(qt, tile * BN) ? kVisitFull : kVisitDense, hk, b);
+            load_v(kv, tile, hk, b);
+          }
+          if (i == 0) {
+            cp_async_wait<0>();
+            sm90::fence_proxy_async();
+            mbar_arrive(bar(ctl.q_full[qb]));
           }
           __syncwarp();
         }
+        ++n;
       }
-    }
-    if constexpr (ws::kKLead) {
-      if (lane == 0 && v_due) load_v(kv - 1, v_tile, v_hk, v_b);
+      const int qb = n & 1;
+      if (lane == 0) {
+        mbar_wait(bar(ctl.q_empty[qb]), uint32_t((n >> 1) & 1) ^ 1u);
+        ctl.item[qb][1] = -1;
+      }
+      __syncwarp();
+      mbar_arrive(bar(ctl.q_full[qb]));
+    } else {
+      for (int w; (w = ws_item(n, total)) >= 0; ++n) {
+        const int hb = wp.heads_q * wp.batch;
+        const int x = wp.x_major ? w / hb : w % wp.m_blocks;
+        const int bh = wp.x_major ? w % hb : w / wp.m_blocks;  // b * heads_q + h
+        const int h = bh % wp.heads_q, b = bh / wp.heads_q, hk = h / p.group;
+        int m_block, n_tiles, last;  // last: Sparse, the end visit; dense, the end KV tile
+        QueryTile qt;
+        if constexpr (Sparse) {
+          const int32_t* item =
+              p.sparse.items +
+              kSm90FwdItemWords * (mask_slot(p.sparse, b, hk) * p.sparse.tiles + x);
+          m_block = item[0];
+          last = item[2];
+          n_tiles = item[2] - item[1];
+        } else {
+          m_block = wp.m_blocks - 1 - x;
+          query_tile_of<BM>(p, b, m_block, qt);
+          n_tiles = dense_kv_tiles<BN>(qt, last);
+        }
+        const int qb = n & 1;
+        if constexpr (ws::kKLead) {
+          // An item without KV tiles has no K copy to issue the due V tile
+          // after: it goes now, since the next item's Q buffer is freed only
+          // once the item before this one has ended, which needs that tile.
+          if (n_tiles == 0 && v_due) {
+            if (lane == 0) load_v(kv - 1, v_tile, v_hk, v_b);
+            v_due = false;
+          }
+        }
+        if (lane == 0) {
+          mbar_wait(bar(ctl.q_empty[qb]), uint32_t((n >> 1) & 1) ^ 1u);
+          ctl.item[qb][0] = m_block;
+          ctl.item[qb][1] = n_tiles;
+          ctl.item[qb][2] = b;
+          ctl.item[qb][3] = h;
+          if (n_tiles > 0) {
+            mbar_arrive_expect_tx(bar(ctl.q_full[qb]), kQBytes);
+  #pragma unroll
+            for (int pn = 0; pn < kPanels; ++pn)
+              tensor_load_4d(sQa + uint32_t(qb) * kQBytes + uint32_t(pn * BM * 128), &wp.q_map,
+                             pn * 64, m_block * BM, h, b, bar(ctl.q_full[qb]));
+          } else {
+            mbar_arrive(bar(ctl.q_full[qb]));  // publishes the item: nothing to load
+          }
+        }
+        // 32 steps at a time: lane l reads step it0 + l's KV tile and kind.
+        for (int it0 = 0; it0 < n_tiles; it0 += 32) {
+          int my_tile = 0, my_kind = kVisitFull;
+          if (it0 + lane < n_tiles) {
+            if constexpr (Sparse) {
+              const int32_t* v = p.sparse.visits + 2 * int64_t(last - 1 - (it0 + lane));
+              my_tile = v[0];
+              my_kind = v[1];
+            } else {
+              my_tile = last - 1 - (it0 + lane);
+              my_kind = dense_tile_full<BN>(qt, my_tile * BN) ? kVisitFull : kVisitDense;
+            }
+          }
+          const int steps = min(32, n_tiles - it0);
+          for (int i = 0; i < steps; ++i, ++kv) {
+            const int tile = __shfl_sync(0xffffffffu, my_tile, i);
+            const int kind = __shfl_sync(0xffffffffu, my_kind, i);
+            if constexpr (ws::kKLead) {
+              if (lane == 0) {
+                load_k(kv, tile, kind, hk, b);
+                if (v_due) load_v(kv - 1, v_tile, v_hk, v_b);
+              }
+              v_due = true;
+              v_tile = tile;
+              v_hk = hk;
+              v_b = b;
+            } else if (lane == 0) {
+              // (The measured default's code, written out: through load_k and
+              // load_v it compiles to other machine code.)
+              const int s = int(kv % ST);
+              const uint32_t free_parity = ((kv / ST) & 1u) ^ 1u;
+              mbar_wait(bar(ctl.k_empty[s]), free_parity);
+              ctl.meta[s][0] = tile;
+              ctl.meta[s][1] = kind;
+              mbar_arrive_expect_tx(bar(ctl.k_full[s]), kKvBytes);
+  #pragma unroll
+              for (int pn = 0; pn < kPanels; ++pn)
+                tensor_load_4d(sKa + uint32_t(s) * kKvBytes + uint32_t(pn * BN * 128), &wp.k_map,
+                               pn * 64, tile * BN, hk, b, bar(ctl.k_full[s]));
+              mbar_wait(bar(ctl.v_empty[s]), free_parity);
+              mbar_arrive_expect_tx(bar(ctl.v_full[s]), kKvBytes);
+  #pragma unroll
+              for (int pn = 0; pn < kPanels; ++pn)
+                tensor_load_4d(sVa + uint32_t(s) * kKvBytes + uint32_t(pn * BN * 128), &wp.v_map,
+                               pn * 64, tile * BN, hk, b, bar(ctl.v_full[s]));
+            }
+            __syncwarp();
+          }
+        }
+      }
+      if constexpr (ws::kKLead) {
+        if (lane == 0 && v_due) load_v(kv - 1, v_tile, v_hk, v_b);
+      }
     }
     return;
   }
 
   // ---- consumers ----
-  ws::setmaxnreg_inc<ws::kConsumerRegs>();
+  ws::setmaxnreg_inc<Gather ? ws::kGatherConsumerRegs : ws::kConsumerRegs>();
   const int cw = wg - 1, wtid = tid & 127;  // consumer warpgroup, thread in it
   const int lane = tid & 31, g = lane >> 2, t4 = lane & 3;
   // This thread's two rows of the tile (accumulator rows g and g + 8 of its
@@ -465,12 +627,17 @@ __device__ __forceinline__ void flash_fwd_sm90_ws(const FwdWsParams& wp) {
   // The next item with KV tiles from item n on (writing the empty ones on
   // the way) as the current one; false past the last.
   auto find_item = [&]() -> bool {
-    for (; ws_item(n, total) >= 0; ++n) {
+    if constexpr (Gather) {  // the producer hands out items with rows, then an end record
       read_item(n);
-      if (n_tiles > 0) return true;
-      write_empty();
+      return n_tiles > 0;
+    } else {
+      for (; ws_item(n, total) >= 0; ++n) {
+        read_item(n);
+        if (n_tiles > 0) return true;
+        write_empty();
+      }
+      return false;
     }
-    return false;
   };
 
   float acc_o[NO];
@@ -519,7 +686,16 @@ __device__ __forceinline__ void flash_fwd_sm90_ws(const FwdWsParams& wp) {
   };
   // S_0 of the current item (in s) to P_0: a fresh O and row statistics.
   auto first_softmax = [&](int tile, int kind) {
-    query_tile_of<BM>(p, b, m_block, qt);
+    if constexpr (Gather) {  // the producer's numbering of the gathered rows
+      const ws::GatherCtl& gc = gather_ctl();
+      query_tile_of<BM>(p, b, 0, qt);
+      qt.r0 = gc.r0[qb];
+      qt.rows = gc.rows[qb];
+      qt.lo_first = 0, qt.hi_first = key_hi(p, qt, qt.r0);
+      qt.lo_last = 0, qt.hi_last = key_hi(p, qt, qt.r0 + qt.rows - 1);
+    } else {
+      query_tile_of<BM>(p, b, m_block, qt);
+    }
 #pragma unroll
     for (int i = 0; i < NO; ++i) acc_o[i] = 0.0f;
     row_max[0] = row_max[1] = -INFINITY;
@@ -527,6 +703,60 @@ __device__ __forceinline__ void flash_fwd_sm90_ws(const FwdWsParams& wp) {
     float alpha[2];
     softmax(tile, kind, alpha);
     pack_p_fragments<T>(s, pa);
+  };
+
+  // Gather: the item's (O, LSE), this thread's rows row0 and row0 + 8 of
+  // it, merged into the rows' softmax states (fp32 O, normalised, and LSE
+  // in p.moba.state) by the (O, LSE) merge rule, or, in a row's last round
+  // (kMobaLastRound), written as the row's O and LSE; from the
+  // accumulators, 8-byte accesses (a quad covers 32 contiguous bytes of a
+  // row). Rows of round 0 have no state yet.
+  auto gather_merge = [&](int q, int gb, int gh, int rows) {
+    const MobaLists& mb = p.moba;
+    const ws::GatherCtl& gc = gather_ctl();
+    const bool fresh = mb.fwd_round == 0;
+    const int64_t head_rows = (int64_t(gb) * wp.heads_q + gh) * p.seqlen_q;
+    const int64_t rows_all = int64_t(wp.batch) * wp.heads_q * p.seqlen_q;
+    float* const state_o = mb.state + head_rows * D;
+    float* const state_lse = mb.state + rows_all * D + head_rows;
+    T* const o = static_cast<T*>(p.o) + gb * p.o_batch + gh * p.o_head;
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const float l = quad_sum(row_sum[hh]);  // (every lane of the quad: the same row)
+      const float lse_t = row_lse(row_max[hh], l, scale_log2);
+      const int row = row0 + hh * 8;
+      if (row >= rows) continue;
+      const int32_t entry = gc.entry[q][row];
+      const int64_t at = entry & kMobaRowMask;
+      const float lse_s = fresh ? -INFINITY : gc.lse[q][row];
+      const float mx = fmaxf(lse_t, lse_s);
+      float w_s = 0.0f, w_t = 0.0f, lse = -INFINITY;
+      if (mx != -INFINITY) {
+        const float e_s = expf(lse_s - mx), e_t = expf(lse_t - mx), sum = e_s + e_t;
+        w_s = e_s / sum;
+        w_t = l > 0.0f ? e_t / sum / l : 0.0f;  // (acc is O times l)
+        lse = mx + logf(sum);
+      }
+      if (t4 == 0) {
+        if (entry >= 0)
+          state_lse[at] = lse;
+        else if (p.lse != nullptr)
+          p.lse[gb * p.lse_batch + gh * p.lse_head + at] = lse;
+      }
+      float2* const so = reinterpret_cast<float2*>(state_o + at * D) + t4;
+      float2 old[D / 8];
+#pragma unroll
+      for (int j = 0; j < D / 8; ++j) old[j] = w_s > 0.0f ? so[j * 4] : make_float2(0.0f, 0.0f);
+#pragma unroll
+      for (int j = 0; j < D / 8; ++j) {
+        const float x = old[j].x * w_s + acc_o[j * 4 + hh * 2] * w_t;
+        const float y = old[j].y * w_s + acc_o[j * 4 + hh * 2 + 1] * w_t;
+        if (entry >= 0)
+          so[j * 4] = make_float2(x, y);
+        else
+          *reinterpret_cast<uint32_t*>(o + at * p.o_seq + j * 8 + 2 * t4) = pack2<T>(x, y);
+      }
+    }
   };
 
   // Diagnostic builds (-DATTN_FWD_WS_TRACE=1): clock cycles per phase of an
@@ -588,7 +818,7 @@ __device__ __forceinline__ void flash_fwd_sm90_ws(const FwdWsParams& wp) {
     const uint32_t last = kv + uint32_t(n_tiles - 1);
     const int e_qb = qb, e_b = b, e_h = h;  // this item's, for the epilogue
     const int e_r0 = qt.r0, e_rows = qt.rows;
-    constexpr int kEnd = Sparse ? ws::kSparseEnd : ws::kDenseEnd;
+    constexpr int kEnd = Gather ? 1 : Sparse ? ws::kSparseEnd : ws::kDenseEnd;
     // 3: order 1 when the next item's record and Q and its first K tile
     //    have all landed (tested without waiting, and as every thread of
     //    the warpgroup sees them: its wgmmas must agree), else order 2,
@@ -655,7 +885,8 @@ __device__ __forceinline__ void flash_fwd_sm90_ws(const FwdWsParams& wp) {
       store_o();
     } else {
       bool overlap = overlap3;
-      if (!read3 && ws_item(n + 1, total) >= 0) {
+      // (Gather: the next record always exists, the end's included.)
+      if (!read3 && (Gather || ws_item(n + 1, total) >= 0)) {
         read_item(n + 1);
         overlap = n_tiles > 0;
       }
@@ -670,16 +901,20 @@ __device__ __forceinline__ void flash_fwd_sm90_ws(const FwdWsParams& wp) {
         sm90::reg_fence(acc_o);
         trace.mark(5);  // the last P V
         release(ctl.v_empty[last % ST]);
-        unsigned char* const sQp = smem + (sQa + uint32_t(e_qb) * kQBytes - raw);
-        float* gL = p.lse == nullptr ? nullptr
-                                     : p.lse + e_b * p.lse_batch + e_h * p.lse_head + e_r0;
-        T* gO = static_cast<T*>(p.o) + e_b * p.o_batch + e_h * p.o_head + e_r0 * p.o_seq;
-        stage_o_rows<T, D, BM>(sQp, acc_o, row_max, row_sum, row0, t4, gL, e_rows, scale_log2);
-        sm90::named_barrier(1 + cw, 128);
-        store_o_rows<D, BM>(gO, p.o_seq, sQp, cw, wtid, e_rows);
-        // The staging writes (generic proxy) before the producer's next tensor
-        // copy into the buffer (async proxy).
-        sm90::fence_proxy_async();
+        if constexpr (Gather) {
+          gather_merge(e_qb, e_b, e_h, e_rows);
+        } else {
+          unsigned char* const sQp = smem + (sQa + uint32_t(e_qb) * kQBytes - raw);
+          float* gL = p.lse == nullptr ? nullptr
+                                       : p.lse + e_b * p.lse_batch + e_h * p.lse_head + e_r0;
+          T* gO = static_cast<T*>(p.o) + e_b * p.o_batch + e_h * p.o_head + e_r0 * p.o_seq;
+          stage_o_rows<T, D, BM>(sQp, acc_o, row_max, row_sum, row0, t4, gL, e_rows, scale_log2);
+          sm90::named_barrier(1 + cw, 128);
+          store_o_rows<D, BM>(gO, p.o_seq, sQp, cw, wtid, e_rows);
+          // The staging writes (generic proxy) before the producer's next
+          // tensor copy into the buffer (async proxy).
+          sm90::fence_proxy_async();
+        }
         release_all(ctl.q_empty[e_qb]);
         trace.mark(6);  // the epilogue
         trace.item(last + 1 - kv);
@@ -706,8 +941,8 @@ __device__ __forceinline__ void flash_fwd_sm90_ws(const FwdWsParams& wp) {
       epilogue();
     }
     // No next item, or an empty one (written here): the next with KV
-    // tiles, if any, starts with S_0 alone.
-    if (ws_item(n, total) < 0) break;
+    // tiles, if any, starts with S_0 alone. (Gather: the end record.)
+    if (Gather || ws_item(n, total) < 0) break;
     write_empty();
     ++n;
     have = find_item();
@@ -721,6 +956,20 @@ __global__ void __launch_bounds__(ws::Traits<D>::kCfg.threads(), 1)
     flash_fwd_sm90_ws_kernel(const __grid_constant__ FwdWsParams wp) {
 #if ATTN_SM90_WGMMA
   flash_fwd_sm90_ws<T, D, Sparse>(wp);
+#endif
+}
+
+// MoBA's gathered forward on the warp-specialised kernel, round
+// p.moba.fwd_round per launch (the round lists and the merge of
+// flash_fwd_moba_gather_kernel, flash/fwd_kernel.cuh): items of 128 rows
+// of one list, Q loaded by row index, each item's (O, LSE) merged into the
+// rows' states in its epilogue, under the next item's first S GEMM.
+// Dynamic shared memory: the config's plus sizeof(ws::GatherCtl).
+template <class T, int D>
+__global__ void __launch_bounds__(ws::Traits<D>::kCfg.threads(), 1)
+    flash_fwd_sm90_ws_moba_gather_kernel(const __grid_constant__ FwdWsParams wp) {
+#if ATTN_SM90_WGMMA
+  flash_fwd_sm90_ws<T, D, false, true>(wp);
 #endif
 }
 

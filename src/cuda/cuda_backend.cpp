@@ -147,6 +147,7 @@ struct CudaHooks {
   bool moba_sm90;                 // ATTN_CUDA_MOBA_SM90 (default 0)
   bool moba_gather_sm90;          // ATTN_CUDA_MOBA_GATHER_SM90 (default 1)
   bool moba_gather_bwd_sm90;      // ATTN_CUDA_MOBA_GATHER_BWD_SM90 (default 1)
+  bool moba_gather_ws;            // ATTN_CUDA_MOBA_GATHER_WS (default 0)
   bool fwd_persist;               // ATTN_CUDA_BSPARSE_FWD_PERSIST (default 0)
   bool bwd_persist;               // ATTN_CUDA_BSPARSE_BWD_PERSIST (default 0)
   bool prefetch;                  // ATTN_CUDA_BSPARSE_PREFETCH (default 0)
@@ -166,6 +167,7 @@ struct CudaHooks {
     h.moba_sm90 = env_flag("ATTN_CUDA_MOBA_SM90", false);
     h.moba_gather_sm90 = env_flag("ATTN_CUDA_MOBA_GATHER_SM90", true);
     h.moba_gather_bwd_sm90 = env_flag("ATTN_CUDA_MOBA_GATHER_BWD_SM90", true);
+    h.moba_gather_ws = env_flag("ATTN_CUDA_MOBA_GATHER_WS", false);
     h.fwd_persist = env_flag("ATTN_CUDA_BSPARSE_FWD_PERSIST", false);
     h.bwd_persist = env_flag("ATTN_CUDA_BSPARSE_BWD_PERSIST", false);
     h.prefetch = env_flag("ATTN_CUDA_BSPARSE_PREFETCH", false);
@@ -646,6 +648,28 @@ class CudaPlan final : public BackendPlan {
       const bool wanted = hooks_.moba_gather_sm90;
       if (!wanted || softcap || (d != 64 && d != 128) || major != 9 || minor != 0) return;
       const bool bf16 = p.dtype == ATTN_DTYPE_BF16;
+      // With ATTN_CUDA_MOBA_GATHER_WS=1 the rounds run on the
+      // warp-specialised kernel (flash_fwd_sm90_ws_moba_gather_kernel:
+      // items of 128 gathered rows overlapped with the next item's loads
+      // and first GEMM), where its tensor maps encode. Not yet the default:
+      // not yet measured.
+      // (Its work items, the most tiles of a round per (sequence, head), are
+      // counted in 32 bits.)
+      const int64_t ws_items = moba_round_cap(p, flash::kSm90MobaBlockM) /
+                               flash::kSm90MobaBlockM * p.heads_q * p.batch;
+      if (hooks_.moba_gather_ws && ws_items <= std::numeric_limits<int32_t>::max()) {
+        const FwdKernel k = d == 64 ? fwd_kernel_sm90_ws_moba_gather_d64(bf16)
+                                    : fwd_kernel_sm90_ws_moba_gather_d128(bf16);
+        const flash::FwdSm90Config c = flash::fwd_sm90_ws_config(int(d));
+        const size_t extra = fwd_sm90_ws_moba_gather_smem(int(d)) - c.smem_bytes(int(d));
+        if (sm90_forward_runs(k, c, d, size_t(smem_optin) - std::min(size_t(smem_optin), extra)) &&
+            fwd_ws_maps_encode(p, bf16)) {
+          kernel_ = k;
+          sm90_cfg_ = c;
+          sm90_ = true;
+          return;
+        }
+      }
       const FwdKernel k =
           d == 64 ? fwd_kernel_sm90_moba_gather_d64(bf16) : fwd_kernel_sm90_moba_gather_d128(bf16);
       const flash::FwdSm90Config c = flash::fwd_sm90_config(int(d), flash::kSm90MobaBlockM);

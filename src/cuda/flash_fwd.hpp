@@ -54,5 +54,11 @@ bool fwd_sm90_ws_maps_encode(const flash::FwdParams& params, int d, bool bf16, i
 // MoBA's gathered forward on wgmma (round lists, 128-row tiles).
 FwdKernel fwd_kernel_sm90_moba_gather_d64(bool bf16);
 FwdKernel fwd_kernel_sm90_moba_gather_d128(bool bf16);
+// The same rounds on the warp-specialised forward (grid x: the most tiles a
+// round can have per (sequence, head)), and the dynamic shared memory it
+// takes (flash::fwd_sm90_ws_config's and the rows' records).
+FwdKernel fwd_kernel_sm90_ws_moba_gather_d64(bool bf16);
+FwdKernel fwd_kernel_sm90_ws_moba_gather_d128(bool bf16);
+size_t fwd_sm90_ws_moba_gather_smem(int d);
 
 }  // namespace attn::cuda

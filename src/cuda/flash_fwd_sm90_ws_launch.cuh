@@ -56,29 +56,40 @@ cudaError_t fwd_ws_prepare() {
                               int(flash::fwd_sm90_ws_config(D).smem_bytes(D)));
 }
 
-// m_blocks x heads_q x batch work items (Sparse: one per query tile of the
-// tile lists), dealt over one block per SM.
-template <class T, int D, bool Sparse>
-cudaError_t fwd_ws_launch(const flash::FwdParams& params, int m_blocks, int heads_q, int batch,
-                          cudaStream_t stream) {
-  flash::FwdWsParams wp{};
+// The parameters of m_blocks x heads_q x batch work items and the grid
+// that deals them over one block per SM (0 blocks: no item); false where
+// the tensor maps do not encode.
+template <class T, int D>
+cudaError_t fwd_ws_setup(const flash::FwdParams& params, int m_blocks, int heads_q, int batch,
+                         flash::FwdWsParams& wp, int& blocks) {
+  wp = flash::FwdWsParams{};
   wp.p = params;
   wp.m_blocks = m_blocks;
   wp.heads_q = heads_q;
   wp.batch = batch;
-  // Items of different lengths (see the kernel's top): block-sparse lists,
-  // causal and window masks; unless the plan asks for an order.
-  wp.x_major = params.ws_order == 0
-                   ? Sparse || params.window_left >= 0 || params.window_right >= 0
-                   : params.ws_order == 2;
   if (!encode_fwd_ws_maps(wp, D, std::is_same_v<T, __nv_bfloat16>)) return cudaErrorInvalidValue;
   int device = 0, sms = 0;
   cudaError_t e = cudaGetDevice(&device);
   if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
   if (e != cudaSuccess) return e;
-  const int64_t items = int64_t(m_blocks) * heads_q * batch;
-  if (items == 0) return cudaSuccess;
-  const int blocks = int(std::min<int64_t>(items, sms));
+  blocks = int(std::min<int64_t>(int64_t(m_blocks) * heads_q * batch, sms));
+  return cudaSuccess;
+}
+
+// m_blocks x heads_q x batch work items (Sparse: one per query tile of the
+// tile lists), dealt over one block per SM.
+template <class T, int D, bool Sparse>
+cudaError_t fwd_ws_launch(const flash::FwdParams& params, int m_blocks, int heads_q, int batch,
+                          cudaStream_t stream) {
+  flash::FwdWsParams wp;
+  int blocks = 0;
+  const cudaError_t e = fwd_ws_setup<T, D>(params, m_blocks, heads_q, batch, wp, blocks);
+  if (e != cudaSuccess || blocks == 0) return e;
+  // Items of different lengths (see the kernel's top): block-sparse lists,
+  // causal and window masks; unless the plan asks for an order.
+  wp.x_major = params.ws_order == 0
+                   ? Sparse || params.window_left >= 0 || params.window_right >= 0
+                   : params.ws_order == 2;
   constexpr flash::FwdSm90Config cfg = flash::fwd_sm90_ws_config(D);
   flash::flash_fwd_sm90_ws_kernel<T, D, Sparse>
       <<<blocks, cfg.threads(), cfg.smem_bytes(D), stream>>>(wp);
@@ -86,6 +97,42 @@ cudaError_t fwd_ws_launch(const flash::FwdParams& params, int m_blocks, int head
   flash::ws::trace_print_kernel<<<1, 1, 0, stream>>>();  // diagnostic builds
 #endif
   return cudaGetLastError();
+}
+
+// MoBA's gathered forward (flash_fwd_sm90_ws_moba_gather_kernel): one round
+// (params.moba.fwd_round), m_blocks the most tiles the round can have per
+// (sequence, query head).
+template <int D>
+constexpr size_t fwd_ws_moba_gather_smem() {
+  return flash::fwd_sm90_ws_config(D).smem_bytes(D) + sizeof(flash::ws::GatherCtl);
+}
+template <class T, int D>
+cudaError_t fwd_ws_moba_gather_prepare() {
+  return cudaFuncSetAttribute(flash::flash_fwd_sm90_ws_moba_gather_kernel<T, D>,
+                              cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              int(fwd_ws_moba_gather_smem<D>()));
+}
+template <class T, int D>
+cudaError_t fwd_ws_moba_gather_launch(const flash::FwdParams& params, int m_blocks, int heads_q,
+                                      int batch, cudaStream_t stream) {
+  flash::FwdWsParams wp;
+  int blocks = 0;
+  const cudaError_t e = fwd_ws_setup<T, D>(params, m_blocks, heads_q, batch, wp, blocks);
+  if (e != cudaSuccess || blocks == 0) return e;
+  constexpr flash::FwdSm90Config cfg = flash::fwd_sm90_ws_config(D);
+  flash::flash_fwd_sm90_ws_moba_gather_kernel<T, D>
+      <<<blocks, cfg.threads(), fwd_ws_moba_gather_smem<D>(), stream>>>(wp);
+  return cudaGetLastError();
+}
+template <int D>
+FwdKernel make_fwd_kernel_sm90_ws_moba_gather(bool bf16) {
+  if (bf16)
+    return {&fwd_ws_moba_gather_prepare<__nv_bfloat16, D>,
+            &fwd_ws_moba_gather_launch<__nv_bfloat16, D>,
+            reinterpret_cast<const void*>(
+                &flash::flash_fwd_sm90_ws_moba_gather_kernel<__nv_bfloat16, D>)};
+  return {&fwd_ws_moba_gather_prepare<__half, D>, &fwd_ws_moba_gather_launch<__half, D>,
+          reinterpret_cast<const void*>(&flash::flash_fwd_sm90_ws_moba_gather_kernel<__half, D>)};
 }
 
 template <class T, int D, bool Sparse>

@@ -57,8 +57,8 @@ inline std::string kernel_name_body(const KernelNameFacts& f) {
                           f.ws ? "-ws" : "");
       break;
     case F::kMobaSm90:  // the tile (128 x 128) is in info.tile_q and tile_kv
-      len = std::snprintf(buf, sizeof buf, "cuda-sm90-wgmma-%s-d%d-%s", f.dtype, f.head_dim,
-                          f.kind);
+      len = std::snprintf(buf, sizeof buf, "cuda-sm90-wgmma-%s-d%d-%s%s", f.dtype, f.head_dim,
+                          f.kind, f.ws ? "-ws" : "");
       break;
     case F::kMoba:
       len = std::snprintf(buf, sizeof buf, "cuda-fa2-sm80-%s-d%d-%s-%dx%d", f.dtype, f.head_dim,

@@ -85,6 +85,9 @@ bool g_moba_sm90 = false, g_fwd_sm90 = true, g_bwd_sm90 = true;
 // forward on wgmma, unless ATTN_CUDA_MOBA_GATHER_SM90=0 or
 // ATTN_CUDA_FWD_SM90=0.
 bool g_gather_sm90 = false;
+// ... and with ATTN_CUDA_MOBA_GATHER_WS=1 on the warp-specialised forward
+// ("-moba-gather-ws").
+bool g_gather_ws = false;
 // sm_90 device, gathered lists: d = 64 and 128 plans run the gathered dK/dV
 // kernel on wgmma, unless ATTN_CUDA_MOBA_GATHER_BWD_SM90=0,
 // ATTN_CUDA_BWD_SM90=0 or ATTN_CUDA_BWD_VARIANT is set.
@@ -194,6 +197,11 @@ Run run_device(const Case& c0, attn_context_t ctx) {
                           std::to_string(info.tile_q) + "x" + std::to_string(info.tile_kv) +
                           ") where the " + (want.fwd_sm90 ? "sm_90a" : "sm_80") +
                           " forward was expected;";
+    const bool ws_wanted = want.gather && want.fwd_sm90 && g_gather_ws;
+    if (!every_block && (std::strstr(info.kernel, "moba-gather-ws") != nullptr) != ws_wanted)
+      r.describe_error += std::string(" kernel '") + info.kernel + "' where the " +
+                          (ws_wanted ? "warp-specialised" : "one-tile") +
+                          " gathered forward was expected;";
     if (!every_block && (std::strstr(info.kernel, "+bwd-wg") != nullptr) != want.bwd_sm90)
       r.describe_error += std::string(" kernel '") + info.kernel + "' where the " +
                           (want.bwd_sm90 ? "sm_90a" : "sm_80") + " dK/dV kernel was expected;";
@@ -403,6 +411,7 @@ int main() {
   g_bwd_sm90 = !env_is("ATTN_CUDA_BWD_SM90", "0") && !env_set("ATTN_CUDA_BWD_VARIANT");
   g_gather_sm90 = prop.major == 9 && prop.minor == 0 && g_fwd_sm90 &&
                   !env_is("ATTN_CUDA_MOBA_GATHER_SM90", "0");
+  g_gather_ws = g_gather_sm90 && env_is("ATTN_CUDA_MOBA_GATHER_WS", "1");
   g_gather_bwd_sm90 = prop.major == 9 && prop.minor == 0 && g_bwd_sm90 &&
                       !env_is("ATTN_CUDA_MOBA_GATHER_BWD_SM90", "0");
   // (As expected_kernels says for d = 64 and 128.)

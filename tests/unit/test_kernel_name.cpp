@@ -65,7 +65,8 @@ std::vector<long long> numbers(const std::string& name) {
   return n;
 }
 
-const char* const kWords[] = {"moba-gather", "bsparse-p", "+bwd-p-", "-bs-", "-det", "-bulk"};
+const char* const kWords[] = {"moba-gather", "-ws",  "bsparse-p", "+bwd-p-",
+                               "-bs-",        "-det", "-bulk"};
 
 // The properties every name must have; returns the name.
 std::string check(const char* what, const KernelNameFacts& f) {
@@ -113,6 +114,9 @@ int main() {
   f = base(F::kMobaSm90, B::kSm90);
   expect(compose(f) == "cuda-sm90-wgmma-bf16-d128-moba+bwd-wgmma-64x128-bulk", "MoBA sm_90a",
          compose(f));
+  f.kind = "moba-gather", f.ws = true;
+  expect(compose(f) == "cuda-sm90-wgmma-bf16-d128-moba-gather-ws+bwd-wgmma-64x128-bulk",
+         "MoBA gathered, warp-specialised sm_90a", compose(f));
 
   // The longest names of each family: 3-digit tiles and head dims, the
   // longest markers ("-cut" only with a whole group).
@@ -141,6 +145,9 @@ int main() {
       check(("MoBA gather" + tag).c_str(), longest(F::kMoba, B::kSm80Listed));
       check(("MoBA sm_90a" + tag).c_str(), longest(F::kMobaSm90, B::kSm90));
       check(("MoBA sm_90a, sm_80 bwd" + tag).c_str(), longest(F::kMobaSm90, B::kSm80Listed));
+      KernelNameFacts g = longest(F::kMobaSm90, B::kSm90);
+      g.kind = "moba-gather", g.ws = true;
+      check(("MoBA gathered, warp-specialised sm_90a" + tag).c_str(), g);
     }
   }
 
