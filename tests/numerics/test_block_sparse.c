@@ -3,8 +3,9 @@
  * block mask, gives it to the library (as FlexAttention-style tables or as a
  * materialised boolean matrix), materialises the same selection on the test
  * side, and runs the numerics harness (forward and backward, exact checks of
- * empty rows, unseen keys, visible_pairs and determinism; see harness.h),
- * whose reference sees the plan's dense mask AND the materialised selection.
+ * empty rows, unseen keys, visible_pairs, visited tile pairs and
+ * determinism; see harness.h), whose reference sees the plan's dense mask
+ * AND the materialised selection.
  * Before that, the mask is read back (attn_block_mask_get_blocks) and must
  * select exactly the same elements, in canonical form.
  * The pattern builders (window, global keys and queries, strided, random
@@ -40,6 +41,8 @@ typedef struct sparse_case {
   double p_none;     /* chance that a block is not listed */
   int empty_block0;  /* query block 0 of mask slot 0 lists nothing: empty rows */
   int no_bits;       /* tables without partial_bits: partial blocks select everything */
+  int corner_bits;   /* a partial block's bits lie in a random quarter-size rectangle of it,
+                        so that tiles it overlaps, or their visible part, may hold none */
 } sparse_case;
 
 static void *xcalloc(size_t n, size_t size) {
@@ -91,6 +94,10 @@ static void draw(const sparse_case *sc, tu_rng *rng, drawn *d) {
        * (also those outside the sequence, which the library must ignore) */
       const int full = kind < 0.3, with_bits = kind >= 0.3 && kind < 0.8 && !sc->no_bits;
       uint8_t *tile = NULL;
+      const int64_t r0 = sc->corner_bits ? tu_rng_int(rng, 0, bq - (bq + 3) / 4) : 0;
+      const int64_t c0 = sc->corner_bits ? tu_rng_int(rng, 0, bk - (bk + 3) / 4) : 0;
+      const int64_t r1 = sc->corner_bits ? r0 + (bq + 3) / 4 : bq;
+      const int64_t c1 = sc->corner_bits ? c0 + (bk + 3) / 4 : bk;
       if (!listed) continue;
       if (sc->from == FROM_TABLES && full) {
         d->idx_f[k * nkb + d->num_f[k]++] = (int32_t)kb;
@@ -102,7 +109,9 @@ static void draw(const sparse_case *sc, tu_rng *rng, drawn *d) {
       for (r = 0; r < bq; ++r)
         for (col = 0; col < bk; ++col) {
           const int64_t i = qb * bq + r, j = kb * bk + col, t = r * bk + col;
-          const int on = full || !with_bits || tu_rng_uniform(rng, 0.0, 1.0) < density;
+          const int in_corner = r >= r0 && r < r1 && col >= c0 && col < c1;
+          const int on =
+              full || !with_bits || (in_corner && tu_rng_uniform(rng, 0.0, 1.0) < density);
           if (tile != NULL && with_bits && on) tile[t / 8] = (uint8_t)(tile[t / 8] | (1u << (t % 8)));
           if (i < lq && j < lk && on) plane[i * lk + j] = 1;
         }
@@ -225,49 +234,55 @@ static void run_sparse(void **state) {
 
 static const sparse_case kCases[] = {
     {CASE("b16_len100_none_fp32", FP32, SHAPE(1, 2, 2, 100, 100, 32), .threads = 1), 16, 16, 1, 2,
-     FROM_TABLES, 0.4, 0, 0},
+     FROM_TABLES, 0.4, 0, 0, 0},
     {CASE("b64_causal_gqa_per_head_bf16", BF16, SHAPE(1, 4, 2, 130, 200, 32), .mask = CAUSAL,
           .threads = 2),
-     64, 64, 1, 2, FROM_TABLES, 0.3, 0, 0},
+     64, 64, 1, 2, FROM_TABLES, 0.3, 0, 0, 0},
     {CASE("b128_window_broadcast_fp16", FP16, SHAPE(2, 2, 2, 300, 300, 32), .mask = WINDOW,
           .left = 100, .right = 20, .threads = 2),
-     128, 128, 2, 1, FROM_TABLES, 0.2, 0, 0},
+     128, 128, 2, 1, FROM_TABLES, 0.2, 0, 0, 0},
     {CASE("b48_nonpow2_q_gt_k_fp32", FP32, SHAPE(2, 2, 1, 150, 97, 24), .threads = 1), 48, 48, 1,
-     1, FROM_TABLES, 0.3, 0, 0},
+     1, FROM_TABLES, 0.3, 0, 0, 0},
     {CASE("b16x64_causal_fp32", FP32, SHAPE(1, 1, 1, 200, 200, 16), .mask = CAUSAL, .threads = 2),
-     16, 64, 1, 1, FROM_TABLES, 0.3, 0, 0},
+     16, 64, 1, 1, FROM_TABLES, 0.3, 0, 0, 0},
     {CASE("b64x16_lq_lt_lk_bf16", BF16, SHAPE(1, 2, 1, 70, 250, 32), .mask = CAUSAL, .threads = 1),
-     64, 16, 1, 1, FROM_TABLES, 0.5, 0, 0},
+     64, 16, 1, 1, FROM_TABLES, 0.5, 0, 0, 0},
     {CASE("b32_empty_rows_fp32", FP32, SHAPE(1, 2, 2, 90, 90, 16), .threads = 1), 32, 32, 1, 2,
-     FROM_TABLES, 0.3, 1, 0},
+     FROM_TABLES, 0.3, 1, 0, 0},
     {CASE("b128_causal_q_gt_k_empty_fp16", FP16, SHAPE(1, 2, 2, 260, 200, 32), .mask = CAUSAL,
           .threads = 2),
-     128, 128, 1, 1, FROM_TABLES, 0.1, 0, 0},
+     128, 128, 1, 1, FROM_TABLES, 0.1, 0, 0, 0},
     {CASE("b96_softcap_per_batch_fp32", FP32, SHAPE(2, 2, 1, 200, 200, 32), .softcap = 8.0f,
           .threads = 2),
-     96, 96, 2, 1, FROM_TABLES, 0.3, 0, 0},
+     96, 96, 2, 1, FROM_TABLES, 0.3, 0, 0, 0},
     {CASE("b32_shuffled_strides_gqa_fp16", FP16, SHAPE(2, 4, 2, 120, 140, 24), .mask = CAUSAL,
           .strides = NC_STRIDES_SHUFFLED, .threads = 2),
-     32, 32, 2, 2, FROM_TABLES, 0.3, 0, 0},
+     32, 32, 2, 2, FROM_TABLES, 0.3, 0, 0, 0},
     {CASE("b64_bhsd_padded_window_fp32", FP32, SHAPE(1, 2, 2, 160, 160, 16), .mask = WINDOW,
           .left = 50, .right = 50, .layout = ATTN_LAYOUT_BHSD, .strides = NC_STRIDES_PADDED,
           .threads = 1),
-     64, 64, 1, 2, FROM_TABLES, 0.3, 0, 0},
+     64, 64, 1, 2, FROM_TABLES, 0.3, 0, 0, 0},
     {CASE("b7x13_tiny_blocks_fp32", FP32, SHAPE(1, 1, 1, 50, 60, 8), .threads = 1), 7, 13, 1, 1,
-     FROM_TABLES, 0.5, 0, 0},
+     FROM_TABLES, 0.5, 0, 0, 0},
     {CASE("b32_no_bits_causal_bf16", BF16, SHAPE(1, 2, 1, 180, 180, 32), .mask = CAUSAL,
           .threads = 2),
-     32, 32, 1, 1, FROM_TABLES, 0.4, 0, 1},
+     32, 32, 1, 1, FROM_TABLES, 0.4, 0, 1, 0},
     {CASE("b200_bigger_than_seq_fp32", FP32, SHAPE(1, 1, 1, 120, 150, 16), .threads = 1), 200, 200,
-     1, 1, FROM_TABLES, 0.0, 0, 0},
+     1, 1, FROM_TABLES, 0.0, 0, 0, 0},
+    {CASE("b160_corner_bits_causal_fp32", FP32, SHAPE(1, 2, 1, 333, 333, 16), .mask = CAUSAL,
+          .threads = 2),
+     160, 160, 1, 1, FROM_TABLES, 0.2, 0, 0, 1},
+    {CASE("b192x128_corner_bits_window_gqa_bf16", BF16, SHAPE(1, 4, 2, 250, 300, 32),
+          .mask = WINDOW, .left = 80, .right = 10, .threads = 1),
+     192, 128, 1, 2, FROM_TABLES, 0.2, 0, 0, 1},
     {CASE("dense_b32_causal_fp32", FP32, SHAPE(1, 2, 2, 150, 150, 32), .mask = CAUSAL,
           .threads = 2),
-     32, 32, 1, 2, FROM_DENSE, 0.3, 0, 0},
+     32, 32, 1, 2, FROM_DENSE, 0.3, 0, 0, 0},
     {CASE("dense_b48x80_window_bf16", BF16, SHAPE(2, 2, 1, 130, 170, 16), .mask = WINDOW,
           .left = 60, .right = 60, .threads = 1),
-     48, 80, 2, 1, FROM_DENSE, 0.2, 0, 0},
+     48, 80, 2, 1, FROM_DENSE, 0.2, 0, 0, 0},
     {CASE("dense_b64_gqa_fp16", FP16, SHAPE(1, 4, 2, 100, 100, 32), .threads = 2), 64, 64, 1, 2,
-     FROM_DENSE, 0.2, 0, 0},
+     FROM_DENSE, 0.2, 0, 0, 0},
 };
 
 /* ------------------------------------------------------------------------ */
