@@ -26,6 +26,7 @@
 #include <cmocka.h>
 
 #include "harness.h"
+#include "reference.h"
 #include "testutil.h"
 
 typedef enum source {
@@ -540,13 +541,30 @@ static void test_builders_match_dense(void **state) {
 
 /* Numerics on composed patterns: the builders' mask in the plan, their
  * test-side matrix in the reference. */
-typedef enum composed { CAUSAL_WINDOW_SINKS, BIGBIRD, DOCUMENTS_CAUSAL, STRIDED_CAUSAL } composed;
+typedef enum composed { CAUSAL_WINDOW_SINKS, BIGBIRD, DOCUMENTS_CAUSAL, STRIDED_LOCAL } composed;
 
 typedef struct composed_case {
   nc_case base;
   int64_t block_q, block_kv;
   composed pattern;
+  int empty_rows; /* the pattern and the plan's mask leave some rows without a key */
 } composed_case;
+
+/* Rows of every sequence that see no key under the plan's dense mask AND sel. */
+static int64_t count_empty_rows(const nc_case *c, const geom *g, const unsigned char *sel) {
+  const int64_t left = c->mask == WINDOW ? c->left : -1;
+  const int64_t right = c->mask == NONE ? -1 : c->mask == CAUSAL ? 0 : c->right;
+  int64_t b, i, j, empty = 0;
+  for (b = 0; b < g->batch; ++b)
+    for (i = 0; i < g->lq; ++i) {
+      int seen = 0;
+      for (j = 0; j < g->lk && !seen; ++j)
+        seen = sel[(size_t)b * plane_size(g) + (size_t)(i * g->lk + j)] &&
+               ref_mask_visible(g->lq, g->lk, left, right, i, j);
+      empty += !seen;
+    }
+  return empty;
+}
 
 static void run_composed(void **state) {
   const composed_case *cc = (const composed_case *)*state;
@@ -579,19 +597,31 @@ static void run_composed(void **state) {
       break;
     case DOCUMENTS_CAUSAL: /* packed documents; the plan is causal */
       for (b = 0; b < g.batch; ++b) draw_docs(&rng, dq + b * g.lq, g.lq, 70);
-      memcpy(dk, dq, (size_t)(g.batch * g.lq) * sizeof(int32_t));
+      if (g.lq == g.lk) {
+        memcpy(dk, dq, (size_t)(g.batch * g.lq) * sizeof(int32_t));
+      } else {
+        /* other cuts, and query 0 a padding token (document -1 has no key):
+         * a query whose document has no key up to its diagonal sees none */
+        for (b = 0; b < g.batch; ++b) {
+          draw_docs(&rng, dk + b * g.lk, g.lk, 70);
+          dq[b * g.lq] = -1;
+        }
+      }
       check(attn_block_mask_add_window(m, -1, -1), "add_window");
       check(attn_block_mask_and_documents(m, dq, dk), "and_documents");
       or_window(&g, sel, -1, -1);
       and_docs(&g, sel, dq, dk);
       break;
-    case STRIDED_CAUSAL: /* Sparse Transformer: local window + strided, causal plan */
+    case STRIDED_LOCAL: /* Sparse Transformer: local window + strided (with a causal plan) */
       check(attn_block_mask_add_window(m, 15, 0), "add_window");
       check(attn_block_mask_add_strided(m, 16), "add_strided");
       or_window(&g, sel, 15, 0);
       or_strided(&g, sel, 16);
       break;
   }
+  if ((count_empty_rows(&c, &g, sel) > 0) != cc->empty_rows)
+    fail_msg("case error: the pattern leaves %lld rows empty",
+             (long long)count_empty_rows(&c, &g, sel));
   c.block_mask = m;
   c.pair_mask = sel;
   c.mask_batch = g.batch;
@@ -606,14 +636,30 @@ static void run_composed(void **state) {
 static const composed_case kComposed[] = {
     {CASE("causal_window70_sinks8_b48_bf16", BF16, SHAPE(1, 4, 2, 300, 300, 32), .mask = CAUSAL,
           .threads = 2),
-     48, 48, CAUSAL_WINDOW_SINKS},
-    {CASE("bigbird_b32_fp32", FP32, SHAPE(2, 2, 1, 256, 256, 32), .threads = 2), 32, 32, BIGBIRD},
+     48, 48, CAUSAL_WINDOW_SINKS, 0},
+    {CASE("bigbird_b32_fp32", FP32, SHAPE(2, 2, 1, 256, 256, 32), .threads = 2), 32, 32, BIGBIRD,
+     0},
     {CASE("documents_causal_b64_fp16", FP16, SHAPE(2, 2, 2, 250, 250, 32), .mask = CAUSAL,
           .threads = 1),
-     64, 64, DOCUMENTS_CAUSAL},
+     64, 64, DOCUMENTS_CAUSAL, 0},
     {CASE("strided16_causal_b16_fp32", FP32, SHAPE(1, 2, 2, 200, 200, 16), .mask = CAUSAL,
           .threads = 2),
-     16, 16, STRIDED_CAUSAL},
+     16, 16, STRIDED_LOCAL, 0},
+    /* Odd lengths, seqlen_q != seqlen_kv, blocks that divide neither, and
+     * rows left empty (the first queries of a causal or window plan with
+     * seqlen_q > seqlen_kv, queries whose document has no key up to their
+     * diagonal), which the plan then must be allowed to have. */
+    {CASE("causal_window70_sinks8_173x131_gqa_empty_fp32", FP32, SHAPE(1, 4, 2, 173, 131, 16),
+          .mask = CAUSAL, .threads = 2),
+     48, 40, CAUSAL_WINDOW_SINKS, 1},
+    {CASE("bigbird_97_b16x24_gqa_bf16", BF16, SHAPE(2, 2, 1, 97, 97, 24), .threads = 1), 16, 24,
+     BIGBIRD, 0},
+    {CASE("documents_causal_131x173_empty_fp16", FP16, SHAPE(2, 2, 2, 131, 173, 32),
+          .mask = CAUSAL, .threads = 2),
+     32, 48, DOCUMENTS_CAUSAL, 1},
+    {CASE("strided16_window_131x97_empty_fp32", FP32, SHAPE(1, 2, 1, 131, 97, 16), WIN(60, 0),
+          .threads = 1),
+     13, 16, STRIDED_LOCAL, 1},
 };
 
 int main(void) {
