@@ -2141,6 +2141,159 @@ static void test_moba_errors(void **state) {
   EXPECT_OK(attn_plan_desc_destroy(d));
 }
 
+/* Execution errors of the plans whose workspace and schedule differ from the
+ * dense ones. attn_forward and attn_backward get a plan made from d (its
+ * shape is p's) and bad arguments: each call fails with the documented
+ * status, names the argument, and writes no output (O, LSE, dQ, dK, dV stay
+ * poisoned; O and LSE are not changed by a failed backward); the good calls
+ * then succeed. */
+static void expect_execution_errors(attn_plan_desc_t d, const prob_t *p) {
+  attn_plan_t plan = NULL, fwd_only = NULL;
+  io_t io;
+  float *o_ref, *lse_ref;
+  EXPECT_OK(attn_plan_create(g_ctx, d, &plan));
+  io_alloc(&io, plan, p);
+  assert_true(io.ws_f > 0 && io.ws_b > 0);
+
+#define FWD(q_, k_, v_, o_, lse_, ws_, bytes_) \
+  attn_forward(plan, (q_), (k_), (v_), (o_), (lse_), (ws_), (bytes_), NULL)
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "q", FWD(NULL, io.k, io.v, io.o, io.lse, io.wsf, io.ws_f));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "k", FWD(io.q, NULL, io.v, io.o, io.lse, io.wsf, io.ws_f));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "v", FWD(io.q, io.k, NULL, io.o, io.lse, io.wsf, io.ws_f));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "o", FWD(io.q, io.k, io.v, NULL, io.lse, io.wsf, io.ws_f));
+  EXPECT_FAIL(ATTN_STATUS_WORKSPACE_TOO_SMALL, "workspace_bytes",
+              FWD(io.q, io.k, io.v, io.o, io.lse, io.wsf, io.ws_f - 1));
+  EXPECT_FAIL(ATTN_STATUS_WORKSPACE_TOO_SMALL, "workspace_bytes",
+              FWD(io.q, io.k, io.v, io.o, io.lse, NULL, 0));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "workspace",
+              FWD(io.q, io.k, io.v, io.o, io.lse, NULL, io.ws_f));
+  EXPECT_IO_UNTOUCHED(&io);
+  EXPECT_OK(FWD(io.q, io.k, io.v, io.o, io.lse, io.wsf, io.ws_f));
+  assert_true(isfinite(io.o[0]) && isfinite(io.lse[0]));
+#undef FWD
+  o_ref = xmalloc(io.no * 4);
+  lse_ref = xmalloc(io.nlse * 4);
+  memcpy(o_ref, io.o, io.no * 4);
+  memcpy(lse_ref, io.lse, io.nlse * 4);
+
+#define BWD(pl, q_, k_, v_, o_, lse_, do_, dq_, dk_, dv_, ws_, bytes_) \
+  attn_backward((pl), (q_), (k_), (v_), (o_), (lse_), (do_), (dq_), (dk_), (dv_), (ws_), (bytes_), NULL)
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "q", BWD(plan, NULL, io.k, io.v, io.o, io.lse, io.d_o, io.dq, io.dk, io.dv, io.wsb, io.ws_b));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "k", BWD(plan, io.q, NULL, io.v, io.o, io.lse, io.d_o, io.dq, io.dk, io.dv, io.wsb, io.ws_b));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "v", BWD(plan, io.q, io.k, NULL, io.o, io.lse, io.d_o, io.dq, io.dk, io.dv, io.wsb, io.ws_b));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "o", BWD(plan, io.q, io.k, io.v, NULL, io.lse, io.d_o, io.dq, io.dk, io.dv, io.wsb, io.ws_b));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "lse", BWD(plan, io.q, io.k, io.v, io.o, NULL, io.d_o, io.dq, io.dk, io.dv, io.wsb, io.ws_b));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "d_o", BWD(plan, io.q, io.k, io.v, io.o, io.lse, NULL, io.dq, io.dk, io.dv, io.wsb, io.ws_b));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "dq", BWD(plan, io.q, io.k, io.v, io.o, io.lse, io.d_o, NULL, io.dk, io.dv, io.wsb, io.ws_b));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "dk", BWD(plan, io.q, io.k, io.v, io.o, io.lse, io.d_o, io.dq, NULL, io.dv, io.wsb, io.ws_b));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "dv", BWD(plan, io.q, io.k, io.v, io.o, io.lse, io.d_o, io.dq, io.dk, NULL, io.wsb, io.ws_b));
+  EXPECT_FAIL(ATTN_STATUS_WORKSPACE_TOO_SMALL, "workspace_bytes",
+              BWD(plan, io.q, io.k, io.v, io.o, io.lse, io.d_o, io.dq, io.dk, io.dv, io.wsb, io.ws_b - 1));
+  EXPECT_FAIL(ATTN_STATUS_WORKSPACE_TOO_SMALL, "workspace_bytes",
+              BWD(plan, io.q, io.k, io.v, io.o, io.lse, io.d_o, io.dq, io.dk, io.dv, NULL, 0));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "workspace",
+              BWD(plan, io.q, io.k, io.v, io.o, io.lse, io.d_o, io.dq, io.dk, io.dv, NULL, io.ws_b));
+  /* a forward-only plan of the same problem has no backward */
+  EXPECT_OK(attn_plan_desc_set_passes(d, ATTN_PASSES_FORWARD));
+  EXPECT_OK(attn_plan_create(g_ctx, d, &fwd_only));
+  EXPECT_OK(attn_plan_desc_set_passes(d, p->passes));
+  EXPECT_FAIL(ATTN_STATUS_NOT_SUPPORTED, "plan",
+              BWD(fwd_only, io.q, io.k, io.v, io.o, io.lse, io.d_o, io.dq, io.dk, io.dv, io.wsb, io.ws_b));
+  EXPECT_OK(attn_plan_destroy(fwd_only));
+  check_poisoned(io.dq, io.nq * 4, "dQ", __FILE__, __LINE__);
+  check_poisoned(io.dk, io.nk * 4, "dK", __FILE__, __LINE__);
+  check_poisoned(io.dv, io.nv * 4, "dV", __FILE__, __LINE__);
+  assert_memory_equal(io.o, o_ref, io.no * 4);
+  assert_memory_equal(io.lse, lse_ref, io.nlse * 4);
+  EXPECT_OK(BWD(plan, io.q, io.k, io.v, io.o, io.lse, io.d_o, io.dq, io.dk, io.dv, io.wsb, io.ws_b));
+  assert_true(isfinite(io.dq[0]) && isfinite(io.dk[0]) && isfinite(io.dv[0]));
+#undef BWD
+  free(o_ref);
+  free(lse_ref);
+  io_free(&io);
+  EXPECT_OK(attn_plan_destroy(plan));
+}
+
+/* Tensors of the wrong shape or strides are refused at plan creation, as
+ * for a dense plan: the message names the tensor, *plan is unchanged. */
+static void expect_tensor_errors(attn_plan_desc_t d, const prob_t *p) {
+  attn_tensor_desc_t t = NULL;
+  attn_plan_t plan;
+  int64_t dims[4], strides[4];
+  EXPECT_OK(attn_tensor_desc_create(&t));
+  POISON_PLAN(plan);
+  /* K one key short */
+  dims[0] = p->batch, dims[1] = p->lk - 1, dims[2] = p->hkv, dims[3] = p->dqk;
+  EXPECT_OK(attn_tensor_desc_set(t, ATTN_DTYPE_FP32, 4, dims, NULL));
+  EXPECT_OK(attn_plan_desc_set_tensor(d, ATTN_TENSOR_K, t));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "tensor K", attn_plan_create(g_ctx, d, &plan));
+  EXPECT_PLAN_UNTOUCHED(plan);
+  EXPECT_OK(attn_plan_desc_set_tensor(d, ATTN_TENSOR_K, NULL));
+  /* O with a head_dim stride of 2 */
+  dims[0] = p->batch, dims[1] = p->lq, dims[2] = p->hq, dims[3] = p->dv;
+  strides[3] = 2, strides[2] = 2 * p->dv, strides[1] = strides[2] * p->hq;
+  strides[0] = strides[1] * p->lq;
+  EXPECT_OK(attn_tensor_desc_set(t, ATTN_DTYPE_FP32, 4, dims, strides));
+  EXPECT_OK(attn_plan_desc_set_tensor(d, ATTN_TENSOR_O, t));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "tensor O", attn_plan_create(g_ctx, d, &plan));
+  EXPECT_PLAN_UNTOUCHED(plan);
+  EXPECT_OK(attn_plan_desc_set_tensor(d, ATTN_TENSOR_O, NULL));
+  /* dV whose sequence stride 0 makes every key write the same row */
+  dims[0] = p->batch, dims[1] = p->lk, dims[2] = p->hkv, dims[3] = p->dv;
+  strides[3] = 1, strides[2] = p->dv, strides[1] = 0, strides[0] = p->hkv * p->dv;
+  EXPECT_OK(attn_tensor_desc_set(t, ATTN_DTYPE_FP32, 4, dims, strides));
+  EXPECT_OK(attn_plan_desc_set_tensor(d, ATTN_TENSOR_DV, t));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "dV", attn_plan_create(g_ctx, d, &plan));
+  EXPECT_PLAN_UNTOUCHED(plan);
+  EXPECT_OK(attn_plan_desc_set_tensor(d, ATTN_TENSOR_DV, NULL));
+  EXPECT_OK(attn_tensor_desc_destroy(t));
+}
+
+static void test_block_mask_execution_errors(void **state) {
+  prob_t p = std_prob(); /* batch 2, heads 4/2, Lq 5, Lk 7, causal */
+  attn_plan_desc_t d = desc_for(&p);
+  attn_block_mask_t m = NULL;
+  attn_plan_t plan = NULL;
+  attn_plan_info_t info;
+  (void)state;
+  /* per batch and KV head, blocks of 2 x 3: the diagonal and 2 keys behind
+   * it, in partial blocks */
+  EXPECT_OK(attn_block_mask_create(2, 2, 5, 7, 2, 3, &m));
+  EXPECT_OK(attn_block_mask_add_window(m, 2, 0));
+  EXPECT_OK(attn_plan_desc_set_block_mask(d, m));
+  EXPECT_OK(attn_plan_create(g_ctx, d, &plan));
+  memset(&info, 0, sizeof info);
+  info.struct_size = sizeof info;
+  EXPECT_OK(attn_plan_describe(plan, &info));
+  assert_true(strstr(info.algorithm, "block-sparse") != NULL);
+  assert_int_equal(info.visible_pairs, 2 * 4 * 5 * 3);
+  EXPECT_OK(attn_plan_destroy(plan));
+  expect_execution_errors(d, &p);
+  expect_tensor_errors(d, &p);
+  EXPECT_OK(attn_plan_desc_destroy(d));
+  EXPECT_OK(attn_block_mask_destroy(m));
+}
+
+static void test_moba_execution_errors(void **state) {
+  prob_t p = std_prob(); /* batch 2, heads 4/2, Lq 5, Lk 7, causal */
+  attn_plan_desc_t d = desc_for(&p);
+  attn_plan_t plan = NULL;
+  attn_plan_info_t info;
+  (void)state;
+  /* blocks of 2, top 1 of up to 3 past blocks: a selection made at run time */
+  EXPECT_OK(attn_plan_desc_set_moba(d, 2, 1, 1));
+  EXPECT_OK(attn_plan_create(g_ctx, d, &plan));
+  memset(&info, 0, sizeof info);
+  info.struct_size = sizeof info;
+  EXPECT_OK(attn_plan_describe(plan, &info));
+  assert_true(strstr(info.algorithm, "moba") != NULL);
+  assert_null(strstr(info.algorithm, "every-block"));
+  EXPECT_OK(attn_plan_destroy(plan));
+  expect_execution_errors(d, &p);
+  expect_tensor_errors(d, &p);
+  EXPECT_OK(attn_plan_desc_destroy(d));
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_version),
@@ -2178,6 +2331,8 @@ int main(void) {
       cmocka_unit_test(test_block_mask_builder_errors),
       cmocka_unit_test(test_block_mask_plans),
       cmocka_unit_test(test_moba_errors),
+      cmocka_unit_test(test_block_mask_execution_errors),
+      cmocka_unit_test(test_moba_execution_errors),
   };
   return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
