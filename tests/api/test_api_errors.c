@@ -1951,6 +1951,178 @@ static void test_block_mask_builder_errors(void **state) {
   EXPECT_OK(attn_block_mask_destroy(m));
 }
 
+/* A problem the CUDA kernels take: bf16, BSHD, batch 2, heads 4/2, head_dim
+ * dim, causal, forward and backward. */
+static attn_plan_desc_t cuda_desc(int64_t lq, int64_t lk, int64_t dim) {
+  prob_t p = std_prob();
+  attn_plan_desc_t d;
+  p.lq = lq, p.lk = lk, p.dqk = p.dv = dim;
+  d = desc_for(&p);
+  EXPECT_OK(attn_plan_desc_set_dtype(d, ATTN_DTYPE_BF16));
+  return d;
+}
+
+static void describe_plan(attn_plan_t plan, attn_plan_info_t *info) {
+  memset(info, 0, sizeof *info);
+  info->struct_size = sizeof *info;
+  EXPECT_OK(attn_plan_describe(plan, info));
+}
+
+/* (query tile, KV tile) pairs holding a pair that a causal plan with the
+ * selection window(left, 0) shows (i + lk - lq - left <= j <= i + lk - lq). */
+static uint64_t causal_window_tile_pairs(int64_t lq, int64_t lk, int64_t left, int64_t tq,
+                                         int64_t tk) {
+  uint64_t n = 0;
+  int64_t qt, kt, i;
+  for (qt = 0; qt * tq < lq; ++qt)
+    for (kt = 0; kt * tk < lk; ++kt) {
+      int hit = 0;
+      for (i = qt * tq; i < (qt + 1) * tq && i < lq && !hit; ++i) {
+        const int64_t hi = i + lk - lq, lo = hi - left;
+        hit = lo < (kt + 1) * tk && hi >= kt * tk && hi >= 0 && lo < lk;
+      }
+      n += (uint64_t)hit;
+    }
+  return n;
+}
+
+/* On a CUDA context: a block mask on problems the CUDA kernels take (bf16,
+ * head_dim 64 and 128) makes a plan that runs there; what they do not take
+ * is refused with NOT_SUPPORTED naming the feature, *plan unchanged. */
+static void check_cuda_block_mask_plans(attn_context_t cuda) {
+  static const int64_t dims[2] = {64, 128};
+  attn_block_mask_t m = NULL;
+  attn_plan_desc_t d;
+  attn_plan_t plan;
+  attn_plan_info_t info;
+  int k;
+  /* per KV head, blocks of 64: 100 keys behind the diagonal; 200 x 300 */
+  EXPECT_OK(attn_block_mask_create(1, 2, 200, 300, 64, 64, &m));
+  EXPECT_OK(attn_block_mask_add_window(m, 100, 0));
+  for (k = 0; k < 2; ++k) {
+    d = cuda_desc(200, 300, dims[k]);
+    EXPECT_OK(attn_plan_desc_set_block_mask(d, m));
+    EXPECT_OK(attn_plan_create(cuda, d, &plan));
+    describe_plan(plan, &info);
+    assert_int_equal(info.backend, ATTN_BACKEND_CUDA);
+    assert_int_equal(info.dtype, ATTN_DTYPE_BF16);
+    assert_int_equal(info.supports_backward, 1);
+    assert_true(strstr(info.kernel, "bsparse") != NULL);
+    assert_int_equal(info.block_q, 64);
+    assert_int_equal(info.block_kv, 64);
+    assert_int_equal(info.visible_pairs, 2 * 4 * 200 * 101);
+    assert_true(info.tile_q > 0 && info.tile_kv > 0);
+    assert_int_equal(info.visited_tile_pairs,
+                     2 * 4 * causal_window_tile_pairs(200, 300, 100, info.tile_q, info.tile_kv));
+    assert_int_equal(info.total_tile_pairs, 2 * 4 * ((200 + info.tile_q - 1) / info.tile_q) *
+                                                ((300 + info.tile_kv - 1) / info.tile_kv));
+    EXPECT_OK(attn_plan_destroy(plan));
+    EXPECT_OK(attn_plan_desc_destroy(d));
+  }
+
+  d = cuda_desc(200, 300, 64);
+  EXPECT_OK(attn_plan_desc_set_block_mask(d, m));
+  POISON_PLAN(plan);
+  EXPECT_OK(attn_plan_desc_set_dtype(d, ATTN_DTYPE_FP32));
+  EXPECT_FAIL(ATTN_STATUS_NOT_SUPPORTED, "fp32", attn_plan_create(cuda, d, &plan));
+  EXPECT_PLAN_UNTOUCHED(plan);
+  EXPECT_OK(attn_plan_desc_set_dtype(d, ATTN_DTYPE_BF16));
+  EXPECT_OK(attn_plan_desc_set_shape(d, 2, 4, 2, 200, 300, 8, 8));
+  EXPECT_FAIL(ATTN_STATUS_NOT_SUPPORTED, "head_dim", attn_plan_create(cuda, d, &plan));
+  EXPECT_PLAN_UNTOUCHED(plan);
+  EXPECT_OK(attn_plan_desc_set_shape(d, 2, 4, 2, 200, 300, 64, 128));
+  EXPECT_FAIL(ATTN_STATUS_NOT_SUPPORTED, "head_dim_v", attn_plan_create(cuda, d, &plan));
+  EXPECT_PLAN_UNTOUCHED(plan);
+  EXPECT_OK(attn_plan_desc_set_shape(d, 2, 4, 2, 200, 300, 64, 64));
+  {
+    /* Q with a head stride of 68 elements: not a multiple of 8 */
+    attn_tensor_desc_t t = NULL;
+    const int64_t qdims[4] = {2, 200, 4, 64}, qstrides[4] = {200 * 4 * 68, 4 * 68, 68, 1};
+    EXPECT_OK(attn_tensor_desc_create(&t));
+    EXPECT_OK(attn_tensor_desc_set(t, ATTN_DTYPE_BF16, 4, qdims, qstrides));
+    EXPECT_OK(attn_plan_desc_set_tensor(d, ATTN_TENSOR_Q, t));
+    EXPECT_OK(attn_tensor_desc_destroy(t));
+    EXPECT_FAIL(ATTN_STATUS_NOT_SUPPORTED, "strides", attn_plan_create(cuda, d, &plan));
+    EXPECT_PLAN_UNTOUCHED(plan);
+  }
+  EXPECT_OK(attn_plan_desc_destroy(d));
+  EXPECT_OK(attn_block_mask_destroy(m));
+}
+
+/* Most pairs a MoBA row may see, summed over one sequence's rows: its own
+ * block up to the diagonal and top_k whole past blocks (lq == lk). */
+static uint64_t moba_bound(int64_t len, int64_t block, int64_t top_k) {
+  uint64_t n = 0;
+  int64_t i;
+  for (i = 0; i < len; ++i) {
+    const int64_t own = i / block;
+    n += (uint64_t)(i - own * block + 1 + (own < top_k ? own : top_k) * block);
+  }
+  return n;
+}
+
+/* On a CUDA context: MoBA on problems the CUDA kernels take (bf16, head_dim
+ * 64 and 128, block_size a multiple of 128, top_k <= 32) makes a plan that
+ * runs there; beyond those limits NOT_SUPPORTED names the feature, *plan
+ * unchanged, except where top_k keeps every block (the dense causal plan). */
+static void check_cuda_moba_plans(attn_context_t cuda) {
+  static const int64_t dims[2] = {64, 128};
+  attn_plan_desc_t d;
+  attn_plan_t plan;
+  attn_plan_info_t info;
+  int k;
+  for (k = 0; k < 2; ++k) {
+    /* 384 keys: 3 blocks of 128, top 1 of at most 2 past ones */
+    d = cuda_desc(384, 384, dims[k]);
+    EXPECT_OK(attn_plan_desc_set_moba(d, 128, 1, k));
+    EXPECT_OK(attn_plan_create(cuda, d, &plan));
+    describe_plan(plan, &info);
+    assert_int_equal(info.backend, ATTN_BACKEND_CUDA);
+    assert_int_equal(info.dtype, ATTN_DTYPE_BF16);
+    assert_int_equal(info.supports_backward, 1);
+    assert_true(strstr(info.kernel, "moba") != NULL);
+    assert_true(strstr(info.algorithm, "moba") != NULL);
+    assert_null(strstr(info.algorithm, "every-block"));
+    assert_int_equal(info.visible_pairs, 2 * 4 * moba_bound(384, 128, 1));
+    EXPECT_OK(attn_plan_destroy(plan));
+    EXPECT_OK(attn_plan_desc_destroy(d));
+  }
+
+  d = cuda_desc(384, 384, 64);
+  POISON_PLAN(plan);
+  /* block_size not a multiple of 128 (6 blocks, top 1) */
+  EXPECT_OK(attn_plan_desc_set_moba(d, 64, 1, 0));
+  EXPECT_FAIL(ATTN_STATUS_NOT_SUPPORTED, "block_size", attn_plan_create(cuda, d, &plan));
+  EXPECT_PLAN_UNTOUCHED(plan);
+  /* ... unless top_k keeps every past block: the dense causal plan */
+  EXPECT_OK(attn_plan_desc_set_moba(d, 64, 5, 0));
+  EXPECT_OK(attn_plan_create(cuda, d, &plan));
+  describe_plan(plan, &info);
+  assert_int_equal(info.backend, ATTN_BACKEND_CUDA);
+  assert_true(strncmp(info.algorithm, "moba-keeps-every-block:", 23) == 0);
+  assert_int_equal(info.visible_pairs, 2 * 4 * (384 * 385 / 2));
+  EXPECT_OK(attn_plan_destroy(plan));
+  POISON_PLAN(plan);
+  /* fp32 */
+  EXPECT_OK(attn_plan_desc_set_moba(d, 128, 1, 0));
+  EXPECT_OK(attn_plan_desc_set_dtype(d, ATTN_DTYPE_FP32));
+  EXPECT_FAIL(ATTN_STATUS_NOT_SUPPORTED, "fp32", attn_plan_create(cuda, d, &plan));
+  EXPECT_PLAN_UNTOUCHED(plan);
+  EXPECT_OK(attn_plan_desc_set_dtype(d, ATTN_DTYPE_BF16));
+  /* top_k 33 of 39 past blocks (5120 keys) */
+  EXPECT_OK(attn_plan_desc_set_shape(d, 2, 4, 2, 384, 5120, 64, 64));
+  EXPECT_OK(attn_plan_desc_set_moba(d, 128, 33, 1));
+  EXPECT_FAIL(ATTN_STATUS_NOT_SUPPORTED, "top_k", attn_plan_create(cuda, d, &plan));
+  EXPECT_PLAN_UNTOUCHED(plan);
+  EXPECT_OK(attn_plan_desc_set_moba(d, 128, 32, 1));
+  EXPECT_OK(attn_plan_create(cuda, d, &plan));
+  describe_plan(plan, &info);
+  assert_int_equal(info.backend, ATTN_BACKEND_CUDA);
+  assert_true(strstr(info.kernel, "moba") != NULL);
+  EXPECT_OK(attn_plan_destroy(plan));
+  EXPECT_OK(attn_plan_desc_destroy(d));
+}
+
 static void test_block_mask_plans(void **state) {
   prob_t p = std_prob(); /* batch 2, heads 4/2, Lq 5, Lk 7, causal */
   attn_block_mask_t m = NULL, other = NULL;
@@ -2039,14 +2211,12 @@ static void test_block_mask_plans(void **state) {
   EXPECT_OK(attn_plan_desc_set_varlen(d, 2, NULL, NULL));
   EXPECT_OK(attn_plan_desc_set_shape(d, 2, 4, 2, 5, 7, 8, 8));
 
-  /* CUDA: not supported (checked where a CUDA context can be made) */
+  /* CUDA (where a CUDA context can be made): its own problems and refusals */
   if (attn_context_create(ATTN_BACKEND_CUDA, 0, 1, &cuda) == ATTN_STATUS_SUCCESS) {
-    POISON_PLAN(plan);
-    EXPECT_FAIL(ATTN_STATUS_NOT_SUPPORTED, "CUDA", attn_plan_create(cuda, d, &plan));
-    EXPECT_PLAN_UNTOUCHED(plan);
+    check_cuda_block_mask_plans(cuda);
     EXPECT_OK(attn_context_destroy(cuda));
   } else {
-    printf("  (no CUDA context here: the CUDA block-mask check is not exercised)\n");
+    printf("  (no CUDA context here: the CUDA block-mask checks are not exercised)\n");
   }
 
   /* NULL detaches the mask: a dense plan again */
@@ -2125,11 +2295,12 @@ static void test_moba_errors(void **state) {
   EXPECT_OK(attn_plan_desc_set_varlen(d, 2, NULL, NULL));
   EXPECT_OK(attn_plan_desc_set_shape(d, 2, 4, 2, 5, 7, 8, 8));
 
-  /* CUDA: not supported (checked where a CUDA context can be made) */
+  /* CUDA (where a CUDA context can be made): its own problems and limits */
   if (attn_context_create(ATTN_BACKEND_CUDA, 0, 1, &cuda) == ATTN_STATUS_SUCCESS) {
-    EXPECT_FAIL(ATTN_STATUS_NOT_SUPPORTED, "CUDA", attn_plan_create(cuda, d, &plan));
-    EXPECT_PLAN_UNTOUCHED(plan);
+    check_cuda_moba_plans(cuda);
     EXPECT_OK(attn_context_destroy(cuda));
+  } else {
+    printf("  (no CUDA context here: the CUDA MoBA checks are not exercised)\n");
   }
 
   /* block_size 0 turns it off again */
