@@ -413,9 +413,11 @@ typedef struct attn_plan_info {
   char algorithm[64];       /* e.g. "flash-tiled-online-softmax" */
   char kernel[64];          /* backend kernel variant, e.g. "cpu-avx512" */
   /* (query tile, KV tile) pairs the kernels visit, summed over sequences and
-   * query heads, with the tile sizes above; total_tile_pairs is the number
-   * a mask without any restriction would visit. Their ratio is the tile
-   * density of a causal, windowed or block-sparse plan. */
+   * query heads, with the tile sizes above: those holding at least one
+   * visible (query, key) pair (for MoBA an upper bound, see
+   * attn_plan_desc_set_moba); total_tile_pairs is the number a mask without
+   * any restriction would visit. Their ratio is the tile density of a
+   * causal, windowed or block-sparse plan. */
   uint64_t visited_tile_pairs;
   uint64_t total_tile_pairs;
   /* The block mask's block sizes (attn_plan_desc_set_block_mask), 0 when

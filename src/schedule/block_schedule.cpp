@@ -22,16 +22,32 @@ BlockTileSchedule::BlockTileSchedule(std::shared_ptr<const BlockMask> mask, Wind
     for (int64_t qt = 0; qt < nqt_; ++qt) {
       const int64_t r0 = tiles.q_begin(qt), r1 = tiles.q_end(qt);  // rows [r0, r1)
       std::fill(hit.begin(), hit.end(), 0);
-      // Every listed block, clipped to the dense key range of the rows it
-      // shares with this tile, marks the KV tiles it touches.
+      // Every listed block marks the KV tiles where it selects a key that the
+      // dense mask shows to one of the rows it shares with this tile. A whole
+      // block does so over the dense key range of those rows (one interval,
+      // every key of it seen by some row); a bit tile only where a row's bits
+      // are set inside that row's own range.
       for (int64_t qb = r0 / bq; qb * bq < r1; ++qb) {
         const int64_t a = std::max(r0, qb * bq), b = std::min(r1, (qb + 1) * bq) - 1;
         const int64_t lo = dense.key_lo(a), hi = dense.key_hi(b);
         for (const BlockMask::Entry& e : m.row(mb, mh, qb)) {
-          const int64_t c0 = std::max(lo, int64_t(e.kv_block) * bk);
-          const int64_t c1 = std::min(hi, std::min(m.seqlen_kv(), (int64_t(e.kv_block) + 1) * bk) - 1);
+          const int64_t base = int64_t(e.kv_block) * bk;
+          const int64_t end = std::min(m.seqlen_kv(), base + bk) - 1;
+          const int64_t c0 = std::max(lo, base), c1 = std::min(hi, end);
           if (c0 > c1) continue;
-          std::fill(hit.begin() + c0 / tile_kv, hit.begin() + c1 / tile_kv + 1, uint8_t(1));
+          if (e.tile == BlockMask::kWhole) {
+            std::fill(hit.begin() + c0 / tile_kv, hit.begin() + c1 / tile_kv + 1, uint8_t(1));
+            continue;
+          }
+          for (int64_t i = a; i <= b; ++i) {
+            const int64_t j1 = std::min(dense.key_hi(i), end);
+            for (int64_t j = std::max(dense.key_lo(i), base); j <= j1;) {
+              const int64_t kt = j / tile_kv, last = std::min(j1, (kt + 1) * tile_kv - 1);
+              if (!hit[size_t(kt)] && m.count_selected(mb, mh, i, j, last + 1) > 0)
+                hit[size_t(kt)] = 1;
+              j = last + 1;
+            }
+          }
         }
       }
       for (int64_t kt = 0; kt < nkt_; ++kt) {

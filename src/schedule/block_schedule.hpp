@@ -4,9 +4,10 @@
 // backward dK/dV pass, the transpose: the query tiles that visit each KV
 // tile. A visit is *full* when every (row, key) pair of the two tiles is
 // visible (dense mask and block selection), so the kernel skips the element
-// predicate; otherwise it is *partial* and the predicate applies. A listed
-// pair may still hold no visible element (a bit tile that selects only keys
-// the dense mask hides); it is then visited for nothing, which is correct.
+// predicate; otherwise it is *partial* and the predicate applies. A pair is
+// listed exactly when it holds at least one visible element: a bit tile
+// whose selected keys lie outside the tile, or all behind the dense mask,
+// does not make the kernels visit it.
 #pragma once
 
 #include <cstdint>

@@ -1951,6 +1951,178 @@ static void test_block_mask_builder_errors(void **state) {
   EXPECT_OK(attn_block_mask_destroy(m));
 }
 
+/* A problem the CUDA kernels take: bf16, BSHD, batch 2, heads 4/2, head_dim
+ * dim, causal, forward and backward. */
+static attn_plan_desc_t cuda_desc(int64_t lq, int64_t lk, int64_t dim) {
+  prob_t p = std_prob();
+  attn_plan_desc_t d;
+  p.lq = lq, p.lk = lk, p.dqk = p.dv = dim;
+  d = desc_for(&p);
+  EXPECT_OK(attn_plan_desc_set_dtype(d, ATTN_DTYPE_BF16));
+  return d;
+}
+
+static void describe_plan(attn_plan_t plan, attn_plan_info_t *info) {
+  memset(info, 0, sizeof *info);
+  info->struct_size = sizeof *info;
+  EXPECT_OK(attn_plan_describe(plan, info));
+}
+
+/* (query tile, KV tile) pairs holding a pair that a causal plan with the
+ * selection window(left, 0) shows (i + lk - lq - left <= j <= i + lk - lq). */
+static uint64_t causal_window_tile_pairs(int64_t lq, int64_t lk, int64_t left, int64_t tq,
+                                         int64_t tk) {
+  uint64_t n = 0;
+  int64_t qt, kt, i;
+  for (qt = 0; qt * tq < lq; ++qt)
+    for (kt = 0; kt * tk < lk; ++kt) {
+      int hit = 0;
+      for (i = qt * tq; i < (qt + 1) * tq && i < lq && !hit; ++i) {
+        const int64_t hi = i + lk - lq, lo = hi - left;
+        hit = lo < (kt + 1) * tk && hi >= kt * tk && hi >= 0 && lo < lk;
+      }
+      n += (uint64_t)hit;
+    }
+  return n;
+}
+
+/* On a CUDA context: a block mask on problems the CUDA kernels take (bf16,
+ * head_dim 64 and 128) makes a plan that runs there; what they do not take
+ * is refused with NOT_SUPPORTED naming the feature, *plan unchanged. */
+static void check_cuda_block_mask_plans(attn_context_t cuda) {
+  static const int64_t dims[2] = {64, 128};
+  attn_block_mask_t m = NULL;
+  attn_plan_desc_t d;
+  attn_plan_t plan;
+  attn_plan_info_t info;
+  int k;
+  /* per KV head, blocks of 64: 100 keys behind the diagonal; 200 x 300 */
+  EXPECT_OK(attn_block_mask_create(1, 2, 200, 300, 64, 64, &m));
+  EXPECT_OK(attn_block_mask_add_window(m, 100, 0));
+  for (k = 0; k < 2; ++k) {
+    d = cuda_desc(200, 300, dims[k]);
+    EXPECT_OK(attn_plan_desc_set_block_mask(d, m));
+    EXPECT_OK(attn_plan_create(cuda, d, &plan));
+    describe_plan(plan, &info);
+    assert_int_equal(info.backend, ATTN_BACKEND_CUDA);
+    assert_int_equal(info.dtype, ATTN_DTYPE_BF16);
+    assert_int_equal(info.supports_backward, 1);
+    assert_true(strstr(info.kernel, "bsparse") != NULL);
+    assert_int_equal(info.block_q, 64);
+    assert_int_equal(info.block_kv, 64);
+    assert_int_equal(info.visible_pairs, 2 * 4 * 200 * 101);
+    assert_true(info.tile_q > 0 && info.tile_kv > 0);
+    assert_int_equal(info.visited_tile_pairs,
+                     2 * 4 * causal_window_tile_pairs(200, 300, 100, info.tile_q, info.tile_kv));
+    assert_int_equal(info.total_tile_pairs, 2 * 4 * ((200 + info.tile_q - 1) / info.tile_q) *
+                                                ((300 + info.tile_kv - 1) / info.tile_kv));
+    EXPECT_OK(attn_plan_destroy(plan));
+    EXPECT_OK(attn_plan_desc_destroy(d));
+  }
+
+  d = cuda_desc(200, 300, 64);
+  EXPECT_OK(attn_plan_desc_set_block_mask(d, m));
+  POISON_PLAN(plan);
+  EXPECT_OK(attn_plan_desc_set_dtype(d, ATTN_DTYPE_FP32));
+  EXPECT_FAIL(ATTN_STATUS_NOT_SUPPORTED, "fp32", attn_plan_create(cuda, d, &plan));
+  EXPECT_PLAN_UNTOUCHED(plan);
+  EXPECT_OK(attn_plan_desc_set_dtype(d, ATTN_DTYPE_BF16));
+  EXPECT_OK(attn_plan_desc_set_shape(d, 2, 4, 2, 200, 300, 8, 8));
+  EXPECT_FAIL(ATTN_STATUS_NOT_SUPPORTED, "head_dim", attn_plan_create(cuda, d, &plan));
+  EXPECT_PLAN_UNTOUCHED(plan);
+  EXPECT_OK(attn_plan_desc_set_shape(d, 2, 4, 2, 200, 300, 64, 128));
+  EXPECT_FAIL(ATTN_STATUS_NOT_SUPPORTED, "head_dim_v", attn_plan_create(cuda, d, &plan));
+  EXPECT_PLAN_UNTOUCHED(plan);
+  EXPECT_OK(attn_plan_desc_set_shape(d, 2, 4, 2, 200, 300, 64, 64));
+  {
+    /* Q with a head stride of 68 elements: not a multiple of 8 */
+    attn_tensor_desc_t t = NULL;
+    const int64_t qdims[4] = {2, 200, 4, 64}, qstrides[4] = {200 * 4 * 68, 4 * 68, 68, 1};
+    EXPECT_OK(attn_tensor_desc_create(&t));
+    EXPECT_OK(attn_tensor_desc_set(t, ATTN_DTYPE_BF16, 4, qdims, qstrides));
+    EXPECT_OK(attn_plan_desc_set_tensor(d, ATTN_TENSOR_Q, t));
+    EXPECT_OK(attn_tensor_desc_destroy(t));
+    EXPECT_FAIL(ATTN_STATUS_NOT_SUPPORTED, "strides", attn_plan_create(cuda, d, &plan));
+    EXPECT_PLAN_UNTOUCHED(plan);
+  }
+  EXPECT_OK(attn_plan_desc_destroy(d));
+  EXPECT_OK(attn_block_mask_destroy(m));
+}
+
+/* Most pairs a MoBA row may see, summed over one sequence's rows: its own
+ * block up to the diagonal and top_k whole past blocks (lq == lk). */
+static uint64_t moba_bound(int64_t len, int64_t block, int64_t top_k) {
+  uint64_t n = 0;
+  int64_t i;
+  for (i = 0; i < len; ++i) {
+    const int64_t own = i / block;
+    n += (uint64_t)(i - own * block + 1 + (own < top_k ? own : top_k) * block);
+  }
+  return n;
+}
+
+/* On a CUDA context: MoBA on problems the CUDA kernels take (bf16, head_dim
+ * 64 and 128, block_size a multiple of 128, top_k <= 32) makes a plan that
+ * runs there; beyond those limits NOT_SUPPORTED names the feature, *plan
+ * unchanged, except where top_k keeps every block (the dense causal plan). */
+static void check_cuda_moba_plans(attn_context_t cuda) {
+  static const int64_t dims[2] = {64, 128};
+  attn_plan_desc_t d;
+  attn_plan_t plan;
+  attn_plan_info_t info;
+  int k;
+  for (k = 0; k < 2; ++k) {
+    /* 384 keys: 3 blocks of 128, top 1 of at most 2 past ones */
+    d = cuda_desc(384, 384, dims[k]);
+    EXPECT_OK(attn_plan_desc_set_moba(d, 128, 1, k));
+    EXPECT_OK(attn_plan_create(cuda, d, &plan));
+    describe_plan(plan, &info);
+    assert_int_equal(info.backend, ATTN_BACKEND_CUDA);
+    assert_int_equal(info.dtype, ATTN_DTYPE_BF16);
+    assert_int_equal(info.supports_backward, 1);
+    assert_true(strstr(info.kernel, "moba") != NULL);
+    assert_true(strstr(info.algorithm, "moba") != NULL);
+    assert_null(strstr(info.algorithm, "every-block"));
+    assert_int_equal(info.visible_pairs, 2 * 4 * moba_bound(384, 128, 1));
+    EXPECT_OK(attn_plan_destroy(plan));
+    EXPECT_OK(attn_plan_desc_destroy(d));
+  }
+
+  d = cuda_desc(384, 384, 64);
+  POISON_PLAN(plan);
+  /* block_size not a multiple of 128 (6 blocks, top 1) */
+  EXPECT_OK(attn_plan_desc_set_moba(d, 64, 1, 0));
+  EXPECT_FAIL(ATTN_STATUS_NOT_SUPPORTED, "block_size", attn_plan_create(cuda, d, &plan));
+  EXPECT_PLAN_UNTOUCHED(plan);
+  /* ... unless top_k keeps every past block: the dense causal plan */
+  EXPECT_OK(attn_plan_desc_set_moba(d, 64, 5, 0));
+  EXPECT_OK(attn_plan_create(cuda, d, &plan));
+  describe_plan(plan, &info);
+  assert_int_equal(info.backend, ATTN_BACKEND_CUDA);
+  assert_true(strncmp(info.algorithm, "moba-keeps-every-block:", 23) == 0);
+  assert_int_equal(info.visible_pairs, 2 * 4 * (384 * 385 / 2));
+  EXPECT_OK(attn_plan_destroy(plan));
+  POISON_PLAN(plan);
+  /* fp32 */
+  EXPECT_OK(attn_plan_desc_set_moba(d, 128, 1, 0));
+  EXPECT_OK(attn_plan_desc_set_dtype(d, ATTN_DTYPE_FP32));
+  EXPECT_FAIL(ATTN_STATUS_NOT_SUPPORTED, "fp32", attn_plan_create(cuda, d, &plan));
+  EXPECT_PLAN_UNTOUCHED(plan);
+  EXPECT_OK(attn_plan_desc_set_dtype(d, ATTN_DTYPE_BF16));
+  /* top_k 33 of 39 past blocks (5120 keys) */
+  EXPECT_OK(attn_plan_desc_set_shape(d, 2, 4, 2, 384, 5120, 64, 64));
+  EXPECT_OK(attn_plan_desc_set_moba(d, 128, 33, 1));
+  EXPECT_FAIL(ATTN_STATUS_NOT_SUPPORTED, "top_k", attn_plan_create(cuda, d, &plan));
+  EXPECT_PLAN_UNTOUCHED(plan);
+  EXPECT_OK(attn_plan_desc_set_moba(d, 128, 32, 1));
+  EXPECT_OK(attn_plan_create(cuda, d, &plan));
+  describe_plan(plan, &info);
+  assert_int_equal(info.backend, ATTN_BACKEND_CUDA);
+  assert_true(strstr(info.kernel, "moba") != NULL);
+  EXPECT_OK(attn_plan_destroy(plan));
+  EXPECT_OK(attn_plan_desc_destroy(d));
+}
+
 static void test_block_mask_plans(void **state) {
   prob_t p = std_prob(); /* batch 2, heads 4/2, Lq 5, Lk 7, causal */
   attn_block_mask_t m = NULL, other = NULL;
@@ -2039,14 +2211,12 @@ static void test_block_mask_plans(void **state) {
   EXPECT_OK(attn_plan_desc_set_varlen(d, 2, NULL, NULL));
   EXPECT_OK(attn_plan_desc_set_shape(d, 2, 4, 2, 5, 7, 8, 8));
 
-  /* CUDA: not supported (checked where a CUDA context can be made) */
+  /* CUDA (where a CUDA context can be made): its own problems and refusals */
   if (attn_context_create(ATTN_BACKEND_CUDA, 0, 1, &cuda) == ATTN_STATUS_SUCCESS) {
-    POISON_PLAN(plan);
-    EXPECT_FAIL(ATTN_STATUS_NOT_SUPPORTED, "CUDA", attn_plan_create(cuda, d, &plan));
-    EXPECT_PLAN_UNTOUCHED(plan);
+    check_cuda_block_mask_plans(cuda);
     EXPECT_OK(attn_context_destroy(cuda));
   } else {
-    printf("  (no CUDA context here: the CUDA block-mask check is not exercised)\n");
+    printf("  (no CUDA context here: the CUDA block-mask checks are not exercised)\n");
   }
 
   /* NULL detaches the mask: a dense plan again */
@@ -2125,11 +2295,12 @@ static void test_moba_errors(void **state) {
   EXPECT_OK(attn_plan_desc_set_varlen(d, 2, NULL, NULL));
   EXPECT_OK(attn_plan_desc_set_shape(d, 2, 4, 2, 5, 7, 8, 8));
 
-  /* CUDA: not supported (checked where a CUDA context can be made) */
+  /* CUDA (where a CUDA context can be made): its own problems and limits */
   if (attn_context_create(ATTN_BACKEND_CUDA, 0, 1, &cuda) == ATTN_STATUS_SUCCESS) {
-    EXPECT_FAIL(ATTN_STATUS_NOT_SUPPORTED, "CUDA", attn_plan_create(cuda, d, &plan));
-    EXPECT_PLAN_UNTOUCHED(plan);
+    check_cuda_moba_plans(cuda);
     EXPECT_OK(attn_context_destroy(cuda));
+  } else {
+    printf("  (no CUDA context here: the CUDA MoBA checks are not exercised)\n");
   }
 
   /* block_size 0 turns it off again */
@@ -2138,6 +2309,159 @@ static void test_moba_errors(void **state) {
   EXPECT_OK(attn_plan_describe(plan, &info));
   assert_int_equal(info.visible_pairs, 200);
   EXPECT_OK(attn_plan_destroy(plan));
+  EXPECT_OK(attn_plan_desc_destroy(d));
+}
+
+/* Execution errors of the plans whose workspace and schedule differ from the
+ * dense ones. attn_forward and attn_backward get a plan made from d (its
+ * shape is p's) and bad arguments: each call fails with the documented
+ * status, names the argument, and writes no output (O, LSE, dQ, dK, dV stay
+ * poisoned; O and LSE are not changed by a failed backward); the good calls
+ * then succeed. */
+static void expect_execution_errors(attn_plan_desc_t d, const prob_t *p) {
+  attn_plan_t plan = NULL, fwd_only = NULL;
+  io_t io;
+  float *o_ref, *lse_ref;
+  EXPECT_OK(attn_plan_create(g_ctx, d, &plan));
+  io_alloc(&io, plan, p);
+  assert_true(io.ws_f > 0 && io.ws_b > 0);
+
+#define FWD(q_, k_, v_, o_, lse_, ws_, bytes_) \
+  attn_forward(plan, (q_), (k_), (v_), (o_), (lse_), (ws_), (bytes_), NULL)
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "q", FWD(NULL, io.k, io.v, io.o, io.lse, io.wsf, io.ws_f));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "k", FWD(io.q, NULL, io.v, io.o, io.lse, io.wsf, io.ws_f));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "v", FWD(io.q, io.k, NULL, io.o, io.lse, io.wsf, io.ws_f));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "o", FWD(io.q, io.k, io.v, NULL, io.lse, io.wsf, io.ws_f));
+  EXPECT_FAIL(ATTN_STATUS_WORKSPACE_TOO_SMALL, "workspace_bytes",
+              FWD(io.q, io.k, io.v, io.o, io.lse, io.wsf, io.ws_f - 1));
+  EXPECT_FAIL(ATTN_STATUS_WORKSPACE_TOO_SMALL, "workspace_bytes",
+              FWD(io.q, io.k, io.v, io.o, io.lse, NULL, 0));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "workspace",
+              FWD(io.q, io.k, io.v, io.o, io.lse, NULL, io.ws_f));
+  EXPECT_IO_UNTOUCHED(&io);
+  EXPECT_OK(FWD(io.q, io.k, io.v, io.o, io.lse, io.wsf, io.ws_f));
+  assert_true(isfinite(io.o[0]) && isfinite(io.lse[0]));
+#undef FWD
+  o_ref = xmalloc(io.no * 4);
+  lse_ref = xmalloc(io.nlse * 4);
+  memcpy(o_ref, io.o, io.no * 4);
+  memcpy(lse_ref, io.lse, io.nlse * 4);
+
+#define BWD(pl, q_, k_, v_, o_, lse_, do_, dq_, dk_, dv_, ws_, bytes_) \
+  attn_backward((pl), (q_), (k_), (v_), (o_), (lse_), (do_), (dq_), (dk_), (dv_), (ws_), (bytes_), NULL)
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "q", BWD(plan, NULL, io.k, io.v, io.o, io.lse, io.d_o, io.dq, io.dk, io.dv, io.wsb, io.ws_b));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "k", BWD(plan, io.q, NULL, io.v, io.o, io.lse, io.d_o, io.dq, io.dk, io.dv, io.wsb, io.ws_b));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "v", BWD(plan, io.q, io.k, NULL, io.o, io.lse, io.d_o, io.dq, io.dk, io.dv, io.wsb, io.ws_b));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "o", BWD(plan, io.q, io.k, io.v, NULL, io.lse, io.d_o, io.dq, io.dk, io.dv, io.wsb, io.ws_b));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "lse", BWD(plan, io.q, io.k, io.v, io.o, NULL, io.d_o, io.dq, io.dk, io.dv, io.wsb, io.ws_b));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "d_o", BWD(plan, io.q, io.k, io.v, io.o, io.lse, NULL, io.dq, io.dk, io.dv, io.wsb, io.ws_b));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "dq", BWD(plan, io.q, io.k, io.v, io.o, io.lse, io.d_o, NULL, io.dk, io.dv, io.wsb, io.ws_b));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "dk", BWD(plan, io.q, io.k, io.v, io.o, io.lse, io.d_o, io.dq, NULL, io.dv, io.wsb, io.ws_b));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "dv", BWD(plan, io.q, io.k, io.v, io.o, io.lse, io.d_o, io.dq, io.dk, NULL, io.wsb, io.ws_b));
+  EXPECT_FAIL(ATTN_STATUS_WORKSPACE_TOO_SMALL, "workspace_bytes",
+              BWD(plan, io.q, io.k, io.v, io.o, io.lse, io.d_o, io.dq, io.dk, io.dv, io.wsb, io.ws_b - 1));
+  EXPECT_FAIL(ATTN_STATUS_WORKSPACE_TOO_SMALL, "workspace_bytes",
+              BWD(plan, io.q, io.k, io.v, io.o, io.lse, io.d_o, io.dq, io.dk, io.dv, NULL, 0));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "workspace",
+              BWD(plan, io.q, io.k, io.v, io.o, io.lse, io.d_o, io.dq, io.dk, io.dv, NULL, io.ws_b));
+  /* a forward-only plan of the same problem has no backward */
+  EXPECT_OK(attn_plan_desc_set_passes(d, ATTN_PASSES_FORWARD));
+  EXPECT_OK(attn_plan_create(g_ctx, d, &fwd_only));
+  EXPECT_OK(attn_plan_desc_set_passes(d, p->passes));
+  EXPECT_FAIL(ATTN_STATUS_NOT_SUPPORTED, "plan",
+              BWD(fwd_only, io.q, io.k, io.v, io.o, io.lse, io.d_o, io.dq, io.dk, io.dv, io.wsb, io.ws_b));
+  EXPECT_OK(attn_plan_destroy(fwd_only));
+  check_poisoned(io.dq, io.nq * 4, "dQ", __FILE__, __LINE__);
+  check_poisoned(io.dk, io.nk * 4, "dK", __FILE__, __LINE__);
+  check_poisoned(io.dv, io.nv * 4, "dV", __FILE__, __LINE__);
+  assert_memory_equal(io.o, o_ref, io.no * 4);
+  assert_memory_equal(io.lse, lse_ref, io.nlse * 4);
+  EXPECT_OK(BWD(plan, io.q, io.k, io.v, io.o, io.lse, io.d_o, io.dq, io.dk, io.dv, io.wsb, io.ws_b));
+  assert_true(isfinite(io.dq[0]) && isfinite(io.dk[0]) && isfinite(io.dv[0]));
+#undef BWD
+  free(o_ref);
+  free(lse_ref);
+  io_free(&io);
+  EXPECT_OK(attn_plan_destroy(plan));
+}
+
+/* Tensors of the wrong shape or strides are refused at plan creation, as
+ * for a dense plan: the message names the tensor, *plan is unchanged. */
+static void expect_tensor_errors(attn_plan_desc_t d, const prob_t *p) {
+  attn_tensor_desc_t t = NULL;
+  attn_plan_t plan;
+  int64_t dims[4], strides[4];
+  EXPECT_OK(attn_tensor_desc_create(&t));
+  POISON_PLAN(plan);
+  /* K one key short */
+  dims[0] = p->batch, dims[1] = p->lk - 1, dims[2] = p->hkv, dims[3] = p->dqk;
+  EXPECT_OK(attn_tensor_desc_set(t, ATTN_DTYPE_FP32, 4, dims, NULL));
+  EXPECT_OK(attn_plan_desc_set_tensor(d, ATTN_TENSOR_K, t));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "tensor K", attn_plan_create(g_ctx, d, &plan));
+  EXPECT_PLAN_UNTOUCHED(plan);
+  EXPECT_OK(attn_plan_desc_set_tensor(d, ATTN_TENSOR_K, NULL));
+  /* O with a head_dim stride of 2 */
+  dims[0] = p->batch, dims[1] = p->lq, dims[2] = p->hq, dims[3] = p->dv;
+  strides[3] = 2, strides[2] = 2 * p->dv, strides[1] = strides[2] * p->hq;
+  strides[0] = strides[1] * p->lq;
+  EXPECT_OK(attn_tensor_desc_set(t, ATTN_DTYPE_FP32, 4, dims, strides));
+  EXPECT_OK(attn_plan_desc_set_tensor(d, ATTN_TENSOR_O, t));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "tensor O", attn_plan_create(g_ctx, d, &plan));
+  EXPECT_PLAN_UNTOUCHED(plan);
+  EXPECT_OK(attn_plan_desc_set_tensor(d, ATTN_TENSOR_O, NULL));
+  /* dV whose sequence stride 0 makes every key write the same row */
+  dims[0] = p->batch, dims[1] = p->lk, dims[2] = p->hkv, dims[3] = p->dv;
+  strides[3] = 1, strides[2] = p->dv, strides[1] = 0, strides[0] = p->hkv * p->dv;
+  EXPECT_OK(attn_tensor_desc_set(t, ATTN_DTYPE_FP32, 4, dims, strides));
+  EXPECT_OK(attn_plan_desc_set_tensor(d, ATTN_TENSOR_DV, t));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "dV", attn_plan_create(g_ctx, d, &plan));
+  EXPECT_PLAN_UNTOUCHED(plan);
+  EXPECT_OK(attn_plan_desc_set_tensor(d, ATTN_TENSOR_DV, NULL));
+  EXPECT_OK(attn_tensor_desc_destroy(t));
+}
+
+static void test_block_mask_execution_errors(void **state) {
+  prob_t p = std_prob(); /* batch 2, heads 4/2, Lq 5, Lk 7, causal */
+  attn_plan_desc_t d = desc_for(&p);
+  attn_block_mask_t m = NULL;
+  attn_plan_t plan = NULL;
+  attn_plan_info_t info;
+  (void)state;
+  /* per batch and KV head, blocks of 2 x 3: the diagonal and 2 keys behind
+   * it, in partial blocks */
+  EXPECT_OK(attn_block_mask_create(2, 2, 5, 7, 2, 3, &m));
+  EXPECT_OK(attn_block_mask_add_window(m, 2, 0));
+  EXPECT_OK(attn_plan_desc_set_block_mask(d, m));
+  EXPECT_OK(attn_plan_create(g_ctx, d, &plan));
+  memset(&info, 0, sizeof info);
+  info.struct_size = sizeof info;
+  EXPECT_OK(attn_plan_describe(plan, &info));
+  assert_true(strstr(info.algorithm, "block-sparse") != NULL);
+  assert_int_equal(info.visible_pairs, 2 * 4 * 5 * 3);
+  EXPECT_OK(attn_plan_destroy(plan));
+  expect_execution_errors(d, &p);
+  expect_tensor_errors(d, &p);
+  EXPECT_OK(attn_plan_desc_destroy(d));
+  EXPECT_OK(attn_block_mask_destroy(m));
+}
+
+static void test_moba_execution_errors(void **state) {
+  prob_t p = std_prob(); /* batch 2, heads 4/2, Lq 5, Lk 7, causal */
+  attn_plan_desc_t d = desc_for(&p);
+  attn_plan_t plan = NULL;
+  attn_plan_info_t info;
+  (void)state;
+  /* blocks of 2, top 1 of up to 3 past blocks: a selection made at run time */
+  EXPECT_OK(attn_plan_desc_set_moba(d, 2, 1, 1));
+  EXPECT_OK(attn_plan_create(g_ctx, d, &plan));
+  memset(&info, 0, sizeof info);
+  info.struct_size = sizeof info;
+  EXPECT_OK(attn_plan_describe(plan, &info));
+  assert_true(strstr(info.algorithm, "moba") != NULL);
+  assert_null(strstr(info.algorithm, "every-block"));
+  EXPECT_OK(attn_plan_destroy(plan));
+  expect_execution_errors(d, &p);
+  expect_tensor_errors(d, &p);
   EXPECT_OK(attn_plan_desc_destroy(d));
 }
 
@@ -2178,6 +2502,8 @@ int main(void) {
       cmocka_unit_test(test_block_mask_builder_errors),
       cmocka_unit_test(test_block_mask_plans),
       cmocka_unit_test(test_moba_errors),
+      cmocka_unit_test(test_block_mask_execution_errors),
+      cmocka_unit_test(test_moba_execution_errors),
   };
   return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

@@ -601,6 +601,30 @@ static int64_t count_visible_pairs(const run *r) {
   return n;
 }
 
+/* attn_plan_describe's tile pairs, from the plan's tile sizes: a (query
+ * tile, KV tile) pair of a sequence and query head counts as visited when
+ * it holds at least one visible pair (the dense mask AND the selection), so
+ * that visited / total is the tile density; total counts every pair. */
+static void count_tile_pairs(const run *r, int64_t tq, int64_t tk, uint64_t *visited,
+                             uint64_t *total) {
+  int64_t b, h, qt, kt, i, j;
+  *visited = *total = 0;
+  for (b = 0; b < r->c->batch; ++b) {
+    const int64_t lq = ref_lq(&r->rp, b), lk = ref_lk(&r->rp, b);
+    const int64_t nqt = (lq + tq - 1) / tq, nkt = (lk + tk - 1) / tk;
+    *total += (uint64_t)(nqt * nkt * r->c->heads_q);
+    for (h = 0; h < r->c->heads_q; ++h)
+      for (qt = 0; qt < nqt; ++qt)
+        for (kt = 0; kt < nkt; ++kt) {
+          int hit = 0;
+          for (i = qt * tq; i < (qt + 1) * tq && i < lq && !hit; ++i)
+            for (j = kt * tk; j < (kt + 1) * tk && j < lk && !hit; ++j)
+              hit = ref_visible_head(&r->rp, b, h, i, j);
+          *visited += (uint64_t)hit;
+        }
+  }
+}
+
 /* Determinism: the CPU backend gives the same bits run after run. A second
  * run writes fresh poisoned buffers (a workspace at another address); every
  * element, gaps included, must equal the first run's. */
@@ -841,6 +865,7 @@ void nc_run(const nc_case *c) {
   attn_context_destroy(ctx);
   {
     attn_plan_info_t info;
+    uint64_t visited, total;
     memset(&info, 0, sizeof info);
     info.struct_size = sizeof info;
     check_status(&r, attn_plan_describe(plan, &info), "attn_plan_describe");
@@ -848,11 +873,18 @@ void nc_run(const nc_case *c) {
                           : info.visible_pairs != (uint64_t)pairs)
       fail_case(&r, "attn_plan_describe: visible_pairs %llu, the reference counts %lld",
                 (unsigned long long)info.visible_pairs, (long long)pairs);
-    if (info.visited_tile_pairs > info.total_tile_pairs ||
-        (pairs > 0 && info.visited_tile_pairs == 0))
-      fail_case(&r, "attn_plan_describe: visited_tile_pairs %llu of total_tile_pairs %llu",
+    if (info.tile_q < 1 || info.tile_kv < 1)
+      fail_case(&r, "attn_plan_describe: tile sizes %d x %d", info.tile_q, info.tile_kv);
+    count_tile_pairs(&r, info.tile_q, info.tile_kv, &visited, &total);
+    /* MoBA's count is an upper bound: the selection depends on the data. */
+    if (info.total_tile_pairs != total ||
+        (c->moba_block > 0 ? info.visited_tile_pairs < visited || info.visited_tile_pairs > total
+                           : info.visited_tile_pairs != visited))
+      fail_case(&r, "attn_plan_describe: visited_tile_pairs %llu of total_tile_pairs %llu, "
+                "the reference counts %llu of %llu (tiles %d x %d)",
                 (unsigned long long)info.visited_tile_pairs,
-                (unsigned long long)info.total_tile_pairs);
+                (unsigned long long)info.total_tile_pairs, (unsigned long long)visited,
+                (unsigned long long)total, info.tile_q, info.tile_kv);
   }
 
   run_forward(&r, plan, &rng, pairs);

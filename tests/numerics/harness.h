@@ -43,7 +43,11 @@
  *   - a second run (fresh poisoned outputs, another workspace address)
  *     gives the same bits: the CPU backend is deterministic;
  *   - plan creation rejects a problem with empty rows unless
- *     allow_empty_rows is set.
+ *     allow_empty_rows is set;
+ *   - attn_plan_describe: visible_pairs as the reference counts them, and,
+ *     in the plan's tile sizes, total_tile_pairs = every (query tile, KV
+ *     tile) pair of every sequence and query head, visited_tile_pairs =
+ *     those holding at least one visible pair.
  */
 #ifndef ATTN_NUMERICS_HARNESS_H
 #define ATTN_NUMERICS_HARNESS_H
@@ -91,8 +95,8 @@ typedef struct nc_case {
   const unsigned char *pair_mask;
   int64_t mask_batch, mask_heads;
   /* MoBA (moba_block > 0; causal, fixed length): the plan selects at run
-   * time, the reference selects in fp64 (ref_moba_select); visible_pairs is
-   * then checked as an upper bound. */
+   * time, the reference selects in fp64 (ref_moba_select); visible_pairs and
+   * visited_tile_pairs are then checked as upper bounds. */
   int64_t moba_block, moba_top_k;
   int moba_shared;
   /* Q and K entries drawn from {-2, -1, 1, 2}: every gate, block mean and

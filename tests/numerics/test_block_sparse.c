@@ -3,8 +3,9 @@
  * block mask, gives it to the library (as FlexAttention-style tables or as a
  * materialised boolean matrix), materialises the same selection on the test
  * side, and runs the numerics harness (forward and backward, exact checks of
- * empty rows, unseen keys, visible_pairs and determinism; see harness.h),
- * whose reference sees the plan's dense mask AND the materialised selection.
+ * empty rows, unseen keys, visible_pairs, visited tile pairs and
+ * determinism; see harness.h), whose reference sees the plan's dense mask
+ * AND the materialised selection.
  * Before that, the mask is read back (attn_block_mask_get_blocks) and must
  * select exactly the same elements, in canonical form.
  * The pattern builders (window, global keys and queries, strided, random
@@ -25,6 +26,7 @@
 #include <cmocka.h>
 
 #include "harness.h"
+#include "reference.h"
 #include "testutil.h"
 
 typedef enum source {
@@ -40,6 +42,8 @@ typedef struct sparse_case {
   double p_none;     /* chance that a block is not listed */
   int empty_block0;  /* query block 0 of mask slot 0 lists nothing: empty rows */
   int no_bits;       /* tables without partial_bits: partial blocks select everything */
+  int corner_bits;   /* a partial block's bits lie in a random quarter-size rectangle of it,
+                        so that tiles it overlaps, or their visible part, may hold none */
 } sparse_case;
 
 static void *xcalloc(size_t n, size_t size) {
@@ -91,6 +95,10 @@ static void draw(const sparse_case *sc, tu_rng *rng, drawn *d) {
        * (also those outside the sequence, which the library must ignore) */
       const int full = kind < 0.3, with_bits = kind >= 0.3 && kind < 0.8 && !sc->no_bits;
       uint8_t *tile = NULL;
+      const int64_t r0 = sc->corner_bits ? tu_rng_int(rng, 0, bq - (bq + 3) / 4) : 0;
+      const int64_t c0 = sc->corner_bits ? tu_rng_int(rng, 0, bk - (bk + 3) / 4) : 0;
+      const int64_t r1 = sc->corner_bits ? r0 + (bq + 3) / 4 : bq;
+      const int64_t c1 = sc->corner_bits ? c0 + (bk + 3) / 4 : bk;
       if (!listed) continue;
       if (sc->from == FROM_TABLES && full) {
         d->idx_f[k * nkb + d->num_f[k]++] = (int32_t)kb;
@@ -102,7 +110,9 @@ static void draw(const sparse_case *sc, tu_rng *rng, drawn *d) {
       for (r = 0; r < bq; ++r)
         for (col = 0; col < bk; ++col) {
           const int64_t i = qb * bq + r, j = kb * bk + col, t = r * bk + col;
-          const int on = full || !with_bits || tu_rng_uniform(rng, 0.0, 1.0) < density;
+          const int in_corner = r >= r0 && r < r1 && col >= c0 && col < c1;
+          const int on =
+              full || !with_bits || (in_corner && tu_rng_uniform(rng, 0.0, 1.0) < density);
           if (tile != NULL && with_bits && on) tile[t / 8] = (uint8_t)(tile[t / 8] | (1u << (t % 8)));
           if (i < lq && j < lk && on) plane[i * lk + j] = 1;
         }
@@ -225,49 +235,55 @@ static void run_sparse(void **state) {
 
 static const sparse_case kCases[] = {
     {CASE("b16_len100_none_fp32", FP32, SHAPE(1, 2, 2, 100, 100, 32), .threads = 1), 16, 16, 1, 2,
-     FROM_TABLES, 0.4, 0, 0},
+     FROM_TABLES, 0.4, 0, 0, 0},
     {CASE("b64_causal_gqa_per_head_bf16", BF16, SHAPE(1, 4, 2, 130, 200, 32), .mask = CAUSAL,
           .threads = 2),
-     64, 64, 1, 2, FROM_TABLES, 0.3, 0, 0},
+     64, 64, 1, 2, FROM_TABLES, 0.3, 0, 0, 0},
     {CASE("b128_window_broadcast_fp16", FP16, SHAPE(2, 2, 2, 300, 300, 32), .mask = WINDOW,
           .left = 100, .right = 20, .threads = 2),
-     128, 128, 2, 1, FROM_TABLES, 0.2, 0, 0},
+     128, 128, 2, 1, FROM_TABLES, 0.2, 0, 0, 0},
     {CASE("b48_nonpow2_q_gt_k_fp32", FP32, SHAPE(2, 2, 1, 150, 97, 24), .threads = 1), 48, 48, 1,
-     1, FROM_TABLES, 0.3, 0, 0},
+     1, FROM_TABLES, 0.3, 0, 0, 0},
     {CASE("b16x64_causal_fp32", FP32, SHAPE(1, 1, 1, 200, 200, 16), .mask = CAUSAL, .threads = 2),
-     16, 64, 1, 1, FROM_TABLES, 0.3, 0, 0},
+     16, 64, 1, 1, FROM_TABLES, 0.3, 0, 0, 0},
     {CASE("b64x16_lq_lt_lk_bf16", BF16, SHAPE(1, 2, 1, 70, 250, 32), .mask = CAUSAL, .threads = 1),
-     64, 16, 1, 1, FROM_TABLES, 0.5, 0, 0},
+     64, 16, 1, 1, FROM_TABLES, 0.5, 0, 0, 0},
     {CASE("b32_empty_rows_fp32", FP32, SHAPE(1, 2, 2, 90, 90, 16), .threads = 1), 32, 32, 1, 2,
-     FROM_TABLES, 0.3, 1, 0},
+     FROM_TABLES, 0.3, 1, 0, 0},
     {CASE("b128_causal_q_gt_k_empty_fp16", FP16, SHAPE(1, 2, 2, 260, 200, 32), .mask = CAUSAL,
           .threads = 2),
-     128, 128, 1, 1, FROM_TABLES, 0.1, 0, 0},
+     128, 128, 1, 1, FROM_TABLES, 0.1, 0, 0, 0},
     {CASE("b96_softcap_per_batch_fp32", FP32, SHAPE(2, 2, 1, 200, 200, 32), .softcap = 8.0f,
           .threads = 2),
-     96, 96, 2, 1, FROM_TABLES, 0.3, 0, 0},
+     96, 96, 2, 1, FROM_TABLES, 0.3, 0, 0, 0},
     {CASE("b32_shuffled_strides_gqa_fp16", FP16, SHAPE(2, 4, 2, 120, 140, 24), .mask = CAUSAL,
           .strides = NC_STRIDES_SHUFFLED, .threads = 2),
-     32, 32, 2, 2, FROM_TABLES, 0.3, 0, 0},
+     32, 32, 2, 2, FROM_TABLES, 0.3, 0, 0, 0},
     {CASE("b64_bhsd_padded_window_fp32", FP32, SHAPE(1, 2, 2, 160, 160, 16), .mask = WINDOW,
           .left = 50, .right = 50, .layout = ATTN_LAYOUT_BHSD, .strides = NC_STRIDES_PADDED,
           .threads = 1),
-     64, 64, 1, 2, FROM_TABLES, 0.3, 0, 0},
+     64, 64, 1, 2, FROM_TABLES, 0.3, 0, 0, 0},
     {CASE("b7x13_tiny_blocks_fp32", FP32, SHAPE(1, 1, 1, 50, 60, 8), .threads = 1), 7, 13, 1, 1,
-     FROM_TABLES, 0.5, 0, 0},
+     FROM_TABLES, 0.5, 0, 0, 0},
     {CASE("b32_no_bits_causal_bf16", BF16, SHAPE(1, 2, 1, 180, 180, 32), .mask = CAUSAL,
           .threads = 2),
-     32, 32, 1, 1, FROM_TABLES, 0.4, 0, 1},
+     32, 32, 1, 1, FROM_TABLES, 0.4, 0, 1, 0},
     {CASE("b200_bigger_than_seq_fp32", FP32, SHAPE(1, 1, 1, 120, 150, 16), .threads = 1), 200, 200,
-     1, 1, FROM_TABLES, 0.0, 0, 0},
+     1, 1, FROM_TABLES, 0.0, 0, 0, 0},
+    {CASE("b160_corner_bits_causal_fp32", FP32, SHAPE(1, 2, 1, 333, 333, 16), .mask = CAUSAL,
+          .threads = 2),
+     160, 160, 1, 1, FROM_TABLES, 0.2, 0, 0, 1},
+    {CASE("b192x128_corner_bits_window_gqa_bf16", BF16, SHAPE(1, 4, 2, 250, 300, 32),
+          .mask = WINDOW, .left = 80, .right = 10, .threads = 1),
+     192, 128, 1, 2, FROM_TABLES, 0.2, 0, 0, 1},
     {CASE("dense_b32_causal_fp32", FP32, SHAPE(1, 2, 2, 150, 150, 32), .mask = CAUSAL,
           .threads = 2),
-     32, 32, 1, 2, FROM_DENSE, 0.3, 0, 0},
+     32, 32, 1, 2, FROM_DENSE, 0.3, 0, 0, 0},
     {CASE("dense_b48x80_window_bf16", BF16, SHAPE(2, 2, 1, 130, 170, 16), .mask = WINDOW,
           .left = 60, .right = 60, .threads = 1),
-     48, 80, 2, 1, FROM_DENSE, 0.2, 0, 0},
+     48, 80, 2, 1, FROM_DENSE, 0.2, 0, 0, 0},
     {CASE("dense_b64_gqa_fp16", FP16, SHAPE(1, 4, 2, 100, 100, 32), .threads = 2), 64, 64, 1, 2,
-     FROM_DENSE, 0.2, 0, 0},
+     FROM_DENSE, 0.2, 0, 0, 0},
 };
 
 /* ------------------------------------------------------------------------ */
@@ -525,13 +541,30 @@ static void test_builders_match_dense(void **state) {
 
 /* Numerics on composed patterns: the builders' mask in the plan, their
  * test-side matrix in the reference. */
-typedef enum composed { CAUSAL_WINDOW_SINKS, BIGBIRD, DOCUMENTS_CAUSAL, STRIDED_CAUSAL } composed;
+typedef enum composed { CAUSAL_WINDOW_SINKS, BIGBIRD, DOCUMENTS_CAUSAL, STRIDED_LOCAL } composed;
 
 typedef struct composed_case {
   nc_case base;
   int64_t block_q, block_kv;
   composed pattern;
+  int empty_rows; /* the pattern and the plan's mask leave some rows without a key */
 } composed_case;
+
+/* Rows of every sequence that see no key under the plan's dense mask AND sel. */
+static int64_t count_empty_rows(const nc_case *c, const geom *g, const unsigned char *sel) {
+  const int64_t left = c->mask == WINDOW ? c->left : -1;
+  const int64_t right = c->mask == NONE ? -1 : c->mask == CAUSAL ? 0 : c->right;
+  int64_t b, i, j, empty = 0;
+  for (b = 0; b < g->batch; ++b)
+    for (i = 0; i < g->lq; ++i) {
+      int seen = 0;
+      for (j = 0; j < g->lk && !seen; ++j)
+        seen = sel[(size_t)b * plane_size(g) + (size_t)(i * g->lk + j)] &&
+               ref_mask_visible(g->lq, g->lk, left, right, i, j);
+      empty += !seen;
+    }
+  return empty;
+}
 
 static void run_composed(void **state) {
   const composed_case *cc = (const composed_case *)*state;
@@ -564,19 +597,31 @@ static void run_composed(void **state) {
       break;
     case DOCUMENTS_CAUSAL: /* packed documents; the plan is causal */
       for (b = 0; b < g.batch; ++b) draw_docs(&rng, dq + b * g.lq, g.lq, 70);
-      memcpy(dk, dq, (size_t)(g.batch * g.lq) * sizeof(int32_t));
+      if (g.lq == g.lk) {
+        memcpy(dk, dq, (size_t)(g.batch * g.lq) * sizeof(int32_t));
+      } else {
+        /* other cuts, and query 0 a padding token (document -1 has no key):
+         * a query whose document has no key up to its diagonal sees none */
+        for (b = 0; b < g.batch; ++b) {
+          draw_docs(&rng, dk + b * g.lk, g.lk, 70);
+          dq[b * g.lq] = -1;
+        }
+      }
       check(attn_block_mask_add_window(m, -1, -1), "add_window");
       check(attn_block_mask_and_documents(m, dq, dk), "and_documents");
       or_window(&g, sel, -1, -1);
       and_docs(&g, sel, dq, dk);
       break;
-    case STRIDED_CAUSAL: /* Sparse Transformer: local window + strided, causal plan */
+    case STRIDED_LOCAL: /* Sparse Transformer: local window + strided (with a causal plan) */
       check(attn_block_mask_add_window(m, 15, 0), "add_window");
       check(attn_block_mask_add_strided(m, 16), "add_strided");
       or_window(&g, sel, 15, 0);
       or_strided(&g, sel, 16);
       break;
   }
+  if ((count_empty_rows(&c, &g, sel) > 0) != cc->empty_rows)
+    fail_msg("case error: the pattern leaves %lld rows empty",
+             (long long)count_empty_rows(&c, &g, sel));
   c.block_mask = m;
   c.pair_mask = sel;
   c.mask_batch = g.batch;
@@ -591,14 +636,30 @@ static void run_composed(void **state) {
 static const composed_case kComposed[] = {
     {CASE("causal_window70_sinks8_b48_bf16", BF16, SHAPE(1, 4, 2, 300, 300, 32), .mask = CAUSAL,
           .threads = 2),
-     48, 48, CAUSAL_WINDOW_SINKS},
-    {CASE("bigbird_b32_fp32", FP32, SHAPE(2, 2, 1, 256, 256, 32), .threads = 2), 32, 32, BIGBIRD},
+     48, 48, CAUSAL_WINDOW_SINKS, 0},
+    {CASE("bigbird_b32_fp32", FP32, SHAPE(2, 2, 1, 256, 256, 32), .threads = 2), 32, 32, BIGBIRD,
+     0},
     {CASE("documents_causal_b64_fp16", FP16, SHAPE(2, 2, 2, 250, 250, 32), .mask = CAUSAL,
           .threads = 1),
-     64, 64, DOCUMENTS_CAUSAL},
+     64, 64, DOCUMENTS_CAUSAL, 0},
     {CASE("strided16_causal_b16_fp32", FP32, SHAPE(1, 2, 2, 200, 200, 16), .mask = CAUSAL,
           .threads = 2),
-     16, 16, STRIDED_CAUSAL},
+     16, 16, STRIDED_LOCAL, 0},
+    /* Odd lengths, seqlen_q != seqlen_kv, blocks that divide neither, and
+     * rows left empty (the first queries of a causal or window plan with
+     * seqlen_q > seqlen_kv, queries whose document has no key up to their
+     * diagonal), which the plan then must be allowed to have. */
+    {CASE("causal_window70_sinks8_173x131_gqa_empty_fp32", FP32, SHAPE(1, 4, 2, 173, 131, 16),
+          .mask = CAUSAL, .threads = 2),
+     48, 40, CAUSAL_WINDOW_SINKS, 1},
+    {CASE("bigbird_97_b16x24_gqa_bf16", BF16, SHAPE(2, 2, 1, 97, 97, 24), .threads = 1), 16, 24,
+     BIGBIRD, 0},
+    {CASE("documents_causal_131x173_empty_fp16", FP16, SHAPE(2, 2, 2, 131, 173, 32),
+          .mask = CAUSAL, .threads = 2),
+     32, 48, DOCUMENTS_CAUSAL, 1},
+    {CASE("strided16_window_131x97_empty_fp32", FP32, SHAPE(1, 2, 1, 131, 97, 16), WIN(60, 0),
+          .threads = 1),
+     13, 16, STRIDED_LOCAL, 1},
 };
 
 int main(void) {

@@ -6,14 +6,15 @@
 // and 128 x 128; the sm_90a dK/dV kernel's, from flash::bwd_sm90_config,
 // with several words per bit-tile row at d = 64).
 //
-// Masks: random block selections (per block: none, whole, or a random bit
-// tile) with block sizes that divide the tiles and ones that do not, under
-// causal, sliding-window and no dense masks, odd lengths, per-sequence and
-// per-head slots. For every listed visit, the pairs the kernel lets through
+// Masks: random block selections (per block: none, whole, a random bit tile
+// or a single selected pair) with block sizes that divide the tiles and ones
+// that do not, under causal, sliding-window and no dense masks, odd lengths,
+// per-sequence and per-head slots. For every listed visit, the pairs the kernel lets through
 // (all for a full visit, the dense bounds for a dense one, the bit tile's
 // bits otherwise) must be exactly the visible pairs (dense mask AND
-// selection) inside the sequence; full visits must not reach past the last
-// key; and the visits of a tile must cover every visible pair of its rows.
+// selection) inside the sequence, and at least one; full visits must not
+// reach past the last key; and the visits of a tile must cover every visible
+// pair of its rows.
 // Seed printed; ATTN_TEST_SEED=n repeats a run.
 #include <chrono>
 #include <cinttypes>
@@ -52,11 +53,19 @@ std::shared_ptr<BlockMask> random_mask(const Shape& s, std::mt19937_64& rng) {
         for (int64_t kb = 0; kb < m->num_kv_blocks(); ++kb) {
           const uint64_t r = rng() % 10;
           if (r < 4) continue;  // none
-          if (r < 7) {
+          if (r < 6) {
             m->add(mb, mh, qb, kb, nullptr);  // whole
             continue;
           }
-          for (uint64_t& w : tile) w = rng() & rng();  // about a quarter of the pairs
+          if (r < 9) {
+            for (uint64_t& w : tile) w = rng() & rng();  // about a quarter of the pairs
+          } else {
+            // One pair: most tiles the block overlaps hold none of it.
+            std::fill(tile.begin(), tile.end(), 0);
+            const int64_t row = int64_t(rng() % uint64_t(m->rows_in(qb)));
+            const int64_t col = int64_t(rng() % uint64_t(m->cols_in(kb)));
+            tile[size_t(row * m->words_per_row() + col / 64)] = uint64_t(1) << (col % 64);
+          }
           m->add(mb, mh, qb, kb, tile.data());
         }
   return m;
@@ -111,6 +120,7 @@ void check(const Shape& s, int64_t tile_q, int64_t tile_kv, bool kv_major, bool 
                              (kind >= 0 && size_t(kind + 1) * tile_words <= l.bits.size());
         expect(kind_ok, "visit kind", name);
         if (!kind_ok) continue;
+        bool any = false;
         for (int64_t r = 0; r < tile_q; ++r)
           for (int64_t c = 0; c < tile_kv; ++c) {
             const int64_t i = qt * tile_q + r, j = kt * tile_kv + c;
@@ -130,7 +140,10 @@ void check(const Shape& s, int64_t tile_q, int64_t tile_kv, bool kv_major, bool 
             const bool want = visible[size_t((k * s.lq + i) * s.lk + j)] != 0;
             expect(through == want, "the pairs a visit lets through", name);
             if (through) covered[size_t(kv_major ? c * s.lq + i : r * s.lk + j)] = 1;
+            any = any || through;
           }
+        // A pair is listed only when it holds a visible pair.
+        expect(any, "a visit that lets nothing through", name);
       }
       // Every visible pair of the tile is visited.
       for (int64_t a = 0; a < (kv_major ? tile_kv : tile_q); ++a)
