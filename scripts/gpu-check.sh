@@ -196,6 +196,13 @@ if [ "${GPU_CHECK_SANITIZE:-1}" != 0 ] && command -v compute-sanitizer >/dev/nul
     ATTN_GPU_TEST_FILTER=top6-per-head-gqa4
   sanitize memcheck moba_gather_sm90_gqa "$bin" ATTN_CUDA_MOBA_GATHER_SM90=1 \
     ATTN_CUDA_MOBA_GATHER_BWD_SM90=1 ATTN_GPU_TEST_FILTER=gqa4/2
+  # The gathered rounds on the warp-specialised forward (a hook).
+  sanitize memcheck moba_gather_ws "$bin" ATTN_CUDA_MOBA_GATHER_WS=1 \
+    ATTN_GPU_TEST_FILTER=66-blocks
+  sanitize racecheck moba_gather_ws "$bin" ATTN_CUDA_MOBA_GATHER_WS=1 \
+    ATTN_GPU_TEST_FILTER=top6-per-head-gqa4
+  sanitize synccheck moba_gather_ws "$bin" ATTN_CUDA_MOBA_GATHER_WS=1 \
+    ATTN_GPU_TEST_FILTER=top6-per-head-gqa4
 fi
 
 torch_out=""

@@ -409,8 +409,8 @@ __device__ __forceinline__ void flash_fwd_sm90_ws(const FwdWsParams& wp) {
         const int n_tiles = min(qt.hi_last, (kb + 1) * mb.block - 1) / BN - kb * tpb + 1;
         if (rows <= 0 || n_tiles <= 0) continue;  // (every listed row sees a key of its block)
         const int qb = n & 1;
-        if (lane == 0) mbar_wait(bar(ctl.q_empty[qb]), uint32_t((n >> 1) & 1) ^ 1u);
-        __syncwarp();
+        // (Every lane waits: each writes the buffer's records below.)
+        mbar_wait(bar(ctl.q_empty[qb]), uint32_t((n >> 1) & 1) ^ 1u);
         const int32_t* idx = mb.kv_tiles + slot * int64_t(mb.kv_cap) + at;
         for (int i = lane; i < BM; i += 32) gc.entry[qb][i] = i < rows ? idx[i] : 0;
         if (lane == 0) {
@@ -453,28 +453,26 @@ __device__ __forceinline__ void flash_fwd_sm90_ws(const FwdWsParams& wp) {
           }
         }
         cp_async_commit();
-        // The KV tiles, the last first; the first step's before the rows
-        // are waited for, so that its copies overlap theirs.
+        // The KV tiles, the last first. The first K tile's copy is issued
+        // before the rows are waited for (it overlaps theirs), its V tile's
+        // after they are published (that stage may still be in use).
         for (int i = 0; i < n_tiles; ++i, ++kv) {
-          if (lane == 0) {
-            const int tile = kb * tpb + n_tiles - 1 - i;
+          const int tile = kb * tpb + n_tiles - 1 - i;
+          if (lane == 0)
             load_k(kv, tile, dense_tile_full<BN>(qt, tile * BN) ? kVisitFull : kVisitDense, hk, b);
-            load_v(kv, tile, hk, b);
-          }
           if (i == 0) {
             cp_async_wait<0>();
             sm90::fence_proxy_async();
             mbar_arrive(bar(ctl.q_full[qb]));
           }
+          if (lane == 0) load_v(kv, tile, hk, b);
           __syncwarp();
         }
         ++n;
       }
       const int qb = n & 1;
-      if (lane == 0) {
-        mbar_wait(bar(ctl.q_empty[qb]), uint32_t((n >> 1) & 1) ^ 1u);
-        ctl.item[qb][1] = -1;
-      }
+      mbar_wait(bar(ctl.q_empty[qb]), uint32_t((n >> 1) & 1) ^ 1u);
+      if (lane == 0) ctl.item[qb][1] = -1;
       __syncwarp();
       mbar_arrive(bar(ctl.q_full[qb]));
     } else {

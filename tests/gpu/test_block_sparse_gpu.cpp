@@ -292,6 +292,7 @@ int hook_errors(attn_context_t ctx) {
       {"ATTN_CUDA_BWD_GROUP_SPLIT", "99999999999"}, {"ATTN_CUDA_MOBA_SM90", "yes"},
       {"ATTN_CUDA_MOBA_GATHER_SM90", "2"},     {"ATTN_CUDA_MOBA_GATHER_BWD_SM90", "y"},
       {"ATTN_CUDA_FWD_SM90_WS", "on"},         {"ATTN_CUDA_FWD_SM90_WS_ORDER", "2"},
+      {"ATTN_CUDA_MOBA_GATHER_WS", "yes"},
   };
   const int64_t heads_q = 4, heads_kv = 2, l = 200, d = 128;
   attn_block_mask_t mask = nullptr;
