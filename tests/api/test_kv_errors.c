@@ -325,13 +325,36 @@ static void test_add_release_length(void **state) {
   assert_int_equal(length_of(cache, 5), 6);
   assert_int_equal(info_of(cache).pages_in_use, 2);
 
-  EXPECT_FAIL(INVALID, "seq_id", attn_kv_cache_release(cache, 6));
+  /* 7 shares 5's first page and holds its own copy of the second. */
+  EXPECT_OK(attn_kv_cache_fork(cache, 5, 7, 5));
+  append(cache, 7, 2);
+  assert_int_equal(info_of(cache).pages_in_use, 3);
+  {
+    /* An unknown id: refused, and no sequence or page is let go. */
+    const int64_t live[2] = {5, 7};
+    snapshot s = take(cache, 2, live);
+    EXPECT_FAIL(INVALID, "seq_id", attn_kv_cache_release(cache, 6));
+    EXPECT_CACHE_UNCHANGED(cache, &s);
+    EXPECT_FAIL(INVALID, "seq_id", attn_kv_cache_release(cache, -1));
+    EXPECT_CACHE_UNCHANGED(cache, &s);
+    free(s.out);
+  }
   EXPECT_OK(attn_kv_cache_release(cache, 5));
+  assert_int_equal(info_of(cache).pages_in_use, 2); /* the shared page stays */
+  assert_int_equal(info_of(cache).num_sequences, 1);
+  {
+    /* Twice: refused, and the message says what may have happened; the
+     * other sequence and the page it shared with 5 are kept. */
+    const int64_t live = 7;
+    snapshot s = take(cache, 1, &live);
+    EXPECT_FAIL(INVALID, "seq_id", attn_kv_cache_release(cache, 5));
+    assert_non_null(strstr(attn_last_error_message(), "released already"));
+    EXPECT_CACHE_UNCHANGED(cache, &s);
+    free(s.out);
+  }
+  EXPECT_OK(attn_kv_cache_release(cache, 7));
   assert_int_equal(info_of(cache).pages_in_use, 0);
   assert_int_equal(info_of(cache).num_sequences, 0);
-  /* Twice: refused, and the message says what may have happened. */
-  EXPECT_FAIL(INVALID, "seq_id", attn_kv_cache_release(cache, 5));
-  assert_non_null(strstr(attn_last_error_message(), "released already"));
   POISON_VAR(len);
   EXPECT_FAIL(INVALID, "seq_id", attn_kv_cache_sequence_length(cache, 5, &len));
   EXPECT_VAR_UNTOUCHED(len);
