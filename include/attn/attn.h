@@ -895,7 +895,8 @@ typedef struct attn_kv_cache_info {
   int64_t num_sequences;    /* live sequences */
   int64_t page_size;        /* tokens per page */
   uint64_t bytes_per_token; /* K and V bytes of one token, all KV heads */
-  uint64_t memory_bytes;    /* page memory in use by the pool, both K and V */
+  uint64_t memory_bytes;    /* page memory of the pool, both K and V:
+                             * num_pages * page_size * bytes_per_token */
   int32_t owns_memory;      /* 1 when the library allocated the memory */
   int32_t reserved;         /* 0 */
 } attn_kv_cache_info_t;

@@ -276,6 +276,69 @@ static void test_create_errors(void **state) {
   EXPECT_OK(attn_kv_cache_destroy(NULL));
 }
 
+/* bytes_per_token is the K and V bytes of one token over all KV heads, and
+ * memory_bytes the pool's pages of K and V: num_pages * page_size tokens.
+ * Neither depends on the layout, on who owns the memory or on its use. */
+static void test_info_sizes(void **state) {
+  static const struct {
+    attn_dtype_t dtype;
+    attn_kv_layout_t layout;
+    int64_t page_size, num_pages, heads_kv, dqk, dv;
+    uint64_t elem;
+  } cases[] = {
+      {ATTN_DTYPE_FP32, ATTN_KV_LAYOUT_NHD, 4, 8, 2, 8, 8, 4},
+      {ATTN_DTYPE_FP32, ATTN_KV_LAYOUT_HND, 3, 11, 2, 5, 9, 4},
+      {ATTN_DTYPE_FP16, ATTN_KV_LAYOUT_HND, 5, 3, 1, 3, 7, 2},
+      {ATTN_DTYPE_FP16, ATTN_KV_LAYOUT_NHD, 16, 9, 4, 64, 32, 2},
+      {ATTN_DTYPE_BF16, ATTN_KV_LAYOUT_NHD, 7, 5, 3, 16, 40, 2},
+      {ATTN_DTYPE_BF16, ATTN_KV_LAYOUT_HND, 1, 2, 1, 1, 1, 2},
+  };
+  size_t i;
+  int owned;
+  (void)state;
+  for (i = 0; i < sizeof cases / sizeof cases[0]; ++i) {
+    const attn_kv_cache_config_t c =
+        tu_kv_cache_config(cases[i].dtype, cases[i].layout, cases[i].page_size,
+                           cases[i].num_pages, cases[i].heads_kv, cases[i].dqk, cases[i].dv, 0, 0);
+    const uint64_t per_token =
+        (uint64_t)(cases[i].heads_kv * (cases[i].dqk + cases[i].dv)) * cases[i].elem;
+    const uint64_t pool = (uint64_t)(cases[i].num_pages * cases[i].page_size) * per_token;
+    size_t bytes = 0;
+    EXPECT_OK(attn_kv_cache_memory_size(&c, &bytes));
+    assert_true(bytes >= pool);
+    for (owned = 0; owned < 2; ++owned) {
+      /* Caller memory starts one byte past an allocation's start. */
+      char *mem = owned ? NULL : xmalloc(bytes + 1);
+      attn_kv_cache_t cache = NULL;
+      attn_kv_cache_info_t info;
+      const int64_t id = 3;
+      const int32_t n = (int32_t)(cases[i].page_size + 1);
+      const size_t kb = (size_t)n * (size_t)(cases[i].heads_kv * cases[i].dqk) * cases[i].elem;
+      const size_t vb = (size_t)n * (size_t)(cases[i].heads_kv * cases[i].dv) * cases[i].elem;
+      unsigned char *k = xmalloc(kb), *v = xmalloc(vb);
+      memset(k, 0x3C, kb); /* 1.06 in fp16, 0.0115 in bf16 and fp32 */
+      memset(v, 0x3E, vb);
+      EXPECT_OK(
+          attn_kv_cache_create(g_ctx, &c, owned ? NULL : mem + 1, owned ? 0 : bytes, &cache));
+      info = info_of(cache);
+      assert_int_equal(info.owns_memory, owned);
+      assert_int_equal(info.page_size, cases[i].page_size);
+      assert_int_equal(info.num_pages, cases[i].num_pages);
+      assert_int_equal(info.bytes_per_token, per_token);
+      assert_int_equal(info.memory_bytes, pool);
+      /* In use or not, the pool is the same size. */
+      EXPECT_OK(attn_kv_cache_add_sequence(cache, id));
+      EXPECT_OK(attn_kv_cache_append(cache, 1, &id, &n, k, v, NULL));
+      info = info_of(cache);
+      assert_int_equal(info.pages_in_use, 2);
+      assert_int_equal(info.bytes_per_token, per_token);
+      assert_int_equal(info.memory_bytes, pool);
+      EXPECT_OK(attn_kv_cache_destroy(cache));
+      free(k), free(v), free(mem);
+    }
+  }
+}
+
 static void test_cuda_context_refused(void **state) {
   attn_context_t cuda = NULL;
   attn_kv_cache_config_t c = small_config(8);
@@ -863,6 +926,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_config_fields),
       cmocka_unit_test(test_create_errors),
+      cmocka_unit_test(test_info_sizes),
       cmocka_unit_test(test_cuda_context_refused),
       cmocka_unit_test(test_add_release_length),
       cmocka_unit_test(test_append_errors),
