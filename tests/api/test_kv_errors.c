@@ -849,6 +849,93 @@ static void test_execute_errors(void **state) {
   fixture_free(&f);
 }
 
+/* Appends n random tokens in c's dtype and head dims to sequence id. */
+static void append_as(attn_kv_cache_t cache, const attn_kv_cache_config_t *c, int64_t id,
+                      int32_t n) {
+  const attn_dtype_t dt = (attn_dtype_t)c->dtype;
+  const size_t nk = (size_t)(n * c->heads_kv * c->head_dim_qk);
+  const size_t nv = (size_t)(n * c->heads_kv * c->head_dim_v);
+  float *kf = xmalloc(nk * 4), *vf = xmalloc(nv * 4);
+  char *k = xmalloc(nk * 4), *v = xmalloc(nv * 4);
+  size_t i;
+  fill_random(kf, nk, g_seed++);
+  fill_random(vf, nv, g_seed++);
+  for (i = 0; i < nk; ++i) tu_store(k, i, dt, kf[i]);
+  for (i = 0; i < nv; ++i) tu_store(v, i, dt, vf[i]);
+  EXPECT_OK(attn_kv_cache_append(cache, 1, &id, &n, k, v, NULL));
+  free(kf), free(vf), free(k), free(v);
+}
+
+/* A plan runs only on caches configured like the one it was made for: a
+ * cache that differs in a single field, holding the same sequences, is
+ * refused by prepare and by execute, which write nothing; the plan and
+ * its workspace still serve the right cache afterwards. */
+static void test_cache_mismatch(void **state) {
+  enum { DTYPE, LAYOUT, PAGE_SIZE, NUM_PAGES, HEADS_KV, DIM_QK, DIM_V, WINDOW_ON, WINDOW,
+         SINKS_ON, SINKS, NUM_FIELDS };
+  const int64_t ids[2] = {1, 2};
+  const int32_t ql[2] = {2, 1};
+  const size_t no = 3 * HQ * DIM * 4, nl = 3 * HQ * 4;
+  int field;
+  (void)state;
+  for (field = 0; field < NUM_FIELDS; ++field) {
+    attn_kv_cache_config_t c = small_config(8), other_c;
+    attn_kv_cache_t other;
+    decode_fixture f;
+    attn_decode_step_info_t info;
+    float o_first[4 * 2 * HQ * DIM], lse_first[4 * 2 * HQ];
+    if (field >= WINDOW) c.window = 16;
+    if (field == SINKS) c.sink_tokens = 2;
+    other_c = c;
+    switch (field) {
+      case DTYPE: other_c.dtype = ATTN_DTYPE_FP16; break;
+      case LAYOUT: other_c.layout = ATTN_KV_LAYOUT_HND; break;
+      case PAGE_SIZE: other_c.page_size = 8; break;
+      case NUM_PAGES: other_c.num_pages = 9; break;
+      case HEADS_KV: other_c.heads_kv = 1; break; /* HQ is a multiple of both */
+      case DIM_QK: other_c.head_dim_qk = 16; break;
+      case DIM_V: other_c.head_dim_v = 4; break;
+      case WINDOW_ON: other_c.window = 16; break;
+      case WINDOW: other_c.window = 24; break;
+      case SINKS_ON: other_c.sink_tokens = 2; break;
+      default: other_c.sink_tokens = 3; break;
+    }
+    fixture_make(&f, &c);
+    other = make_cache(&other_c);
+    EXPECT_OK(attn_kv_cache_add_sequence(other, 1));
+    EXPECT_OK(attn_kv_cache_add_sequence(other, 2));
+    append_as(other, &other_c, 1, 6);
+    append_as(other, &other_c, 2, 3);
+
+    poison(f.ws, f.bytes);
+    POISON_VAR(info);
+    info.struct_size = sizeof info;
+    EXPECT_FAIL(INVALID, "cache",
+                attn_decode_prepare(f.plan, other, 2, ids, ql, f.ws, f.bytes, &info, NULL));
+    assert_non_null(strstr(attn_last_error_message(), "configured differently"));
+    EXPECT_UNTOUCHED(f.ws, f.bytes);
+    check_poisoned(&info.total_q, sizeof info - sizeof info.struct_size, "info", __FILE__,
+                   __LINE__);
+
+    EXPECT_OK(attn_decode_prepare(f.plan, f.cache, 2, ids, ql, f.ws, f.bytes, NULL, NULL));
+    EXPECT_OK(attn_decode_execute(f.plan, f.cache, f.q, o_first, lse_first, f.ws, f.bytes, NULL));
+    poison(f.o, sizeof f.o);
+    poison(f.lse, sizeof f.lse);
+    EXPECT_FAIL(INVALID, "cache",
+                attn_decode_execute(f.plan, other, f.q, f.o, f.lse, f.ws, f.bytes, NULL));
+    assert_non_null(strstr(attn_last_error_message(), "configured differently"));
+    EXPECT_UNTOUCHED(f.o, sizeof f.o);
+    EXPECT_UNTOUCHED(f.lse, sizeof f.lse);
+
+    /* The prepared step still runs on its own cache, bit for bit. */
+    EXPECT_OK(attn_decode_execute(f.plan, f.cache, f.q, f.o, f.lse, f.ws, f.bytes, NULL));
+    assert_memory_equal(f.o, o_first, no);
+    assert_memory_equal(f.lse, lse_first, nl);
+    EXPECT_OK(attn_kv_cache_destroy(other));
+    fixture_free(&f);
+  }
+}
+
 static void test_describe(void **state) {
   attn_kv_cache_config_t c = small_config(8);
   decode_fixture f;
@@ -936,6 +1023,7 @@ int main(void) {
       cmocka_unit_test(test_prepare_errors),
       cmocka_unit_test(test_prepare_limits),
       cmocka_unit_test(test_execute_errors),
+      cmocka_unit_test(test_cache_mismatch),
       cmocka_unit_test(test_describe),
       cmocka_unit_test(test_destroyed_handles),
   };
