@@ -21,7 +21,8 @@
  * Also here: forked sequences (copy-on-write of a shared partial page,
  * pages-in-use accounting, release of one side), and a rolling-window cache
  * decoded token by token against the dense window plan over all tokens,
- * with pages in use bounded throughout.
+ * with pages in use bounded throughout. Caller memory lies between guard
+ * bytes that no operation may change.
  *
  * ATTN_TEST_SEED=<n> reproduces a run's inputs.
  */
@@ -70,27 +71,61 @@ typedef struct kv_env {
   attn_kv_cache_config_t cfg;
   attn_context_t ctx;
   attn_kv_cache_t cache;
-  void *memory; /* caller memory, or NULL */
+  /* Caller memory: `memory_bytes` (attn_kv_cache_memory_size) at `memory`,
+   * between two guards of kGuardBytes inside `block`; NULL: the library's. */
+  unsigned char *block, *memory;
+  size_t memory_bytes;
   int64_t capacity;
   int nseq;
   mirror_seq seq[64];
 } kv_env;
 
-static void env_create(kv_env *e, const attn_kv_cache_config_t *cfg, int threads,
-                       int caller_memory, int nseq, int64_t capacity) {
-  size_t bytes = 0;
+enum { kGuardBytes = 256 };
+
+/* The guards' pattern: known, position-dependent and never zero. */
+static unsigned char guard_byte(size_t i) { return (unsigned char)(1 + (i * 37) % 255); }
+
+/* Fails unless both guards around the caller's memory still hold their
+ * pattern: the cache must stay inside the bytes it was given. */
+static void env_check_guards(const kv_env *e, const char *when) {
+  long i;
+  if (e->memory == NULL) return;
+  for (i = -kGuardBytes; i < kGuardBytes; ++i) {
+    const long at = i < 0 ? i : (long)e->memory_bytes + i;
+    if (e->memory[at] != guard_byte((size_t)(i + kGuardBytes))) {
+      print_error("%s: byte %ld of the caller's memory (%zu bytes given) was written\n", when, at,
+                  e->memory_bytes);
+      fail();
+    }
+  }
+}
+
+/* offset < 0: the library allocates the pool; else the caller's memory
+ * starts `offset` bytes past a 64-byte boundary (the cache needs no
+ * alignment from the caller). */
+static void env_create_at(kv_env *e, const attn_kv_cache_config_t *cfg, int threads,
+                          int offset, int nseq, int64_t capacity) {
   int i;
   memset(e, 0, sizeof *e);
   e->cfg = *cfg;
   e->capacity = capacity;
   e->nseq = nseq;
   CHECK(attn_context_create(ATTN_BACKEND_CPU, 0, threads, &e->ctx));
-  if (caller_memory) {
-    CHECK(attn_kv_cache_memory_size(cfg, &bytes));
-    /* Offset by one byte: the cache needs no alignment from the caller. */
-    e->memory = malloc(bytes + 1);
-    assert_non_null(e->memory);
-    CHECK(attn_kv_cache_create(e->ctx, cfg, (char *)e->memory + 1, bytes, &e->cache));
+  if (offset >= 0) {
+    size_t block_bytes, lead;
+    CHECK(attn_kv_cache_memory_size(cfg, &e->memory_bytes));
+    block_bytes = 64 + kGuardBytes + (size_t)offset + e->memory_bytes + kGuardBytes;
+    e->block = (unsigned char *)malloc(block_bytes);
+    assert_non_null(e->block);
+    lead = (64 - (size_t)((uintptr_t)e->block % 64)) % 64;
+    e->memory = e->block + lead + kGuardBytes + offset;
+    for (i = -kGuardBytes; i < kGuardBytes; ++i) {
+      const long at = i < 0 ? (long)i : (long)e->memory_bytes + i;
+      e->memory[at] = guard_byte((size_t)(i + kGuardBytes));
+    }
+    memset(e->memory, 0xA5, e->memory_bytes);
+    CHECK(attn_kv_cache_create(e->ctx, cfg, e->memory, e->memory_bytes, &e->cache));
+    env_check_guards(e, "create");
   } else {
     CHECK(attn_kv_cache_create(e->ctx, cfg, NULL, 0, &e->cache));
   }
@@ -102,12 +137,19 @@ static void env_create(kv_env *e, const attn_kv_cache_config_t *cfg, int threads
   }
 }
 
+static void env_create(kv_env *e, const attn_kv_cache_config_t *cfg, int threads,
+                       int caller_memory, int nseq, int64_t capacity) {
+  env_create_at(e, cfg, threads, caller_memory ? 1 : -1, nseq, capacity);
+}
+
 static void env_destroy(kv_env *e) {
   int i;
   for (i = 0; i < e->nseq; ++i) free(e->seq[i].k), free(e->seq[i].v);
+  env_check_guards(e, "before destroy");
   CHECK(attn_kv_cache_destroy(e->cache));
+  env_check_guards(e, "destroy");
   CHECK(attn_context_destroy(e->ctx));
-  free(e->memory);
+  free(e->block);
 }
 
 static int64_t pages_in_use(const kv_env *e) {
@@ -644,6 +686,93 @@ static void test_fork_windowed(void **state) {
   env_destroy(&e);
 }
 
+/* Caller memory of exactly attn_kv_cache_memory_size bytes, at several
+ * misaligned starts, between guards: appends, a fork and its copy-on-write
+ * copy, filling every page of the pool, a refused append, decode steps and
+ * refilling released pages never write outside it, while the cache does
+ * keep its pages there (the decodes match the reference). */
+static void test_caller_memory_stays_inside(void **state) {
+  static const struct {
+    attn_dtype_t dtype;
+    attn_kv_layout_t layout;
+    int64_t ps, pages, hkv, dqk, dv;
+  } configs[] = {
+      {ATTN_DTYPE_FP32, ATTN_KV_LAYOUT_NHD, 4, 6, 2, 8, 12},
+      {ATTN_DTYPE_BF16, ATTN_KV_LAYOUT_HND, 3, 7, 1, 16, 8},
+      {ATTN_DTYPE_FP16, ATTN_KV_LAYOUT_NHD, 5, 5, 2, 4, 4},
+  };
+  static const int offsets[] = {0, 1, 33, 63};
+  size_t ci, oi;
+  (void)state;
+  for (ci = 0; ci < sizeof configs / sizeof configs[0]; ++ci)
+    for (oi = 0; oi < sizeof offsets / sizeof offsets[0]; ++oi) {
+      const int64_t ps = configs[ci].ps, pages = configs[ci].pages, cap = pages * ps + 8;
+      tu_rng rng = tu_rng_for("caller-memory");
+      attn_kv_cache_config_t cfg;
+      kv_env e;
+      step st;
+      step_result r;
+      int idx[2] = {0, 1};
+      int32_t cnt[2];
+      size_t b, changed = 0;
+      char label[128];
+      snprintf(label, sizeof label, "caller memory: config %zu, offset %d", ci, offsets[oi]);
+      cfg = tu_kv_cache_config(configs[ci].dtype, configs[ci].layout, ps, pages, configs[ci].hkv,
+                               configs[ci].dqk, configs[ci].dv, 0, 0);
+      env_create_at(&e, &cfg, 1, offsets[oi], 1, cap);
+      cnt[0] = (int32_t)(2 * ps + 1); /* a partial third page */
+      env_append(&e, &rng, 1, idx, cnt);
+      env_check_guards(&e, label);
+      e.nseq = 2;
+      e.seq[1].id = 5;
+      e.seq[1].k = (double *)xcalloc((size_t)(cap * configs[ci].hkv * configs[ci].dqk), 8);
+      e.seq[1].v = (double *)xcalloc((size_t)(cap * configs[ci].hkv * configs[ci].dv), 8);
+      CHECK(attn_kv_cache_fork(e.cache, e.seq[0].id, 5, 2 * ps + 1));
+      copy_mirror(&e, 1, 0, 2 * ps + 1);
+      cnt[0] = 0, cnt[1] = 1; /* 1 copies the shared partial page */
+      env_append(&e, &rng, 2, idx, cnt);
+      assert_int_equal(pages_in_use(&e), 4);
+      env_check_guards(&e, label);
+      /* Fill both partial pages, then every free page. */
+      cnt[0] = (int32_t)(ps - 1), cnt[1] = (int32_t)(ps - 2);
+      env_append(&e, &rng, 2, idx, cnt);
+      cnt[0] = (int32_t)((pages - 4 + 1) / 2 * ps), cnt[1] = (int32_t)((pages - 4) / 2 * ps);
+      env_append(&e, &rng, 2, idx, cnt);
+      assert_int_equal(pages_in_use(&e), pages);
+      env_check_guards(&e, label);
+      cnt[0] = 1, cnt[1] = 0;
+      assert_int_equal(env_try_append(&e, &rng, 2, idx, cnt), ATTN_STATUS_CAPACITY);
+      env_check_guards(&e, label);
+      for (b = 0; b < e.memory_bytes; ++b) changed += e.memory[b] != 0xA5;
+      assert_true(changed > 0); /* the pages are in the caller's memory */
+
+      memset(&st, 0, sizeof st);
+      st.n = 2;
+      st.idx[0] = 1, st.idx[1] = 0;
+      st.q_len[0] = 3, st.q_len[1] = 2;
+      st.heads_q = 2 * configs[ci].hkv;
+      st.max_q = 3;
+      st.chunk_tokens = -1;
+      run_step(&e, &rng, &st, label, &r);
+      st.chunk_tokens = ps;
+      run_step(&e, &rng, &st, label, &r);
+      env_check_guards(&e, label);
+
+      /* Released pages are refilled by the other sequence. */
+      CHECK(attn_kv_cache_release(e.cache, e.seq[0].id));
+      cnt[0] = (int32_t)((pages - pages_in_use(&e)) * ps);
+      idx[0] = 1;
+      env_append(&e, &rng, 1, idx, cnt);
+      assert_int_equal(pages_in_use(&e), pages);
+      env_check_guards(&e, label);
+      st.n = 1;
+      st.idx[0] = 1;
+      run_step(&e, &rng, &st, label, &r);
+      env_check_guards(&e, label);
+      env_destroy(&e);
+    }
+}
+
 /* Random operations (add, batched appends that may run out of pages, forks
  * at random prefixes, releases) on a small pool, with decode steps over all
  * live sequences against the reference in between: shared pages must never
@@ -945,7 +1074,7 @@ static void test_rolling_window_matches_window_plan(void **state) {
 }
 
 int main(void) {
-  struct CMUnitTest tests[sizeof kCases / sizeof kCases[0] + 5];
+  struct CMUnitTest tests[sizeof kCases / sizeof kCases[0] + 6];
   size_t n = 0, i;
   tu_seed();
   for (i = 0; i < sizeof kCases / sizeof kCases[0]; ++i) {
@@ -961,8 +1090,10 @@ int main(void) {
     tests[n++] = t2;
     tests[n++] = t3;
     struct CMUnitTest t5 = cmocka_unit_test(test_random_operations);
+    struct CMUnitTest t6 = cmocka_unit_test(test_caller_memory_stays_inside);
     tests[n++] = t4;
     tests[n++] = t5;
+    tests[n++] = t6;
   }
   return _cmocka_run_group_tests("kv_decode", tests, n, NULL, NULL);
 }
