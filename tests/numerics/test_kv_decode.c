@@ -75,6 +75,7 @@ typedef struct kv_env {
    * between two guards of kGuardBytes inside `block`; NULL: the library's. */
   unsigned char *block, *memory;
   size_t memory_bytes;
+  int threads;
   int64_t capacity;
   int nseq;
   mirror_seq seq[64];
@@ -108,6 +109,7 @@ static void env_create_at(kv_env *e, const attn_kv_cache_config_t *cfg, int thre
   int i;
   memset(e, 0, sizeof *e);
   e->cfg = *cfg;
+  e->threads = threads;
   e->capacity = capacity;
   e->nseq = nseq;
   CHECK(attn_context_create(ATTN_BACKEND_CPU, 0, threads, &e->ctx));
@@ -240,6 +242,62 @@ static void judge(const char *label, const tu_err *lib, const tu_err *lowp, doub
   }
 }
 
+static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+/* The split a step must report, from attn.h: a chunk is a run of the pages
+ * a sequence's queries read; kv_chunk_tokens n > 0 cuts at n tokens rounded
+ * up to whole pages, -1 never; 0 on the CPU cuts only a batch of fewer
+ * (sequence, KV head) tasks than threads, at max(ceil(P / ceil(2 threads /
+ * tasks)), ceil(split_min_chunk_tokens / page_size)) pages, P the most
+ * pages a sequence reads. The step reports the chunk length only when some
+ * sequence has more than one chunk. */
+static void check_split(const kv_env *e, const step *st, attn_decode_plan_t plan,
+                        const attn_decode_step_info_t *info, const char *label) {
+  const attn_kv_cache_config_t *c = &e->cfg;
+  const int64_t ps = c->page_size, tasks = st->n * c->heads_kv;
+  const int autos = st->chunk_tokens == 0 && e->threads > 1;
+  int64_t pages[64], most = 0, chunk = 0, units = 0, split = 0, max_chunks = 1;
+  attn_decode_plan_info_t pi;
+  int i;
+  pi.struct_size = sizeof pi;
+  CHECK(attn_decode_plan_describe(plan, &pi));
+  assert_int_equal(pi.split_target_tasks, autos ? e->threads : 0);
+  assert_int_equal(pi.split_min_chunk_tokens > 0, autos);
+  for (i = 0; i < st->n; ++i) {
+    const mirror_seq *s = &e->seq[st->idx[i]];
+    int64_t j, t, last = -1;
+    pages[i] = 0;
+    for (j = 0; j < s->len; ++j) { /* pages holding a key some query sees */
+      int seen = 0;
+      for (t = s->len - st->q_len[i]; t < s->len && !seen; ++t) seen = key_visible(c, t, j);
+      if (seen && j / ps != last) ++pages[i], last = j / ps;
+    }
+    most = pages[i] > most ? pages[i] : most;
+  }
+  if (st->chunk_tokens > 0) {
+    chunk = ceil_div(st->chunk_tokens, ps);
+  } else if (autos && tasks < e->threads) {
+    const int64_t floor_pages = ceil_div(pi.split_min_chunk_tokens, ps);
+    chunk = ceil_div(most, ceil_div(2 * (int64_t)e->threads, tasks));
+    if (chunk < floor_pages) chunk = floor_pages;
+  }
+  for (i = 0; i < st->n; ++i) {
+    const int64_t n = chunk > 0 && pages[i] > chunk ? ceil_div(pages[i], chunk) : 1;
+    units += n;
+    split += n > 1;
+    max_chunks = n > max_chunks ? n : max_chunks;
+  }
+  if (info->num_work_units != units || info->split_sequences != split ||
+      info->max_chunks != max_chunks || info->kv_chunk_tokens != (split > 0 ? chunk * ps : 0)) {
+    print_error("%s: split (units, split sequences, max chunks, chunk tokens) is (%lld, %lld, "
+                "%lld, %lld), expected (%lld, %lld, %lld, %lld)\n",
+                label, (long long)info->num_work_units, (long long)info->split_sequences,
+                (long long)info->max_chunks, (long long)info->kv_chunk_tokens, (long long)units,
+                (long long)split, (long long)max_chunks, (long long)(split > 0 ? chunk * ps : 0));
+    fail();
+  }
+}
+
 /* Runs the step through the library and checks O and LSE. */
 static void run_step(kv_env *e, tu_rng *rng, const step *st, const char *label,
                      step_result *res) {
@@ -284,6 +342,7 @@ static void run_step(kv_env *e, tu_rng *rng, const step *st, const char *label,
   CHECK(attn_decode_prepare(plan, e->cache, st->n, ids, st->q_len, (char *)ws + 1, ws_bytes,
                             &res->info, NULL));
   assert_int_equal(res->info.total_q, total_q);
+  check_split(e, st, plan, &res->info, label);
   CHECK(attn_decode_execute(plan, e->cache, q.data, o.data, lse, (char *)ws + 1, ws_bytes, NULL));
 
   /* The reference: one row per query token over the keys at positions
@@ -773,6 +832,113 @@ static void test_caller_memory_stays_inside(void **state) {
     }
 }
 
+/* The split of single steps, its four reported numbers worked out by hand
+ * from attn.h (chunk lengths in pages; P: pages a sequence reads). */
+static void test_split_policy(void **state) {
+  static const struct {
+    const char *name;
+    int threads;
+    int64_t ps, hkv, window, sinks, chunk_tokens;
+    int n;
+    int64_t len[4];
+    int32_t q[4];
+    int64_t units, split, max_chunks, kv_chunk_tokens; /* expected */
+  } cases[] = {
+      /* Automatic, 4 threads, 1 task: at most 8 chunks of at least 16
+       * pages. P = 7: one chunk. */
+      {"auto-short", 4, 16, 1, 0, 0, 0, 1, {100}, {1}, 1, 0, 1, 0},
+      /* P = 19: 16 and 3 pages. */
+      {"auto-floor", 4, 16, 1, 0, 0, 0, 1, {300}, {2}, 2, 1, 2, 256},
+      /* P = 188: 8 chunks of ceil(188 / 8) = 24 pages. */
+      {"auto-8-chunks", 4, 16, 1, 0, 0, 0, 1, {3000}, {1}, 8, 1, 8, 384},
+      /* 2 tasks: at most 4 chunks of at least ceil(256 / 7) = 37 pages;
+       * P = 286: chunks of 72 pages, 4 for the first sequence, 1 for the
+       * second (6 pages). */
+      {"auto-ps7-2-seqs", 4, 7, 1, 0, 0, 0, 2, {2000, 40}, {1, 3}, 5, 1, 4, 504},
+      /* 3 tasks: at most 3 chunks; P = 57, 38, 1: chunks of 19 pages. */
+      {"auto-3-seqs", 4, 16, 1, 0, 0, 0, 3, {900, 600, 10}, {1, 2, 1}, 6, 2, 3, 304},
+      /* 4 tasks for 4 threads: no split, however long. */
+      {"auto-4-seqs", 4, 16, 1, 0, 0, 0, 4, {1000, 1000, 500, 20}, {1, 1, 2, 1}, 4, 0, 1, 0},
+      {"auto-2-seqs-2-heads", 4, 16, 2, 0, 0, 0, 2, {1000, 1000}, {1, 1}, 2, 0, 1, 0},
+      /* 2 tasks (2 KV heads): at most 4 chunks; P = 94: 24 pages. */
+      {"auto-1-seq-2-heads", 4, 16, 2, 0, 0, 0, 1, {1500}, {3}, 4, 1, 4, 384},
+      /* 3 threads: at most 6 chunks, of at least 32 pages of 8; P = 150. */
+      {"auto-3-threads", 3, 8, 1, 0, 0, 0, 1, {1200}, {1}, 5, 1, 5, 256},
+      /* Window 600, 20 sinks: keys 0..19 and 1399..1999, pages 0, 1 and
+       * 87..124, P = 40: 3 chunks of the 16-page floor. */
+      {"auto-window", 4, 16, 1, 600, 20, 0, 1, {2000}, {2}, 3, 1, 3, 256},
+      /* 1 thread: never automatically. */
+      {"auto-1-thread", 1, 16, 1, 0, 0, 0, 1, {3000}, {1}, 1, 0, 1, 0},
+      /* Never, with threads to spare. */
+      {"never", 4, 16, 1, 0, 0, -1, 1, {3000}, {1}, 1, 0, 1, 0},
+      /* Forced 43 tokens: 3 pages of 16; P = 13 and 3. */
+      {"forced-rounded-up", 1, 16, 1, 0, 0, 43, 2, {200, 40}, {1, 2}, 6, 1, 5, 48},
+      /* Forced, longer than every sequence: no split. */
+      {"forced-longer", 1, 16, 1, 0, 0, 1000, 2, {200, 40}, {1, 2}, 2, 0, 1, 0},
+      /* Forced, not the automatic split, with threads to spare: 2 pages. */
+      {"forced-threads", 4, 16, 1, 0, 0, 32, 1, {300}, {1}, 10, 1, 10, 32},
+      /* Forced 14 tokens (2 pages of 7), window 30 and 3 sinks: keys 0..2
+       * and 468..499, pages 0 and 66..71, P = 7: 4 chunks. */
+      {"forced-window", 2, 7, 1, 30, 3, 14, 1, {500}, {3}, 4, 1, 4, 14},
+  };
+  size_t c;
+  (void)state;
+  for (c = 0; c < sizeof cases / sizeof cases[0]; ++c) {
+    tu_rng rng = tu_rng_for(cases[c].name);
+    attn_kv_cache_config_t cfg;
+    kv_env e;
+    step st;
+    step_result r;
+    int64_t pages = 2, longest = 0;
+    int i;
+    for (i = 0; i < cases[c].n; ++i) {
+      pages += ceil_div(cases[c].len[i], cases[c].ps);
+      longest = cases[c].len[i] > longest ? cases[c].len[i] : longest;
+    }
+    cfg = tu_kv_cache_config(ATTN_DTYPE_FP32, ATTN_KV_LAYOUT_NHD, cases[c].ps, pages,
+                             cases[c].hkv, 8, 8, cases[c].window, cases[c].sinks);
+    env_create(&e, &cfg, cases[c].threads, 0, cases[c].n, longest);
+    /* Prefill in chunks (a window evicts between them), then each
+     * sequence's query tokens. */
+    for (;;) {
+      int idx[4], n = 0;
+      int32_t cnt[4];
+      for (i = 0; i < cases[c].n; ++i) {
+        const int64_t left = cases[c].len[i] - cases[c].q[i] - e.seq[i].len;
+        if (left <= 0) continue;
+        idx[n] = i;
+        cnt[n++] = (int32_t)(left < 128 ? left : 128);
+      }
+      if (n == 0) break;
+      env_append(&e, &rng, n, idx, cnt);
+    }
+    {
+      int idx[4];
+      for (i = 0; i < cases[c].n; ++i) idx[i] = i;
+      env_append(&e, &rng, cases[c].n, idx, cases[c].q);
+    }
+    memset(&st, 0, sizeof st);
+    st.n = cases[c].n;
+    for (i = 0; i < st.n; ++i) st.idx[i] = i, st.q_len[i] = cases[c].q[i];
+    st.heads_q = 2 * cases[c].hkv;
+    st.max_q = 3;
+    st.chunk_tokens = cases[c].chunk_tokens;
+    run_step(&e, &rng, &st, cases[c].name, &r);
+    if (r.info.num_work_units != cases[c].units || r.info.split_sequences != cases[c].split ||
+        r.info.max_chunks != cases[c].max_chunks ||
+        r.info.kv_chunk_tokens != cases[c].kv_chunk_tokens) {
+      print_error("%s: split (%lld, %lld, %lld, %lld), expected (%lld, %lld, %lld, %lld)\n",
+                  cases[c].name, (long long)r.info.num_work_units,
+                  (long long)r.info.split_sequences, (long long)r.info.max_chunks,
+                  (long long)r.info.kv_chunk_tokens, (long long)cases[c].units,
+                  (long long)cases[c].split, (long long)cases[c].max_chunks,
+                  (long long)cases[c].kv_chunk_tokens);
+      fail();
+    }
+    env_destroy(&e);
+  }
+}
+
 /* Random operations (add, batched appends that may run out of pages, forks
  * at random prefixes, releases) on a small pool, with decode steps over all
  * live sequences against the reference in between: shared pages must never
@@ -1074,7 +1240,7 @@ static void test_rolling_window_matches_window_plan(void **state) {
 }
 
 int main(void) {
-  struct CMUnitTest tests[sizeof kCases / sizeof kCases[0] + 6];
+  struct CMUnitTest tests[sizeof kCases / sizeof kCases[0] + 7];
   size_t n = 0, i;
   tu_seed();
   for (i = 0; i < sizeof kCases / sizeof kCases[0]; ++i) {
@@ -1091,9 +1257,11 @@ int main(void) {
     tests[n++] = t3;
     struct CMUnitTest t5 = cmocka_unit_test(test_random_operations);
     struct CMUnitTest t6 = cmocka_unit_test(test_caller_memory_stays_inside);
+    struct CMUnitTest t7 = cmocka_unit_test(test_split_policy);
     tests[n++] = t4;
     tests[n++] = t5;
     tests[n++] = t6;
+    tests[n++] = t7;
   }
   return _cmocka_run_group_tests("kv_decode", tests, n, NULL, NULL);
 }
