@@ -20,7 +20,7 @@
  *
  * Also here: forked sequences (copy-on-write of a shared partial page,
  * pages-in-use accounting, release of one side), and a rolling-window cache
- * decoded token by token against the dense window plan over all tokens,
+ * decoded step by step against the dense window plan over all tokens,
  * with pages in use bounded throughout. Caller memory lies between guard
  * bytes that no operation may change.
  *
@@ -1122,10 +1122,36 @@ static void test_concurrent_execute(void **state) {
 /* A rolling window against the dense window plan                            */
 /* ------------------------------------------------------------------------ */
 
+/* A rolling-window cache of 3 sequences (window 20, pages of 4, 2 KV
+ * heads, d 16) grows by q tokens per sequence and step, 90 steps; every
+ * 15th step decodes the q newest tokens of each and compares them with the
+ * last q rows of the dense window plan (window (19, 0)) over every token
+ * ever appended, while pages in use stay bounded. */
+typedef struct rolling_case {
+  const char *name;
+  attn_dtype_t dtype;
+  attn_kv_layout_t layout;
+  int32_t q;
+} rolling_case;
+
+static const rolling_case kRolling[] = {
+    {"rolling-window-fp32-nhd-q1", F32, NHD, 1},
+    {"rolling-window-fp32-hnd-q4", F32, HND, 4},
+    {"rolling-window-bf16-hnd-q3", B16, HND, 3},
+    {"rolling-window-bf16-nhd-q1", B16, NHD, 1},
+    {"rolling-window-fp16-nhd-q2", F16, NHD, 2},
+    {"rolling-window-fp16-hnd-q3", F16, HND, 3},
+};
+
 static void test_rolling_window_matches_window_plan(void **state) {
-  tu_rng rng = tu_rng_for("rolling-window");
+  const rolling_case *rc = (const rolling_case *)*state;
+  const attn_dtype_t dt = rc->dtype;
+  const int32_t q_len = rc->q;
+  tu_rng rng = tu_rng_for(rc->name);
   const int64_t w = 20, ps = 4, hq = 4, hkv = 2, d = 16, steps = 90;
   const int nseq = 3;
+  /* Both compute in fp32 and round O to the dtype: at most an ulp apart. */
+  const double rel = dt == ATTN_DTYPE_FP32 ? 0.0 : 2.0 * tu_unit_roundoff(dt);
   attn_kv_cache_config_t cfg;
   kv_env e;
   attn_decode_config_t dc;
@@ -1134,14 +1160,13 @@ static void test_rolling_window_matches_window_plan(void **state) {
   void *dws;
   int64_t s, peak = 0;
   int i;
-  (void)state;
 
-  cfg = tu_kv_cache_config(ATTN_DTYPE_FP32, ATTN_KV_LAYOUT_NHD, ps,
-                           nseq * (w / ps + 3) /* pages: far less than the tokens decoded */, hkv,
-                           d, d, w, 0);
-  env_create(&e, &cfg, 1, 0, nseq, 5 + steps);
+  cfg = tu_kv_cache_config(dt, rc->layout, ps,
+                           nseq * ((w + q_len) / ps + 3) /* pages: far less than the tokens */,
+                           hkv, d, d, w, 0);
+  env_create(&e, &cfg, 1, 0, nseq, 5 + steps * q_len);
 
-  dc = tu_decode_config(hq, nseq, 1, 2 * ps);
+  dc = tu_decode_config(hq, nseq, q_len, 2 * ps);
   CHECK(attn_decode_plan_create(e.ctx, e.cache, &dc, &dplan));
   CHECK(attn_decode_plan_workspace_size(dplan, &dws_bytes));
   dws = malloc(dws_bytes);
@@ -1154,35 +1179,35 @@ static void test_rolling_window_matches_window_plan(void **state) {
   }
   for (s = 0; s < steps; ++s) {
     int idx[3] = {0, 1, 2};
-    int32_t cnt[3] = {1, 1, 1};
+    int32_t cnt[3], ql[3];
     int64_t ids[3];
-    int32_t cu_q[4], cu_kv[4];
-    tu_buffer q, k, v;
-    float *o_dec, *o_dense, *lse_dec, *lse_dense;
+    int32_t cu[4];
+    tu_buffer q, k, v, q_dec, o_dense, o_dec;
+    float *lse_dec, *lse_dense;
     attn_plan_desc_t desc;
     attn_plan_t plan;
     size_t ws_bytes;
     void *ws;
-    int64_t total_kv = 0, off = 0, x, longest = 0;
+    int64_t total = 0, off = 0, x, t, h, longest = 0;
     double max_diff = 0.0, max_o = 0.0;
 
+    for (i = 0; i < nseq; ++i) cnt[i] = ql[i] = q_len;
     env_append(&e, &rng, nseq, idx, cnt);
     peak = pages_in_use(&e) > peak ? pages_in_use(&e) : peak;
     if (s % 15 != 14) continue;
 
-    /* Dense window plan over every token ever appended. */
-    cu_q[0] = cu_kv[0] = 0;
+    /* Dense window plan over every token ever appended, each a query. */
+    cu[0] = 0;
     for (i = 0; i < nseq; ++i) {
       ids[i] = e.seq[i].id;
-      cu_q[i + 1] = i + 1;
-      cu_kv[i + 1] = cu_kv[i] + (int32_t)e.seq[i].len;
-      total_kv += e.seq[i].len;
+      cu[i + 1] = cu[i] + (int32_t)e.seq[i].len;
+      total += e.seq[i].len;
       longest = e.seq[i].len > longest ? e.seq[i].len : longest;
     }
-    tu_buffer_alloc(&q, ATTN_DTYPE_FP32, (size_t)(nseq * hq * d));
+    tu_buffer_alloc(&q, dt, (size_t)(total * hq * d));
     tu_fill_normal(&rng, &q, 1.0);
-    tu_buffer_alloc(&k, ATTN_DTYPE_FP32, (size_t)(total_kv * hkv * d));
-    tu_buffer_alloc(&v, ATTN_DTYPE_FP32, (size_t)(total_kv * hkv * d));
+    tu_buffer_alloc(&k, dt, (size_t)(total * hkv * d));
+    tu_buffer_alloc(&v, dt, (size_t)(total * hkv * d));
     for (i = 0; i < nseq; ++i) {
       for (x = 0; x < e.seq[i].len * hkv * d; ++x) {
         tu_buffer_set(&k, (size_t)(off + x), e.seq[i].k[x]);
@@ -1190,48 +1215,68 @@ static void test_rolling_window_matches_window_plan(void **state) {
       }
       off += e.seq[i].len * hkv * d;
     }
+    /* The decode's queries: the last q_len rows of each sequence's. */
+    tu_buffer_alloc(&q_dec, dt, (size_t)(nseq * q_len * hq * d));
+    for (i = 0; i < nseq; ++i)
+      for (t = 0; t < q_len; ++t)
+        for (x = 0; x < hq * d; ++x)
+          tu_buffer_set(&q_dec, (size_t)((i * q_len + t) * hq * d + x),
+                        q.mirror[(cu[i + 1] - q_len + t) * hq * d + x]);
     CHECK(attn_plan_desc_create(&desc));
-    CHECK(attn_plan_desc_set_shape(desc, nseq, hq, hkv, 1, longest, d, d));
-    CHECK(attn_plan_desc_set_varlen(desc, nseq, cu_q, cu_kv));
+    CHECK(attn_plan_desc_set_shape(desc, nseq, hq, hkv, longest, longest, d, d));
+    CHECK(attn_plan_desc_set_dtype(desc, dt));
+    CHECK(attn_plan_desc_set_varlen(desc, nseq, cu, cu));
     CHECK(attn_plan_desc_set_mask(desc, ATTN_MASK_WINDOW, w - 1, 0));
     CHECK(attn_plan_create(e.ctx, desc, &plan));
     CHECK(attn_plan_workspace_size(plan, ATTN_PASS_FORWARD, &ws_bytes));
     ws = malloc(ws_bytes ? ws_bytes : 1);
-    o_dense = (float *)xcalloc((size_t)(nseq * hq * d), 4);
-    o_dec = (float *)xcalloc((size_t)(nseq * hq * d), 4);
-    lse_dense = (float *)xcalloc((size_t)(nseq * hq), 4);
-    lse_dec = (float *)xcalloc((size_t)(nseq * hq), 4);
-    tu_poison(o_dec, ATTN_DTYPE_FP32, (size_t)(nseq * hq * d));
-    CHECK(attn_forward(plan, q.data, k.data, v.data, o_dense, lse_dense, ws, ws_bytes, NULL));
-    {
-      int32_t ql[3] = {1, 1, 1};
-      CHECK(attn_decode_prepare(dplan, e.cache, nseq, ids, ql, dws, dws_bytes, NULL, NULL));
+    tu_buffer_alloc(&o_dense, dt, (size_t)(total * hq * d));
+    tu_buffer_alloc(&o_dec, dt, (size_t)(nseq * q_len * hq * d));
+    lse_dense = (float *)xcalloc((size_t)(total * hq), 4);
+    lse_dec = (float *)xcalloc((size_t)(nseq * q_len * hq), 4);
+    tu_poison(o_dec.data, dt, (size_t)(nseq * q_len * hq * d));
+    tu_poison(lse_dec, ATTN_DTYPE_FP32, (size_t)(nseq * q_len * hq));
+    CHECK(attn_forward(plan, q.data, k.data, v.data, o_dense.data, lse_dense, ws, ws_bytes, NULL));
+    CHECK(attn_decode_prepare(dplan, e.cache, nseq, ids, ql, dws, dws_bytes, NULL, NULL));
+    CHECK(attn_decode_execute(dplan, e.cache, q_dec.data, o_dec.data, lse_dec, dws, dws_bytes,
+                              NULL));
+    for (x = 0; x < total * hq * d; ++x) {
+      const double a = fabs(tu_load(o_dense.data, (size_t)x, dt));
+      max_o = a > max_o ? a : max_o;
     }
-    CHECK(attn_decode_execute(dplan, e.cache, q.data, o_dec, lse_dec, dws, dws_bytes, NULL));
-    for (x = 0; x < nseq * hq * d; ++x) {
-      const double diff = fabs((double)o_dec[x] - (double)o_dense[x]);
-      max_diff = diff > max_diff || isnan(diff) ? diff : max_diff;
-      max_o = fabs(o_dense[x]) > max_o ? fabs(o_dense[x]) : max_o;
-    }
-    for (x = 0; x < nseq * hq; ++x) {
-      const double diff = fabs((double)lse_dec[x] - (double)lse_dense[x]);
-      max_diff = diff > max_diff || isnan(diff) ? diff : max_diff;
-    }
+    for (i = 0; i < nseq; ++i)
+      for (t = 0; t < q_len; ++t) {
+        const int64_t dec_row = i * q_len + t, dense_row = cu[i + 1] - q_len + t;
+        for (x = 0; x < hq * d; ++x) {
+          const double a = tu_load(o_dec.data, (size_t)(dec_row * hq * d + x), dt);
+          const double b = tu_load(o_dense.data, (size_t)(dense_row * hq * d + x), dt);
+          const double diff = fabs(a - b) - rel * (fabs(a) > fabs(b) ? fabs(a) : fabs(b));
+          max_diff = diff > max_diff || isnan(diff) ? diff : max_diff;
+        }
+        for (h = 0; h < hq; ++h) {
+          const double diff = fabs((double)lse_dec[h * nseq * q_len + dec_row] -
+                                   (double)lse_dense[h * total + dense_row]);
+          max_diff = diff > max_diff || isnan(diff) ? diff : max_diff;
+        }
+      }
     if (!(max_diff <= 1e-5 * (max_o > 1.0 ? max_o : 1.0))) {
-      print_error("step %lld: decode vs window plan differ by %g\n", (long long)s, max_diff);
+      print_error("%s, step %lld: decode vs window plan differ by %g beyond %g relative\n",
+                  rc->name, (long long)s, max_diff, rel);
       fail();
     }
     assert_true(max_o > 0.0);
-    free(ws), free(o_dense), free(o_dec), free(lse_dense), free(lse_dec);
+    free(ws), free(lse_dense), free(lse_dec);
     CHECK(attn_plan_destroy(plan));
     CHECK(attn_plan_desc_destroy(desc));
     tu_buffer_free(&q), tu_buffer_free(&k), tu_buffer_free(&v);
+    tu_buffer_free(&q_dec), tu_buffer_free(&o_dense), tu_buffer_free(&o_dec);
   }
-  /* Bounded: window / page_size + 2 pages per sequence at most (the
-   * partial page at each end), though 95 tokens were appended to each. */
-  if (peak > nseq * (w / ps + 2)) {
-    print_error("peak pages in use %lld exceeds %lld\n", (long long)peak,
-                (long long)(nseq * (w / ps + 2)));
+  /* Bounded, as attn.h says: (window + tokens appended at once) /
+   * page_size + 2 pages per sequence, though 5 + 90 q tokens were appended
+   * to each. */
+  if (peak > nseq * ((w + q_len) / ps + 2)) {
+    print_error("%s: peak pages in use %lld exceeds %lld\n", rc->name, (long long)peak,
+                (long long)(nseq * ((w + q_len) / ps + 2)));
     fail();
   }
   free(dws);
@@ -1240,7 +1285,8 @@ static void test_rolling_window_matches_window_plan(void **state) {
 }
 
 int main(void) {
-  struct CMUnitTest tests[sizeof kCases / sizeof kCases[0] + 7];
+  struct CMUnitTest
+      tests[sizeof kCases / sizeof kCases[0] + sizeof kRolling / sizeof kRolling[0] + 6];
   size_t n = 0, i;
   tu_seed();
   for (i = 0; i < sizeof kCases / sizeof kCases[0]; ++i) {
@@ -1249,11 +1295,14 @@ int main(void) {
   }
   {
     struct CMUnitTest t1 = cmocka_unit_test(test_fork);
-    struct CMUnitTest t2 = cmocka_unit_test(test_rolling_window_matches_window_plan);
     struct CMUnitTest t3 = cmocka_unit_test(test_fork_windowed);
     struct CMUnitTest t4 = cmocka_unit_test(test_concurrent_execute);
     tests[n++] = t1;
-    tests[n++] = t2;
+    for (i = 0; i < sizeof kRolling / sizeof kRolling[0]; ++i) {
+      struct CMUnitTest t = {kRolling[i].name, test_rolling_window_matches_window_plan, NULL, NULL,
+                             (void *)&kRolling[i]};
+      tests[n++] = t;
+    }
     tests[n++] = t3;
     struct CMUnitTest t5 = cmocka_unit_test(test_random_operations);
     struct CMUnitTest t6 = cmocka_unit_test(test_caller_memory_stays_inside);
