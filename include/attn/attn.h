@@ -897,7 +897,8 @@ typedef struct attn_kv_cache_info {
   int64_t num_sequences;    /* live sequences */
   int64_t page_size;        /* tokens per page */
   uint64_t bytes_per_token; /* K and V bytes of one token, all KV heads */
-  uint64_t memory_bytes;    /* page memory in use by the pool, both K and V */
+  uint64_t memory_bytes;    /* page memory of the pool, both K and V:
+                             * num_pages * page_size * bytes_per_token */
   int32_t owns_memory;      /* 1 when the library allocated the memory */
   int32_t reserved;         /* 0 */
 } attn_kv_cache_info_t;
@@ -930,8 +931,10 @@ ATTN_API attn_status_t attn_kv_cache_get_info(attn_kv_cache_t cache, attn_kv_cac
  * Split-KV: when a batch has too few (sequence, KV head) pairs to occupy
  * the threads, long sequences are cut into chunks of whole pages processed
  * in parallel, and the chunks' (O, LSE) states are merged as
- * attn_merge_states does. attn_decode_prepare chooses the split from the
- * batch and reports it. */
+ * attn_merge_states does. A chunk is a run of the pages a sequence's
+ * queries read (with a window: its sink pages and the window's), and the
+ * sequences of a step are cut at one chunk length. attn_decode_prepare
+ * chooses the split from the batch and reports it. */
 typedef struct attn_decode_plan *attn_decode_plan_t;
 
 /* Size-tagged as attn_kv_cache_config_t. */
@@ -1063,7 +1066,10 @@ typedef struct attn_decode_plan_info {
    * threads; 0: the plan does not split by itself. Prepare splits a batch
    * with fewer tasks than that (CPU: fewer than the threads) into chunks of
    * whole pages, at least split_min_chunk_tokens long (CUDA: the count that
-   * fills whole waves of split_target_tasks best, at most two waves). */
+   * fills whole waves of split_target_tasks best, at most two waves; CPU:
+   * with T tasks and P the most pages a sequence of the batch reads,
+   * max(ceil(P / ceil(2 threads / T)), ceil(split_min_chunk_tokens /
+   * page_size)) pages, so at most ceil(2 threads / T) chunks). */
   int64_t split_target_tasks;
   int64_t split_min_chunk_tokens;
 } attn_decode_plan_info_t;

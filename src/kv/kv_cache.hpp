@@ -109,7 +109,10 @@ class KvCache {
   int64_t num_sequences() const { return int64_t(sequences_.size()); }
   int64_t pages_in_use() const { return config_.num_pages - int64_t(free_.size()); }
   bool owns_memory() const { return owned_ != nullptr || device_owned_ != nullptr; }
-  size_t memory_bytes() const { return layout_.used; }
+  // The pages of K and V, without the alignment gap between the two pools.
+  size_t memory_bytes() const {
+    return size_t(config_.num_pages * config_.page_size) * config_.bytes_per_token();
+  }
 
   // Base of physical page p in the K and V pools.
   const void* k_page(int32_t p) const { return k_base_ + size_t(p) * k_page_bytes_; }

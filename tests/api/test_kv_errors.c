@@ -276,6 +276,69 @@ static void test_create_errors(void **state) {
   EXPECT_OK(attn_kv_cache_destroy(NULL));
 }
 
+/* bytes_per_token is the K and V bytes of one token over all KV heads, and
+ * memory_bytes the pool's pages of K and V: num_pages * page_size tokens.
+ * Neither depends on the layout, on who owns the memory or on its use. */
+static void test_info_sizes(void **state) {
+  static const struct {
+    attn_dtype_t dtype;
+    attn_kv_layout_t layout;
+    int64_t page_size, num_pages, heads_kv, dqk, dv;
+    uint64_t elem;
+  } cases[] = {
+      {ATTN_DTYPE_FP32, ATTN_KV_LAYOUT_NHD, 4, 8, 2, 8, 8, 4},
+      {ATTN_DTYPE_FP32, ATTN_KV_LAYOUT_HND, 3, 11, 2, 5, 9, 4},
+      {ATTN_DTYPE_FP16, ATTN_KV_LAYOUT_HND, 5, 3, 1, 3, 7, 2},
+      {ATTN_DTYPE_FP16, ATTN_KV_LAYOUT_NHD, 16, 9, 4, 64, 32, 2},
+      {ATTN_DTYPE_BF16, ATTN_KV_LAYOUT_NHD, 7, 5, 3, 16, 40, 2},
+      {ATTN_DTYPE_BF16, ATTN_KV_LAYOUT_HND, 1, 2, 1, 1, 1, 2},
+  };
+  size_t i;
+  int owned;
+  (void)state;
+  for (i = 0; i < sizeof cases / sizeof cases[0]; ++i) {
+    const attn_kv_cache_config_t c =
+        tu_kv_cache_config(cases[i].dtype, cases[i].layout, cases[i].page_size,
+                           cases[i].num_pages, cases[i].heads_kv, cases[i].dqk, cases[i].dv, 0, 0);
+    const uint64_t per_token =
+        (uint64_t)(cases[i].heads_kv * (cases[i].dqk + cases[i].dv)) * cases[i].elem;
+    const uint64_t pool = (uint64_t)(cases[i].num_pages * cases[i].page_size) * per_token;
+    size_t bytes = 0;
+    EXPECT_OK(attn_kv_cache_memory_size(&c, &bytes));
+    assert_true(bytes >= pool);
+    for (owned = 0; owned < 2; ++owned) {
+      /* Caller memory starts one byte past an allocation's start. */
+      char *mem = owned ? NULL : xmalloc(bytes + 1);
+      attn_kv_cache_t cache = NULL;
+      attn_kv_cache_info_t info;
+      const int64_t id = 3;
+      const int32_t n = (int32_t)(cases[i].page_size + 1);
+      const size_t kb = (size_t)n * (size_t)(cases[i].heads_kv * cases[i].dqk) * cases[i].elem;
+      const size_t vb = (size_t)n * (size_t)(cases[i].heads_kv * cases[i].dv) * cases[i].elem;
+      unsigned char *k = xmalloc(kb), *v = xmalloc(vb);
+      memset(k, 0x3C, kb); /* 1.06 in fp16, 0.0115 in bf16 and fp32 */
+      memset(v, 0x3E, vb);
+      EXPECT_OK(
+          attn_kv_cache_create(g_ctx, &c, owned ? NULL : mem + 1, owned ? 0 : bytes, &cache));
+      info = info_of(cache);
+      assert_int_equal(info.owns_memory, owned);
+      assert_int_equal(info.page_size, cases[i].page_size);
+      assert_int_equal(info.num_pages, cases[i].num_pages);
+      assert_int_equal(info.bytes_per_token, per_token);
+      assert_int_equal(info.memory_bytes, pool);
+      /* In use or not, the pool is the same size. */
+      EXPECT_OK(attn_kv_cache_add_sequence(cache, id));
+      EXPECT_OK(attn_kv_cache_append(cache, 1, &id, &n, k, v, NULL));
+      info = info_of(cache);
+      assert_int_equal(info.pages_in_use, 2);
+      assert_int_equal(info.bytes_per_token, per_token);
+      assert_int_equal(info.memory_bytes, pool);
+      EXPECT_OK(attn_kv_cache_destroy(cache));
+      free(k), free(v), free(mem);
+    }
+  }
+}
+
 static void test_cuda_context_refused(void **state) {
   attn_context_t cuda = NULL;
   attn_kv_cache_config_t c = small_config(8);
@@ -325,13 +388,36 @@ static void test_add_release_length(void **state) {
   assert_int_equal(length_of(cache, 5), 6);
   assert_int_equal(info_of(cache).pages_in_use, 2);
 
-  EXPECT_FAIL(INVALID, "seq_id", attn_kv_cache_release(cache, 6));
+  /* 7 shares 5's first page and holds its own copy of the second. */
+  EXPECT_OK(attn_kv_cache_fork(cache, 5, 7, 5));
+  append(cache, 7, 2);
+  assert_int_equal(info_of(cache).pages_in_use, 3);
+  {
+    /* An unknown id: refused, and no sequence or page is let go. */
+    const int64_t live[2] = {5, 7};
+    snapshot s = take(cache, 2, live);
+    EXPECT_FAIL(INVALID, "seq_id", attn_kv_cache_release(cache, 6));
+    EXPECT_CACHE_UNCHANGED(cache, &s);
+    EXPECT_FAIL(INVALID, "seq_id", attn_kv_cache_release(cache, -1));
+    EXPECT_CACHE_UNCHANGED(cache, &s);
+    free(s.out);
+  }
   EXPECT_OK(attn_kv_cache_release(cache, 5));
+  assert_int_equal(info_of(cache).pages_in_use, 2); /* the shared page stays */
+  assert_int_equal(info_of(cache).num_sequences, 1);
+  {
+    /* Twice: refused, and the message says what may have happened; the
+     * other sequence and the page it shared with 5 are kept. */
+    const int64_t live = 7;
+    snapshot s = take(cache, 1, &live);
+    EXPECT_FAIL(INVALID, "seq_id", attn_kv_cache_release(cache, 5));
+    assert_non_null(strstr(attn_last_error_message(), "released already"));
+    EXPECT_CACHE_UNCHANGED(cache, &s);
+    free(s.out);
+  }
+  EXPECT_OK(attn_kv_cache_release(cache, 7));
   assert_int_equal(info_of(cache).pages_in_use, 0);
   assert_int_equal(info_of(cache).num_sequences, 0);
-  /* Twice: refused, and the message says what may have happened. */
-  EXPECT_FAIL(INVALID, "seq_id", attn_kv_cache_release(cache, 5));
-  assert_non_null(strstr(attn_last_error_message(), "released already"));
   POISON_VAR(len);
   EXPECT_FAIL(INVALID, "seq_id", attn_kv_cache_sequence_length(cache, 5, &len));
   EXPECT_VAR_UNTOUCHED(len);
@@ -763,6 +849,93 @@ static void test_execute_errors(void **state) {
   fixture_free(&f);
 }
 
+/* Appends n random tokens in c's dtype and head dims to sequence id. */
+static void append_as(attn_kv_cache_t cache, const attn_kv_cache_config_t *c, int64_t id,
+                      int32_t n) {
+  const attn_dtype_t dt = (attn_dtype_t)c->dtype;
+  const size_t nk = (size_t)(n * c->heads_kv * c->head_dim_qk);
+  const size_t nv = (size_t)(n * c->heads_kv * c->head_dim_v);
+  float *kf = xmalloc(nk * 4), *vf = xmalloc(nv * 4);
+  char *k = xmalloc(nk * 4), *v = xmalloc(nv * 4);
+  size_t i;
+  fill_random(kf, nk, g_seed++);
+  fill_random(vf, nv, g_seed++);
+  for (i = 0; i < nk; ++i) tu_store(k, i, dt, kf[i]);
+  for (i = 0; i < nv; ++i) tu_store(v, i, dt, vf[i]);
+  EXPECT_OK(attn_kv_cache_append(cache, 1, &id, &n, k, v, NULL));
+  free(kf), free(vf), free(k), free(v);
+}
+
+/* A plan runs only on caches configured like the one it was made for: a
+ * cache that differs in a single field, holding the same sequences, is
+ * refused by prepare and by execute, which write nothing; the plan and
+ * its workspace still serve the right cache afterwards. */
+static void test_cache_mismatch(void **state) {
+  enum { DTYPE, LAYOUT, PAGE_SIZE, NUM_PAGES, HEADS_KV, DIM_QK, DIM_V, WINDOW_ON, WINDOW,
+         SINKS_ON, SINKS, NUM_FIELDS };
+  const int64_t ids[2] = {1, 2};
+  const int32_t ql[2] = {2, 1};
+  const size_t no = 3 * HQ * DIM * 4, nl = 3 * HQ * 4;
+  int field;
+  (void)state;
+  for (field = 0; field < NUM_FIELDS; ++field) {
+    attn_kv_cache_config_t c = small_config(8), other_c;
+    attn_kv_cache_t other;
+    decode_fixture f;
+    attn_decode_step_info_t info;
+    float o_first[4 * 2 * HQ * DIM], lse_first[4 * 2 * HQ];
+    if (field >= WINDOW) c.window = 16;
+    if (field == SINKS) c.sink_tokens = 2;
+    other_c = c;
+    switch (field) {
+      case DTYPE: other_c.dtype = ATTN_DTYPE_FP16; break;
+      case LAYOUT: other_c.layout = ATTN_KV_LAYOUT_HND; break;
+      case PAGE_SIZE: other_c.page_size = 8; break;
+      case NUM_PAGES: other_c.num_pages = 9; break;
+      case HEADS_KV: other_c.heads_kv = 1; break; /* HQ is a multiple of both */
+      case DIM_QK: other_c.head_dim_qk = 16; break;
+      case DIM_V: other_c.head_dim_v = 4; break;
+      case WINDOW_ON: other_c.window = 16; break;
+      case WINDOW: other_c.window = 24; break;
+      case SINKS_ON: other_c.sink_tokens = 2; break;
+      default: other_c.sink_tokens = 3; break;
+    }
+    fixture_make(&f, &c);
+    other = make_cache(&other_c);
+    EXPECT_OK(attn_kv_cache_add_sequence(other, 1));
+    EXPECT_OK(attn_kv_cache_add_sequence(other, 2));
+    append_as(other, &other_c, 1, 6);
+    append_as(other, &other_c, 2, 3);
+
+    poison(f.ws, f.bytes);
+    POISON_VAR(info);
+    info.struct_size = sizeof info;
+    EXPECT_FAIL(INVALID, "cache",
+                attn_decode_prepare(f.plan, other, 2, ids, ql, f.ws, f.bytes, &info, NULL));
+    assert_non_null(strstr(attn_last_error_message(), "configured differently"));
+    EXPECT_UNTOUCHED(f.ws, f.bytes);
+    check_poisoned(&info.total_q, sizeof info - sizeof info.struct_size, "info", __FILE__,
+                   __LINE__);
+
+    EXPECT_OK(attn_decode_prepare(f.plan, f.cache, 2, ids, ql, f.ws, f.bytes, NULL, NULL));
+    EXPECT_OK(attn_decode_execute(f.plan, f.cache, f.q, o_first, lse_first, f.ws, f.bytes, NULL));
+    poison(f.o, sizeof f.o);
+    poison(f.lse, sizeof f.lse);
+    EXPECT_FAIL(INVALID, "cache",
+                attn_decode_execute(f.plan, other, f.q, f.o, f.lse, f.ws, f.bytes, NULL));
+    assert_non_null(strstr(attn_last_error_message(), "configured differently"));
+    EXPECT_UNTOUCHED(f.o, sizeof f.o);
+    EXPECT_UNTOUCHED(f.lse, sizeof f.lse);
+
+    /* The prepared step still runs on its own cache, bit for bit. */
+    EXPECT_OK(attn_decode_execute(f.plan, f.cache, f.q, f.o, f.lse, f.ws, f.bytes, NULL));
+    assert_memory_equal(f.o, o_first, no);
+    assert_memory_equal(f.lse, lse_first, nl);
+    EXPECT_OK(attn_kv_cache_destroy(other));
+    fixture_free(&f);
+  }
+}
+
 static void test_describe(void **state) {
   attn_kv_cache_config_t c = small_config(8);
   decode_fixture f;
@@ -840,6 +1013,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_config_fields),
       cmocka_unit_test(test_create_errors),
+      cmocka_unit_test(test_info_sizes),
       cmocka_unit_test(test_cuda_context_refused),
       cmocka_unit_test(test_add_release_length),
       cmocka_unit_test(test_append_errors),
@@ -849,6 +1023,7 @@ int main(void) {
       cmocka_unit_test(test_prepare_errors),
       cmocka_unit_test(test_prepare_limits),
       cmocka_unit_test(test_execute_errors),
+      cmocka_unit_test(test_cache_mismatch),
       cmocka_unit_test(test_describe),
       cmocka_unit_test(test_destroyed_handles),
   };

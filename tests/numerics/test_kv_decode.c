@@ -20,8 +20,9 @@
  *
  * Also here: forked sequences (copy-on-write of a shared partial page,
  * pages-in-use accounting, release of one side), and a rolling-window cache
- * decoded token by token against the dense window plan over all tokens,
- * with pages in use bounded throughout.
+ * decoded step by step against the dense window plan over all tokens,
+ * with pages in use bounded throughout. Caller memory lies between guard
+ * bytes that no operation may change.
  *
  * ATTN_TEST_SEED=<n> reproduces a run's inputs.
  */
@@ -70,27 +71,63 @@ typedef struct kv_env {
   attn_kv_cache_config_t cfg;
   attn_context_t ctx;
   attn_kv_cache_t cache;
-  void *memory; /* caller memory, or NULL */
+  /* Caller memory: `memory_bytes` (attn_kv_cache_memory_size) at `memory`,
+   * between two guards of kGuardBytes inside `block`; NULL: the library's. */
+  unsigned char *block, *memory;
+  size_t memory_bytes;
+  int threads;
   int64_t capacity;
   int nseq;
   mirror_seq seq[64];
 } kv_env;
 
-static void env_create(kv_env *e, const attn_kv_cache_config_t *cfg, int threads,
-                       int caller_memory, int nseq, int64_t capacity) {
-  size_t bytes = 0;
+enum { kGuardBytes = 256 };
+
+/* The guards' pattern: known, position-dependent and never zero. */
+static unsigned char guard_byte(size_t i) { return (unsigned char)(1 + (i * 37) % 255); }
+
+/* Fails unless both guards around the caller's memory still hold their
+ * pattern: the cache must stay inside the bytes it was given. */
+static void env_check_guards(const kv_env *e, const char *when) {
+  long i;
+  if (e->memory == NULL) return;
+  for (i = -kGuardBytes; i < kGuardBytes; ++i) {
+    const long at = i < 0 ? i : (long)e->memory_bytes + i;
+    if (e->memory[at] != guard_byte((size_t)(i + kGuardBytes))) {
+      print_error("%s: byte %ld of the caller's memory (%zu bytes given) was written\n", when, at,
+                  e->memory_bytes);
+      fail();
+    }
+  }
+}
+
+/* offset < 0: the library allocates the pool; else the caller's memory
+ * starts `offset` bytes past a 64-byte boundary (the cache needs no
+ * alignment from the caller). */
+static void env_create_at(kv_env *e, const attn_kv_cache_config_t *cfg, int threads,
+                          int offset, int nseq, int64_t capacity) {
   int i;
   memset(e, 0, sizeof *e);
   e->cfg = *cfg;
+  e->threads = threads;
   e->capacity = capacity;
   e->nseq = nseq;
   CHECK(attn_context_create(ATTN_BACKEND_CPU, 0, threads, &e->ctx));
-  if (caller_memory) {
-    CHECK(attn_kv_cache_memory_size(cfg, &bytes));
-    /* Offset by one byte: the cache needs no alignment from the caller. */
-    e->memory = malloc(bytes + 1);
-    assert_non_null(e->memory);
-    CHECK(attn_kv_cache_create(e->ctx, cfg, (char *)e->memory + 1, bytes, &e->cache));
+  if (offset >= 0) {
+    size_t block_bytes, lead;
+    CHECK(attn_kv_cache_memory_size(cfg, &e->memory_bytes));
+    block_bytes = 64 + kGuardBytes + (size_t)offset + e->memory_bytes + kGuardBytes;
+    e->block = (unsigned char *)malloc(block_bytes);
+    assert_non_null(e->block);
+    lead = (64 - (size_t)((uintptr_t)e->block % 64)) % 64;
+    e->memory = e->block + lead + kGuardBytes + offset;
+    for (i = -kGuardBytes; i < kGuardBytes; ++i) {
+      const long at = i < 0 ? (long)i : (long)e->memory_bytes + i;
+      e->memory[at] = guard_byte((size_t)(i + kGuardBytes));
+    }
+    memset(e->memory, 0xA5, e->memory_bytes);
+    CHECK(attn_kv_cache_create(e->ctx, cfg, e->memory, e->memory_bytes, &e->cache));
+    env_check_guards(e, "create");
   } else {
     CHECK(attn_kv_cache_create(e->ctx, cfg, NULL, 0, &e->cache));
   }
@@ -102,12 +139,19 @@ static void env_create(kv_env *e, const attn_kv_cache_config_t *cfg, int threads
   }
 }
 
+static void env_create(kv_env *e, const attn_kv_cache_config_t *cfg, int threads,
+                       int caller_memory, int nseq, int64_t capacity) {
+  env_create_at(e, cfg, threads, caller_memory ? 1 : -1, nseq, capacity);
+}
+
 static void env_destroy(kv_env *e) {
   int i;
   for (i = 0; i < e->nseq; ++i) free(e->seq[i].k), free(e->seq[i].v);
+  env_check_guards(e, "before destroy");
   CHECK(attn_kv_cache_destroy(e->cache));
+  env_check_guards(e, "destroy");
   CHECK(attn_context_destroy(e->ctx));
-  free(e->memory);
+  free(e->block);
 }
 
 static int64_t pages_in_use(const kv_env *e) {
@@ -198,6 +242,62 @@ static void judge(const char *label, const tu_err *lib, const tu_err *lowp, doub
   }
 }
 
+static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+/* The split a step must report, from attn.h: a chunk is a run of the pages
+ * a sequence's queries read; kv_chunk_tokens n > 0 cuts at n tokens rounded
+ * up to whole pages, -1 never; 0 on the CPU cuts only a batch of fewer
+ * (sequence, KV head) tasks than threads, at max(ceil(P / ceil(2 threads /
+ * tasks)), ceil(split_min_chunk_tokens / page_size)) pages, P the most
+ * pages a sequence reads. The step reports the chunk length only when some
+ * sequence has more than one chunk. */
+static void check_split(const kv_env *e, const step *st, attn_decode_plan_t plan,
+                        const attn_decode_step_info_t *info, const char *label) {
+  const attn_kv_cache_config_t *c = &e->cfg;
+  const int64_t ps = c->page_size, tasks = st->n * c->heads_kv;
+  const int autos = st->chunk_tokens == 0 && e->threads > 1;
+  int64_t pages[64], most = 0, chunk = 0, units = 0, split = 0, max_chunks = 1;
+  attn_decode_plan_info_t pi;
+  int i;
+  pi.struct_size = sizeof pi;
+  CHECK(attn_decode_plan_describe(plan, &pi));
+  assert_int_equal(pi.split_target_tasks, autos ? e->threads : 0);
+  assert_int_equal(pi.split_min_chunk_tokens > 0, autos);
+  for (i = 0; i < st->n; ++i) {
+    const mirror_seq *s = &e->seq[st->idx[i]];
+    int64_t j, t, last = -1;
+    pages[i] = 0;
+    for (j = 0; j < s->len; ++j) { /* pages holding a key some query sees */
+      int seen = 0;
+      for (t = s->len - st->q_len[i]; t < s->len && !seen; ++t) seen = key_visible(c, t, j);
+      if (seen && j / ps != last) ++pages[i], last = j / ps;
+    }
+    most = pages[i] > most ? pages[i] : most;
+  }
+  if (st->chunk_tokens > 0) {
+    chunk = ceil_div(st->chunk_tokens, ps);
+  } else if (autos && tasks < e->threads) {
+    const int64_t floor_pages = ceil_div(pi.split_min_chunk_tokens, ps);
+    chunk = ceil_div(most, ceil_div(2 * (int64_t)e->threads, tasks));
+    if (chunk < floor_pages) chunk = floor_pages;
+  }
+  for (i = 0; i < st->n; ++i) {
+    const int64_t n = chunk > 0 && pages[i] > chunk ? ceil_div(pages[i], chunk) : 1;
+    units += n;
+    split += n > 1;
+    max_chunks = n > max_chunks ? n : max_chunks;
+  }
+  if (info->num_work_units != units || info->split_sequences != split ||
+      info->max_chunks != max_chunks || info->kv_chunk_tokens != (split > 0 ? chunk * ps : 0)) {
+    print_error("%s: split (units, split sequences, max chunks, chunk tokens) is (%lld, %lld, "
+                "%lld, %lld), expected (%lld, %lld, %lld, %lld)\n",
+                label, (long long)info->num_work_units, (long long)info->split_sequences,
+                (long long)info->max_chunks, (long long)info->kv_chunk_tokens, (long long)units,
+                (long long)split, (long long)max_chunks, (long long)(split > 0 ? chunk * ps : 0));
+    fail();
+  }
+}
+
 /* Runs the step through the library and checks O and LSE. */
 static void run_step(kv_env *e, tu_rng *rng, const step *st, const char *label,
                      step_result *res) {
@@ -242,6 +342,7 @@ static void run_step(kv_env *e, tu_rng *rng, const step *st, const char *label,
   CHECK(attn_decode_prepare(plan, e->cache, st->n, ids, st->q_len, (char *)ws + 1, ws_bytes,
                             &res->info, NULL));
   assert_int_equal(res->info.total_q, total_q);
+  check_split(e, st, plan, &res->info, label);
   CHECK(attn_decode_execute(plan, e->cache, q.data, o.data, lse, (char *)ws + 1, ws_bytes, NULL));
 
   /* The reference: one row per query token over the keys at positions
@@ -644,6 +745,200 @@ static void test_fork_windowed(void **state) {
   env_destroy(&e);
 }
 
+/* Caller memory of exactly attn_kv_cache_memory_size bytes, at several
+ * misaligned starts, between guards: appends, a fork and its copy-on-write
+ * copy, filling every page of the pool, a refused append, decode steps and
+ * refilling released pages never write outside it, while the cache does
+ * keep its pages there (the decodes match the reference). */
+static void test_caller_memory_stays_inside(void **state) {
+  static const struct {
+    attn_dtype_t dtype;
+    attn_kv_layout_t layout;
+    int64_t ps, pages, hkv, dqk, dv;
+  } configs[] = {
+      {ATTN_DTYPE_FP32, ATTN_KV_LAYOUT_NHD, 4, 6, 2, 8, 12},
+      {ATTN_DTYPE_BF16, ATTN_KV_LAYOUT_HND, 3, 7, 1, 16, 8},
+      {ATTN_DTYPE_FP16, ATTN_KV_LAYOUT_NHD, 5, 5, 2, 4, 4},
+  };
+  static const int offsets[] = {0, 1, 33, 63};
+  size_t ci, oi;
+  (void)state;
+  for (ci = 0; ci < sizeof configs / sizeof configs[0]; ++ci)
+    for (oi = 0; oi < sizeof offsets / sizeof offsets[0]; ++oi) {
+      const int64_t ps = configs[ci].ps, pages = configs[ci].pages, cap = pages * ps + 8;
+      tu_rng rng = tu_rng_for("caller-memory");
+      attn_kv_cache_config_t cfg;
+      kv_env e;
+      step st;
+      step_result r;
+      int idx[2] = {0, 1};
+      int32_t cnt[2];
+      size_t b, changed = 0;
+      char label[128];
+      snprintf(label, sizeof label, "caller memory: config %zu, offset %d", ci, offsets[oi]);
+      cfg = tu_kv_cache_config(configs[ci].dtype, configs[ci].layout, ps, pages, configs[ci].hkv,
+                               configs[ci].dqk, configs[ci].dv, 0, 0);
+      env_create_at(&e, &cfg, 1, offsets[oi], 1, cap);
+      cnt[0] = (int32_t)(2 * ps + 1); /* a partial third page */
+      env_append(&e, &rng, 1, idx, cnt);
+      env_check_guards(&e, label);
+      e.nseq = 2;
+      e.seq[1].id = 5;
+      e.seq[1].k = (double *)xcalloc((size_t)(cap * configs[ci].hkv * configs[ci].dqk), 8);
+      e.seq[1].v = (double *)xcalloc((size_t)(cap * configs[ci].hkv * configs[ci].dv), 8);
+      CHECK(attn_kv_cache_fork(e.cache, e.seq[0].id, 5, 2 * ps + 1));
+      copy_mirror(&e, 1, 0, 2 * ps + 1);
+      cnt[0] = 0, cnt[1] = 1; /* 1 copies the shared partial page */
+      env_append(&e, &rng, 2, idx, cnt);
+      assert_int_equal(pages_in_use(&e), 4);
+      env_check_guards(&e, label);
+      /* Fill both partial pages, then every free page. */
+      cnt[0] = (int32_t)(ps - 1), cnt[1] = (int32_t)(ps - 2);
+      env_append(&e, &rng, 2, idx, cnt);
+      cnt[0] = (int32_t)((pages - 4 + 1) / 2 * ps), cnt[1] = (int32_t)((pages - 4) / 2 * ps);
+      env_append(&e, &rng, 2, idx, cnt);
+      assert_int_equal(pages_in_use(&e), pages);
+      env_check_guards(&e, label);
+      cnt[0] = 1, cnt[1] = 0;
+      assert_int_equal(env_try_append(&e, &rng, 2, idx, cnt), ATTN_STATUS_CAPACITY);
+      env_check_guards(&e, label);
+      for (b = 0; b < e.memory_bytes; ++b) changed += e.memory[b] != 0xA5;
+      assert_true(changed > 0); /* the pages are in the caller's memory */
+
+      memset(&st, 0, sizeof st);
+      st.n = 2;
+      st.idx[0] = 1, st.idx[1] = 0;
+      st.q_len[0] = 3, st.q_len[1] = 2;
+      st.heads_q = 2 * configs[ci].hkv;
+      st.max_q = 3;
+      st.chunk_tokens = -1;
+      run_step(&e, &rng, &st, label, &r);
+      st.chunk_tokens = ps;
+      run_step(&e, &rng, &st, label, &r);
+      env_check_guards(&e, label);
+
+      /* Released pages are refilled by the other sequence. */
+      CHECK(attn_kv_cache_release(e.cache, e.seq[0].id));
+      cnt[0] = (int32_t)((pages - pages_in_use(&e)) * ps);
+      idx[0] = 1;
+      env_append(&e, &rng, 1, idx, cnt);
+      assert_int_equal(pages_in_use(&e), pages);
+      env_check_guards(&e, label);
+      st.n = 1;
+      st.idx[0] = 1;
+      run_step(&e, &rng, &st, label, &r);
+      env_check_guards(&e, label);
+      env_destroy(&e);
+    }
+}
+
+/* The split of single steps, its four reported numbers worked out by hand
+ * from attn.h (chunk lengths in pages; P: pages a sequence reads). */
+static void test_split_policy(void **state) {
+  static const struct {
+    const char *name;
+    int threads;
+    int64_t ps, hkv, window, sinks, chunk_tokens;
+    int n;
+    int64_t len[4];
+    int32_t q[4];
+    int64_t units, split, max_chunks, kv_chunk_tokens; /* expected */
+  } cases[] = {
+      /* Automatic, 4 threads, 1 task: at most 8 chunks of at least 16
+       * pages. P = 7: one chunk. */
+      {"auto-short", 4, 16, 1, 0, 0, 0, 1, {100}, {1}, 1, 0, 1, 0},
+      /* P = 19: 16 and 3 pages. */
+      {"auto-floor", 4, 16, 1, 0, 0, 0, 1, {300}, {2}, 2, 1, 2, 256},
+      /* P = 188: 8 chunks of ceil(188 / 8) = 24 pages. */
+      {"auto-8-chunks", 4, 16, 1, 0, 0, 0, 1, {3000}, {1}, 8, 1, 8, 384},
+      /* 2 tasks: at most 4 chunks of at least ceil(256 / 7) = 37 pages;
+       * P = 286: chunks of 72 pages, 4 for the first sequence, 1 for the
+       * second (6 pages). */
+      {"auto-ps7-2-seqs", 4, 7, 1, 0, 0, 0, 2, {2000, 40}, {1, 3}, 5, 1, 4, 504},
+      /* 3 tasks: at most 3 chunks; P = 57, 38, 1: chunks of 19 pages. */
+      {"auto-3-seqs", 4, 16, 1, 0, 0, 0, 3, {900, 600, 10}, {1, 2, 1}, 6, 2, 3, 304},
+      /* 4 tasks for 4 threads: no split, however long. */
+      {"auto-4-seqs", 4, 16, 1, 0, 0, 0, 4, {1000, 1000, 500, 20}, {1, 1, 2, 1}, 4, 0, 1, 0},
+      {"auto-2-seqs-2-heads", 4, 16, 2, 0, 0, 0, 2, {1000, 1000}, {1, 1}, 2, 0, 1, 0},
+      /* 2 tasks (2 KV heads): at most 4 chunks; P = 94: 24 pages. */
+      {"auto-1-seq-2-heads", 4, 16, 2, 0, 0, 0, 1, {1500}, {3}, 4, 1, 4, 384},
+      /* 3 threads: at most 6 chunks, of at least 32 pages of 8; P = 150. */
+      {"auto-3-threads", 3, 8, 1, 0, 0, 0, 1, {1200}, {1}, 5, 1, 5, 256},
+      /* Window 600, 20 sinks: keys 0..19 and 1399..1999, pages 0, 1 and
+       * 87..124, P = 40: 3 chunks of the 16-page floor. */
+      {"auto-window", 4, 16, 1, 600, 20, 0, 1, {2000}, {2}, 3, 1, 3, 256},
+      /* 1 thread: never automatically. */
+      {"auto-1-thread", 1, 16, 1, 0, 0, 0, 1, {3000}, {1}, 1, 0, 1, 0},
+      /* Never, with threads to spare. */
+      {"never", 4, 16, 1, 0, 0, -1, 1, {3000}, {1}, 1, 0, 1, 0},
+      /* Forced 43 tokens: 3 pages of 16; P = 13 and 3. */
+      {"forced-rounded-up", 1, 16, 1, 0, 0, 43, 2, {200, 40}, {1, 2}, 6, 1, 5, 48},
+      /* Forced, longer than every sequence: no split. */
+      {"forced-longer", 1, 16, 1, 0, 0, 1000, 2, {200, 40}, {1, 2}, 2, 0, 1, 0},
+      /* Forced, not the automatic split, with threads to spare: 2 pages. */
+      {"forced-threads", 4, 16, 1, 0, 0, 32, 1, {300}, {1}, 10, 1, 10, 32},
+      /* Forced 14 tokens (2 pages of 7), window 30 and 3 sinks: keys 0..2
+       * and 468..499, pages 0 and 66..71, P = 7: 4 chunks. */
+      {"forced-window", 2, 7, 1, 30, 3, 14, 1, {500}, {3}, 4, 1, 4, 14},
+  };
+  size_t c;
+  (void)state;
+  for (c = 0; c < sizeof cases / sizeof cases[0]; ++c) {
+    tu_rng rng = tu_rng_for(cases[c].name);
+    attn_kv_cache_config_t cfg;
+    kv_env e;
+    step st;
+    step_result r;
+    int64_t pages = 2, longest = 0;
+    int i;
+    for (i = 0; i < cases[c].n; ++i) {
+      pages += ceil_div(cases[c].len[i], cases[c].ps);
+      longest = cases[c].len[i] > longest ? cases[c].len[i] : longest;
+    }
+    cfg = tu_kv_cache_config(ATTN_DTYPE_FP32, ATTN_KV_LAYOUT_NHD, cases[c].ps, pages,
+                             cases[c].hkv, 8, 8, cases[c].window, cases[c].sinks);
+    env_create(&e, &cfg, cases[c].threads, 0, cases[c].n, longest);
+    /* Prefill in chunks (a window evicts between them), then each
+     * sequence's query tokens. */
+    for (;;) {
+      int idx[4], n = 0;
+      int32_t cnt[4];
+      for (i = 0; i < cases[c].n; ++i) {
+        const int64_t left = cases[c].len[i] - cases[c].q[i] - e.seq[i].len;
+        if (left <= 0) continue;
+        idx[n] = i;
+        cnt[n++] = (int32_t)(left < 128 ? left : 128);
+      }
+      if (n == 0) break;
+      env_append(&e, &rng, n, idx, cnt);
+    }
+    {
+      int idx[4];
+      for (i = 0; i < cases[c].n; ++i) idx[i] = i;
+      env_append(&e, &rng, cases[c].n, idx, cases[c].q);
+    }
+    memset(&st, 0, sizeof st);
+    st.n = cases[c].n;
+    for (i = 0; i < st.n; ++i) st.idx[i] = i, st.q_len[i] = cases[c].q[i];
+    st.heads_q = 2 * cases[c].hkv;
+    st.max_q = 3;
+    st.chunk_tokens = cases[c].chunk_tokens;
+    run_step(&e, &rng, &st, cases[c].name, &r);
+    if (r.info.num_work_units != cases[c].units || r.info.split_sequences != cases[c].split ||
+        r.info.max_chunks != cases[c].max_chunks ||
+        r.info.kv_chunk_tokens != cases[c].kv_chunk_tokens) {
+      print_error("%s: split (%lld, %lld, %lld, %lld), expected (%lld, %lld, %lld, %lld)\n",
+                  cases[c].name, (long long)r.info.num_work_units,
+                  (long long)r.info.split_sequences, (long long)r.info.max_chunks,
+                  (long long)r.info.kv_chunk_tokens, (long long)cases[c].units,
+                  (long long)cases[c].split, (long long)cases[c].max_chunks,
+                  (long long)cases[c].kv_chunk_tokens);
+      fail();
+    }
+    env_destroy(&e);
+  }
+}
+
 /* Random operations (add, batched appends that may run out of pages, forks
  * at random prefixes, releases) on a small pool, with decode steps over all
  * live sequences against the reference in between: shared pages must never
@@ -827,10 +1122,36 @@ static void test_concurrent_execute(void **state) {
 /* A rolling window against the dense window plan                            */
 /* ------------------------------------------------------------------------ */
 
+/* A rolling-window cache of 3 sequences (window 20, pages of 4, 2 KV
+ * heads, d 16) grows by q tokens per sequence and step, 90 steps; every
+ * 15th step decodes the q newest tokens of each and compares them with the
+ * last q rows of the dense window plan (window (19, 0)) over every token
+ * ever appended, while pages in use stay bounded. */
+typedef struct rolling_case {
+  const char *name;
+  attn_dtype_t dtype;
+  attn_kv_layout_t layout;
+  int32_t q;
+} rolling_case;
+
+static const rolling_case kRolling[] = {
+    {"rolling-window-fp32-nhd-q1", F32, NHD, 1},
+    {"rolling-window-fp32-hnd-q4", F32, HND, 4},
+    {"rolling-window-bf16-hnd-q3", B16, HND, 3},
+    {"rolling-window-bf16-nhd-q1", B16, NHD, 1},
+    {"rolling-window-fp16-nhd-q2", F16, NHD, 2},
+    {"rolling-window-fp16-hnd-q3", F16, HND, 3},
+};
+
 static void test_rolling_window_matches_window_plan(void **state) {
-  tu_rng rng = tu_rng_for("rolling-window");
+  const rolling_case *rc = (const rolling_case *)*state;
+  const attn_dtype_t dt = rc->dtype;
+  const int32_t q_len = rc->q;
+  tu_rng rng = tu_rng_for(rc->name);
   const int64_t w = 20, ps = 4, hq = 4, hkv = 2, d = 16, steps = 90;
   const int nseq = 3;
+  /* Both compute in fp32 and round O to the dtype: at most an ulp apart. */
+  const double rel = dt == ATTN_DTYPE_FP32 ? 0.0 : 2.0 * tu_unit_roundoff(dt);
   attn_kv_cache_config_t cfg;
   kv_env e;
   attn_decode_config_t dc;
@@ -839,14 +1160,13 @@ static void test_rolling_window_matches_window_plan(void **state) {
   void *dws;
   int64_t s, peak = 0;
   int i;
-  (void)state;
 
-  cfg = tu_kv_cache_config(ATTN_DTYPE_FP32, ATTN_KV_LAYOUT_NHD, ps,
-                           nseq * (w / ps + 3) /* pages: far less than the tokens decoded */, hkv,
-                           d, d, w, 0);
-  env_create(&e, &cfg, 1, 0, nseq, 5 + steps);
+  cfg = tu_kv_cache_config(dt, rc->layout, ps,
+                           nseq * ((w + q_len) / ps + 3) /* pages: far less than the tokens */,
+                           hkv, d, d, w, 0);
+  env_create(&e, &cfg, 1, 0, nseq, 5 + steps * q_len);
 
-  dc = tu_decode_config(hq, nseq, 1, 2 * ps);
+  dc = tu_decode_config(hq, nseq, q_len, 2 * ps);
   CHECK(attn_decode_plan_create(e.ctx, e.cache, &dc, &dplan));
   CHECK(attn_decode_plan_workspace_size(dplan, &dws_bytes));
   dws = malloc(dws_bytes);
@@ -859,35 +1179,35 @@ static void test_rolling_window_matches_window_plan(void **state) {
   }
   for (s = 0; s < steps; ++s) {
     int idx[3] = {0, 1, 2};
-    int32_t cnt[3] = {1, 1, 1};
+    int32_t cnt[3], ql[3];
     int64_t ids[3];
-    int32_t cu_q[4], cu_kv[4];
-    tu_buffer q, k, v;
-    float *o_dec, *o_dense, *lse_dec, *lse_dense;
+    int32_t cu[4];
+    tu_buffer q, k, v, q_dec, o_dense, o_dec;
+    float *lse_dec, *lse_dense;
     attn_plan_desc_t desc;
     attn_plan_t plan;
     size_t ws_bytes;
     void *ws;
-    int64_t total_kv = 0, off = 0, x, longest = 0;
+    int64_t total = 0, off = 0, x, t, h, longest = 0;
     double max_diff = 0.0, max_o = 0.0;
 
+    for (i = 0; i < nseq; ++i) cnt[i] = ql[i] = q_len;
     env_append(&e, &rng, nseq, idx, cnt);
     peak = pages_in_use(&e) > peak ? pages_in_use(&e) : peak;
     if (s % 15 != 14) continue;
 
-    /* Dense window plan over every token ever appended. */
-    cu_q[0] = cu_kv[0] = 0;
+    /* Dense window plan over every token ever appended, each a query. */
+    cu[0] = 0;
     for (i = 0; i < nseq; ++i) {
       ids[i] = e.seq[i].id;
-      cu_q[i + 1] = i + 1;
-      cu_kv[i + 1] = cu_kv[i] + (int32_t)e.seq[i].len;
-      total_kv += e.seq[i].len;
+      cu[i + 1] = cu[i] + (int32_t)e.seq[i].len;
+      total += e.seq[i].len;
       longest = e.seq[i].len > longest ? e.seq[i].len : longest;
     }
-    tu_buffer_alloc(&q, ATTN_DTYPE_FP32, (size_t)(nseq * hq * d));
+    tu_buffer_alloc(&q, dt, (size_t)(total * hq * d));
     tu_fill_normal(&rng, &q, 1.0);
-    tu_buffer_alloc(&k, ATTN_DTYPE_FP32, (size_t)(total_kv * hkv * d));
-    tu_buffer_alloc(&v, ATTN_DTYPE_FP32, (size_t)(total_kv * hkv * d));
+    tu_buffer_alloc(&k, dt, (size_t)(total * hkv * d));
+    tu_buffer_alloc(&v, dt, (size_t)(total * hkv * d));
     for (i = 0; i < nseq; ++i) {
       for (x = 0; x < e.seq[i].len * hkv * d; ++x) {
         tu_buffer_set(&k, (size_t)(off + x), e.seq[i].k[x]);
@@ -895,48 +1215,68 @@ static void test_rolling_window_matches_window_plan(void **state) {
       }
       off += e.seq[i].len * hkv * d;
     }
+    /* The decode's queries: the last q_len rows of each sequence's. */
+    tu_buffer_alloc(&q_dec, dt, (size_t)(nseq * q_len * hq * d));
+    for (i = 0; i < nseq; ++i)
+      for (t = 0; t < q_len; ++t)
+        for (x = 0; x < hq * d; ++x)
+          tu_buffer_set(&q_dec, (size_t)((i * q_len + t) * hq * d + x),
+                        q.mirror[(cu[i + 1] - q_len + t) * hq * d + x]);
     CHECK(attn_plan_desc_create(&desc));
-    CHECK(attn_plan_desc_set_shape(desc, nseq, hq, hkv, 1, longest, d, d));
-    CHECK(attn_plan_desc_set_varlen(desc, nseq, cu_q, cu_kv));
+    CHECK(attn_plan_desc_set_shape(desc, nseq, hq, hkv, longest, longest, d, d));
+    CHECK(attn_plan_desc_set_dtype(desc, dt));
+    CHECK(attn_plan_desc_set_varlen(desc, nseq, cu, cu));
     CHECK(attn_plan_desc_set_mask(desc, ATTN_MASK_WINDOW, w - 1, 0));
     CHECK(attn_plan_create(e.ctx, desc, &plan));
     CHECK(attn_plan_workspace_size(plan, ATTN_PASS_FORWARD, &ws_bytes));
     ws = malloc(ws_bytes ? ws_bytes : 1);
-    o_dense = (float *)xcalloc((size_t)(nseq * hq * d), 4);
-    o_dec = (float *)xcalloc((size_t)(nseq * hq * d), 4);
-    lse_dense = (float *)xcalloc((size_t)(nseq * hq), 4);
-    lse_dec = (float *)xcalloc((size_t)(nseq * hq), 4);
-    tu_poison(o_dec, ATTN_DTYPE_FP32, (size_t)(nseq * hq * d));
-    CHECK(attn_forward(plan, q.data, k.data, v.data, o_dense, lse_dense, ws, ws_bytes, NULL));
-    {
-      int32_t ql[3] = {1, 1, 1};
-      CHECK(attn_decode_prepare(dplan, e.cache, nseq, ids, ql, dws, dws_bytes, NULL, NULL));
+    tu_buffer_alloc(&o_dense, dt, (size_t)(total * hq * d));
+    tu_buffer_alloc(&o_dec, dt, (size_t)(nseq * q_len * hq * d));
+    lse_dense = (float *)xcalloc((size_t)(total * hq), 4);
+    lse_dec = (float *)xcalloc((size_t)(nseq * q_len * hq), 4);
+    tu_poison(o_dec.data, dt, (size_t)(nseq * q_len * hq * d));
+    tu_poison(lse_dec, ATTN_DTYPE_FP32, (size_t)(nseq * q_len * hq));
+    CHECK(attn_forward(plan, q.data, k.data, v.data, o_dense.data, lse_dense, ws, ws_bytes, NULL));
+    CHECK(attn_decode_prepare(dplan, e.cache, nseq, ids, ql, dws, dws_bytes, NULL, NULL));
+    CHECK(attn_decode_execute(dplan, e.cache, q_dec.data, o_dec.data, lse_dec, dws, dws_bytes,
+                              NULL));
+    for (x = 0; x < total * hq * d; ++x) {
+      const double a = fabs(tu_load(o_dense.data, (size_t)x, dt));
+      max_o = a > max_o ? a : max_o;
     }
-    CHECK(attn_decode_execute(dplan, e.cache, q.data, o_dec, lse_dec, dws, dws_bytes, NULL));
-    for (x = 0; x < nseq * hq * d; ++x) {
-      const double diff = fabs((double)o_dec[x] - (double)o_dense[x]);
-      max_diff = diff > max_diff || isnan(diff) ? diff : max_diff;
-      max_o = fabs(o_dense[x]) > max_o ? fabs(o_dense[x]) : max_o;
-    }
-    for (x = 0; x < nseq * hq; ++x) {
-      const double diff = fabs((double)lse_dec[x] - (double)lse_dense[x]);
-      max_diff = diff > max_diff || isnan(diff) ? diff : max_diff;
-    }
+    for (i = 0; i < nseq; ++i)
+      for (t = 0; t < q_len; ++t) {
+        const int64_t dec_row = i * q_len + t, dense_row = cu[i + 1] - q_len + t;
+        for (x = 0; x < hq * d; ++x) {
+          const double a = tu_load(o_dec.data, (size_t)(dec_row * hq * d + x), dt);
+          const double b = tu_load(o_dense.data, (size_t)(dense_row * hq * d + x), dt);
+          const double diff = fabs(a - b) - rel * (fabs(a) > fabs(b) ? fabs(a) : fabs(b));
+          max_diff = diff > max_diff || isnan(diff) ? diff : max_diff;
+        }
+        for (h = 0; h < hq; ++h) {
+          const double diff = fabs((double)lse_dec[h * nseq * q_len + dec_row] -
+                                   (double)lse_dense[h * total + dense_row]);
+          max_diff = diff > max_diff || isnan(diff) ? diff : max_diff;
+        }
+      }
     if (!(max_diff <= 1e-5 * (max_o > 1.0 ? max_o : 1.0))) {
-      print_error("step %lld: decode vs window plan differ by %g\n", (long long)s, max_diff);
+      print_error("%s, step %lld: decode vs window plan differ by %g beyond %g relative\n",
+                  rc->name, (long long)s, max_diff, rel);
       fail();
     }
     assert_true(max_o > 0.0);
-    free(ws), free(o_dense), free(o_dec), free(lse_dense), free(lse_dec);
+    free(ws), free(lse_dense), free(lse_dec);
     CHECK(attn_plan_destroy(plan));
     CHECK(attn_plan_desc_destroy(desc));
     tu_buffer_free(&q), tu_buffer_free(&k), tu_buffer_free(&v);
+    tu_buffer_free(&q_dec), tu_buffer_free(&o_dense), tu_buffer_free(&o_dec);
   }
-  /* Bounded: window / page_size + 2 pages per sequence at most (the
-   * partial page at each end), though 95 tokens were appended to each. */
-  if (peak > nseq * (w / ps + 2)) {
-    print_error("peak pages in use %lld exceeds %lld\n", (long long)peak,
-                (long long)(nseq * (w / ps + 2)));
+  /* Bounded, as attn.h says: (window + tokens appended at once) /
+   * page_size + 2 pages per sequence, though 5 + 90 q tokens were appended
+   * to each. */
+  if (peak > nseq * ((w + q_len) / ps + 2)) {
+    print_error("%s: peak pages in use %lld exceeds %lld\n", rc->name, (long long)peak,
+                (long long)(nseq * ((w + q_len) / ps + 2)));
     fail();
   }
   free(dws);
@@ -945,7 +1285,8 @@ static void test_rolling_window_matches_window_plan(void **state) {
 }
 
 int main(void) {
-  struct CMUnitTest tests[sizeof kCases / sizeof kCases[0] + 5];
+  struct CMUnitTest
+      tests[sizeof kCases / sizeof kCases[0] + sizeof kRolling / sizeof kRolling[0] + 6];
   size_t n = 0, i;
   tu_seed();
   for (i = 0; i < sizeof kCases / sizeof kCases[0]; ++i) {
@@ -954,15 +1295,22 @@ int main(void) {
   }
   {
     struct CMUnitTest t1 = cmocka_unit_test(test_fork);
-    struct CMUnitTest t2 = cmocka_unit_test(test_rolling_window_matches_window_plan);
     struct CMUnitTest t3 = cmocka_unit_test(test_fork_windowed);
     struct CMUnitTest t4 = cmocka_unit_test(test_concurrent_execute);
     tests[n++] = t1;
-    tests[n++] = t2;
+    for (i = 0; i < sizeof kRolling / sizeof kRolling[0]; ++i) {
+      struct CMUnitTest t = {kRolling[i].name, test_rolling_window_matches_window_plan, NULL, NULL,
+                             (void *)&kRolling[i]};
+      tests[n++] = t;
+    }
     tests[n++] = t3;
     struct CMUnitTest t5 = cmocka_unit_test(test_random_operations);
+    struct CMUnitTest t6 = cmocka_unit_test(test_caller_memory_stays_inside);
+    struct CMUnitTest t7 = cmocka_unit_test(test_split_policy);
     tests[n++] = t4;
     tests[n++] = t5;
+    tests[n++] = t6;
+    tests[n++] = t7;
   }
   return _cmocka_run_group_tests("kv_decode", tests, n, NULL, NULL);
 }
