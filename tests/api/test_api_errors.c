@@ -1204,6 +1204,56 @@ static void test_summary(void **state) {
 /* Execution                                                                 */
 /* ------------------------------------------------------------------------ */
 
+/* A plan's forward with each tensor NULL, a short workspace and a missing
+ * one: each call fails with the documented status naming the argument and
+ * writes neither O nor LSE (io's outputs stay poisoned). */
+static void expect_forward_argument_errors(attn_plan_t plan, io_t *io) {
+#define FWD(q_, k_, v_, o_, lse_, ws_, bytes_) \
+  attn_forward(plan, (q_), (k_), (v_), (o_), (lse_), (ws_), (bytes_), NULL)
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "q", FWD(NULL, io->k, io->v, io->o, io->lse, io->wsf, io->ws_f));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "k", FWD(io->q, NULL, io->v, io->o, io->lse, io->wsf, io->ws_f));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "v", FWD(io->q, io->k, NULL, io->o, io->lse, io->wsf, io->ws_f));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "o", FWD(io->q, io->k, io->v, NULL, io->lse, io->wsf, io->ws_f));
+  EXPECT_IO_UNTOUCHED(io);
+  EXPECT_FAIL(ATTN_STATUS_WORKSPACE_TOO_SMALL, "workspace_bytes",
+              FWD(io->q, io->k, io->v, io->o, io->lse, io->wsf, io->ws_f - 1));
+  EXPECT_FAIL(ATTN_STATUS_WORKSPACE_TOO_SMALL, "workspace_bytes",
+              FWD(io->q, io->k, io->v, io->o, io->lse, NULL, 0));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "workspace",
+              FWD(io->q, io->k, io->v, io->o, io->lse, NULL, io->ws_f));
+  EXPECT_IO_UNTOUCHED(io);
+#undef FWD
+}
+
+/* A plan's backward with each tensor NULL, a short workspace (also the
+ * forward's size where that is smaller) and a missing one: each call fails
+ * with the documented status naming the argument, and dQ, dK, dV stay
+ * poisoned (the caller checks that O and LSE did not change). */
+static void expect_backward_argument_errors(attn_plan_t plan, io_t *io) {
+#define BWD1(...) attn_backward(plan, __VA_ARGS__, NULL)
+#define ALL io->q, io->k, io->v, io->o, io->lse, io->d_o, io->dq, io->dk, io->dv
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "q", BWD1(NULL, io->k, io->v, io->o, io->lse, io->d_o, io->dq, io->dk, io->dv, io->wsb, io->ws_b));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "k", BWD1(io->q, NULL, io->v, io->o, io->lse, io->d_o, io->dq, io->dk, io->dv, io->wsb, io->ws_b));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "v", BWD1(io->q, io->k, NULL, io->o, io->lse, io->d_o, io->dq, io->dk, io->dv, io->wsb, io->ws_b));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "o", BWD1(io->q, io->k, io->v, NULL, io->lse, io->d_o, io->dq, io->dk, io->dv, io->wsb, io->ws_b));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "lse", BWD1(io->q, io->k, io->v, io->o, NULL, io->d_o, io->dq, io->dk, io->dv, io->wsb, io->ws_b));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "d_o", BWD1(io->q, io->k, io->v, io->o, io->lse, NULL, io->dq, io->dk, io->dv, io->wsb, io->ws_b));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "dq", BWD1(io->q, io->k, io->v, io->o, io->lse, io->d_o, NULL, io->dk, io->dv, io->wsb, io->ws_b));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "dk", BWD1(io->q, io->k, io->v, io->o, io->lse, io->d_o, io->dq, NULL, io->dv, io->wsb, io->ws_b));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "dv", BWD1(io->q, io->k, io->v, io->o, io->lse, io->d_o, io->dq, io->dk, NULL, io->wsb, io->ws_b));
+  EXPECT_FAIL(ATTN_STATUS_WORKSPACE_TOO_SMALL, "workspace_bytes", BWD1(ALL, io->wsb, io->ws_b - 1));
+  /* the forward's workspace size is not enough for the backward */
+  if (io->ws_f < io->ws_b)
+    EXPECT_FAIL(ATTN_STATUS_WORKSPACE_TOO_SMALL, "workspace_bytes", BWD1(ALL, io->wsb, io->ws_f));
+  EXPECT_FAIL(ATTN_STATUS_WORKSPACE_TOO_SMALL, "workspace_bytes", BWD1(ALL, NULL, 0));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "workspace", BWD1(ALL, NULL, io->ws_b));
+#undef ALL
+#undef BWD1
+  check_poisoned(io->dq, io->nq * 4, "dQ", __FILE__, __LINE__);
+  check_poisoned(io->dk, io->nk * 4, "dK", __FILE__, __LINE__);
+  check_poisoned(io->dv, io->nv * 4, "dV", __FILE__, __LINE__);
+}
+
 static void test_forward_errors(void **state) {
   prob_t p = std_prob();
   attn_plan_t plan = plan_for(&p), dead;
@@ -1218,20 +1268,7 @@ static void test_forward_errors(void **state) {
   EXPECT_FAIL(ATTN_STATUS_INVALID_HANDLE, "plan",
               attn_forward((attn_plan_t)(void *)g_ctx, io.q, io.k, io.v, io.o, io.lse, io.wsf, io.ws_f, NULL));
   EXPECT_IO_UNTOUCHED(&io);
-  /* NULL tensors */
-  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "q", attn_forward(plan, NULL, io.k, io.v, io.o, io.lse, io.wsf, io.ws_f, NULL));
-  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "k", attn_forward(plan, io.q, NULL, io.v, io.o, io.lse, io.wsf, io.ws_f, NULL));
-  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "v", attn_forward(plan, io.q, io.k, NULL, io.o, io.lse, io.wsf, io.ws_f, NULL));
-  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "o", attn_forward(plan, io.q, io.k, io.v, NULL, io.lse, io.wsf, io.ws_f, NULL));
-  EXPECT_IO_UNTOUCHED(&io);
-  /* workspace */
-  EXPECT_FAIL(ATTN_STATUS_WORKSPACE_TOO_SMALL, "workspace_bytes",
-              attn_forward(plan, io.q, io.k, io.v, io.o, io.lse, io.wsf, io.ws_f - 1, NULL));
-  EXPECT_FAIL(ATTN_STATUS_WORKSPACE_TOO_SMALL, "workspace_bytes",
-              attn_forward(plan, io.q, io.k, io.v, io.o, io.lse, NULL, 0, NULL));
-  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "workspace",
-              attn_forward(plan, io.q, io.k, io.v, io.o, io.lse, NULL, io.ws_f, NULL));
-  EXPECT_IO_UNTOUCHED(&io);
+  expect_forward_argument_errors(plan, &io);
 
   /* lse is optional; a bigger workspace is fine. */
   EXPECT_OK(attn_forward(plan, io.q, io.k, io.v, io.o, NULL, io.wsf, io.ws_f, NULL));
@@ -1277,26 +1314,7 @@ static void test_backward_errors(void **state) {
               BWD(NULL, io.q, io.k, io.v, io.o, io.lse, io.d_o, io.dq, io.dk, io.dv, io.wsb, io.ws_b));
   EXPECT_FAIL(ATTN_STATUS_INVALID_HANDLE, "plan",
               BWD((attn_plan_t)(void *)g_ctx, io.q, io.k, io.v, io.o, io.lse, io.d_o, io.dq, io.dk, io.dv, io.wsb, io.ws_b));
-  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "q", BWD(plan, NULL, io.k, io.v, io.o, io.lse, io.d_o, io.dq, io.dk, io.dv, io.wsb, io.ws_b));
-  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "k", BWD(plan, io.q, NULL, io.v, io.o, io.lse, io.d_o, io.dq, io.dk, io.dv, io.wsb, io.ws_b));
-  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "v", BWD(plan, io.q, io.k, NULL, io.o, io.lse, io.d_o, io.dq, io.dk, io.dv, io.wsb, io.ws_b));
-  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "o", BWD(plan, io.q, io.k, io.v, NULL, io.lse, io.d_o, io.dq, io.dk, io.dv, io.wsb, io.ws_b));
-  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "lse", BWD(plan, io.q, io.k, io.v, io.o, NULL, io.d_o, io.dq, io.dk, io.dv, io.wsb, io.ws_b));
-  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "d_o", BWD(plan, io.q, io.k, io.v, io.o, io.lse, NULL, io.dq, io.dk, io.dv, io.wsb, io.ws_b));
-  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "dq", BWD(plan, io.q, io.k, io.v, io.o, io.lse, io.d_o, NULL, io.dk, io.dv, io.wsb, io.ws_b));
-  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "dk", BWD(plan, io.q, io.k, io.v, io.o, io.lse, io.d_o, io.dq, NULL, io.dv, io.wsb, io.ws_b));
-  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "dv", BWD(plan, io.q, io.k, io.v, io.o, io.lse, io.d_o, io.dq, io.dk, NULL, io.wsb, io.ws_b));
-  EXPECT_FAIL(ATTN_STATUS_WORKSPACE_TOO_SMALL, "workspace_bytes",
-              BWD(plan, io.q, io.k, io.v, io.o, io.lse, io.d_o, io.dq, io.dk, io.dv, io.wsb, io.ws_b - 1));
-  /* the forward's workspace size is not enough for the backward */
-  if (io.ws_f < io.ws_b)
-    EXPECT_FAIL(ATTN_STATUS_WORKSPACE_TOO_SMALL, "workspace_bytes",
-                BWD(plan, io.q, io.k, io.v, io.o, io.lse, io.d_o, io.dq, io.dk, io.dv, io.wsb, io.ws_f));
-  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "workspace",
-              BWD(plan, io.q, io.k, io.v, io.o, io.lse, io.d_o, io.dq, io.dk, io.dv, NULL, io.ws_b));
-  check_poisoned(io.dq, io.nq * 4, "dQ", __FILE__, __LINE__);
-  check_poisoned(io.dk, io.nk * 4, "dK", __FILE__, __LINE__);
-  check_poisoned(io.dv, io.nv * 4, "dV", __FILE__, __LINE__);
+  expect_backward_argument_errors(plan, &io);
   /* inputs are not written either */
   assert_memory_equal(io.o, o_ref, io.no * 4);
   assert_memory_equal(io.lse, lse_ref, io.nlse * 4);
@@ -2326,22 +2344,9 @@ static void expect_execution_errors(attn_plan_desc_t d, const prob_t *p) {
   io_alloc(&io, plan, p);
   assert_true(io.ws_f > 0 && io.ws_b > 0);
 
-#define FWD(q_, k_, v_, o_, lse_, ws_, bytes_) \
-  attn_forward(plan, (q_), (k_), (v_), (o_), (lse_), (ws_), (bytes_), NULL)
-  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "q", FWD(NULL, io.k, io.v, io.o, io.lse, io.wsf, io.ws_f));
-  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "k", FWD(io.q, NULL, io.v, io.o, io.lse, io.wsf, io.ws_f));
-  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "v", FWD(io.q, io.k, NULL, io.o, io.lse, io.wsf, io.ws_f));
-  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "o", FWD(io.q, io.k, io.v, NULL, io.lse, io.wsf, io.ws_f));
-  EXPECT_FAIL(ATTN_STATUS_WORKSPACE_TOO_SMALL, "workspace_bytes",
-              FWD(io.q, io.k, io.v, io.o, io.lse, io.wsf, io.ws_f - 1));
-  EXPECT_FAIL(ATTN_STATUS_WORKSPACE_TOO_SMALL, "workspace_bytes",
-              FWD(io.q, io.k, io.v, io.o, io.lse, NULL, 0));
-  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "workspace",
-              FWD(io.q, io.k, io.v, io.o, io.lse, NULL, io.ws_f));
-  EXPECT_IO_UNTOUCHED(&io);
-  EXPECT_OK(FWD(io.q, io.k, io.v, io.o, io.lse, io.wsf, io.ws_f));
+  expect_forward_argument_errors(plan, &io);
+  EXPECT_OK(attn_forward(plan, io.q, io.k, io.v, io.o, io.lse, io.wsf, io.ws_f, NULL));
   assert_true(isfinite(io.o[0]) && isfinite(io.lse[0]));
-#undef FWD
   o_ref = xmalloc(io.no * 4);
   lse_ref = xmalloc(io.nlse * 4);
   memcpy(o_ref, io.o, io.no * 4);
@@ -2349,21 +2354,7 @@ static void expect_execution_errors(attn_plan_desc_t d, const prob_t *p) {
 
 #define BWD(pl, q_, k_, v_, o_, lse_, do_, dq_, dk_, dv_, ws_, bytes_) \
   attn_backward((pl), (q_), (k_), (v_), (o_), (lse_), (do_), (dq_), (dk_), (dv_), (ws_), (bytes_), NULL)
-  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "q", BWD(plan, NULL, io.k, io.v, io.o, io.lse, io.d_o, io.dq, io.dk, io.dv, io.wsb, io.ws_b));
-  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "k", BWD(plan, io.q, NULL, io.v, io.o, io.lse, io.d_o, io.dq, io.dk, io.dv, io.wsb, io.ws_b));
-  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "v", BWD(plan, io.q, io.k, NULL, io.o, io.lse, io.d_o, io.dq, io.dk, io.dv, io.wsb, io.ws_b));
-  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "o", BWD(plan, io.q, io.k, io.v, NULL, io.lse, io.d_o, io.dq, io.dk, io.dv, io.wsb, io.ws_b));
-  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "lse", BWD(plan, io.q, io.k, io.v, io.o, NULL, io.d_o, io.dq, io.dk, io.dv, io.wsb, io.ws_b));
-  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "d_o", BWD(plan, io.q, io.k, io.v, io.o, io.lse, NULL, io.dq, io.dk, io.dv, io.wsb, io.ws_b));
-  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "dq", BWD(plan, io.q, io.k, io.v, io.o, io.lse, io.d_o, NULL, io.dk, io.dv, io.wsb, io.ws_b));
-  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "dk", BWD(plan, io.q, io.k, io.v, io.o, io.lse, io.d_o, io.dq, NULL, io.dv, io.wsb, io.ws_b));
-  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "dv", BWD(plan, io.q, io.k, io.v, io.o, io.lse, io.d_o, io.dq, io.dk, NULL, io.wsb, io.ws_b));
-  EXPECT_FAIL(ATTN_STATUS_WORKSPACE_TOO_SMALL, "workspace_bytes",
-              BWD(plan, io.q, io.k, io.v, io.o, io.lse, io.d_o, io.dq, io.dk, io.dv, io.wsb, io.ws_b - 1));
-  EXPECT_FAIL(ATTN_STATUS_WORKSPACE_TOO_SMALL, "workspace_bytes",
-              BWD(plan, io.q, io.k, io.v, io.o, io.lse, io.d_o, io.dq, io.dk, io.dv, NULL, 0));
-  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "workspace",
-              BWD(plan, io.q, io.k, io.v, io.o, io.lse, io.d_o, io.dq, io.dk, io.dv, NULL, io.ws_b));
+  expect_backward_argument_errors(plan, &io);
   /* a forward-only plan of the same problem has no backward */
   EXPECT_OK(attn_plan_desc_set_passes(d, ATTN_PASSES_FORWARD));
   EXPECT_OK(attn_plan_create(g_ctx, d, &fwd_only));
