@@ -178,6 +178,7 @@ SIGNATURES = {
     "attn_plan_desc_set_passes": ([_vp, _i32], _i32),
     "attn_plan_desc_set_block_mask": ([_vp, _vp], _i32),
     "attn_plan_desc_set_moba": ([_vp, _i64, _i64, _i32], _i32),
+    "attn_plan_desc_set_moba_keep_selection": ([_vp, _i32], _i32),
     "attn_plan_create": ([_vp, _vp, _P(_vp)], _i32),
     "attn_plan_destroy": ([_vp], _i32),
     "attn_plan_workspace_size": ([_vp, _i32, _P(_sz)], _i32),
@@ -247,10 +248,12 @@ class Plan:
     run on PyTorch's current stream, with one workspace for every pass it has.
 
     block_mask: an attn_block_mask_t handle (the plan copies it); moba:
-    (block_size, top_k, shared_per_group)."""
+    (block_size, top_k, shared_per_group); keep_selection: the backward reads
+    the selection the forward left in the (shared) workspace."""
 
     def __init__(self, lib, ctx, batch, heads_q, heads_kv, seqlen, head_dim, dtype=ATTN_DTYPE_BF16,
-                 mask=ATTN_MASK_CAUSAL, passes=ATTN_PASSES_FORWARD_BACKWARD, block_mask=None, moba=None):
+                 mask=ATTN_MASK_CAUSAL, passes=ATTN_PASSES_FORWARD_BACKWARD, block_mask=None, moba=None,
+                 keep_selection=False):
         import torch
         self._torch = torch
         self.lib = lib
@@ -269,6 +272,8 @@ class Plan:
             if moba is not None:
                 block_size, top_k, shared = moba
                 lib.check(dl.attn_plan_desc_set_moba(desc, block_size, top_k, 1 if shared else 0), "set_moba")
+                if keep_selection:
+                    lib.check(dl.attn_plan_desc_set_moba_keep_selection(desc, 1), "set_moba_keep_selection")
             self.handle = _vp()
             lib.check(dl.attn_plan_create(ctx, desc, ctypes.byref(self.handle)), "plan_create")
         finally:

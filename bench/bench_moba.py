@@ -31,6 +31,9 @@ ATTN_CUDA_MOBA_GATHER_SM90=0,ATTN_CUDA_MOBA_GATHER_BWD_SM90=0 times the
 gathered kernels on wgmma (the default there at d = 64 and 128) and on
 mma.sync (sm_80) side by side, and --variant ATTN_CUDA_MOBA_SM90=1 the
 wgmma kernels on the tile-union lists; the kernel column says which ran.
+keep_selection=1 in a variant is no environment variable but the plan option
+attn_plan_desc_set_moba_keep_selection: its backward reads the selection
+the forward left in the workspace (both passes share one here).
 Without --variant, one per schedule of --schedules, each on the kernels
 the defaults pick for it: "union", the kernels visit the
 query tiles in which some row chose the block (ATTN_CUDA_MOBA_GATHER=0);
@@ -114,15 +117,19 @@ def main():
     a = ap.parse_args()
     hq, hkv, d = a.heads_q, a.heads_kv, a.head_dim
     # (label, environment) per variant.
+    # keep_selection=1 in a variant is the plan option
+    # (attn_plan_desc_set_moba_keep_selection), not an environment variable.
     variants = []
     if a.variant:
         for spec in a.variant:
             env = dict(kv.split("=", 1) for kv in spec.split(",") if kv)
-            variants.append((spec or "defaults", env))
+            keep = env.pop("keep_selection", "0") == "1"
+            variants.append((spec or "defaults", env, keep))
     else:
         for sched in a.schedules.split(","):
-            variants.append((sched, {"ATTN_CUDA_MOBA_GATHER": "1" if sched == "gather" else "0"}))
-    hook_names = sorted({n for _, env in variants for n in env})
+            variants.append((sched, {"ATTN_CUDA_MOBA_GATHER": "1" if sched == "gather" else "0"},
+                             False))
+    hook_names = sorted({n for _, env, _ in variants for n in env})
     outside = {n: os.environ.get(n) for n in hook_names}
 
     def set_hooks(env):
@@ -174,10 +181,11 @@ def main():
         print(rows[-1], flush=True)
         dense.close()
 
-        for (block, top_k), (label, env) in ((c, v) for c in combos.get(L, other)
-                                             for v in variants):
+        for (block, top_k), (label, env, keep) in ((c, v) for c in combos.get(L, other)
+                                                   for v in variants):
             set_hooks(env)  # read by the library at plan creation
-            plan = Plan(lib, ctx, 1, hq, hkv, L, d, moba=(block, top_k, a.shared))
+            plan = Plan(lib, ctx, 1, hq, hkv, L, d, moba=(block, top_k, a.shared),
+                        keep_selection=keep)
             set_hooks({})
             fwd = lambda: plan.forward(q, k, v, o, lse)
             bwd = lambda: plan.backward(q, k, v, o, lse, do, dq, dk, dv)
@@ -205,7 +213,8 @@ def main():
     lines = [f"# MoBA CUDA plans vs the dense causal plan ({datetime.date.today()}, commit {a.commit})",
              "", f"{torch.cuda.get_device_name()}, torch {torch.__version__}; {hq} query / {hkv} KV heads, "
              f"d = {d}, bf16, batch 1, causal; selection {sel}; median of {a.reps} timed runs after 2 "
-             "warm-ups. MoBA times include the selection (each pass selects); 'pairs' = the most "
+             "warm-ups. MoBA times include the selection (each pass selects, but the backward of a "
+             "keep_selection=1 variant, which reads the forward's); 'pairs' = the most "
              "causal pairs MoBA keeps (visible_pairs / causal); rate/pair: dense time x pairs / MoBA "
              "time; err: max relative L2 difference of "
              "O, dQ, dK, dV from the dense plan where MoBA keeps every past block.",

@@ -747,6 +747,24 @@ ATTN_API attn_status_t attn_plan_desc_set_block_mask(attn_plan_desc_t desc,
 ATTN_API attn_status_t attn_plan_desc_set_moba(attn_plan_desc_t desc, int64_t block_size,
                                                int64_t top_k, int32_t shared_per_group);
 
+/* MoBA plans with a backward pass: keep = 1 makes the forward leave its
+ * selection (the block means and the blocks every row chose) at the start
+ * of its workspace and the backward read it there instead of selecting
+ * again (on an H200 at L = 32K, 16 heads, block 512, top 3 the selection
+ * is about a tenth of the backward's time). The backward must then be
+ * given the workspace of the forward that made O and LSE from the same Q
+ * and K, unchanged since (a reserve space, as cuDNN's RNNs have: one buffer
+ * of the larger of the two passes' workspace sizes serves both); it cannot
+ * check that, and reads whatever selection lies there. keep = 0, the
+ * default, has each pass select on its own. Checked at plan creation: keep
+ * = 1 on a plan without MoBA or without a backward pass is INVALID_ARGUMENT;
+ * on a MoBA plan that keeps every block (the dense causal plan) it has no
+ * effect. attn_plan_describe's algorithm says "+kept-selection" when the
+ * passes share it. Returns SUCCESS, INVALID_HANDLE, INVALID_ARGUMENT (keep
+ * not 0 or 1). */
+ATTN_API attn_status_t attn_plan_desc_set_moba_keep_selection(attn_plan_desc_t desc,
+                                                              int32_t keep);
+
 /* ------------------------------------------------------------------------ */
 /* Streaming KV cache and decode plans                                       */
 /* ------------------------------------------------------------------------ */

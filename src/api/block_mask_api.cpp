@@ -421,4 +421,12 @@ attn_status_t attn_plan_desc_set_moba(attn_plan_desc_t desc, int64_t block_size,
   });
 }
 
+attn_status_t attn_plan_desc_set_moba_keep_selection(attn_plan_desc_t desc, int32_t keep) {
+  return guarded([&] {
+    attn::PlanDesc& d = checked(desc, "desc").desc;
+    if (keep != 0 && keep != 1) invalid_argument("keep must be 0 or 1, got ", keep);
+    d.moba_keep_selection = keep == 1;
+  });
+}
+
 }  // extern "C"

@@ -166,10 +166,17 @@ class CpuPlan final : public BackendPlan {
     const size_t moba_selection_bytes =
         size_t(p.batch * p.moba_heads() * p.seqlen_q * kp_.moba_words) * sizeof(uint64_t);
     WorkspaceLayout fl;
+    // A selection the backward keeps (attn_plan_desc_set_moba_keep_selection)
+    // starts both passes' workspaces: the same offsets in each.
+    const bool keep = moba_blocks > 0 && p.moba_keep_selection;
+    if (keep) {
+      kp_.fwd_moba_pooled = fl.add(moba_pooled_bytes);
+      kp_.fwd_moba_selection = fl.add(moba_selection_bytes);
+    }
     kp_.fwd_kt = packed(fl, kv_tiles, p.heads_kv, dqk * tile);
     kp_.fwd_v = packed(fl, kv_tiles, p.heads_kv, tile * ldv);
     kp_.fwd_threads_offset = fl.add(threads * f.floats * sizeof(float));
-    if (moba_blocks > 0) {
+    if (moba_blocks > 0 && !keep) {
       kp_.fwd_moba_pooled = fl.add(moba_pooled_bytes);
       kp_.fwd_moba_selection = fl.add(moba_selection_bytes);
     }
@@ -189,6 +196,10 @@ class CpuPlan final : public BackendPlan {
       if (moba_blocks > 0) g.moba = carve(c, 2 * moba_blocks);
       g.floats = c;
       WorkspaceLayout bl;
+      if (keep) {
+        kp_.bwd_moba_pooled = bl.add(moba_pooled_bytes);
+        kp_.bwd_moba_selection = bl.add(moba_selection_bytes);
+      }
       kp_.bwd_delta_offset = bl.add(size_t(p.lse_elements()) * sizeof(float));
       kp_.bwd_q = packed(bl, q_tiles, p.heads_q, tile * ldq);
       kp_.bwd_do = packed(bl, q_tiles, p.heads_q, tile * ldv);
@@ -196,7 +207,7 @@ class CpuPlan final : public BackendPlan {
       kp_.bwd_vt = packed(bl, kv_tiles, p.heads_kv, dv * tile);
       kp_.bwd_k = packed(bl, kv_tiles, p.heads_kv, tile * ldq);
       kp_.bwd_threads_offset = bl.add(threads * g.floats * sizeof(float));
-      if (moba_blocks > 0) {
+      if (moba_blocks > 0 && !keep) {
         kp_.bwd_moba_pooled = bl.add(moba_pooled_bytes);
         kp_.bwd_moba_selection = bl.add(moba_selection_bytes);
       }

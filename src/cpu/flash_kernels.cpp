@@ -759,7 +759,8 @@ void backward(const KernelPlan& kp, const BackwardArgs& a) {
 #pragma omp for schedule(dynamic, 4)
     for (int64_t w = 0; w < q_items; ++w)
       backward_pack_q_tile(kp, a, ws, delta, kp.q_units[size_t(w / p.heads_q)], w % p.heads_q);
-    if (p.moba_block > 0)
+    // (A kept selection is the forward's, where the workspace starts.)
+    if (p.moba_block > 0 && !p.moba_keep_selection)
       moba_select(kp, a.q, a.k, ws, kp.bwd_moba_pooled, kp.bwd_moba_selection,
                   slice(scratch, kp.bwd.moba));
 #pragma omp for schedule(dynamic, 1)

@@ -415,7 +415,8 @@ class CudaPlan final : public BackendPlan {
     if (pass == ATTN_PASS_FORWARD) return moba_ ? moba_forward_layout().end : 0;
     if (pass != ATTN_PASS_BACKWARD || !problem_.backward) return 0;
     const size_t plain = 2 * delta_bytes() + dq_accum_bytes() + 2 * kv_accum_bytes();
-    return moba_ ? moba_backward_layout().end : plain;
+    if (!moba_) return plain;
+    return keep_selection() ? bwd_plain_offset() + plain : moba_backward_layout().end;
   }
 
   void forward(const ForwardArgs& a) const override {
@@ -499,7 +500,9 @@ class CudaPlan final : public BackendPlan {
     prm.dq = a.dq;
     prm.dk = a.dk;
     prm.dv = a.dv;
-    char* ws = static_cast<char*>(a.workspace);
+    char* const ws_moba = static_cast<char*>(a.workspace);
+    // A kept selection: the MoBA regions first, as in the forward's workspace.
+    char* ws = ws_moba + bwd_plain_offset();
     prm.delta = reinterpret_cast<float*>(ws);
     prm.lse2 = reinterpret_cast<float*>(ws + delta_bytes());
     prm.dq_accum = p.deterministic ? nullptr : reinterpret_cast<float*>(ws + 2 * delta_bytes());
@@ -516,8 +519,10 @@ class CudaPlan final : public BackendPlan {
     if (moba_) {
       // The kv lists for the dK/dV kernel; the q lists for the dQ kernel.
       const MobaLayout l = moba_backward_layout();
-      const moba::SelectParams sp = moba_->select_params(a.q, a.k, ws, l, p.deterministic, true);
-      check(moba_select_launch(sp, p.dtype == ATTN_DTYPE_BF16, stream), "MoBA selection launch");
+      const moba::SelectParams sp =
+          moba_->select_params(a.q, a.k, ws_moba, l, p.deterministic, true);
+      check(moba_select_launch(sp, p.dtype == ATTN_DTYPE_BF16, stream, !keep_selection()),
+            "MoBA selection launch");
       prm.moba = moba_->lists(sp);
     }
     if (total_kv > 0) {
@@ -1087,9 +1092,17 @@ class CudaPlan final : public BackendPlan {
     const bool gather = moba_->gathers();
     return moba_->layout(0, !gather, false, gather);
   }
+  // The backward's MoBA regions follow its other buffers (delta, LSE2, the
+  // dQ and dK/dV accumulators), or, for a kept selection, start the
+  // workspace (the pooled keys and selection where the forward left them)
+  // and those buffers follow them (bwd_plain_offset()).
+  bool keep_selection() const { return moba_ && problem_.moba_keep_selection; }
   MobaLayout moba_backward_layout() const {
-    return moba_->layout(2 * delta_bytes() + dq_accum_bytes() + 2 * kv_accum_bytes(),
-                         problem_.deterministic, true);
+    const size_t plain = 2 * delta_bytes() + dq_accum_bytes() + 2 * kv_accum_bytes();
+    return moba_->layout(keep_selection() ? 0 : plain, problem_.deterministic, true);
+  }
+  size_t bwd_plain_offset() const {
+    return keep_selection() ? align_up(moba_backward_layout().end) : 0;
   }
 
   size_t delta_bytes() const { return align_up(size_t(problem_.lse_elements()) * sizeof(float)); }

@@ -19,12 +19,12 @@ cudaError_t moba_select_prepare(int d) {
 namespace {
 
 template <class T>
-cudaError_t launch_t(const moba::SelectParams& p, cudaStream_t stream) {
+cudaError_t launch_t(const moba::SelectParams& p, cudaStream_t stream, bool select) {
   const int64_t slots = int64_t(p.batch) * p.sel_heads;
   // No zeroing of p.selected: select_kernel stores every word of it (its
   // grid has one CTA per word column, q_words = ceil(seqlen_q / 64)), and
   // when it is not launched `selected` has no word.
-  if (p.num_blocks > 0 && p.seqlen_q > 0) {
+  if (select && p.num_blocks > 0 && p.seqlen_q > 0) {
     moba::pool_kernel<T><<<dim3(unsigned(p.num_blocks), unsigned(p.heads_kv), unsigned(p.batch)),
                            moba::kPoolThreads, 0, stream>>>(p);
     const unsigned row_tiles = unsigned((p.seqlen_q + moba::kSelectRows - 1) / moba::kSelectRows);
@@ -63,8 +63,9 @@ cudaError_t launch_t(const moba::SelectParams& p, cudaStream_t stream) {
 
 }  // namespace
 
-cudaError_t moba_select_launch(const moba::SelectParams& p, bool bf16, cudaStream_t stream) {
-  return bf16 ? launch_t<__nv_bfloat16>(p, stream) : launch_t<__half>(p, stream);
+cudaError_t moba_select_launch(const moba::SelectParams& p, bool bf16, cudaStream_t stream,
+                               bool select) {
+  return bf16 ? launch_t<__nv_bfloat16>(p, stream, select) : launch_t<__half>(p, stream, select);
 }
 
 cudaError_t moba_blind_rows_launch(const moba::BlindRowsParams& p, bool bf16,

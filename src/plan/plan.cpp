@@ -275,6 +275,13 @@ std::unique_ptr<Plan> create_plan(const ContextConfig& ctx, const PlanDesc& d) {
   }
 
   bool moba_keeps_every_block = false;
+  if (d.moba_keep_selection) {
+    if (d.moba_block == 0)
+      invalid_argument("desc: keep_selection (attn_plan_desc_set_moba_keep_selection) without MoBA");
+    if (d.passes != ATTN_PASSES_FORWARD_BACKWARD)
+      invalid_argument("desc: keep_selection (attn_plan_desc_set_moba_keep_selection) on a plan ",
+                       "without a backward pass: there is no pass to keep the selection for");
+  }
   if (d.moba_block > 0) {
     if (p.block_mask) not_supported("desc: MoBA together with a block mask: not supported");
     if (p.varlen) not_supported("desc: MoBA with a varlen batch: not supported");
@@ -283,13 +290,14 @@ std::unique_ptr<Plan> create_plan(const ContextConfig& ctx, const PlanDesc& d) {
     p.moba_block = d.moba_block;
     p.moba_top_k = d.moba_top_k;
     p.moba_shared = d.moba_shared;
+    p.moba_keep_selection = d.moba_keep_selection;
     // A top_k that covers every past block selects the whole causal mask:
     // the plan is the dense causal one (the same function, without the
     // selection stage and at the dense kernels' speed); describe() says so.
     if (p.moba_top_k >= p.moba_num_blocks() - 1) {
       moba_keeps_every_block = true;
       p.moba_block = p.moba_top_k = 0;
-      p.moba_shared = false;
+      p.moba_shared = p.moba_keep_selection = false;
     }
   }
 
@@ -376,8 +384,9 @@ void Plan::describe(attn_plan_info_t& info) const {
   info.bytes_forward = q_bytes + k_bytes + v_bytes + o_bytes + lse_bytes;
   // read Q K V O dO LSE, write dQ dK dV
   info.bytes_backward = 2.0 * (q_bytes + k_bytes + v_bytes) + 2.0 * o_bytes + lse_bytes;
-  std::snprintf(info.algorithm, sizeof info.algorithm, "%s%s",
-                moba_keeps_every_block ? "moba-keeps-every-block:" : "", impl->algorithm());
+  std::snprintf(info.algorithm, sizeof info.algorithm, "%s%s%s",
+                moba_keeps_every_block ? "moba-keeps-every-block:" : "", impl->algorithm(),
+                p.moba_keep_selection ? "+kept-selection" : "");
   std::snprintf(info.kernel, sizeof info.kernel, "%s", impl->kernel());
   info.visited_tile_pairs = visited_tile_pairs;
   info.total_tile_pairs = total_tile_pairs;

@@ -36,6 +36,7 @@ struct PlanDesc {
   std::shared_ptr<const BlockMask> block_mask;  // attn_plan_desc_set_block_mask
   int64_t moba_block = 0, moba_top_k = 0;        // attn_plan_desc_set_moba; 0: off
   bool moba_shared = false;
+  bool moba_keep_selection = false;  // attn_plan_desc_set_moba_keep_selection
   std::vector<int64_t> diagonal_shift;  // internal, per sequence; see Problem::diagonal_shift
 };
 

@@ -45,6 +45,9 @@ struct Problem {
   // MoBA: a run-time block selection on top of the causal mask; 0: off.
   int64_t moba_block = 0, moba_top_k = 0;
   bool moba_shared = false;  // one selection per GQA group (else per query head)
+  // The forward leaves the selection at the start of its workspace and the
+  // backward reads it there (attn_plan_desc_set_moba_keep_selection).
+  bool moba_keep_selection = false;
   int64_t moba_num_blocks() const { return (seqlen_kv + moba_block - 1) / moba_block; }
   int64_t moba_heads() const { return moba_shared ? heads_kv : heads_q; }
   // diagonal_shift[b] is added to the bottom-right diagonal offset lk - lq

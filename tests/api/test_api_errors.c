@@ -2330,6 +2330,79 @@ static void test_moba_errors(void **state) {
   EXPECT_OK(attn_plan_desc_destroy(d));
 }
 
+/* attn_plan_desc_set_moba_keep_selection: the setter takes 0 or 1; plan
+ * creation refuses keep = 1 without MoBA or without a backward pass (the
+ * message names keep_selection, *plan is untouched), keep = 0 undoes it, and
+ * a MoBA plan that keeps every block is the dense causal plan, with nothing
+ * to keep. */
+static void test_moba_keep_selection_errors(void **state) {
+  prob_t p = std_prob(); /* batch 2, heads 4/2, Lq 5, Lk 7 (4 blocks of 2), causal, fwd + bwd */
+  attn_plan_desc_t d = desc_for(&p);
+  attn_plan_t plan;
+  attn_plan_info_t info;
+  const char *kept;
+  (void)state;
+  memset(&info, 0, sizeof info);
+  info.struct_size = sizeof info;
+  EXPECT_FAIL(ATTN_STATUS_INVALID_HANDLE, "desc", attn_plan_desc_set_moba_keep_selection(NULL, 1));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "keep", attn_plan_desc_set_moba_keep_selection(d, 2));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "keep", attn_plan_desc_set_moba_keep_selection(d, -1));
+  /* the failed setters left it off: a dense causal plan */
+  EXPECT_OK(attn_plan_create(g_ctx, d, &plan));
+  EXPECT_OK(attn_plan_describe(plan, &info));
+  assert_null(strstr(info.algorithm, "kept-selection"));
+  EXPECT_OK(attn_plan_destroy(plan));
+
+  /* keep without MoBA */
+  EXPECT_OK(attn_plan_desc_set_moba_keep_selection(d, 1));
+  POISON_PLAN(plan);
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "keep_selection", attn_plan_create(g_ctx, d, &plan));
+  EXPECT_PLAN_UNTOUCHED(plan);
+  /* keep = 0 undoes it */
+  EXPECT_OK(attn_plan_desc_set_moba_keep_selection(d, 0));
+  EXPECT_OK(attn_plan_create(g_ctx, d, &plan));
+  EXPECT_OK(attn_plan_describe(plan, &info));
+  assert_int_equal(info.visible_pairs, 200);
+  assert_null(strstr(info.algorithm, "kept-selection"));
+  EXPECT_OK(attn_plan_destroy(plan));
+
+  /* MoBA (blocks of 2, top 1) with a backward pass: the passes share it */
+  EXPECT_OK(attn_plan_desc_set_moba(d, 2, 1, 0));
+  EXPECT_OK(attn_plan_desc_set_moba_keep_selection(d, 1));
+  EXPECT_OK(attn_plan_create(g_ctx, d, &plan));
+  EXPECT_OK(attn_plan_describe(plan, &info));
+  assert_true(strstr(info.algorithm, "moba") != NULL);
+  kept = strstr(info.algorithm, "+kept-selection");
+  assert_non_null(kept);
+  assert_string_equal(kept, "+kept-selection");
+  EXPECT_OK(attn_plan_destroy(plan));
+
+  /* MoBA on a forward-only plan: there is no backward to keep it for */
+  EXPECT_OK(attn_plan_desc_set_passes(d, ATTN_PASSES_FORWARD));
+  POISON_PLAN(plan);
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "keep_selection", attn_plan_create(g_ctx, d, &plan));
+  EXPECT_PLAN_UNTOUCHED(plan);
+  EXPECT_OK(attn_plan_desc_set_moba_keep_selection(d, 0));
+  EXPECT_OK(attn_plan_create(g_ctx, d, &plan));
+  EXPECT_OK(attn_plan_describe(plan, &info));
+  assert_true(strstr(info.algorithm, "moba") != NULL);
+  assert_null(strstr(info.algorithm, "kept-selection"));
+  EXPECT_OK(attn_plan_destroy(plan));
+  EXPECT_OK(attn_plan_desc_set_passes(d, ATTN_PASSES_FORWARD_BACKWARD));
+
+  /* top 3 of 4 blocks keeps every past block: the dense causal plan, where
+   * keep has no effect */
+  EXPECT_OK(attn_plan_desc_set_moba(d, 2, 3, 0));
+  EXPECT_OK(attn_plan_desc_set_moba_keep_selection(d, 1));
+  EXPECT_OK(attn_plan_create(g_ctx, d, &plan));
+  EXPECT_OK(attn_plan_describe(plan, &info));
+  assert_int_equal(info.visible_pairs, 200);
+  assert_true(strncmp(info.algorithm, "moba-keeps-every-block:", 23) == 0);
+  assert_null(strstr(info.algorithm, "kept-selection"));
+  EXPECT_OK(attn_plan_destroy(plan));
+  EXPECT_OK(attn_plan_desc_destroy(d));
+}
+
 /* Execution errors of the plans whose workspace and schedule differ from the
  * dense ones. attn_forward and attn_backward get a plan made from d (its
  * shape is p's) and bad arguments: each call fails with the documented
@@ -2493,6 +2566,7 @@ int main(void) {
       cmocka_unit_test(test_block_mask_builder_errors),
       cmocka_unit_test(test_block_mask_plans),
       cmocka_unit_test(test_moba_errors),
+      cmocka_unit_test(test_moba_keep_selection_errors),
       cmocka_unit_test(test_block_mask_execution_errors),
       cmocka_unit_test(test_moba_execution_errors),
   };

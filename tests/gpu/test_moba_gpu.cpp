@@ -154,6 +154,59 @@ std::string forward_without_lse(const Run& r, attn_plan_t plan) {
   return out == r.o ? "" : " forward with lse = NULL: O not bit-identical to the one with LSE;";
 }
 
+// The deterministic plan once more with a kept selection
+// (attn_plan_desc_set_moba_keep_selection): its forward and backward share
+// one workspace (poisoned first), and the backward reads the forward's
+// selection instead of selecting; O and LSE must be bit-identical to
+// r.o / r.lse and dQ, dK, dV to the deterministic plan's (the selection
+// is deterministic). Returns what differs ("" if nothing).
+std::string kept_selection_run(const Run& r, attn_context_t ctx) {
+  const Problem& p = r.p;
+  attn_plan_desc_t pd = moba_desc(p, true);
+  ATTN_CHECK(attn_plan_desc_set_moba_keep_selection(pd, 1));
+  attn_plan_t plan = plan_or_exit(ctx, pd, p.c.name);
+  const attn_plan_info_t info = describe(plan);
+  std::string err;
+  const bool every_block = p.c.top_k >= (p.c.lk + p.c.block - 1) / p.c.block - 1;
+  if ((std::strstr(info.algorithm, "+kept-selection") != nullptr) == every_block)
+    err += std::string(" kept selection: algorithm '") + info.algorithm + "';";
+  size_t fwsb = 0, bwsb = 0;
+  ATTN_CHECK(attn_plan_workspace_size(plan, ATTN_PASS_FORWARD, &fwsb));
+  ATTN_CHECK(attn_plan_workspace_size(plan, ATTN_PASS_BACKWARD, &bwsb));
+  const size_t wsb = std::max(fwsb, bwsb);
+  DeviceBuf q(p.tq.elems * 2), k(p.tk.elems * 2), v(p.tk.elems * 2), o(p.tq.elems * 2),
+      d_o(p.tq.elems * 2), lse(size_t(p.lse_elems()) * 4 + 16), dq(p.tq.elems * 2),
+      dk(p.tk.elems * 2), dv(p.tk.elems * 2), ws(std::max<size_t>(wsb, 16));
+  q.upload(r.q.data()), k.upload(r.k.data()), v.upload(r.v.data()), d_o.upload(r.d_o.data());
+  const std::vector<uint16_t> pq(p.tq.elems, poison_half(p.c.dtype)),
+      pk(p.tk.elems, poison_half(p.c.dtype));
+  o.upload(pq.data()), dq.upload(pq.data()), dk.upload(pk.data()), dv.upload(pk.data());
+  GPU_CHECK(cudaMemset(ws.p, 0xff, std::max<size_t>(wsb, 16)));  // NaN everywhere
+  GPU_CHECK(cudaMemset(lse.p, 0xff, size_t(p.lse_elems()) * 4 + 16));
+  GPU_CHECK(cudaDeviceSynchronize());
+  float* l = static_cast<float*>(lse.p);
+  ATTN_CHECK(attn_forward(plan, q.p, k.p, v.p, o.p, l, wsb ? ws.p : nullptr, wsb, nullptr));
+  ATTN_CHECK(attn_backward(plan, q.p, k.p, v.p, o.p, l, d_o.p, dq.p, dk.p, dv.p,
+                           wsb ? ws.p : nullptr, wsb, nullptr));
+  GPU_CHECK(cudaDeviceSynchronize());
+  std::vector<uint16_t> out_o(p.tq.elems), g[3] = {std::vector<uint16_t>(p.tq.elems),
+                                                    std::vector<uint16_t>(p.tk.elems),
+                                                    std::vector<uint16_t>(p.tk.elems)};
+  std::vector<float> out_lse(size_t(p.lse_elems()));
+  o.download(out_o.data()), dq.download(g[0].data()), dk.download(g[1].data());
+  dv.download(g[2].data());
+  GPU_CHECK(cudaMemcpy(out_lse.data(), lse.p, out_lse.size() * 4, cudaMemcpyDeviceToHost));
+  attn_plan_destroy(plan);
+  if (out_o != r.o || std::memcmp(out_lse.data(), r.lse.data(), out_lse.size() * 4) != 0)
+    err += " kept selection: O or LSE not bit-identical to the plan's without;";
+  const char* names[3] = {"dQ", "dK", "dV"};
+  for (int t = 0; t < 3; ++t)
+    if (g[t] != r.grads[1][t])
+      err += std::string(" kept selection: ") + names[t] +
+             " not bit-identical to the deterministic plan's;";
+  return err;
+}
+
 // Phase one: inputs and every CUDA run of a case.
 Run run_device(const Case& c0, attn_context_t ctx) {
   std::mt19937_64 rng(g_seed ^ std::hash<std::string>{}(c0.name));
@@ -216,6 +269,7 @@ Run run_device(const Case& c0, attn_context_t ctx) {
 
   run_passes(r, plans);
   r.describe_error += forward_without_lse(r, plans[0]);
+  if (!fwd_only_case(c)) r.describe_error += kept_selection_run(r, ctx);
   attn_plan_destroy(plans[0]);
   attn_plan_destroy(plans[1]);
   return r;

@@ -9,10 +9,24 @@
  * equal the fp64 ones exactly and both pick the same blocks, ties included
  * (block sizes are powers of two wherever gates are compared). Run once per
  * CPU kernel variant (ATTN_CPU_ISA).
+ *
+ * Then the kept selection (attn_plan_desc_set_moba_keep_selection): the
+ * same problems as plans that keep the forward's selection for the
+ * backward, against the plans that select in each pass (see kept_selection
+ * below).
  */
+#include <setjmp.h>
+#include <stdarg.h>
 #include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
 
 #include "harness.h"
+#include "testutil.h"
 
 #define SHAPE(b, hq, hkv, lq, lk, d) NC_SHAPE(b, hq, hkv, lq, lk, d, d)
 #define MOBA(block, k, shared) \
@@ -38,8 +52,271 @@ static const nc_case kCases[] = {
      MOBA(16, 2, 0), .threads = 2},
 };
 
+/* ------------------------------------------------------------------------ */
+/* The kept selection                                                        */
+/* ------------------------------------------------------------------------ */
+
+/* One problem (BSHD, dqk = dv = dim, causal, scale 0.1), run by two MoBA
+ * plans with a backward pass that differ only in keep_selection. The plan
+ * that selects in each pass runs the forward and the backward on their own
+ * workspaces; the kept one runs both on ONE buffer of the larger of the two
+ * workspace sizes, at an odd address, poisoned before the forward. O, LSE,
+ * dQ, dK and dV must have the same bits (the CPU backend is deterministic;
+ * the fp64 checks of these selections are the cases above). Then the
+ * backward must really read what the forward left: with the whole workspace
+ * zeroed (no selection bit set: no row sees a key) it gives another dK, and
+ * a fresh forward on that buffer gives the right bits again. */
+typedef struct keep_case {
+  const char *name;
+  attn_dtype_t dtype;
+  int64_t batch, heads_q, heads_kv, seqlen_q, seqlen_kv, dim;
+  int64_t block, top_k;
+  int shared, threads;
+} keep_case;
+
+static const keep_case kKeepCases[] = {
+    {"kept_b16_top3_per_head_fp32", FP32, 1, 2, 2, 200, 200, 32, 16, 3, 0, 1},
+    {"kept_b32_top2_shared_gqa_bf16", BF16, 2, 4, 2, 150, 300, 32, 32, 2, 1, 2},
+    {"kept_b16_top1_per_head_gqa_fp32", FP32, 1, 4, 2, 96, 160, 16, 16, 1, 0, 2},
+    {"kept_b16_top2_shared_q_gt_k_bf16", BF16, 1, 4, 2, 130, 90, 16, 16, 2, 1, 1},
+};
+
+static void keep_fail(const keep_case *c, const char *fmt, ...) {
+  char msg[512];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  print_error("FAILED %s seed %llu (ATTN_TEST_SEED=%llu reproduces)\n  %s\n", c->name,
+              (unsigned long long)tu_seed(), (unsigned long long)tu_seed(), msg);
+  fail();
+}
+
+static void keep_check(const keep_case *c, attn_status_t st, const char *call) {
+  if (st != ATTN_STATUS_SUCCESS)
+    keep_fail(c, "%s returned %s: %s", call, attn_status_string(st), attn_last_error_message());
+}
+
+static void *keep_alloc(size_t bytes) {
+  void *p = malloc(bytes == 0 ? 1 : bytes);
+  if (p == NULL) {
+    fprintf(stderr, "test_moba: out of memory\n");
+    abort();
+  }
+  return p;
+}
+
+static attn_plan_t keep_plan(const keep_case *c, attn_context_t ctx, int keep) {
+  attn_plan_desc_t d = NULL;
+  attn_plan_t plan = NULL;
+  keep_check(c, attn_plan_desc_create(&d), "attn_plan_desc_create");
+  keep_check(c,
+             attn_plan_desc_set_shape(d, c->batch, c->heads_q, c->heads_kv, c->seqlen_q,
+                                      c->seqlen_kv, c->dim, c->dim),
+             "attn_plan_desc_set_shape");
+  keep_check(c, attn_plan_desc_set_dtype(d, c->dtype), "attn_plan_desc_set_dtype");
+  keep_check(c, attn_plan_desc_set_layout(d, ATTN_LAYOUT_BSHD), "attn_plan_desc_set_layout");
+  keep_check(c, attn_plan_desc_set_softmax_scale(d, 0.1f), "attn_plan_desc_set_softmax_scale");
+  keep_check(c, attn_plan_desc_set_mask(d, ATTN_MASK_CAUSAL, -1, -1), "attn_plan_desc_set_mask");
+  keep_check(c, attn_plan_desc_set_moba(d, c->block, c->top_k, c->shared),
+             "attn_plan_desc_set_moba");
+  keep_check(c, attn_plan_desc_set_moba_keep_selection(d, keep),
+             "attn_plan_desc_set_moba_keep_selection");
+  /* seqlen_q > seqlen_kv: the first rows see no key */
+  keep_check(c, attn_plan_desc_set_allow_empty_rows(d, c->seqlen_q > c->seqlen_kv),
+             "attn_plan_desc_set_allow_empty_rows");
+  keep_check(c, attn_plan_desc_set_passes(d, ATTN_PASSES_FORWARD_BACKWARD),
+             "attn_plan_desc_set_passes");
+  keep_check(c, attn_plan_create(ctx, d, &plan), "attn_plan_create");
+  attn_plan_desc_destroy(d);
+  return plan;
+}
+
+/* The outputs of one plan's forward and backward. */
+typedef struct keep_out {
+  void *o, *dq, *dk, *dv;
+  float *lse;
+} keep_out;
+
+static void keep_out_alloc(const keep_case *c, keep_out *out, size_t nq, size_t nk, size_t nlse) {
+  const size_t es = tu_dtype_size(c->dtype);
+  out->o = keep_alloc(nq * es);
+  out->dq = keep_alloc(nq * es);
+  out->dk = keep_alloc(nk * es);
+  out->dv = keep_alloc(nk * es);
+  out->lse = (float *)keep_alloc(nlse * sizeof(float));
+  tu_poison(out->o, c->dtype, nq);
+  tu_poison(out->dq, c->dtype, nq);
+  tu_poison(out->dk, c->dtype, nk);
+  tu_poison(out->dv, c->dtype, nk);
+  tu_poison(out->lse, ATTN_DTYPE_FP32, nlse);
+}
+
+static void keep_out_free(keep_out *out) {
+  free(out->o);
+  free(out->dq);
+  free(out->dk);
+  free(out->dv);
+  free(out->lse);
+}
+
+static void keep_describe(const keep_case *c, attn_plan_t plan, int keep) {
+  static const char kSuffix[] = "+kept-selection";
+  const size_t ns = sizeof kSuffix - 1;
+  attn_plan_info_t info;
+  size_t n;
+  memset(&info, 0, sizeof info);
+  info.struct_size = sizeof info;
+  keep_check(c, attn_plan_describe(plan, &info), "attn_plan_describe");
+  n = strlen(info.algorithm);
+  if (strstr(info.algorithm, "moba") == NULL ||
+      strstr(info.algorithm, "moba-keeps-every-block") != NULL)
+    keep_fail(c, "attn_plan_describe: algorithm \"%s\" is not a MoBA selection", info.algorithm);
+  if (keep && (n < ns || strcmp(info.algorithm + n - ns, kSuffix) != 0))
+    keep_fail(c, "attn_plan_describe: the kept plan's algorithm \"%s\" does not end with \"%s\"",
+              info.algorithm, kSuffix);
+  if (!keep && strstr(info.algorithm, kSuffix) != NULL)
+    keep_fail(c, "attn_plan_describe: the plain plan's algorithm \"%s\" says \"%s\"",
+              info.algorithm, kSuffix);
+}
+
+static void keep_same_bits(const keep_case *c, const void *got, const void *want, size_t bytes,
+                           const char *what, const char *when) {
+  if (memcmp(got, want, bytes) != 0)
+    keep_fail(c, "%s of the kept plan %s differs from the plain plan's", what, when);
+}
+
+static void kept_selection(void **state) {
+  static const double kValues[4] = {-2.0, -1.0, 1.0, 2.0};
+  const keep_case *c = (const keep_case *)*state;
+  const size_t es = tu_dtype_size(c->dtype);
+  const size_t nq = (size_t)(c->batch * c->seqlen_q * c->heads_q * c->dim);
+  const size_t nk = (size_t)(c->batch * c->seqlen_kv * c->heads_kv * c->dim);
+  const size_t nlse = (size_t)(c->batch * c->heads_q * c->seqlen_q);
+  tu_rng rng = tu_rng_for(c->name);
+  tu_buffer q, k, v, d_o;
+  attn_context_t ctx = NULL;
+  attn_plan_t plain, kept;
+  keep_out ref, got;
+  size_t ws_f, ws_b, bytes, e;
+  unsigned char *block_f, *block_b, *block;
+  void *ws;
+
+  tu_buffer_alloc(&q, c->dtype, nq);
+  tu_buffer_alloc(&k, c->dtype, nk);
+  tu_buffer_alloc(&v, c->dtype, nk);
+  tu_buffer_alloc(&d_o, c->dtype, nq);
+  for (e = 0; e < nq; ++e) tu_buffer_set(&q, e, kValues[tu_rng_int(&rng, 0, 3)]);
+  for (e = 0; e < nk; ++e) tu_buffer_set(&k, e, kValues[tu_rng_int(&rng, 0, 3)]);
+  tu_fill_normal(&rng, &v, 1.0);
+  tu_fill_normal(&rng, &d_o, 1.0);
+  keep_out_alloc(c, &ref, nq, nk, nlse);
+  keep_out_alloc(c, &got, nq, nk, nlse);
+
+  keep_check(c, attn_context_create(ATTN_BACKEND_CPU, 0, c->threads, &ctx), "attn_context_create");
+  plain = keep_plan(c, ctx, 0);
+  kept = keep_plan(c, ctx, 1);
+  attn_context_destroy(ctx);
+  keep_describe(c, plain, 0);
+  keep_describe(c, kept, 1);
+
+  /* the plain plan: a workspace per pass */
+  keep_check(c, attn_plan_workspace_size(plain, ATTN_PASS_FORWARD, &ws_f),
+             "attn_plan_workspace_size");
+  keep_check(c, attn_plan_workspace_size(plain, ATTN_PASS_BACKWARD, &ws_b),
+             "attn_plan_workspace_size");
+  block_f = (unsigned char *)keep_alloc(ws_f);
+  block_b = (unsigned char *)keep_alloc(ws_b);
+  tu_poison_bytes(block_f, ws_f);
+  tu_poison_bytes(block_b, ws_b);
+  keep_check(c, attn_forward(plain, q.data, k.data, v.data, ref.o, ref.lse, block_f, ws_f, NULL),
+             "attn_forward (plain)");
+  keep_check(c,
+             attn_backward(plain, q.data, k.data, v.data, ref.o, ref.lse, d_o.data, ref.dq, ref.dk,
+                           ref.dv, block_b, ws_b, NULL),
+             "attn_backward (plain)");
+  free(block_f);
+  free(block_b);
+
+  /* the kept plan: one workspace for both passes, at an odd address */
+  keep_check(c, attn_plan_workspace_size(kept, ATTN_PASS_FORWARD, &ws_f),
+             "attn_plan_workspace_size");
+  keep_check(c, attn_plan_workspace_size(kept, ATTN_PASS_BACKWARD, &ws_b),
+             "attn_plan_workspace_size");
+  bytes = ws_f > ws_b ? ws_f : ws_b;
+  if (bytes == 0) keep_fail(c, "the kept plan's workspaces are empty: nowhere to keep a selection");
+  block = (unsigned char *)keep_alloc(bytes + 64);
+  ws = block + 1 + 2 * tu_rng_int(&rng, 0, 31);
+  tu_poison_bytes(block, bytes + 64);
+  keep_check(c, attn_forward(kept, q.data, k.data, v.data, got.o, got.lse, ws, bytes, NULL),
+             "attn_forward (kept)");
+  keep_same_bits(c, got.o, ref.o, nq * es, "O", "(forward)");
+  keep_same_bits(c, got.lse, ref.lse, nlse * sizeof(float), "LSE", "(forward)");
+  keep_check(c,
+             attn_backward(kept, q.data, k.data, v.data, got.o, got.lse, d_o.data, got.dq, got.dk,
+                           got.dv, ws, bytes, NULL),
+             "attn_backward (kept)");
+  keep_same_bits(c, got.dq, ref.dq, nq * es, "dQ", "(backward on the forward's workspace)");
+  keep_same_bits(c, got.dk, ref.dk, nk * es, "dK", "(backward on the forward's workspace)");
+  keep_same_bits(c, got.dv, ref.dv, nk * es, "dV", "(backward on the forward's workspace)");
+
+  /* the backward reads the selection the workspace holds: none at all */
+  memset(ws, 0, bytes);
+  tu_poison(got.dq, c->dtype, nq);
+  tu_poison(got.dk, c->dtype, nk);
+  tu_poison(got.dv, c->dtype, nk);
+  keep_check(c,
+             attn_backward(kept, q.data, k.data, v.data, got.o, got.lse, d_o.data, got.dq, got.dk,
+                           got.dv, ws, bytes, NULL),
+             "attn_backward (kept, zeroed workspace)");
+  if (memcmp(got.dk, ref.dk, nk * es) == 0)
+    keep_fail(c, "the kept plan's backward on a zeroed workspace gave the right dK: "
+              "it did not read the kept selection");
+
+  /* a fresh forward on that buffer keeps the selection again */
+  tu_poison(got.dq, c->dtype, nq);
+  tu_poison(got.dk, c->dtype, nk);
+  tu_poison(got.dv, c->dtype, nk);
+  keep_check(c, attn_forward(kept, q.data, k.data, v.data, got.o, got.lse, ws, bytes, NULL),
+             "attn_forward (kept, again)");
+  keep_check(c,
+             attn_backward(kept, q.data, k.data, v.data, got.o, got.lse, d_o.data, got.dq, got.dk,
+                           got.dv, ws, bytes, NULL),
+             "attn_backward (kept, again)");
+  keep_same_bits(c, got.dq, ref.dq, nq * es, "dQ", "(after a fresh forward)");
+  keep_same_bits(c, got.dk, ref.dk, nk * es, "dK", "(after a fresh forward)");
+  keep_same_bits(c, got.dv, ref.dv, nk * es, "dV", "(after a fresh forward)");
+  if (tu_buffer_changed(&q) || tu_buffer_changed(&k) || tu_buffer_changed(&v) ||
+      tu_buffer_changed(&d_o))
+    keep_fail(c, "an input changed");
+
+  printf("  %-34s bit-identical to the plain plan; workspace %zu bytes (forward %zu, backward "
+         "%zu)\n",
+         c->name, bytes, ws_f, ws_b);
+  fflush(stdout);
+  free(block);
+  attn_plan_destroy(plain);
+  attn_plan_destroy(kept);
+  keep_out_free(&ref);
+  keep_out_free(&got);
+  tu_buffer_free(&q);
+  tu_buffer_free(&k);
+  tu_buffer_free(&v);
+  tu_buffer_free(&d_o);
+}
+
 int main(void) {
+  enum { NKEEP = sizeof kKeepCases / sizeof kKeepCases[0] };
+  struct CMUnitTest keep_tests[NKEEP];
+  size_t i;
   int rc = nc_isa_gate();
   if (rc != 0) return rc;
-  return nc_run_group("moba", kCases, sizeof kCases / sizeof kCases[0], 0, 0, 1);
+  rc = nc_run_group("moba", kCases, sizeof kCases / sizeof kCases[0], 0, 0, 1);
+  memset(keep_tests, 0, sizeof keep_tests);
+  for (i = 0; i < NKEEP; ++i) {
+    keep_tests[i].name = kKeepCases[i].name;
+    keep_tests[i].test_func = kept_selection;
+    keep_tests[i].initial_state = (void *)&kKeepCases[i];
+  }
+  return rc + _cmocka_run_group_tests("moba-kept-selection", keep_tests, NKEEP, NULL, NULL);
 }
