@@ -101,7 +101,7 @@ constexpr int kGatherQArrivals = 32;
 // launch's 168; 32 for the producer left no slack and the kernel hung).
 constexpr int kProducerRegs = 24, kConsumerRegs = 240;
 // MoBA's gathered rounds: the producer lanes also copy Q's rows by index
-// (24 registers spilled 1.3 KB there) and the consumers need fewer (221).
+// (24 registers spilled 1.3 KB there) and the consumers need fewer (210).
 constexpr int kGatherProducerRegs = 40, kGatherConsumerRegs = 232;
 static_assert(kGatherProducerRegs + 2 * kGatherConsumerRegs == kProducerRegs + 2 * kConsumerRegs,
               "the same register file");
@@ -131,9 +131,9 @@ constexpr int kConsumerWarps = 8, kConsumerThreads = 256;
 #define ATTN_FWD_WS_SPARSE_END 2
 #endif
 // Order 3 (not yet measured) chooses per item: order 1 when the next
-// item's first K tile has already landed (nothing to wait for), else
-// order 2; the warpgroup agrees by a barrier reduction, as its wgmmas must
-// be the same for all its warps.
+// item's record, Q and first K tile have already landed (nothing to wait
+// for), else order 2; the warpgroup agrees by a barrier reduction, as its
+// wgmmas must be the same for all its warps.
 constexpr int kDenseEnd = ATTN_FWD_WS_DENSE_END, kSparseEnd = ATTN_FWD_WS_SPARSE_END;
 static_assert(kDenseEnd >= 1 && kDenseEnd <= 3 && kSparseEnd >= 1 && kSparseEnd <= 3,
               "item-end orders are 1, 2 or 3");
