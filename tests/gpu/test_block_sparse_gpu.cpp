@@ -661,6 +661,18 @@ std::vector<Case> cases() {
   c = make("d64-fp16-b64-none-many-items-gqa4", FP, 64, 2, 16, 4, 1500, 1500, NONE, 64, 64);
   c.p_none = 0.5, c.fwd_only = true;
   v.push_back(c);
+  // The same at d = 128 (2 KV stages): blocks whose items alternate
+  // between lists with and without KV tiles (the producer's copy orders
+  // must not wait on a tile an empty item never asks for).
+  c = make("d128-bf16-b128-none-many-items-empty-gqa4", BF, 128, 2, 16, 4, 1536, 1536, NONE, 128,
+           128);
+  c.p_none = 0.6, c.empty_block0 = true, c.mask_heads = 4, c.fwd_only = true;
+  v.push_back(c);
+  // BigBird with about two items per block, small enough for
+  // compute-sanitizer's racecheck (ATTN_GPU_TEST_FILTER=bigbird-race).
+  c = make("d128-bf16-b128-bigbird-race-gqa4", BF, 128, 2, 8, 2, 2304, 2304, CAUSAL, 128, 128);
+  c.src = Source::kBigBird, c.mask_heads = 2, c.fwd_only = true;
+  v.push_back(c);
   return v;
 }
 
