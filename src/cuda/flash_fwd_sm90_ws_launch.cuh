@@ -122,6 +122,9 @@ cudaError_t fwd_ws_moba_gather_launch(const flash::FwdParams& params, int m_bloc
   constexpr flash::FwdSm90Config cfg = flash::fwd_sm90_ws_config(D);
   flash::flash_fwd_sm90_ws_moba_gather_kernel<T, D>
       <<<blocks, cfg.threads(), fwd_ws_moba_gather_smem<D>(), stream>>>(wp);
+#if ATTN_FWD_WS_TRACE
+  flash::ws::trace_print_kernel<<<1, 1, 0, stream>>>();  // diagnostic builds
+#endif
   return cudaGetLastError();
 }
 template <int D>
