@@ -73,12 +73,12 @@ struct Traits {
 
 // The control block after the tiles (in the one-tile kernel's visit ring
 // area).
-template <int ST>
+template <int KST, int VST>
 struct Ctl {
   uint64_t q_full[2], q_empty[2];
-  uint64_t k_full[ST], k_empty[ST], v_full[ST], v_empty[ST];
+  uint64_t k_full[KST], k_empty[KST], v_full[VST], v_empty[VST];
   int32_t item[2][4];  // per Q buffer: query tile, KV tiles, sequence, query head
-  int32_t meta[ST][2];  // per stage: KV tile, visit kind (kVisitFull / kVisitDense / bit tile)
+  int32_t meta[KST][2];  // per K stage: KV tile, visit kind (kVisitFull / kVisitDense / bit tile)
 };
 
 // MoBA's gathered rounds (flash_fwd_sm90_ws_moba_gather_kernel): per Q
@@ -147,10 +147,21 @@ static_assert(kDenseEnd >= 1 && kDenseEnd <= 3 && kSparseEnd >= 1 && kSparseEnd 
 // during the item's last-but-one step instead of at its end. V keeps its
 // time. Not yet measured: builds for measurements set
 // -DATTN_FWD_WS_K_LEAD=1.
+// 2: K tiles two steps ahead of the V tiles (K_{j+2} before V_j), in one K
+// stage more than V stages (d = 128: 3 and 2, 224 KB of tiles, with the
+// control block the whole 227 KB an SM gives a block); also unmeasured.
 #ifndef ATTN_FWD_WS_K_LEAD
 #define ATTN_FWD_WS_K_LEAD 0
 #endif
-constexpr bool kKLead = ATTN_FWD_WS_K_LEAD != 0;
+constexpr int kKLeadSteps = ATTN_FWD_WS_K_LEAD;
+static_assert(kKLeadSteps >= 0 && kKLeadSteps <= 2, "a K lead of 0, 1 or 2 steps");
+constexpr bool kKLead = kKLeadSteps != 0;
+constexpr int kKExtraStages = kKLeadSteps > 1 ? kKLeadSteps - 1 : 0;
+// The block's dynamic shared memory (the config's, plus the extra K stages).
+template <int D>
+constexpr size_t smem_bytes() {
+  return fwd_sm90_ws_config(D).smem_bytes(D) + size_t(kKExtraStages) * 128u * size_t(D) * 2u;
+}
 
 #ifndef ATTN_FWD_WS_TRACE
 #define ATTN_FWD_WS_TRACE 0
@@ -276,24 +287,26 @@ __device__ __forceinline__ void flash_fwd_sm90_ws(const FwdWsParams& wp) {
   static_assert(!(Sparse && Gather), "gathered rows: MoBA plans only");
   constexpr FwdSm90Config kCfg = ws::Traits<D>::kCfg;
   constexpr int BM = kCfg.block_m, BN = kCfg.block_n, ST = kCfg.stages;
+  // K and V stages: as many, but with a K lead of 2 steps one K stage more.
+  constexpr int KST = ST + ws::kKExtraStages, VST = ST;
   static_assert(BM == 128 && BN == 128 && kCfg.warpgroups == 2, "two consumer warpgroups");
   constexpr int NS = BN / 2, NO = D / 2;  // accumulators per thread: S, O
   constexpr int kPanels = D / 64;
   constexpr uint32_t kQBytes = uint32_t(BM * D * 2), kKvBytes = uint32_t(BN * D * 2);
-  using Ctl = ws::Ctl<ST>;
+  using Ctl = ws::Ctl<KST, VST>;
   static_assert(sizeof(Ctl) <= size_t(kSm90VisitRing) * 8u, "the control block fits");
   const FwdParams& p = wp.p;
 
   extern __shared__ __align__(16) unsigned char smem[];
   const uint32_t raw = smem_u32(smem);
   const uint32_t sQa = (raw + 1023u) & ~1023u;          // [2][BM][D]
-  const uint32_t sKa = sQa + 2u * kQBytes;              // [ST][BN][D]
-  const uint32_t sVa = sKa + uint32_t(ST) * kKvBytes;   // [ST][BN][D]
-  Ctl& ctl = *reinterpret_cast<Ctl*>(smem + (sVa + uint32_t(ST) * kKvBytes - raw));
+  const uint32_t sKa = sQa + 2u * kQBytes;              // [KST][BN][D]
+  const uint32_t sVa = sKa + uint32_t(KST) * kKvBytes;  // [VST][BN][D]
+  Ctl& ctl = *reinterpret_cast<Ctl*>(smem + (sVa + uint32_t(VST) * kKvBytes - raw));
   auto bar = [](const uint64_t& b) { return smem_u32(&b); };
   // Gather: the rows of the Q buffers' items (ws::GatherCtl).
   auto gather_ctl = [&]() -> ws::GatherCtl& {
-    return *reinterpret_cast<ws::GatherCtl*>(smem + (sVa + uint32_t(ST) * kKvBytes - raw) +
+    return *reinterpret_cast<ws::GatherCtl*>(smem + (sVa + uint32_t(VST) * kKvBytes - raw) +
                                              size_t(kSm90VisitRing) * 8u);
   };
 
@@ -305,11 +318,22 @@ __device__ __forceinline__ void flash_fwd_sm90_ws(const FwdWsParams& wp) {
       mbar_init(bar(ctl.q_full[i]), Gather ? ws::kGatherQArrivals : 1);
       mbar_init(bar(ctl.q_empty[i]), ws::kConsumerThreads);
     }
-    for (int s = 0; s < ST; ++s) {
-      mbar_init(bar(ctl.k_full[s]), 1);
-      mbar_init(bar(ctl.v_full[s]), 1);
-      mbar_init(bar(ctl.k_empty[s]), ws::kConsumerThreads);
-      mbar_init(bar(ctl.v_empty[s]), ws::kConsumerWarps);
+    if constexpr (KST == VST) {
+      for (int s = 0; s < ST; ++s) {
+        mbar_init(bar(ctl.k_full[s]), 1);
+        mbar_init(bar(ctl.v_full[s]), 1);
+        mbar_init(bar(ctl.k_empty[s]), ws::kConsumerThreads);
+        mbar_init(bar(ctl.v_empty[s]), ws::kConsumerWarps);
+      }
+    } else {
+      for (int s = 0; s < KST; ++s) {
+        mbar_init(bar(ctl.k_full[s]), 1);
+        mbar_init(bar(ctl.k_empty[s]), ws::kConsumerThreads);
+      }
+      for (int s = 0; s < VST; ++s) {
+        mbar_init(bar(ctl.v_full[s]), 1);
+        mbar_init(bar(ctl.v_empty[s]), ws::kConsumerWarps);
+      }
     }
   }
   mbar_init_fence();
@@ -327,11 +351,11 @@ __device__ __forceinline__ void flash_fwd_sm90_ws(const FwdWsParams& wp) {
     }
     uint32_t kv = 0;  // the block's KV steps so far
     int n = 0;        // its items so far
-    // Lane 0's copies of step k's K tile and V tile into stage k % ST, each
-    // once the consumers have freed the stage.
+    // Lane 0's copies of step k's K tile into stage k % KST and V tile into
+    // stage k % VST, each once the consumers have freed the stage.
     auto load_k = [&](uint32_t k, int tile, int kind, int hk, int b) {
-      const int s = int(k % ST);
-      mbar_wait(bar(ctl.k_empty[s]), ((k / ST) & 1u) ^ 1u);
+      const int s = int(k % KST);
+      mbar_wait(bar(ctl.k_empty[s]), ((k / KST) & 1u) ^ 1u);
       ctl.meta[s][0] = tile;
       ctl.meta[s][1] = kind;
       mbar_arrive_expect_tx(bar(ctl.k_full[s]), kKvBytes);
@@ -341,18 +365,32 @@ __device__ __forceinline__ void flash_fwd_sm90_ws(const FwdWsParams& wp) {
                        tile * BN, hk, b, bar(ctl.k_full[s]));
     };
     auto load_v = [&](uint32_t k, int tile, int hk, int b) {
-      const int s = int(k % ST);
-      mbar_wait(bar(ctl.v_empty[s]), ((k / ST) & 1u) ^ 1u);
+      const int s = int(k % VST);
+      mbar_wait(bar(ctl.v_empty[s]), ((k / VST) & 1u) ^ 1u);
       mbar_arrive_expect_tx(bar(ctl.v_full[s]), kKvBytes);
 #pragma unroll
       for (int pn = 0; pn < kPanels; ++pn)
         tensor_load_4d(sVa + uint32_t(s) * kKvBytes + uint32_t(pn * BN * 128), &wp.v_map, pn * 64,
                        tile * BN, hk, b, bar(ctl.v_full[s]));
     };
-    // K lead: the V tile of step kv - 1, copied after step kv's K tile
-    // (its item's KV tile and coordinates; none before the first step).
-    bool v_due = false;
-    int v_tile = 0, v_hk = 0, v_b = 0;
+    // K lead: the V tiles still due, those of steps kv - v_count .. kv - 1
+    // (oldest first: their KV tile, KV head and sequence (hk << 16 | b), and
+    // item), copied kKLeadSteps steps after their K tiles.
+    constexpr int kLead = ws::kKLeadSteps > 0 ? ws::kKLeadSteps : 1;
+    int v_count = 0;
+    int v_tile[kLead] = {}, v_item[kLead] = {};
+    uint32_t v_hb[kLead] = {};
+    auto issue_due_v = [&] {  // the oldest due V tile
+      if (lane == 0)
+        load_v(kv - uint32_t(v_count), v_tile[0], int(v_hb[0] >> 16), int(v_hb[0] & 0xffffu));
+#pragma unroll
+      for (int i = 0; i + 1 < kLead; ++i) {
+        v_tile[i] = v_tile[i + 1];
+        v_item[i] = v_item[i + 1];
+        v_hb[i] = v_hb[i + 1];
+      }
+      --v_count;
+    };
     if constexpr (Gather) {
       // MoBA's gathered round: work item w is tile m = w % m_blocks of the
       // round lists of (sequence, query head) w / m_blocks (m_blocks: the
@@ -497,13 +535,10 @@ __device__ __forceinline__ void flash_fwd_sm90_ws(const FwdWsParams& wp) {
         }
         const int qb = n & 1;
         if constexpr (ws::kKLead) {
-          // An item without KV tiles has no K copy to issue the due V tile
-          // after: it goes now, since the next item's Q buffer is freed only
-          // once the item before this one has ended, which needs that tile.
-          if (n_tiles == 0 && v_due) {
-            if (lane == 0) load_v(kv - 1, v_tile, v_hk, v_b);
-            v_due = false;
-          }
+          // The Q buffer below is freed once item n - 2 has ended, which
+          // needs its V tiles: those still due go now (after an item with
+          // fewer KV tiles than the lead, or none).
+          while (v_count > 0 && v_item[0] < n - 1) issue_due_v();
         }
         if (lane == 0) {
           mbar_wait(bar(ctl.q_empty[qb]), uint32_t((n >> 1) & 1) ^ 1u);
@@ -513,7 +548,7 @@ __device__ __forceinline__ void flash_fwd_sm90_ws(const FwdWsParams& wp) {
           ctl.item[qb][3] = h;
           if (n_tiles > 0) {
             mbar_arrive_expect_tx(bar(ctl.q_full[qb]), kQBytes);
-  #pragma unroll
+#pragma unroll
             for (int pn = 0; pn < kPanels; ++pn)
               tensor_load_4d(sQa + uint32_t(qb) * kQBytes + uint32_t(pn * BM * 128), &wp.q_map,
                              pn * 64, m_block * BM, h, b, bar(ctl.q_full[qb]));
@@ -539,14 +574,16 @@ __device__ __forceinline__ void flash_fwd_sm90_ws(const FwdWsParams& wp) {
             const int tile = __shfl_sync(0xffffffffu, my_tile, i);
             const int kind = __shfl_sync(0xffffffffu, my_kind, i);
             if constexpr (ws::kKLead) {
-              if (lane == 0) {
-                load_k(kv, tile, kind, hk, b);
-                if (v_due) load_v(kv - 1, v_tile, v_hk, v_b);
-              }
-              v_due = true;
-              v_tile = tile;
-              v_hk = hk;
-              v_b = b;
+              if (lane == 0) load_k(kv, tile, kind, hk, b);
+              if (v_count == kLead) issue_due_v();
+#pragma unroll
+              for (int e = 0; e < kLead; ++e)  // (entry v_count, by constant indices: registers)
+                if (e == v_count) {
+                  v_tile[e] = tile;
+                  v_item[e] = n;
+                  v_hb[e] = uint32_t(hk) << 16 | uint32_t(b);
+                }
+              ++v_count;
             } else if (lane == 0) {
               // (The measured default's code, written out: through load_k and
               // load_v it compiles to other machine code.)
@@ -556,13 +593,13 @@ __device__ __forceinline__ void flash_fwd_sm90_ws(const FwdWsParams& wp) {
               ctl.meta[s][0] = tile;
               ctl.meta[s][1] = kind;
               mbar_arrive_expect_tx(bar(ctl.k_full[s]), kKvBytes);
-  #pragma unroll
+#pragma unroll
               for (int pn = 0; pn < kPanels; ++pn)
                 tensor_load_4d(sKa + uint32_t(s) * kKvBytes + uint32_t(pn * BN * 128), &wp.k_map,
                                pn * 64, tile * BN, hk, b, bar(ctl.k_full[s]));
               mbar_wait(bar(ctl.v_empty[s]), free_parity);
               mbar_arrive_expect_tx(bar(ctl.v_full[s]), kKvBytes);
-  #pragma unroll
+#pragma unroll
               for (int pn = 0; pn < kPanels; ++pn)
                 tensor_load_4d(sVa + uint32_t(s) * kKvBytes + uint32_t(pn * BN * 128), &wp.v_map,
                                pn * 64, tile * BN, hk, b, bar(ctl.v_full[s]));
@@ -572,7 +609,7 @@ __device__ __forceinline__ void flash_fwd_sm90_ws(const FwdWsParams& wp) {
         }
       }
       if constexpr (ws::kKLead) {
-        if (lane == 0 && v_due) load_v(kv - 1, v_tile, v_hk, v_b);
+        while (v_count > 0) issue_due_v();
       }
     }
     return;
@@ -644,17 +681,17 @@ __device__ __forceinline__ void flash_fwd_sm90_ws(const FwdWsParams& wp) {
   float s[NS];
 
   // Step j of the current item is the block's KV step kv + j, in stage
-  // (kv + j) % ST; the steps' waits and GEMMs take the block's step.
+  // (kv + j) % KST and % VST; the steps' waits and GEMMs take the block's step.
   auto wait_k = [&](uint32_t k, int& tile, int& kind) {
-    mbar_wait(bar(ctl.k_full[k % ST]), (k / ST) & 1u);
-    tile = ctl.meta[k % ST][0];
-    kind = ctl.meta[k % ST][1];
+    mbar_wait(bar(ctl.k_full[k % KST]), (k / KST) & 1u);
+    tile = ctl.meta[k % KST][0];
+    kind = ctl.meta[k % KST][1];
   };
-  auto wait_v = [&](uint32_t k) { mbar_wait(bar(ctl.v_full[k % ST]), (k / ST) & 1u); };
+  auto wait_v = [&](uint32_t k) { mbar_wait(bar(ctl.v_full[k % VST]), (k / VST) & 1u); };
   // S = Q K^T of the warpgroup's rows of Q buffer q (the step's K tile).
   auto issue_s = [&](int q, uint32_t k) {
     const uint32_t q_rows = sQa + uint32_t(q) * kQBytes + uint32_t(cw * 64 * 128);
-    const uint32_t k_tile = sKa + (k % ST) * kKvBytes;
+    const uint32_t k_tile = sKa + (k % KST) * kKvBytes;
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk)
       sm90::Wgmma<T, BN>::ss(s, sm90::desc_k_major(q_rows, BM, kk),
@@ -662,7 +699,7 @@ __device__ __forceinline__ void flash_fwd_sm90_ws(const FwdWsParams& wp) {
     sm90::wgmma_commit();
   };
   auto issue_pv = [&](uint32_t k) {  // O += P V of the step
-    const uint32_t v_tile = sVa + (k % ST) * kKvBytes;
+    const uint32_t v_tile = sVa + (k % VST) * kKvBytes;
 #pragma unroll
     for (int kk = 0; kk < BN / 16; ++kk)
       sm90::Wgmma<T, D>::rs(acc_o, pa[kk], sm90::desc_mn_major(v_tile, BN, kk), true);
@@ -774,7 +811,7 @@ __device__ __forceinline__ void flash_fwd_sm90_ws(const FwdWsParams& wp) {
     sm90::wgmma_wait<0>();
     sm90::reg_fence(s);
     trace.mark(2);
-    release_all(ctl.k_empty[kv % ST]);
+    release_all(ctl.k_empty[kv % KST]);
     first_softmax(tile, kind);
     trace.mark(3);
   };
@@ -794,11 +831,11 @@ __device__ __forceinline__ void flash_fwd_sm90_ws(const FwdWsParams& wp) {
       issue_pv(k - 1);
       sm90::wgmma_wait<1>();  // S_j done; P_{j-1} V_{j-1} runs on under the softmax
       sm90::reg_fence(s);
-      release_all(ctl.k_empty[k % ST]);
+      release_all(ctl.k_empty[k % KST]);
       softmax(tile, kind, alpha);
       sm90::wgmma_wait<0>();
       sm90::reg_fence(acc_o);
-      release(ctl.v_empty[(k - 1) % ST]);
+      release(ctl.v_empty[(k - 1) % VST]);
 #pragma unroll
       for (int i = 0; i < NO; ++i) acc_o[i] *= alpha[(i >> 1) & 1];
       pack_p_fragments<T>(s, pa);
@@ -829,7 +866,7 @@ __device__ __forceinline__ void flash_fwd_sm90_ws(const FwdWsParams& wp) {
         read_item(w);  // (no wait: the phase has completed)
         read3 = true;
         overlap3 = n_tiles > 0;
-        landed = overlap3 && mbar_test(bar(ctl.k_full[(last + 1) % ST]), ((last + 1) / ST) & 1u);
+        landed = overlap3 && mbar_test(bar(ctl.k_full[(last + 1) % KST]), ((last + 1) / KST) & 1u);
       }
       end2 = !sm90::named_barrier_and(1 + cw, 128, landed);
     }
@@ -840,7 +877,7 @@ __device__ __forceinline__ void flash_fwd_sm90_ws(const FwdWsParams& wp) {
       sm90::wgmma_wait<0>();
       sm90::reg_fence(acc_o);
       trace.mark(5);  // the last P V
-      release(ctl.v_empty[last % ST]);
+      release(ctl.v_empty[last % VST]);
       unsigned char* const sQp = smem + (sQa + uint32_t(e_qb) * kQBytes - raw);
       {
         float* gL = p.lse == nullptr ? nullptr
@@ -875,7 +912,7 @@ __device__ __forceinline__ void flash_fwd_sm90_ws(const FwdWsParams& wp) {
         sm90::wgmma_wait<0>();
         sm90::reg_fence(s);
         trace.mark(2);  // the next item's S_0
-        release_all(ctl.k_empty[kv % ST]);
+        release_all(ctl.k_empty[kv % KST]);
         first_softmax(tile, kind);
         trace.mark(3);
         continue;
@@ -898,7 +935,7 @@ __device__ __forceinline__ void flash_fwd_sm90_ws(const FwdWsParams& wp) {
       auto epilogue = [&] {
         sm90::reg_fence(acc_o);
         trace.mark(5);  // the last P V
-        release(ctl.v_empty[last % ST]);
+        release(ctl.v_empty[last % VST]);
         if constexpr (Gather) {
           gather_merge(e_qb, e_b, e_h, e_rows);
         } else {
@@ -928,7 +965,7 @@ __device__ __forceinline__ void flash_fwd_sm90_ws(const FwdWsParams& wp) {
         sm90::wgmma_wait<0>();
         sm90::reg_fence(s);
         trace.mark(2);  // the next item's S_0
-        release_all(ctl.k_empty[kv % ST]);
+        release_all(ctl.k_empty[kv % KST]);
         first_softmax(tile, kind);
         trace.mark(3);
         continue;

@@ -53,7 +53,7 @@ template <class T, int D, bool Sparse>
 cudaError_t fwd_ws_prepare() {
   return cudaFuncSetAttribute(flash::flash_fwd_sm90_ws_kernel<T, D, Sparse>,
                               cudaFuncAttributeMaxDynamicSharedMemorySize,
-                              int(flash::fwd_sm90_ws_config(D).smem_bytes(D)));
+                              int(flash::ws::smem_bytes<D>()));
 }
 
 // The parameters of m_blocks x heads_q x batch work items and the grid
@@ -92,7 +92,7 @@ cudaError_t fwd_ws_launch(const flash::FwdParams& params, int m_blocks, int head
                    : params.ws_order == 2;
   constexpr flash::FwdSm90Config cfg = flash::fwd_sm90_ws_config(D);
   flash::flash_fwd_sm90_ws_kernel<T, D, Sparse>
-      <<<blocks, cfg.threads(), cfg.smem_bytes(D), stream>>>(wp);
+      <<<blocks, cfg.threads(), flash::ws::smem_bytes<D>(), stream>>>(wp);
 #if ATTN_FWD_WS_TRACE
   flash::ws::trace_print_kernel<<<1, 1, 0, stream>>>();  // diagnostic builds
 #endif
@@ -104,7 +104,7 @@ cudaError_t fwd_ws_launch(const flash::FwdParams& params, int m_blocks, int head
 // (sequence, query head).
 template <int D>
 constexpr size_t fwd_ws_moba_gather_smem() {
-  return flash::fwd_sm90_ws_config(D).smem_bytes(D) + sizeof(flash::ws::GatherCtl);
+  return flash::ws::smem_bytes<D>() + sizeof(flash::ws::GatherCtl);
 }
 template <class T, int D>
 cudaError_t fwd_ws_moba_gather_prepare() {
