@@ -15,7 +15,10 @@
 // and prints TB/s (median of 9 runs; the buffer is 20x L2). Last, the
 // decode kernel's stage shape without its arithmetic (bulk-kv: each block
 // reads a K and a V half, stages of C copies of CH bytes alternating
-// between them, a block-wide barrier per stage), 256 blocks.
+// between them, a block-wide barrier per stage), 256 blocks; and the same
+// stages over the cache's own layouts (paged-kv: separate K and V pools,
+// dense or HND pages, the kernel's copy issuers, a stand-in for its
+// arithmetic between refills), to tell the layout's cost from the kernel's.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -152,6 +155,81 @@ __global__ void __launch_bounds__(kThreads) bulk_kv_kernel(const char* __restric
   if (acc == 0x9e3779b9u) sink[threadIdx.x] = acc;
 }
 
+// The decode kernel's reads as the paged cache lays them out (paged-kv):
+// K and V in two pools (the two halves of the buffer); block x is
+// (sequence x / 8, KV head x % 8) of 32 sequences of 8192 tokens; a tile
+// is 64 keys, K and V each 8 segments of 8 rows (2 KB) written to shared
+// memory 32 bytes apart as sm90-bulk32 does. Layout Ps: 0 = dense [seq,
+// head, token, 128] as SDPA's tensors, else HND pages of Ps tokens, a
+// sequence's pages consecutive, a page holding the 8 heads' rows side by
+// side. Issuers: 1 (thread 0 copies the 16 segments) or 8 (as the kernel:
+// the first thread of each segment copies its K and V rows, 64 threads
+// arrive). After its refill each warp spins Work cycles (the kernel's
+// scores and P V), in the kernel's order: wait, barrier, refill, work.
+template <int S, int Ps, int Issuers, int Work>
+__global__ void __launch_bounds__(kThreads) paged_kv_kernel(const char* __restrict__ src,
+                                                            uint32_t* sink) {
+  constexpr int kKeys = 64, kRow = 256, kSegBytes = 8 * kRow + 32;
+  constexpr int kTileBytes = 8 * kSegBytes;
+  constexpr size_t kSeqTokens = 8192;
+  constexpr int kHeads = 8;
+  extern __shared__ __align__(128) unsigned char buf[];  // [S][K|V][8][kSegBytes]
+  __shared__ __align__(8) uint64_t bars[S];
+  const char* k_pool = src;
+  const char* v_pool = src + (size_t(1) << 29);
+  const size_t seq = blockIdx.x / kHeads, g = blockIdx.x % kHeads;
+  constexpr int tiles = int(kSeqTokens / kKeys);
+  if (threadIdx.x == 0)
+    for (int s = 0; s < S; ++s) mbar_init(smem_u32(&bars[s]), Issuers == 1 ? 1 : kKeys);
+  mbar_init_fence();
+  __syncthreads();
+  auto row_offset = [&](size_t key) -> size_t {
+    if constexpr (Ps == 0) {
+      return ((seq * kHeads + g) * kSeqTokens + key) * kRow;
+    } else {
+      const size_t page = seq * (kSeqTokens / Ps) + key / Ps;
+      return ((page * kHeads + g) * Ps + key % Ps) * kRow;
+    }
+  };
+  auto issue_seg = [&](int t, int sg, uint32_t bar) {
+    const int s = t % S;
+    const size_t off = row_offset(size_t(t) * kKeys + size_t(sg) * 8);
+    const uint32_t dk = smem_u32(buf + size_t(s) * 2 * kTileBytes + size_t(sg) * kSegBytes);
+    bulk_load(dk, k_pool + off, 8 * kRow, bar);
+    bulk_load(dk + kTileBytes, v_pool + off, 8 * kRow, bar);
+  };
+  auto issue = [&](int t) {
+    const uint32_t bar = smem_u32(&bars[t % S]);
+    if (Issuers == 1) {
+      if (threadIdx.x == 0) {
+        mbar_arrive_expect_tx(bar, 2 * kKeys * kRow);
+        for (int sg = 0; sg < 8; ++sg) issue_seg(t, sg, bar);
+      }
+    } else if (threadIdx.x < kKeys) {
+      if (threadIdx.x % 8 == 0) {
+        mbar_arrive_expect_tx(bar, 2 * 8 * kRow);
+        issue_seg(t, threadIdx.x / 8, bar);
+      } else {
+        attn::decode::mbar_arrive(bar);
+      }
+    }
+  };
+  for (int t = 0; t < S - 1 && t < tiles; ++t) issue(t);
+  uint32_t acc = 0;
+  for (int t = 0; t < tiles; ++t) {
+    const int s = t % S;
+    mbar_wait(smem_u32(&bars[s]), uint32_t((t / S) & 1));
+    __syncthreads();  // every warp is done with tile t - 1's stage
+    if (t + S - 1 < tiles) issue(t + S - 1);
+    acc ^= reinterpret_cast<const uint32_t*>(buf + size_t(s) * 2 * kTileBytes)[threadIdx.x];
+    if (Work > 0) {
+      const long long t0 = clock64();
+      while (clock64() - t0 < Work) acc += 1;
+    }
+  }
+  if (acc == 0x9e3779b9u) sink[threadIdx.x] = acc;
+}
+
 int main() {
   const size_t bytes = size_t(1) << 30;
   char* src = nullptr;
@@ -231,6 +309,36 @@ int main() {
   kv(integral_constant<int, 4>{}, integral_constant<int, 4>{}, integral_constant<int, 4096>{});
   kv(integral_constant<int, 8>{}, integral_constant<int, 4>{}, integral_constant<int, 2048>{});
   kv(integral_constant<int, 8>{}, integral_constant<int, 2>{}, integral_constant<int, 4096>{});
+  // The decode reads in the cache's layouts (256 blocks: 32 x 8K, 8 heads).
+  std::printf("%-10s %6s %6s %6s %6s %8s\n", "paged-kv", "stages", "page", "issuer", "work", "TB/s");
+  auto paged = [&](auto st, auto ps, auto is, auto wk) {
+    constexpr int S = decltype(st)::value, Ps = decltype(ps)::value;
+    constexpr int Is = decltype(is)::value, W = decltype(wk)::value;
+    const int smem = S * 2 * 8 * (8 * 256 + 32);
+    if (cudaFuncSetAttribute(paged_kv_kernel<S, Ps, Is, W>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             smem) != cudaSuccess)
+      return;
+    const double tb = time([&] { paged_kv_kernel<S, Ps, Is, W><<<256, kThreads, smem>>>(src, sink); });
+    std::printf("%-10s %6d %6d %6d %6d %8.3f\n", "paged-kv", S, Ps, Is, W, tb);
+  };
+  using I = std::integral_constant<int, 0>;
+  using P16 = std::integral_constant<int, 16>;
+  using P64 = std::integral_constant<int, 64>;
+  using S2 = std::integral_constant<int, 2>;
+  using S3 = std::integral_constant<int, 3>;
+  using One = std::integral_constant<int, 1>;
+  using Eight = std::integral_constant<int, 8>;
+  paged(S2{}, I{}, One{}, I{});
+  paged(S2{}, P16{}, One{}, I{});
+  paged(S2{}, P64{}, One{}, I{});
+  paged(S2{}, I{}, Eight{}, I{});
+  paged(S2{}, P16{}, Eight{}, I{});
+  paged(S3{}, P16{}, Eight{}, I{});
+  paged(S2{}, P16{}, Eight{}, std::integral_constant<int, 500>{});
+  paged(S2{}, P16{}, Eight{}, std::integral_constant<int, 1000>{});
+  paged(S2{}, P16{}, Eight{}, std::integral_constant<int, 2000>{});
+  paged(S3{}, P16{}, Eight{}, std::integral_constant<int, 1000>{});
+  paged(S2{}, I{}, Eight{}, std::integral_constant<int, 1000>{});
   CHECK(cudaGetLastError());
   std::printf("(depth: KB in flight per block; %d SMs)\n", sms);
   return 0;
