@@ -16,6 +16,10 @@
 # tracked files leaves it out unless asked). DEFINES (comma-separated
 # NAME=VALUE) build that tree's device code with those macros set (meson's
 # cuda_args), for the kernels' build-time variants.
+# A tree may also be lib=DIR: a library built elsewhere (DIR holds
+# libattn.so.0, e.g. from scripts/build-variant-lib.sh), timed as it is and
+# tested with the test programs of AB_TEST_BUILD (a build directory of the
+# same commit whose GPU tests are built) loading it instead of their own.
 # Environment: AB_BUILD_ROOT (default /tmp/attn-ab), GPU_ARCHS (sm_90a),
 # OUT (logs; default $AB_BUILD_ROOT/logs), AB_TESTS=0 (skip tests
 # and racecheck), AB_BENCH_ARGS (extra bench_sparse_flex.py arguments, e.g.
@@ -38,15 +42,58 @@ rc=0
 # A spec's build name: the tree's directory name ("this" for .), then its
 # defines with characters other than letters, digits, '_' and '=' as '-'.
 spec_name() {
+  if [[ $1 == lib=* ]]; then  # the directory's name, or its parent's for a build's src/
+    local d=${1#lib=}
+    d=${d%/}
+    [ "$(basename "$d")" = src ] && d=$(dirname "$d")
+    printf 'lib-%s' "$(basename "$d")"
+    return
+  fi
   local t=${1%%:*} d=""
   [ "$1" != "$t" ] && d=-$(printf '%s' "${1#*:}" | tr -c 'A-Za-z0-9_=' '-')
   if [ "$t" = . ]; then printf 'this%s' "$d"; else printf '%s%s' "$(basename "$(cd "$t" && pwd)")" "$d"; fi
+}
+# run_tests NAME BUILD LIBDIR: the forward and block-sparse GPU tests of
+# BUILD and racecheck on the block-sparse cases that exercise the forward's
+# records; with LIBDIR, the programs load that directory's library (their
+# run path is searched after LD_LIBRARY_PATH).
+run_tests() {
+  local name=$1 b=$2 env=()
+  [ -n "$3" ] && env=("LD_LIBRARY_PATH=$3${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}")
+  for test in test_flash_fwd test_block_sparse_gpu; do
+    env "${env[@]}" "$b/tests/gpu/$test" >"$logs/$name-$test.log" 2>&1
+    r=$?
+    echo "$test: $([ $r = 0 ] && echo PASS || echo "FAIL ($r)")"
+    grep -E "^FAIL" "$logs/$name-$test.log" | head -5
+    [ $r = 0 ] || rc=1
+  done
+  for filter in -causal-gqa bigbird-race; do
+    env "${env[@]}" ATTN_GPU_TEST_FILTER=$filter compute-sanitizer --tool racecheck --error-exitcode 3 \
+      "$b/tests/gpu/test_block_sparse_gpu" >"$logs/$name-racecheck$filter.log" 2>&1
+    r=$?
+    echo "racecheck $filter: $(grep -E "RACECHECK SUMMARY" "$logs/$name-racecheck$filter.log" | sed 's/.*SUMMARY: //')"
+    [ $r = 0 ] || rc=1
+  done
 }
 for spec in "${trees[@]}"; do
   t=${spec%%:*}
   name=$(spec_name "$spec")
   b=$broot/$name
   echo "== $name ($spec)"
+  if [[ $spec == lib=* ]]; then
+    dir=$(cd "${spec#lib=}" && pwd)
+    [ -e "$dir/libattn.so.0" ] || { echo "no libattn.so.0 in $dir"; rc=1; continue; }
+    libs[$name]=$dir/libattn.so.0
+    [ -f "$dir/DEFINES" ] && echo "defines: $(cat "$dir/DEFINES")"
+    if [ "${AB_TESTS:-1}" != 0 ]; then
+      if [ -z "${AB_TEST_BUILD:-}" ]; then
+        echo "tests: skipped (AB_TEST_BUILD not set)"
+      else
+        run_tests "$name" "$AB_TEST_BUILD" "$dir"
+      fi
+    fi
+    continue
+  fi
   if [ ! -f "$b/build.ninja" ]; then
     cuda_args=()
     if [ "$spec" != "$t" ]; then
@@ -64,22 +111,7 @@ for spec in "${trees[@]}"; do
     >"$logs/$name-build.log" 2>&1 || { grep -E "error" -A3 "$logs/$name-build.log" | head -30; rc=1; continue; }
   echo "built in $(( $(date +%s) - start )) s"
   libs[$name]=$b/$lib
-  if [ "${AB_TESTS:-1}" != 0 ]; then
-    for test in test_flash_fwd test_block_sparse_gpu; do
-      "$b/tests/gpu/$test" >"$logs/$name-$test.log" 2>&1
-      r=$?
-      echo "$test: $([ $r = 0 ] && echo PASS || echo "FAIL ($r)")"
-      grep -E "^FAIL" "$logs/$name-$test.log" | head -5
-      [ $r = 0 ] || rc=1
-    done
-    for filter in -causal-gqa bigbird-race; do
-      ATTN_GPU_TEST_FILTER=$filter compute-sanitizer --tool racecheck --error-exitcode 3 \
-        "$b/tests/gpu/test_block_sparse_gpu" >"$logs/$name-racecheck$filter.log" 2>&1
-      r=$?
-      echo "racecheck $filter: $(grep -E "RACECHECK SUMMARY" "$logs/$name-racecheck$filter.log" | sed 's/.*SUMMARY: //')"
-      [ $r = 0 ] || rc=1
-    done
-  fi
+  [ "${AB_TESTS:-1}" != 0 ] && run_tests "$name" "$b" ""
 done
 # The timings, one tree after the other on the same machine.
 read -r -a extra <<<"${AB_BENCH_ARGS:-}"
