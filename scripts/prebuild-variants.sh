@@ -5,8 +5,9 @@
 # forward, block-sparse and MoBA GPU tests) and one library per variant
 # (scripts/build-variant-lib.sh), packed into OUT_DIR.tar.xz.
 #
-#   scripts/prebuild-variants.sh OUT_DIR NAME:NAME=VALUE[,NAME=VALUE...] ...
-#   e.g. scripts/prebuild-variants.sh alt/prebuilt klead1:ATTN_FWD_WS_K_LEAD=1
+#   scripts/prebuild-variants.sh OUT_DIR NAME:NAME=VALUE[,NAME=VALUE...][:SOURCE_REGEX] ...
+#   e.g. scripts/prebuild-variants.sh alt/prebuilt klead1:ATTN_FWD_WS_K_LEAD=1 \
+#          trace:ATTN_FWD_WS_TRACE=1,ATTN_BWD_SM90_TRACE=1:'flash_(fwd_sm90_ws|bwd_sm90)'
 #
 # OUT_DIR/base/src/libattn.so.0 is the base library and OUT_DIR/base/tests/gpu
 # its tests (their run path finds ../../src; LD_LIBRARY_PATH overrides it);
@@ -14,12 +15,13 @@
 # Put OUT_DIR under alt/ (ignored by git), carry the tarball to the GPU
 # machine, unpack it there and run e.g.
 #   AB_TEST_BUILD=alt/prebuilt/base scripts/ab-sparse.sh lib=alt/prebuilt/base/src lib=alt/prebuilt/klead1
+# A spec's SOURCE_REGEX says which sources its macros reach (default
+# build-variant-lib.sh's: the warp-specialised forward's).
 # Environment: PREBUILD_BASE (the base build directory, /tmp/attn-prebuild),
-# SOURCE_REGEX (the sources the variants' macros reach; build-variant-lib.sh's
-# default), JOBS.
+# JOBS.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-[ $# -ge 1 ] || { sed -n 2,21p "$0"; exit 2; }
+[ $# -ge 1 ] || { sed -n 2,23p "$0"; exit 2; }
 out=$1
 shift
 base=${PREBUILD_BASE:-/tmp/attn-prebuild}
@@ -37,8 +39,9 @@ for t in $tests; do cp "$base/$t" "$out/base/tests/gpu/"; done
 git rev-parse --short HEAD >"$out/COMMIT"
 git diff --quiet HEAD -- src kernels include meson.build || echo "(with uncommitted changes)" >>"$out/COMMIT"
 for spec in "$@"; do
-  scripts/build-variant-lib.sh "$base" "$out/${spec%%:*}" "${spec#*:}" ${SOURCE_REGEX:+"$SOURCE_REGEX"} | tail -1
-  rm -rf "$out/${spec%%:*}/obj" "$out/${spec%%:*}/build.sh"
+  IFS=: read -r name defines regex <<<"$spec"
+  scripts/build-variant-lib.sh "$base" "$out/$name" "$defines" ${regex:+"$regex"} | tail -1
+  rm -rf "$out/$name/obj" "$out/$name/build.sh"
 done
 tar -C "$(dirname "$out")" -cJf "$out.tar.xz" "$(basename "$out")"
 echo "$out.tar.xz: $(du -h "$out.tar.xz" | cut -f1), commit $(head -1 "$out/COMMIT")"

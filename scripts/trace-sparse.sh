@@ -18,7 +18,9 @@
 # (sm_90a), OUT, TRACE_MASKS (default "causal,window-sinks,random,bigbird"),
 # TRACE_VARIANT (a bench_sparse_flex.py --variant, default ""),
 # TRACE_DEFINES (more device-code macros, comma-separated NAME=VALUE, e.g.
-# ATTN_FWD_WS_DENSE_END=2; give each set its own BUILD_DIR).
+# ATTN_FWD_WS_DENSE_END=2; give each set its own BUILD_DIR), TRACE_LIB (a
+# trace library built elsewhere, e.g. by scripts/prebuild-variants.sh with
+# the two TRACE macros: no build here, TRACE_DEFINES unused).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 build=${BUILD_DIR:-/tmp/attn-trace-build}
@@ -29,9 +31,12 @@ if [ -n "${TRACE_DEFINES:-}" ]; then
   IFS=, read -r -a extra <<<"$TRACE_DEFINES"
   defs="$defs$(printf ",'-D%s'" "${extra[@]}")"
 fi
-. scripts/profile-build.sh
-profile_build "$build" "$out" "" -Dtests=false "-Dcuda_args=[$defs]" || exit 1
-python3 bench/bench_sparse_flex.py --lib "$build/src/libattn.so" --no-flex --reps 1 \
+lib=${TRACE_LIB:-$build/src/libattn.so}
+if [ -z "${TRACE_LIB:-}" ]; then
+  . scripts/profile-build.sh
+  profile_build "$build" "$out" "" -Dtests=false "-Dcuda_args=[$defs]" || exit 1
+fi
+python3 bench/bench_sparse_flex.py --lib "$lib" --no-flex --reps 1 \
   --masks "${TRACE_MASKS:-causal,window-sinks,random,bigbird}" --variant "${TRACE_VARIANT:-}" \
   >"$out/trace-sparse.txt" 2>&1
 rc=$?

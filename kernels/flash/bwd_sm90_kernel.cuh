@@ -261,7 +261,9 @@ struct Trace {
 
 #if ATTN_BWD_SM90_TRACE
 // One thread, after the dK/dV kernel: the launch's averages per item.
-__global__ void trace_print_kernel() {
+// Static, as the sums it reads: each source that launches the kernel has its
+// own copy.
+static __global__ void trace_print_kernel() {
   const double n = double(trace_sum[5] ? trace_sum[5] : 1);
   printf("bwd-trace: %u blocks, %llu with an item, %.2f iterations each; cycles per item: "
          "start %.0f first loads %.0f iterations %.0f (%.0f each) end %.0f\n",

@@ -238,7 +238,9 @@ struct Trace {
 
 #if ATTN_FWD_WS_TRACE
 // One thread: prints the saved blocks' averages per item and clears them.
-__global__ void trace_print_kernel() {
+// Static, as the sums it reads: each source that launches the kernels has
+// its own copy.
+static __global__ void trace_print_kernel() {
   for (int slot = 0; slot < 3; ++slot) {
     uint32_t* r = trace_saved[slot];
     if (r[1] == 0) continue;
