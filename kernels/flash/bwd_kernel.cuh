@@ -329,10 +329,9 @@ __device__ __forceinline__ void probs_and_dscores(float (&s)[N][4], float (&dp)[
       const float lse2 = lse2_of(nt, e);
       float z = s[nt][e], gate = 1.0f;
       if (CAP) {
-        // tanh(u) = 1 - q with q = 2 / (e^{2u} + 1); 1 - tanh^2 = q (2 - q)
-        const float x = fast_exp2(z * cin);
-        const float q = __fdividef(2.0f, x + 1.0f);
-        z = cap - cap * q;
+        // z = cap tanh(u) and 1 - tanh^2 = q (2 - q) (softcap_logit)
+        float q;
+        z = softcap_logit(z * cin, cap, q);
         gate = q * (2.0f - q);
       }
       float pr = fast_exp2(fmaf(z, sl2, -lse2));

@@ -583,8 +583,9 @@ __device__ __forceinline__ void flash_bwd_dkdv_sm90_tile(const BwdParams& p) {
       }
     }
     if constexpr (Cap) {
-      // Both GEMMs done: z = cap tanh(u) = cap - cap q with q = 2 / (e^{2u}
-      // + 1), and dP^T - D becomes (dP^T - D) (1 - tanh^2) = (dP^T - D) q (2 - q).
+      // Both GEMMs done: z = cap tanh(u) and, with q = 2 / (e^{2u} + 1),
+      // dP^T - D becomes (dP^T - D) (1 - tanh^2) = (dP^T - D) q (2 - q)
+      // (softcap_logit).
       sm90::wgmma_wait<0>();
       sm90::reg_fence(s);
       sm90::reg_fence(dp);
@@ -594,8 +595,8 @@ __device__ __forceinline__ void flash_bwd_dkdv_sm90_tile(const BwdParams& p) {
         const float2 dd = *reinterpret_cast<const float2*>(del_s + 8 * j + 2 * t4);
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const float q = __fdividef(2.0f, fast_exp2(s[4 * j + e] * cin) + 1.0f);
-          s[4 * j + e] = cap - cap * q;
+          float q;
+          s[4 * j + e] = softcap_logit(s[4 * j + e] * cin, cap, q);
           dp[4 * j + e] = (dp[4 * j + e] - ((e & 1) ? dd.y : dd.x)) * (q * (2.0f - q));
         }
       }

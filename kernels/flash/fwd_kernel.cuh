@@ -438,8 +438,7 @@ __device__ __forceinline__ void flash_fwd_tile(const FwdParams& p, const int32_t
     }
 
     if (p.softcap > 0.0f) {
-      // cap * tanh(y) with tanh(y) = 1 - 2 / (e^{2y} + 1): one exp2, exact
-      // at both saturations (e = 0 or inf).
+      // cap * tanh(y) (softcap_logit).
       const float cap = p.softcap, cin = p.softcap_in;
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt)
@@ -447,8 +446,8 @@ __device__ __forceinline__ void flash_fwd_tile(const FwdParams& p, const int32_t
         for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
-            const float x = fast_exp2(s[mt][nt][e] * cin);
-            s[mt][nt][e] = cap - __fdividef(2.0f * cap, x + 1.0f);
+            float q;
+            s[mt][nt][e] = softcap_logit(s[mt][nt][e] * cin, cap, q);
           }
     }
 

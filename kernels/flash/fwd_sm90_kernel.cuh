@@ -463,12 +463,13 @@ __device__ __forceinline__ void flash_fwd_sm90_tile(const FwdParams& p) {
   // of a quad.
   auto softmax = [&](int j, float (&alpha)[2]) {
     if constexpr (Cap) {
-      // cap * tanh(y) with tanh(y) = 1 - 2 / (e^{2y} + 1): one exp2, exact
-      // at both saturations (scale_log2 is then log2(e)).
+      // cap * tanh(y) (softcap_logit; scale_log2 is then log2(e)).
       const float cap = p.softcap, cin = p.softcap_in;
 #pragma unroll
-      for (int i = 0; i < NS; ++i)
-        s[i] = cap - __fdividef(2.0f * cap, fast_exp2(s[i] * cin) + 1.0f);
+      for (int i = 0; i < NS; ++i) {
+        float q;
+        s[i] = softcap_logit(s[i] * cin, cap, q);
+      }
     }
     bool dense_mask;
     if constexpr (Gather) {  // the rows' diagonals, numbered from r0

@@ -106,6 +106,22 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
+// The softcapped logit cap * tanh(y) from x = 2 y log2(e) (a score times
+// the kernels' softcap_in), and q = 2 / (e^{2y} + 1), so that tanh(y) =
+// 1 - q and the backward's 1 - tanh^2 = q (2 - q). 1 - q costs one exp2 and
+// is exact at both saturations, but its error is absolute (~1e-7): with a
+// cap far above the logits, z = cap tanh(y) ~ u would carry an error of
+// ~1e-7 cap. Below |y| = 1/16 the series y - y^3/3 + 2 y^5/15 keeps the
+// relative precision (truncation under 1e-9 relative); above it 1 - q is
+// within 2e-6 relative, far inside what bf16 and fp16 inputs allow.
+__device__ __forceinline__ float softcap_logit(float x, float cap, float& q) {
+  q = __fdividef(2.0f, fast_exp2(x) + 1.0f);
+  const float y = x * 0.34657359027997264f;  // ln(2) / 2
+  const float y2 = y * y;
+  const float t = fmaf(y * y2, fmaf(y2, 2.0f / 15.0f, -1.0f / 3.0f), y);
+  return cap * (fabsf(y) < 0.0625f ? t : 1.0f - q);
+}
+
 // p[0] += a, p[1] += b in global memory, the result unused (8-byte aligned
 // p). One vector reduction on sm_90+, two scalar ones before.
 __device__ __forceinline__ void red_add_f32x2(float* p, float a, float b) {

@@ -657,6 +657,17 @@ std::vector<Case> cases() {
     x.mask = ATTN_MASK_CAUSAL, x.hq = 2, x.hkv = 1, x.seq_q = {129, 0, 200, 64},
     x.seq_kv = {129, 7, 300, 64}, x.allow_empty = true;
     add(x);
+    // A cap far above the logits (see the forward's case): the sm_90a dK/dV
+    // instantiation at d = 64 and the sm_80 kernels (varlen, d = 128).
+    x = b;
+    x.name = "softcap1e5-causal-d64-fp16-gqa2", x.softcap = 1e5f, x.d = 64,
+    x.dtype = ATTN_DTYPE_FP16, x.mask = ATTN_MASK_CAUSAL, x.hq = 4, x.hkv = 2, x.lq = x.lk = 260;
+    add(x);
+    x = b;
+    x.name = "softcap1e5-varlen-causal-d128-fp16", x.softcap = 1e5f, x.d = 128,
+    x.dtype = ATTN_DTYPE_FP16, x.mask = ATTN_MASK_CAUSAL, x.seq_q = {90, 140},
+    x.seq_kv = {90, 300}, x.allow_empty = false;
+    add(x);
     x = b;
     x.name = "peaky-q8-fp16-scale0.3", x.qmul = 8.0f, x.scale = 0.3f, x.dtype = ATTN_DTYPE_FP16,
     x.lq = x.lk = 200, x.mask = ATTN_MASK_CAUSAL;

@@ -538,6 +538,19 @@ std::vector<Case> cases() {
     x.mask = ATTN_MASK_CAUSAL, x.hq = 2, x.hkv = 1, x.seq_q = {129, 0, 300, 64},
     x.seq_kv = {129, 5, 400, 64}, x.allow_empty = true;
     add(x);
+    // A cap far above the logits (z = cap tanh(u / cap) ~ u): tanh as
+    // 1 - 2 / (e^{2y} + 1) alone would put ~1e-7 cap = 1e-2 into every
+    // logit (softcap_logit). The sm_90a instantiation (d = 128) and the
+    // sm_80 kernel (varlen).
+    x = b;
+    x.name = "softcap1e5-causal-d128-fp16", x.softcap = 1e5f, x.d = 128,
+    x.dtype = ATTN_DTYPE_FP16, x.mask = ATTN_MASK_CAUSAL, x.lq = x.lk = 300, x.hq = 2, x.hkv = 1;
+    add(x);
+    x = b;
+    x.name = "softcap1e5-varlen-none-d64-fp16", x.softcap = 1e5f, x.d = 64,
+    x.dtype = ATTN_DTYPE_FP16, x.mask = ATTN_MASK_NONE, x.seq_q = {100, 33},
+    x.seq_kv = {150, 200}, x.allow_empty = false;
+    add(x);
     x = b;
     x.name = "peaky-q8-fp16-scale0.3", x.qmul = 8.0f, x.scale = 0.3f, x.dtype = ATTN_DTYPE_FP16,
     x.lq = x.lk = 200, x.mask = ATTN_MASK_CAUSAL;
