@@ -18,8 +18,10 @@ int64_t ref_lk(const ref_problem *p, int64_t b) { return p->cu_kv[b + 1] - p->cu
 int ref_mask_visible(int64_t lq, int64_t lk, int64_t left, int64_t right, int64_t i, int64_t j) {
   const int64_t diag = i + (lk - lq); /* the key aligned with query i */
   if (i < 0 || i >= lq || j < 0 || j >= lk) return 0;
-  if (left >= 0 && j < diag - left) return 0;
-  if (right >= 0 && j > diag + right) return 0;
+  /* compared as distances to the diagonal, which are small: any reach,
+   * INT64_MAX included, is exact without overflow */
+  if (left >= 0 && diag - j > left) return 0;
+  if (right >= 0 && j - diag > right) return 0;
   return 1;
 }
 
