@@ -47,7 +47,9 @@
  *   - attn_plan_describe: visible_pairs as the reference counts them, and,
  *     in the plan's tile sizes, total_tile_pairs = every (query tile, KV
  *     tile) pair of every sequence and query head, visited_tile_pairs =
- *     those holding at least one visible pair.
+ *     those holding at least one visible pair; FLOPs and bytes by attn.h's
+ *     formulas, the workspaces attn_plan_workspace_size reports, backend,
+ *     dtype, passes, block sizes and the names of MoBA plans; a summary.
  */
 #ifndef ATTN_NUMERICS_HARNESS_H
 #define ATTN_NUMERICS_HARNESS_H
@@ -64,9 +66,19 @@ typedef enum nc_strides {
                               of one dQKV buffer; O and dO are padded */
   NC_STRIDES_SHUFFLED,     /* every tensor stores its batch, sequence and head dims in a
                               random order, padded */
-  NC_STRIDES_BROADCAST_KV  /* K and V have batch stride 0: every sequence reads the same
+  NC_STRIDES_BROADCAST_KV, /* K and V have batch stride 0: every sequence reads the same
                               keys and values (fixed-length batches only) */
+  NC_STRIDES_MIXED         /* each tensor at random: the layout's own strides (none set)
+                              or shuffled and padded ones */
 } nc_strides;
+
+/* Whether the plan allows rows that see no key (attn_plan_desc_set_allow_empty_rows). */
+typedef enum nc_empty_policy {
+  NC_EMPTY_AUTO = 0, /* allowed when the case has such rows, after checking that plan
+                        creation refuses them otherwise (nc_run_outcome: one attempt) */
+  NC_EMPTY_ALLOW,    /* always allowed, also when every row sees a key */
+  NC_EMPTY_DENY      /* never allowed: a case with such rows must be refused */
+} nc_empty_policy;
 
 typedef struct nc_case {
   const char *name;
@@ -103,6 +115,19 @@ typedef struct nc_case {
    * their sums are exact in fp32, so MoBA's fp32 selection equals the fp64
    * one, ties included. */
   int qk_integers;
+  /* MoBA plans with a backward pass: the backward reads the forward's
+   * selection (attn_plan_desc_set_moba_keep_selection), so each backward
+   * gets the workspace of the forward before it (of the larger size). */
+  int moba_keep;
+  int deterministic;          /* attn_plan_desc_set_deterministic(1) */
+  nc_empty_policy empty_policy;
+  /* Varlen cases: also name `layout` (THD, or a conflicting BSHD / BHSD)
+   * with attn_plan_desc_set_layout. */
+  int varlen_names_layout;
+  /* The plan descriptor first describes another problem (every setter
+   * called with other values, a plan made from it), then this one with
+   * every setter called again, defaults included. */
+  int reuse_desc;
 } nc_case;
 
 /* Shorthands for the case tables of the tests. */
@@ -130,6 +155,22 @@ int nc_isa_gate(void);
 
 /* Runs and checks one case (CMocka assertions). */
 void nc_run(const nc_case *c);
+
+/* What plan creation said of a case run by nc_run_outcome. */
+typedef struct nc_outcome {
+  attn_status_t status; /* attn_plan_create's */
+  char message[512];    /* attn_last_error_message() after a refusal */
+  int64_t empty_rows;   /* (query row, query head) pairs that see no key, by the reference;
+                           0 when it cannot tell (heads_q not a multiple of heads_kv) */
+} nc_outcome;
+
+/* As nc_run, but a plan creation that fails is not a failure: it is
+ * reported in *out and nothing runs, so that the caller judges whether the
+ * refusal is one attn.h documents. When the plan is created, the case runs
+ * and is checked as by nc_run (status SUCCESS). A plan created for a problem
+ * that the reference cannot check (heads_q not a multiple of heads_kv,
+ * MoBA or a block mask on a varlen batch) fails the case. */
+void nc_run_outcome(const nc_case *c, nc_outcome *out);
 
 /* Registers every case as a CMocka test named after it, followed by
  * `random` cases drawn from the seed (shapes, dtype, layout, mask, softcap,
