@@ -459,6 +459,25 @@ static void describe_another(run *r, attn_context_t ctx, attn_plan_desc_t d) {
   attn_plan_destroy(p);
 }
 
+/* nc_case.bad_tensor: a descriptor attn_plan_desc_set_tensor takes and
+ * attn_plan_create must refuse (the strides are the layout's or the case's). */
+static void spoil_tensor(nc_bad_tensor kind, int32_t ndim, attn_dtype_t *dtype, int64_t *dims,
+                         int64_t *strides) {
+  int32_t k;
+  switch (kind) {
+    case NC_BAD_DTYPE: *dtype = *dtype == ATTN_DTYPE_FP32 ? ATTN_DTYPE_FP16 : ATTN_DTYPE_FP32; break;
+    case NC_BAD_DIMS: dims[0] += 1; break;
+    case NC_BAD_LAST_STRIDE: strides[ndim - 1] = 2; break;
+    case NC_BAD_OVERLAP:
+      for (k = 0; k < ndim - 1; ++k)
+        if (dims[k] > 1) {
+          strides[k] = 0;
+          break;
+        }
+      break;
+  }
+}
+
 /* message: where a failure's attn_last_error_message() is kept (the calls
  * after attn_plan_create reset it), or NULL. */
 static attn_status_t try_plan(run *r, attn_context_t ctx, int allow_empty, attn_plan_t *plan,
@@ -472,13 +491,15 @@ static attn_status_t try_plan(run *r, attn_context_t ctx, int allow_empty, attn_
   check_status(r, attn_plan_desc_create(&d), "attn_plan_desc_create");
   if (all) describe_another(r, ctx, d);
   check_status(r,
-               attn_plan_desc_set_shape(d, c->batch, c->heads_q, c->heads_kv, r->seqlen_q,
-                                        r->seqlen_kv, c->dqk, c->dv),
+               attn_plan_desc_set_shape(d, c->batch, c->heads_q, c->heads_kv,
+                                        r->seqlen_q + (c->bad_varlen == 2), r->seqlen_kv, c->dqk,
+                                        c->dv),
                "attn_plan_desc_set_shape");
   check_status(r, attn_plan_desc_set_dtype(d, c->dtype), "attn_plan_desc_set_dtype");
   if (r->varlen || all)
     check_status(r,
-                 attn_plan_desc_set_varlen(d, c->batch, r->varlen ? r->cu_q32 : NULL,
+                 attn_plan_desc_set_varlen(d, c->bad_varlen == 1 ? c->batch - 1 : c->batch,
+                                           r->varlen ? r->cu_q32 : NULL,
                                            r->varlen ? r->cu_kv32 : NULL),
                  "attn_plan_desc_set_varlen");
   if (!r->varlen || c->varlen_names_layout)
@@ -514,11 +535,20 @@ static attn_status_t try_plan(run *r, attn_context_t ctx, int allow_empty, attn_
   check_status(r, attn_tensor_desc_create(&td), "attn_tensor_desc_create");
   for (role = 0; role < NT; ++role) {
     const tensor_geom *g = &r->t[role];
-    if (g->custom)
-      check_status(r, attn_tensor_desc_set(td, c->dtype, g->ndim, g->dims, g->strides),
+    const int bad = c->bad_tensor == role + 1;
+    if (g->custom || bad) {
+      attn_dtype_t dtype = c->dtype;
+      int64_t dims[4], strides[4];
+      memcpy(dims, g->dims, sizeof dims);
+      memcpy(strides, g->strides, sizeof strides);
+      if (bad) spoil_tensor(c->bad_tensor_kind, g->ndim, &dtype, dims, strides);
+      check_status(r, attn_tensor_desc_set(td, dtype, g->ndim, dims, strides),
                    "attn_tensor_desc_set");
-    if (g->custom || all)
-      check_status(r, attn_plan_desc_set_tensor(d, (attn_tensor_role_t)role, g->custom ? td : NULL),
+    }
+    if (g->custom || bad || all)
+      check_status(r,
+                   attn_plan_desc_set_tensor(d, (attn_tensor_role_t)role,
+                                             g->custom || bad ? td : NULL),
                    "attn_plan_desc_set_tensor");
   }
   attn_tensor_desc_destroy(td);
@@ -1004,7 +1034,7 @@ static void check_report(run *r, attn_plan_t plan, const attn_plan_info_t *info)
               "supports_backward %d", (unsigned long long)info->workspace_bytes_forward,
               (unsigned long long)info->workspace_bytes_backward, ws_f, ws_b,
               info->supports_backward);
-  if (info->num_threads < 1 || info->num_threads > (c->threads > 0 ? c->threads : 1))
+  if (info->num_threads < 1 || (c->threads >= 0 && info->num_threads > (c->threads > 0 ? c->threads : 1)))
     fail_case(r, "attn_plan_describe: num_threads %d of a context of %d", info->num_threads,
               c->threads);
   if ((c->block_mask != NULL) != (info->block_q > 0 && info->block_kv > 0) ||
@@ -1037,10 +1067,12 @@ static void run_case(const nc_case *c, nc_outcome *out) {
   attn_plan_t plan = NULL;
   int64_t pairs = 0;
   /* The reference needs whole GQA groups, and takes a selection (MoBA's
-   * or a block mask's) only on fixed-length batches. */
+   * or a block mask's) only on fixed-length batches; a spoilt description
+   * would not run what it checks. */
   const int whole_groups = c->heads_q % c->heads_kv == 0;
-  const int checkable = whole_groups && (c->lens_q == NULL || (c->moba_block == 0 &&
-                                                               c->block_mask == NULL));
+  const int checkable =
+      whole_groups && c->bad_tensor == 0 && c->bad_varlen == 0 &&
+      (c->lens_q == NULL || (c->moba_block == 0 && c->block_mask == NULL));
 
   memset(&r, 0, sizeof r);
   r.c = c;
@@ -1064,7 +1096,9 @@ static void run_case(const nc_case *c, nc_outcome *out) {
     out->empty_rows = r.empty_rows;
   }
 
-  check_status(&r, attn_context_create(ATTN_BACKEND_CPU, 0, c->threads > 0 ? c->threads : 1, &ctx),
+  check_status(&r,
+               attn_context_create(ATTN_BACKEND_CPU, 0,
+                                   c->threads > 0 ? c->threads : c->threads < 0 ? 0 : 1, &ctx),
                "attn_context_create");
   plan = make_plan(&r, ctx, out);
   attn_context_destroy(ctx);
@@ -1074,8 +1108,9 @@ static void run_case(const nc_case *c, nc_outcome *out) {
   }
   if (!checkable)
     fail_case(&r, "attn_plan_create accepted a problem the reference cannot check (%s)",
-              !whole_groups ? "heads_q not a multiple of heads_kv"
-                            : "MoBA or a block mask on a varlen batch");
+              !whole_groups                            ? "heads_q not a multiple of heads_kv"
+              : c->bad_tensor != 0 || c->bad_varlen != 0 ? "a spoilt description"
+                                                         : "MoBA or a block mask on a varlen batch");
   pairs = count_visible_pairs(&r);
   r.zmax = ref_max_abs_logit(&r.rp, mirror_of(&r, ATTN_TENSOR_Q), mirror_of(&r, ATTN_TENSOR_K));
   {

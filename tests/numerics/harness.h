@@ -72,6 +72,15 @@ typedef enum nc_strides {
                               or shuffled and padded ones */
 } nc_strides;
 
+/* How nc_case.bad_tensor spoils a tensor descriptor. */
+typedef enum nc_bad_tensor {
+  NC_BAD_DTYPE = 0,    /* another dtype than the plan's */
+  NC_BAD_DIMS,         /* the first dim one too large */
+  NC_BAD_LAST_STRIDE,  /* head_dim stride 2 */
+  NC_BAD_OVERLAP       /* an output whose elements overlap: the stride of a dim of extent
+                          > 1 is 0 (a no-op where there is none) */
+} nc_bad_tensor;
+
 /* Whether the plan allows rows that see no key (attn_plan_desc_set_allow_empty_rows). */
 typedef enum nc_empty_policy {
   NC_EMPTY_AUTO = 0, /* allowed when the case has such rows, after checking that plan
@@ -97,7 +106,7 @@ typedef struct nc_case {
   double qk_sd;    /* standard deviation of Q and K entries (0: 1); V and dO use 1 */
   int logit_trend; /* +1 / -1: a ramp added to the logits, growing / shrinking along the
                       keys, so that the running max changes from tile to tile */
-  int threads;     /* the context's thread count (0: 1) */
+  int threads;     /* the context's thread count (0: 1; -1: 0, one per core) */
   int backward;    /* also run and check the backward pass */
   int no_lse;      /* forward only: pass lse = NULL (LSE is optional) */
   /* Block-sparse (fixed-length batches): the plan gets block_mask and the
@@ -128,6 +137,14 @@ typedef struct nc_case {
    * called with other values, a plan made from it), then this one with
    * every setter called again, defaults included. */
   int reuse_desc;
+  /* Descriptions attn.h says plan creation refuses (INVALID_ARGUMENT), for
+   * nc_run_outcome: bad_tensor = 1 + the role whose tensor descriptor is
+   * spoilt as bad_tensor_kind says; bad_varlen 1: the offsets are given
+   * for one sequence less than the shape's batch, 2: seqlen_q is one more
+   * than the longest sequence. */
+  int bad_tensor;
+  nc_bad_tensor bad_tensor_kind;
+  int bad_varlen;
 } nc_case;
 
 /* Shorthands for the case tables of the tests. */
