@@ -99,7 +99,8 @@ static void check_status(const run *r, attn_status_t st, const char *call) {
 static void describe_case(run *r) {
   const nc_case *c = r->c;
   char mask[64];
-  const char *strides[] = {"default", "padded", "packed", "shuffled", "broadcast-kv", "mixed"};
+  const char *strides[] = {"default",      "padded", "packed",     "shuffled",
+                           "broadcast-kv", "mixed",  "zero-inputs"};
   switch (c->mask) {
     case ATTN_MASK_NONE: snprintf(mask, sizeof mask, "none"); break;
     case ATTN_MASK_CAUSAL: snprintf(mask, sizeof mask, "causal"); break;
@@ -246,7 +247,8 @@ static void setup_geometry(run *r, tu_rng *rng) {
     const int packed = c->strides == NC_STRIDES_PACKED && role != ATTN_TENSOR_O &&
                        role != ATTN_TENSOR_DO;
     const int mixed_custom = c->strides == NC_STRIDES_MIXED && tu_rng_int(rng, 0, 1);
-    const int shuffled = c->strides == NC_STRIDES_SHUFFLED || mixed_custom;
+    const int shuffled =
+        c->strides == NC_STRIDES_SHUFFLED || c->strides == NC_STRIDES_ZERO_INPUTS || mixed_custom;
     const int padded = c->strides == NC_STRIDES_PADDED || shuffled ||
                        (c->strides == NC_STRIDES_PACKED && !packed);
     /* Pads differ per role so that no two tensors share strides by accident. */
@@ -274,6 +276,9 @@ static void setup_geometry(run *r, tu_rng *rng) {
     if (c->strides == NC_STRIDES_BROADCAST_KV &&
         (role == ATTN_TENSOR_K || role == ATTN_TENSOR_V))
       stride[DIM_B] = 0; /* every sequence reads the same keys and values */
+    if (c->strides == NC_STRIDES_ZERO_INPUTS && !is_output(role))
+      for (k = 0; k < n; ++k) /* inputs may repeat along any dim: stride 0 */
+        if (tu_rng_int(rng, 0, 2) == 0) stride[order[k]] = 0;
 
     g->heads = heads;
     g->dim = dim;

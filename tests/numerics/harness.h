@@ -68,8 +68,10 @@ typedef enum nc_strides {
                               random order, padded */
   NC_STRIDES_BROADCAST_KV, /* K and V have batch stride 0: every sequence reads the same
                               keys and values (fixed-length batches only) */
-  NC_STRIDES_MIXED         /* each tensor at random: the layout's own strides (none set)
+  NC_STRIDES_MIXED,        /* each tensor at random: the layout's own strides (none set)
                               or shuffled and padded ones */
+  NC_STRIDES_ZERO_INPUTS   /* shuffled and padded, and each outer dim of Q, K, V and dO
+                              at random of stride 0: inputs may repeat their rows */
 } nc_strides;
 
 /* How nc_case.bad_tensor spoils a tensor descriptor. */

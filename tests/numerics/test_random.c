@@ -295,16 +295,20 @@ static void draw_blocks(tu_rng *rng, sp_geom *g) {
   }
 }
 
-/* Whether a tensor has a dim of extent > 1 besides head_dim. */
+/* Whether a tensor has elements and a dim of extent > 1 besides head_dim:
+ * whether a stride of 0 can make two of its elements meet. */
 static int spans_elements(const gen_case *gc, int role) {
   const nc_case *c = &gc->c;
   const int q = role == ATTN_TENSOR_Q || role == ATTN_TENSOR_O || role == ATTN_TENSOR_DO ||
                 role == ATTN_TENSOR_DQ;
+  const int64_t heads = q ? c->heads_q : c->heads_kv;
   int64_t tokens = 0, b;
-  if (c->lens_q == NULL) return c->batch > 1 || (q ? c->heads_q : c->heads_kv) > 1 ||
-                                (q ? c->seqlen_q : c->seqlen_kv) > 1;
+  if (c->lens_q == NULL) {
+    const int64_t len = q ? c->seqlen_q : c->seqlen_kv;
+    return len > 0 && (c->batch > 1 || heads > 1 || len > 1);
+  }
   for (b = 0; b < c->batch; ++b) tokens += q ? gc->lens_q[b] : gc->lens_kv[b];
-  return tokens > 1 || (q ? c->heads_q : c->heads_kv) > 1;
+  return tokens > 0 && (tokens > 1 || heads > 1);
 }
 
 static void draw_case(int index, gen_case *gc) {
@@ -347,7 +351,7 @@ static void draw_case(int index, gen_case *gc) {
   }
   c->dqk = chance(&rng, 0.04) ? PICK(&rng, big_dims) : PICK(&rng, dims);
   c->dv = chance(&rng, 0.5) ? c->dqk : chance(&rng, 0.04) ? PICK(&rng, big_dims) : PICK(&rng, dims);
-  c->strides = (nc_strides)tu_rng_int(&rng, 0, 5);
+  c->strides = (nc_strides)tu_rng_int(&rng, 0, 6);
   c->reuse_desc = chance(&rng, 0.2);
   c->backward = chance(&rng, 0.5);
   c->no_lse = !c->backward && chance(&rng, 0.15);
@@ -717,8 +721,8 @@ static void predict(const gen_case *gc, int64_t empty_rows, prediction *p) {
 
 static void describe(const gen_case *gc, char *out, size_t size) {
   const nc_case *c = &gc->c;
-  static const char *const strides[] = {"default",  "padded",       "packed",
-                                        "shuffled", "broadcast-kv", "mixed"};
+  static const char *const strides[] = {"default",      "padded", "packed",     "shuffled",
+                                        "broadcast-kv", "mixed",  "zero-inputs"};
   static const char *const layouts[] = {"BSHD", "BHSD", "THD"};
   static const char *const masks[] = {"none", "causal", "window"};
   static const char *const policy[] = {"auto", "allow", "deny"};
