@@ -393,6 +393,19 @@ static void fill_inputs(run *r, tu_rng *rng) {
             tu_buffer_set(&r->buf[ATTN_TENSOR_Q], elem(r, ATTN_TENSOR_V, b, s, h) + (size_t)ch,
                           tu_rng_normal(rng, 0.0, 1.0) + 1e-3);
   }
+  if (c->uniform_kv) {
+    int role;
+    int64_t b, s, h, ch;
+    for (role = ATTN_TENSOR_K; role <= ATTN_TENSOR_V; ++role) {
+      tu_buffer *buf = &r->buf[r->t[role].buf];
+      for (b = 0; b < c->batch; ++b)
+        for (s = 1; s < ref_lk(&r->rp, b); ++s)
+          for (h = 0; h < c->heads_kv; ++h)
+            for (ch = 0; ch < r->t[role].dim; ++ch)
+              tu_buffer_set(buf, elem(r, role, b, s, h) + (size_t)ch,
+                            buf->mirror[elem(r, role, b, 0, h) + (size_t)ch]);
+    }
+  }
   if (c->logit_trend != 0) {
     /* Channel 0: q = 1, k = trend * 8 * (a ramp from -1 to 1 along the keys),
      * so that the logits drift by 16 * scale across the sequence. */
@@ -904,21 +917,27 @@ static double max_over_tensor(const run *r, int role, const double *values) {
   return m;
 }
 
-/* The largest errors dQ and dK inherit from O being handed to the backward
- * in the dtype (reference.h: ref_backward_o_rounding_floor); none for dV. */
-static void o_rounding_floor(const run *r, double floor[3]) {
+/* The largest errors dQ and dK inherit from the O handed to the backward:
+ * its rounding to the dtype and the forward's own error, measured on the O
+ * the library wrote (reference.h: ref_backward_o_error_floor); none for dV. */
+static void o_error_floor(const run *r, double floor[3]) {
   const int q_buf = r->t[ATTN_TENSOR_DQ].buf, k_buf = r->t[ATTN_TENSOR_DK].buf;
+  const tu_buffer *o_buf = &r->buf[r->t[ATTN_TENSOR_O].buf];
   double *fq = (double *)xcalloc(r->buf[q_buf].n, sizeof(double));
   double *fk = q_buf == k_buf ? fq : (double *)xcalloc(r->buf[k_buf].n, sizeof(double));
-  ref_backward_o_rounding_floor(&r->rp, tu_unit_roundoff(r->c->dtype),
-                                mirror_of(r, ATTN_TENSOR_Q), mirror_of(r, ATTN_TENSOR_K),
-                                mirror_of(r, ATTN_TENSOR_V), mirror_of(r, ATTN_TENSOR_DO),
-                                fq + r->t[ATTN_TENSOR_DQ].origin, fk + r->t[ATTN_TENSOR_DK].origin);
+  double *o_lib = (double *)xcalloc(o_buf->n, sizeof(double));
+  size_t e;
+  for (e = 0; e < o_buf->n; ++e) o_lib[e] = tu_load(o_buf->data, e, o_buf->dtype);
+  ref_backward_o_error_floor(&r->rp, tu_unit_roundoff(r->c->dtype), mirror_of(r, ATTN_TENSOR_Q),
+                             mirror_of(r, ATTN_TENSOR_K), mirror_of(r, ATTN_TENSOR_V),
+                             mirror_of(r, ATTN_TENSOR_DO), o_lib + r->t[ATTN_TENSOR_O].origin,
+                             fq + r->t[ATTN_TENSOR_DQ].origin, fk + r->t[ATTN_TENSOR_DK].origin);
   floor[0] = max_over_tensor(r, ATTN_TENSOR_DQ, fq);
   floor[1] = max_over_tensor(r, ATTN_TENSOR_DK, fk);
   floor[2] = 0.0;
   if (fk != fq) free(fk);
   free(fq);
+  free(o_lib);
 }
 
 static void run_backward(run *r, attn_plan_t plan, tu_rng *rng, int64_t pairs) {
@@ -962,7 +981,7 @@ static void run_backward(run *r, attn_plan_t plan, tu_rng *rng, int64_t pairs) {
                     r->lowp[r->t[ATTN_TENSOR_DK].buf] + r->t[ATTN_TENSOR_DK].origin,
                     r->lowp[r->t[ATTN_TENSOR_DV].buf] + r->t[ATTN_TENSOR_DV].origin);
 
-  o_rounding_floor(r, floor);
+  o_error_floor(r, floor);
   for (i = 0; i < 3; ++i) {
     compare_tensor(r, grads[i], &lib[i], &lowp[i]);
     if (lib[i].max_ref > magnitude) magnitude = lib[i].max_ref;

@@ -28,10 +28,13 @@
  *           matters for fp32 with large logits, where the ratio of two fp32
  *           max errors is too noisy for the factor 2 alone.
  *   F       for dQ and dK (0 for dV): the largest error they can inherit from
- *           attn_backward receiving O rounded to the dtype
- *           (ref_backward_o_rounding_floor), an error floor of the API that
- *           dominates when rows are nearly one-hot (dP - D cancels) and that
- *           the yardstick's own instance may undershoot.
+ *           the O attn_backward receives, rounded to the dtype and off the
+ *           exact O by the forward's own error, measured on the library's O
+ *           (ref_backward_o_error_floor): an error floor of the API that
+ *           dominates when rows are nearly one-hot or their keys alike (dP -
+ *           D cancels) and that the yardstick's own instance may undershoot.
+ *           In fp32 the forward's error (sums of lk products) exceeds the
+ *           rounding, and the yardstick's differs by chance.
  *
  * Exact requirements, besides the tolerance:
  *   - rows that see no key: O == 0 and LSE == -inf (and dQ == 0);
@@ -126,6 +129,10 @@ typedef struct nc_case {
    * their sums are exact in fp32, so MoBA's fp32 selection equals the fp64
    * one, ties included. */
   int qk_integers;
+  /* Every key and value row of a sequence and KV head equals its first:
+   * the softmax is uniform and the true dQ is 0, so that dQ is all error
+   * (from the D = dO . O each row cancels against dP). */
+  int uniform_kv;
   /* MoBA plans with a backward pass: the backward reads the forward's
    * selection (attn_plan_desc_set_moba_keep_selection), so each backward
    * gets the workspace of the forward before it (of the larger size). */
