@@ -306,7 +306,9 @@ ATTN_API attn_status_t attn_plan_desc_destroy(attn_plan_desc_t desc);
  * is MQA), checked at plan creation. For a varlen batch, seqlen_q and
  * seqlen_kv are the longest sequence of each side (as FlashAttention's
  * max_seqlen), checked against the offsets at plan creation.
- * Ranges: batch >= 1, heads >= 1, seqlen >= 0, head dims in 1..1024. */
+ * Ranges: batch >= 1, heads >= 1, seqlen >= 0, head dims in 1..1024, and
+ * batch x max(heads_q, heads_kv) x max(seqlens) x max(head dims) at most
+ * 9e15 (element offsets must stay far from int64 overflow). */
 ATTN_API attn_status_t attn_plan_desc_set_shape(attn_plan_desc_t desc, int64_t batch,
                                                 int64_t heads_q, int64_t heads_kv,
                                                 int64_t seqlen_q, int64_t seqlen_kv,

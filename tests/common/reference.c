@@ -18,8 +18,10 @@ int64_t ref_lk(const ref_problem *p, int64_t b) { return p->cu_kv[b + 1] - p->cu
 int ref_mask_visible(int64_t lq, int64_t lk, int64_t left, int64_t right, int64_t i, int64_t j) {
   const int64_t diag = i + (lk - lq); /* the key aligned with query i */
   if (i < 0 || i >= lq || j < 0 || j >= lk) return 0;
-  if (left >= 0 && j < diag - left) return 0;
-  if (right >= 0 && j > diag + right) return 0;
+  /* compared as distances to the diagonal, which are small: any reach,
+   * INT64_MAX included, is exact without overflow */
+  if (left >= 0 && diag - j > left) return 0;
+  if (right >= 0 && j - diag > right) return 0;
   return 1;
 }
 
@@ -335,49 +337,64 @@ void ref_backward(const ref_problem *p, const double *q, const double *k, const 
   fp64_free(&sc);
 }
 
-void ref_backward_o_rounding_floor(const ref_problem *p, double u, const double *q,
-                                   const double *k, const double *v, const double *d_o,
-                                   double *floor_dq, double *floor_dk) {
-  const int64_t dqk = p->head_dim_qk, dvd = p->head_dim_v;
+void ref_backward_o_error_floor(const ref_problem *p, double u, const double *q,
+                                const double *k, const double *v, const double *d_o,
+                                const double *o_given, double *floor_dq, double *floor_dk) {
+  const int64_t dqk = p->head_dim_qk, dvd = p->head_dim_v, mk = max_lk(p);
+  /* the measured part of dK's floor, signed, [lk][dqk] of one KV head */
+  double *given_dk = (double *)ref_alloc(sizeof(double) * (size_t)(mk * dqk));
   fp64_scratch sc;
   int64_t b, h, hk, i, j, c;
   fp64_alloc(p, &sc);
   for (b = 0; b < p->batch; ++b) {
     const int64_t lq = ref_lq(p, b), lk = ref_lk(p, b);
     zero_kv_rows(p, &p->dk, b, dqk, floor_dk); /* first sums of squares over the rows */
-    for (h = 0; h < p->heads_q; ++h) {
-      hk = h / group_size(p);
-      scores_fp64(p, b, h, q, k, sc.z, sc.prob, sc.row_lse);
-      for (i = 0; i < lq; ++i) {
-        const double *qi = q + ref_offset(p, &p->q, 1, b, i, h);
-        const double *doi = d_o + ref_offset(p, &p->d_o, 1, b, i, h);
-        double *fq = floor_dq + ref_offset(p, &p->dq, 1, b, i, h);
-        double e = 0.0;
-        row_output(p, b, hk, i, lk, sc.prob, v, sc.oi);
-        for (c = 0; c < dvd; ++c) e += doi[c] * sc.oi[c] * doi[c] * sc.oi[c];
-        e = 2.0 * u * sqrt(e); /* E_i */
-        for (c = 0; c < dqk; ++c) fq[c] = 0.0;
-        for (j = 0; j < lk; ++j) {
-          const double *kj = k + ref_offset(p, &p->k, 0, b, j, hk);
-          double *fk = floor_dk + ref_offset(p, &p->dk, 0, b, j, hk);
-          double w = sc.prob[i * lk + j] * e * p->scale;
-          if (w == 0.0) continue;
-          w *= softcap_slope(p, sc.z[i * lk + j]);
-          for (c = 0; c < dqk; ++c) {
-            fq[c] += w * kj[c]; /* signed: D_i's error is common to the row */
-            fk[c] += w * qi[c] * w * qi[c];
+    for (hk = 0; hk < p->heads_kv; ++hk) {
+      memset(given_dk, 0, sizeof(double) * (size_t)(lk * dqk));
+      for (h = hk * group_size(p); h < (hk + 1) * group_size(p); ++h) {
+        scores_fp64(p, b, h, q, k, sc.z, sc.prob, sc.row_lse);
+        for (i = 0; i < lq; ++i) {
+          const double *qi = q + ref_offset(p, &p->q, 1, b, i, h);
+          const double *doi = d_o + ref_offset(p, &p->d_o, 1, b, i, h);
+          double *fq = floor_dq + ref_offset(p, &p->dq, 1, b, i, h);
+          double e = 0.0, given = 0.0;
+          row_output(p, b, hk, i, lk, sc.prob, v, sc.oi);
+          for (c = 0; c < dvd; ++c) e += doi[c] * sc.oi[c] * doi[c] * sc.oi[c];
+          e = 2.0 * u * sqrt(e); /* E_i */
+          if (o_given != NULL) { /* dD_i of the O handed over, exactly */
+            const double *oi = o_given + ref_offset(p, &p->o, 1, b, i, h);
+            for (c = 0; c < dvd; ++c) given += doi[c] * (oi[c] - sc.oi[c]);
           }
+          for (c = 0; c < dqk; ++c) fq[c] = 0.0;
+          for (j = 0; j < lk; ++j) {
+            const double *kj = k + ref_offset(p, &p->k, 0, b, j, hk);
+            double *fk = floor_dk + ref_offset(p, &p->dk, 0, b, j, hk);
+            double w = sc.prob[i * lk + j] * p->scale;
+            if (w == 0.0) continue;
+            w *= softcap_slope(p, sc.z[i * lk + j]);
+            for (c = 0; c < dqk; ++c) {
+              fq[c] += w * (e + fabs(given)) * kj[c]; /* signed: D_i's error is common to the row */
+              fk[c] += w * e * qi[c] * w * e * qi[c];
+              given_dk[j * dqk + c] += w * given * qi[c];
+            }
+          }
+          for (c = 0; c < dqk; ++c) fq[c] = fabs(fq[c]);
         }
-        for (c = 0; c < dqk; ++c) fq[c] = fabs(fq[c]);
       }
-    }
-    for (hk = 0; hk < p->heads_kv; ++hk)
       for (j = 0; j < lk; ++j) {
         double *fk = floor_dk + ref_offset(p, &p->dk, 0, b, j, hk);
-        for (c = 0; c < dqk; ++c) fk[c] = sqrt(fk[c]);
+        for (c = 0; c < dqk; ++c) fk[c] = sqrt(fk[c]) + fabs(given_dk[j * dqk + c]);
       }
+    }
   }
   fp64_free(&sc);
+  free(given_dk);
+}
+
+void ref_backward_o_rounding_floor(const ref_problem *p, double u, const double *q,
+                                   const double *k, const double *v, const double *d_o,
+                                   double *floor_dq, double *floor_dk) {
+  ref_backward_o_error_floor(p, u, q, k, v, d_o, NULL, floor_dq, floor_dk);
 }
 
 /* ------------------------------------------------------------------------ */

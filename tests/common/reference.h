@@ -141,6 +141,16 @@ void ref_backward(const ref_problem *p, const double *q, const double *k, const 
 void ref_backward_o_rounding_floor(const ref_problem *p, double u, const double *q,
                                    const double *k, const double *v, const double *d_o,
                                    double *floor_dq, double *floor_dk);
+/* The same, plus what the backward inherits from the O actually handed to
+ * it, o_given (laid out with p->o's strides; NULL: none): the forward's own
+ * error, within its tolerance, moves D_i by exactly
+ * dD_i = sum_c dO_ic (o_given_ic - O_ic), which adds |dD_i| to E_i for dQ
+ * and |scale sum_i P_ij g_ij dD_i q_ic| (signed over the rows, which may
+ * share its sign) to dK. In fp32 this exceeds the rounding: O sums lk
+ * products, off by up to ~lk/4 units in the last place. */
+void ref_backward_o_error_floor(const ref_problem *p, double u, const double *q,
+                                const double *k, const double *v, const double *d_o,
+                                const double *o_given, double *floor_dq, double *floor_dk);
 
 /* The same-precision framework-style computation (see above). Outputs are
  * values of `dtype` (LSE: fp32), as doubles. */

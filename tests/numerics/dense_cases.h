@@ -30,7 +30,11 @@
   {.name = "softcap5_causal_fp16_gqa", .dtype = FP16, SHAPE(1, 4, 2, 100, 100, 32, 32), \
    .mask = CAUSAL, .softcap = 5.0f, .qk_sd = 2.0, .threads = 2}, \
   {.name = "softcap20_win_bf16", .dtype = BF16, SHAPE(1, 2, 2, 150, 150, 32, 32), WIN(30, 3), \
-   .scale = 1.0f, .softcap = 20.0f, .threads = 1}
+   .scale = 1.0f, .softcap = 20.0f, .threads = 1}, \
+  /* a cap far above the logits: z = cap tanh(u / cap) ~ u, where tanh of a \
+   * small argument must keep its relative precision */ \
+  {.name = "softcap1000_small_logits_fp32", .dtype = FP32, SHAPE(1, 2, 1, 40, 50, 16, 16), \
+   .softcap = 1000.0f, .threads = 1}
 
 /* Varlen batches in which some sequences have no queries or no keys. */
 #define NC_CASES_VARLEN_EMPTY \

@@ -28,10 +28,13 @@
  *           matters for fp32 with large logits, where the ratio of two fp32
  *           max errors is too noisy for the factor 2 alone.
  *   F       for dQ and dK (0 for dV): the largest error they can inherit from
- *           attn_backward receiving O rounded to the dtype
- *           (ref_backward_o_rounding_floor), an error floor of the API that
- *           dominates when rows are nearly one-hot (dP - D cancels) and that
- *           the yardstick's own instance may undershoot.
+ *           the O attn_backward receives, rounded to the dtype and off the
+ *           exact O by the forward's own error, measured on the library's O
+ *           (ref_backward_o_error_floor): an error floor of the API that
+ *           dominates when rows are nearly one-hot or their keys alike (dP -
+ *           D cancels) and that the yardstick's own instance may undershoot.
+ *           In fp32 the forward's error (sums of lk products) exceeds the
+ *           rounding, and the yardstick's differs by chance.
  *
  * Exact requirements, besides the tolerance:
  *   - rows that see no key: O == 0 and LSE == -inf (and dQ == 0);
@@ -47,7 +50,9 @@
  *   - attn_plan_describe: visible_pairs as the reference counts them, and,
  *     in the plan's tile sizes, total_tile_pairs = every (query tile, KV
  *     tile) pair of every sequence and query head, visited_tile_pairs =
- *     those holding at least one visible pair.
+ *     those holding at least one visible pair; FLOPs and bytes by attn.h's
+ *     formulas, the workspaces attn_plan_workspace_size reports, backend,
+ *     dtype, passes, block sizes and the names of MoBA plans; a summary.
  */
 #ifndef ATTN_NUMERICS_HARNESS_H
 #define ATTN_NUMERICS_HARNESS_H
@@ -64,9 +69,30 @@ typedef enum nc_strides {
                               of one dQKV buffer; O and dO are padded */
   NC_STRIDES_SHUFFLED,     /* every tensor stores its batch, sequence and head dims in a
                               random order, padded */
-  NC_STRIDES_BROADCAST_KV  /* K and V have batch stride 0: every sequence reads the same
+  NC_STRIDES_BROADCAST_KV, /* K and V have batch stride 0: every sequence reads the same
                               keys and values (fixed-length batches only) */
+  NC_STRIDES_MIXED,        /* each tensor at random: the layout's own strides (none set)
+                              or shuffled and padded ones */
+  NC_STRIDES_ZERO_INPUTS   /* shuffled and padded, and each outer dim of Q, K, V and dO
+                              at random of stride 0: inputs may repeat their rows */
 } nc_strides;
+
+/* How nc_case.bad_tensor spoils a tensor descriptor. */
+typedef enum nc_bad_tensor {
+  NC_BAD_DTYPE = 0,    /* another dtype than the plan's */
+  NC_BAD_DIMS,         /* the first dim one too large */
+  NC_BAD_LAST_STRIDE,  /* head_dim stride 2 */
+  NC_BAD_OVERLAP       /* an output whose elements overlap: the stride of a dim of extent
+                          > 1 is 0 (a no-op where there is none) */
+} nc_bad_tensor;
+
+/* Whether the plan allows rows that see no key (attn_plan_desc_set_allow_empty_rows). */
+typedef enum nc_empty_policy {
+  NC_EMPTY_AUTO = 0, /* allowed when the case has such rows, after checking that plan
+                        creation refuses them otherwise (nc_run_outcome: one attempt) */
+  NC_EMPTY_ALLOW,    /* always allowed, also when every row sees a key */
+  NC_EMPTY_DENY      /* never allowed: a case with such rows must be refused */
+} nc_empty_policy;
 
 typedef struct nc_case {
   const char *name;
@@ -85,7 +111,7 @@ typedef struct nc_case {
   double qk_sd;    /* standard deviation of Q and K entries (0: 1); V and dO use 1 */
   int logit_trend; /* +1 / -1: a ramp added to the logits, growing / shrinking along the
                       keys, so that the running max changes from tile to tile */
-  int threads;     /* the context's thread count (0: 1) */
+  int threads;     /* the context's thread count (0: 1; -1: 0, one per core) */
   int backward;    /* also run and check the backward pass */
   int no_lse;      /* forward only: pass lse = NULL (LSE is optional) */
   /* Block-sparse (fixed-length batches): the plan gets block_mask and the
@@ -103,6 +129,31 @@ typedef struct nc_case {
    * their sums are exact in fp32, so MoBA's fp32 selection equals the fp64
    * one, ties included. */
   int qk_integers;
+  /* Every key and value row of a sequence and KV head equals its first:
+   * the softmax is uniform and the true dQ is 0, so that dQ is all error
+   * (from the D = dO . O each row cancels against dP). */
+  int uniform_kv;
+  /* MoBA plans with a backward pass: the backward reads the forward's
+   * selection (attn_plan_desc_set_moba_keep_selection), so each backward
+   * gets the workspace of the forward before it (of the larger size). */
+  int moba_keep;
+  int deterministic;          /* attn_plan_desc_set_deterministic(1) */
+  nc_empty_policy empty_policy;
+  /* Varlen cases: also name `layout` (THD, or a conflicting BSHD / BHSD)
+   * with attn_plan_desc_set_layout. */
+  int varlen_names_layout;
+  /* The plan descriptor first describes another problem (every setter
+   * called with other values, a plan made from it), then this one with
+   * every setter called again, defaults included. */
+  int reuse_desc;
+  /* Descriptions attn.h says plan creation refuses (INVALID_ARGUMENT), for
+   * nc_run_outcome: bad_tensor = 1 + the role whose tensor descriptor is
+   * spoilt as bad_tensor_kind says; bad_varlen 1: the offsets are given
+   * for one sequence less than the shape's batch, 2: seqlen_q is one more
+   * than the longest sequence. */
+  int bad_tensor;
+  nc_bad_tensor bad_tensor_kind;
+  int bad_varlen;
 } nc_case;
 
 /* Shorthands for the case tables of the tests. */
@@ -130,6 +181,22 @@ int nc_isa_gate(void);
 
 /* Runs and checks one case (CMocka assertions). */
 void nc_run(const nc_case *c);
+
+/* What plan creation said of a case run by nc_run_outcome. */
+typedef struct nc_outcome {
+  attn_status_t status; /* attn_plan_create's */
+  char message[512];    /* attn_last_error_message() after a refusal */
+  int64_t empty_rows;   /* (query row, query head) pairs that see no key, by the reference;
+                           0 when it cannot tell (heads_q not a multiple of heads_kv) */
+} nc_outcome;
+
+/* As nc_run, but a plan creation that fails is not a failure: it is
+ * reported in *out and nothing runs, so that the caller judges whether the
+ * refusal is one attn.h documents. When the plan is created, the case runs
+ * and is checked as by nc_run (status SUCCESS). A plan created for a problem
+ * that the reference cannot check (heads_q not a multiple of heads_kv,
+ * MoBA or a block mask on a varlen batch) fails the case. */
+void nc_run_outcome(const nc_case *c, nc_outcome *out);
 
 /* Registers every case as a CMocka test named after it, followed by
  * `random` cases drawn from the seed (shapes, dtype, layout, mask, softcap,

@@ -102,6 +102,10 @@ static const nc_case kCases[] = {
     {.name = "broadcast_kv_fp16", .dtype = FP16, SHAPE(3, 2, 1, 50, 120, 32, 32), .mask = CAUSAL,
      .strides = NC_STRIDES_BROADCAST_KV, .threads = 2},
 
+    /* --- every key alike: the true dQ is 0, all that remains is error -------------------- */
+    {.name = "uniform_kv_fp32", .dtype = FP32, SHAPE(2, 4, 2, 60, 500, 8, 8), .uniform_kv = 1,
+     .threads = 2},
+
     /* --- large logits ------------------------------------------------------------------ */
     {.name = "logits_scale10_rising_fp32", .dtype = FP32, SHAPE(1, 2, 2, 200, 300, 32, 32),
      .scale = 10.0f, .qk_sd = 0.3, .logit_trend = 1, .threads = 1},

@@ -27,6 +27,7 @@
 
 #include "harness.h"
 #include "reference.h"
+#include "sparse_patterns.h"
 #include "testutil.h"
 
 typedef enum source {
@@ -57,159 +58,18 @@ static void check(attn_status_t st, const char *call) {
     fail_msg("%s returned %s: %s", call, attn_status_string(st), attn_last_error_message());
 }
 
-/* The selection as a [mask_batch][mask_heads][lq][lk] matrix, drawn block by
- * block; when tables are given, also as FlexAttention tables (indices in a
- * random order, unused slots filled with junk the library must not read). */
-typedef struct drawn {
-  unsigned char *pair;
-  int32_t *num_p, *idx_p, *num_f, *idx_f;
-  uint8_t *bits;
-} drawn;
-
-static void draw(const sparse_case *sc, tu_rng *rng, drawn *d) {
-  const nc_case *c = &sc->base;
-  const int64_t lq = c->seqlen_q, lk = c->seqlen_kv, bq = sc->block_q, bk = sc->block_kv;
-  const int64_t nqb = (lq + bq - 1) / bq, nkb = (lk + bk - 1) / bk;
-  const int64_t rows = sc->mask_batch * sc->mask_heads * nqb;
-  const size_t tile_bytes = (size_t)ATTN_BLOCK_MASK_TILE_BYTES(bq, bk);
-  int32_t *order = (int32_t *)xcalloc((size_t)nkb, sizeof(int32_t));
-  int64_t k, e, r, col;
-  d->pair = (unsigned char *)xcalloc((size_t)(sc->mask_batch * sc->mask_heads * lq * lk), 1);
-  d->num_p = (int32_t *)xcalloc((size_t)rows, sizeof(int32_t));
-  d->num_f = (int32_t *)xcalloc((size_t)rows, sizeof(int32_t));
-  d->idx_p = (int32_t *)xcalloc((size_t)(rows * nkb), sizeof(int32_t));
-  d->idx_f = (int32_t *)xcalloc((size_t)(rows * nkb), sizeof(int32_t));
-  d->bits = (uint8_t *)xcalloc((size_t)(rows * nkb) * tile_bytes, 1);
-  for (k = 0; k < rows * nkb; ++k) d->idx_p[k] = d->idx_f[k] = 12345;
-  memset(d->bits, 0xA5, (size_t)(rows * nkb) * tile_bytes);
-  for (k = 0; k < rows; ++k) {
-    const int64_t slot = k / nqb, qb = k % nqb;
-    unsigned char *plane = d->pair + (size_t)(slot * lq * lk);
-    tu_rng_permutation(rng, order, (size_t)nkb);
-    for (e = 0; e < nkb; ++e) {
-      const int64_t kb = order[e];
-      const double kind = tu_rng_uniform(rng, 0.0, 1.0);
-      const double density = tu_rng_uniform(rng, 0.15, 0.85);
-      const int listed = tu_rng_uniform(rng, 0.0, 1.0) >= sc->p_none && !(sc->empty_block0 && k == 0);
-      /* full 30%, partial with random bits 50%, partial with every bit set 20%
-       * (also those outside the sequence, which the library must ignore) */
-      const int full = kind < 0.3, with_bits = kind >= 0.3 && kind < 0.8 && !sc->no_bits;
-      uint8_t *tile = NULL;
-      const int64_t r0 = sc->corner_bits ? tu_rng_int(rng, 0, bq - (bq + 3) / 4) : 0;
-      const int64_t c0 = sc->corner_bits ? tu_rng_int(rng, 0, bk - (bk + 3) / 4) : 0;
-      const int64_t r1 = sc->corner_bits ? r0 + (bq + 3) / 4 : bq;
-      const int64_t c1 = sc->corner_bits ? c0 + (bk + 3) / 4 : bk;
-      if (!listed) continue;
-      if (sc->from == FROM_TABLES && full) {
-        d->idx_f[k * nkb + d->num_f[k]++] = (int32_t)kb;
-      } else if (sc->from == FROM_TABLES) {
-        tile = d->bits + (size_t)(k * nkb + d->num_p[k]) * tile_bytes;
-        memset(tile, with_bits ? 0 : 0xFF, tile_bytes);
-        d->idx_p[k * nkb + d->num_p[k]++] = (int32_t)kb;
-      }
-      for (r = 0; r < bq; ++r)
-        for (col = 0; col < bk; ++col) {
-          const int64_t i = qb * bq + r, j = kb * bk + col, t = r * bk + col;
-          const int in_corner = r >= r0 && r < r1 && col >= c0 && col < c1;
-          const int on =
-              full || !with_bits || (in_corner && tu_rng_uniform(rng, 0.0, 1.0) < density);
-          if (tile != NULL && with_bits && on) tile[t / 8] = (uint8_t)(tile[t / 8] | (1u << (t % 8)));
-          if (i < lq && j < lk && on) plane[i * lk + j] = 1;
-        }
-    }
-  }
-  free(order);
-}
-
-static void free_drawn(drawn *d) {
-  free(d->pair);
-  free(d->num_p);
-  free(d->idx_p);
-  free(d->num_f);
-  free(d->idx_f);
-  free(d->bits);
-}
-
-/* Reads the mask back and checks that it selects exactly `pair`, in
- * canonical form: a block is listed full iff all its in-range elements are
- * selected, partial iff some are, not at all iff none; lists sorted; unused
- * slots -1. */
-static void check_readback(const sparse_case *sc, attn_block_mask_t mask, const unsigned char *pair) {
-  const nc_case *c = &sc->base;
-  const int64_t lq = c->seqlen_q, lk = c->seqlen_kv, bq = sc->block_q, bk = sc->block_kv;
-  const int64_t nqb = (lq + bq - 1) / bq, nkb = (lk + bk - 1) / bk;
-  const int64_t rows = sc->mask_batch * sc->mask_heads * nqb;
-  const size_t tile_bytes = (size_t)ATTN_BLOCK_MASK_TILE_BYTES(bq, bk);
-  int32_t max_p = -1, max_f = -1, mp, mf;
-  int32_t *num_p, *idx_p, *num_f, *idx_f;
-  uint8_t *bits;
-  int64_t k, kb, r, col, e;
-  check(attn_block_mask_get_max_blocks(mask, &max_p, &max_f), "attn_block_mask_get_max_blocks");
-  mp = max_p > 0 ? max_p : 1;
-  mf = max_f > 0 ? max_f : 1;
-  num_p = (int32_t *)xcalloc((size_t)rows, sizeof(int32_t));
-  num_f = (int32_t *)xcalloc((size_t)rows, sizeof(int32_t));
-  idx_p = (int32_t *)xcalloc((size_t)(rows * mp), sizeof(int32_t));
-  idx_f = (int32_t *)xcalloc((size_t)(rows * mf), sizeof(int32_t));
-  bits = (uint8_t *)xcalloc((size_t)(rows * mp) * tile_bytes, 1);
-  check(attn_block_mask_get_blocks(mask, num_p, idx_p, mp, bits, num_f, idx_f, mf),
-        "attn_block_mask_get_blocks");
-  for (k = 0; k < rows; ++k) {
-    const int64_t slot = k / nqb, qb = k % nqb;
-    const unsigned char *plane = pair + (size_t)(slot * lq * lk);
-    int32_t ep = 0, ef = 0;
-    for (e = num_p[k]; e < mp; ++e) assert_int_equal(idx_p[k * mp + e], -1);
-    for (e = num_f[k]; e < mf; ++e) assert_int_equal(idx_f[k * mf + e], -1);
-    for (kb = 0; kb < nkb; ++kb) {
-      int64_t on = 0, in_range = 0;
-      const int is_full = ef < num_f[k] && idx_f[k * mf + ef] == kb;
-      const int is_partial = ep < num_p[k] && idx_p[k * mp + ep] == kb;
-      const uint8_t *tile = is_partial ? bits + (size_t)(k * mp + ep) * tile_bytes : NULL;
-      for (r = 0; r < bq; ++r)
-        for (col = 0; col < bk; ++col) {
-          const int64_t i = qb * bq + r, j = kb * bk + col, t = r * bk + col;
-          const int bit = tile != NULL && ((tile[t / 8] >> (t % 8)) & 1);
-          if (i >= lq || j >= lk) {
-            if (bit)
-              fail_msg("row %lld block %lld: a bit outside the sequence is set", (long long)k,
-                       (long long)kb);
-            continue;
-          }
-          ++in_range;
-          on += plane[i * lk + j] != 0;
-          if (is_partial && bit != (plane[i * lk + j] != 0))
-            fail_msg("row %lld block %lld element (%lld, %lld): bit %d, expected %d", (long long)k,
-                     (long long)kb, (long long)r, (long long)col, bit, plane[i * lk + j] != 0);
-        }
-      if (is_full != (on == in_range && on > 0) || is_partial != (on > 0 && on < in_range))
-        fail_msg("row %lld key block %lld: listed full %d partial %d, but %lld of %lld elements "
-                 "are selected", (long long)k, (long long)kb, is_full, is_partial, (long long)on,
-                 (long long)in_range);
-      ef += is_full;
-      ep += is_partial;
-    }
-    /* every listed index was matched in increasing order: sorted, in range */
-    assert_int_equal(ef, num_f[k]);
-    assert_int_equal(ep, num_p[k]);
-  }
-  free(num_p);
-  free(num_f);
-  free(idx_p);
-  free(idx_f);
-  free(bits);
-}
-
 static void run_sparse(void **state) {
   const sparse_case *sc = (const sparse_case *)*state;
   nc_case c = sc->base;
   tu_rng rng = tu_rng_for(sc->base.name);
+  const sp_geom g = {sc->mask_batch, sc->mask_heads, c.seqlen_q, c.seqlen_kv, sc->block_q,
+                     sc->block_kv};
+  const sp_draw_opts opts = {sc->p_none, sc->empty_block0, sc->no_bits, sc->corner_bits};
   attn_block_mask_t mask = NULL;
-  drawn d;
-  const int64_t nkb = (c.seqlen_kv + sc->block_kv - 1) / sc->block_kv;
-  memset(&d, 0, sizeof d);
-  draw(sc, &rng, &d);
-  check(attn_block_mask_create(sc->mask_batch, sc->mask_heads, c.seqlen_q, c.seqlen_kv,
-                               sc->block_q, sc->block_kv, &mask),
+  sp_tables d;
+  const int64_t nkb = sp_kv_blocks(&g);
+  sp_draw_tables(&g, &opts, &rng, &d);
+  check(attn_block_mask_create(g.batch, g.heads, g.lq, g.lk, g.bq, g.bk, &mask),
         "attn_block_mask_create");
   if (sc->from == FROM_TABLES)
     check(attn_block_mask_set_blocks(mask, d.num_p, d.idx_p, (int32_t)nkb,
@@ -218,7 +78,7 @@ static void run_sparse(void **state) {
           "attn_block_mask_set_blocks");
   else
     check(attn_block_mask_add_dense(mask, d.pair), "attn_block_mask_add_dense");
-  check_readback(sc, mask, d.pair);
+  sp_check_readback(&g, mask, d.pair, c.name);
 
   c.block_mask = mask;
   c.pair_mask = d.pair;
@@ -226,7 +86,7 @@ static void run_sparse(void **state) {
   c.mask_heads = sc->mask_heads;
   nc_run(&c);
   check(attn_block_mask_destroy(mask), "attn_block_mask_destroy");
-  free_drawn(&d);
+  sp_tables_free(&d);
 }
 
 #define SHAPE(b, hq, hkv, lq, lk, d) NC_SHAPE(b, hq, hkv, lq, lk, d, d)
@@ -290,103 +150,8 @@ static const sparse_case kCases[] = {
 /* Pattern builders                                                          */
 /* ------------------------------------------------------------------------ */
 
-/* A geometry for the builder tests, and the selection as a test-side
- * matrix [batch][heads][lq][lk]. */
-typedef struct geom {
-  int64_t batch, heads, lq, lk, bq, bk;
-} geom;
-
-static size_t plane_size(const geom *g) { return (size_t)(g->lq * g->lk); }
-static size_t matrix_size(const geom *g) { return (size_t)(g->batch * g->heads) * plane_size(g); }
-
-/* Test-side definitions of the patterns (attn.h), ORed into every slot. */
-static int64_t diag(const geom *g, int64_t i) { return i + g->lk - g->lq; }
-
-static void or_window(const geom *g, unsigned char *sel, int64_t left, int64_t right) {
-  size_t s;
-  int64_t i, j;
-  for (s = 0; s < (size_t)(g->batch * g->heads); ++s)
-    for (i = 0; i < g->lq; ++i)
-      for (j = 0; j < g->lk; ++j)
-        if ((left < 0 || j >= diag(g, i) - left) && (right < 0 || j <= diag(g, i) + right))
-          sel[s * plane_size(g) + (size_t)(i * g->lk + j)] = 1;
-}
-
-static void or_keys(const geom *g, unsigned char *sel, const int64_t *keys, int64_t n, int rows) {
-  size_t s;
-  int64_t i, k;
-  for (s = 0; s < (size_t)(g->batch * g->heads); ++s)
-    for (k = 0; k < n; ++k)
-      for (i = 0; i < (rows ? g->lk : g->lq); ++i) {
-        /* rows: query keys[k] sees every key i; else every query i sees key keys[k] */
-        const int64_t qi = rows ? keys[k] : i, kj = rows ? i : keys[k];
-        sel[s * plane_size(g) + (size_t)(qi * g->lk + kj)] = 1;
-      }
-}
-
-static void or_strided(const geom *g, unsigned char *sel, int64_t stride) {
-  size_t s;
-  int64_t i, j;
-  for (s = 0; s < (size_t)(g->batch * g->heads); ++s)
-    for (i = 0; i < g->lq; ++i)
-      for (j = 0; j < g->lk; ++j)
-        if (((diag(g, i) - j) % stride + stride) % stride == 0)
-          sel[s * plane_size(g) + (size_t)(i * g->lk + j)] = 1;
-}
-
-static uint64_t splitmix64(uint64_t *state) {
-  uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
-/* The draw as attn.h specifies it. */
-static void or_random_blocks(const geom *g, unsigned char *sel, int64_t per_row, uint64_t seed) {
-  const int64_t nqb = (g->lq + g->bq - 1) / g->bq, nkb = (g->lk + g->bk - 1) / g->bk;
-  int64_t *perm = (int64_t *)xcalloc((size_t)nkb, sizeof(int64_t));
-  uint64_t state = seed;
-  int64_t s, qb, t, i, j;
-  for (s = 0; s < g->batch * g->heads; ++s)
-    for (qb = 0; qb < nqb; ++qb) {
-      for (t = 0; t < nkb; ++t) perm[t] = t;
-      for (t = 0; t < per_row; ++t) {
-        const int64_t u = t + (int64_t)(splitmix64(&state) % (uint64_t)(nkb - t));
-        const int64_t kb = perm[u];
-        perm[u] = perm[t];
-        perm[t] = kb;
-        for (i = qb * g->bq; i < (qb + 1) * g->bq && i < g->lq; ++i)
-          for (j = kb * g->bk; j < (kb + 1) * g->bk && j < g->lk; ++j)
-            sel[(size_t)s * plane_size(g) + (size_t)(i * g->lk + j)] = 1;
-      }
-    }
-  free(perm);
-}
-
-static void and_docs(const geom *g, unsigned char *sel, const int32_t *dq, const int32_t *dk) {
-  int64_t b, h, i, j;
-  for (b = 0; b < g->batch; ++b)
-    for (h = 0; h < g->heads; ++h)
-      for (i = 0; i < g->lq; ++i)
-        for (j = 0; j < g->lk; ++j)
-          if (dq[b * g->lq + i] != dk[b * g->lk + j])
-            sel[(size_t)(b * g->heads + h) * plane_size(g) + (size_t)(i * g->lk + j)] = 0;
-}
-
-/* Random document ids: runs of 1..max_run tokens, ids increasing (packed
- * sequences), the same segmentation for queries and keys when lq == lk. */
-static void draw_docs(tu_rng *rng, int32_t *ids, int64_t n, int64_t max_run) {
-  int64_t i = 0;
-  int32_t doc = 0;
-  while (i < n) {
-    int64_t run = tu_rng_int(rng, 1, max_run), k;
-    for (k = 0; k < run && i < n; ++k) ids[i++] = doc;
-    ++doc;
-  }
-}
-
 /* The same tables, bits included, byte for byte. */
-static void expect_same_tables(const geom *g, attn_block_mask_t a, attn_block_mask_t b,
+static void expect_same_tables(const sp_geom *g, attn_block_mask_t a, attn_block_mask_t b,
                                const char *what) {
   const int64_t nqb = (g->lq + g->bq - 1) / g->bq, rows = g->batch * g->heads * nqb;
   const size_t tile = (size_t)ATTN_BLOCK_MASK_TILE_BYTES(g->bq, g->bk);
@@ -428,7 +193,7 @@ static void expect_same_tables(const geom *g, attn_block_mask_t a, attn_block_ma
   }
 }
 
-static attn_block_mask_t new_mask(const geom *g) {
+static attn_block_mask_t new_mask(const sp_geom *g) {
   attn_block_mask_t m = NULL;
   check(attn_block_mask_create(g->batch, g->heads, g->lq, g->lk, g->bq, g->bk, &m),
         "attn_block_mask_create");
@@ -439,12 +204,12 @@ static attn_block_mask_t new_mask(const geom *g) {
  * the matrix `sel` on the test side: start_case gives a new mask and a
  * cleared sel; finish_case compares the mask with add_dense(sel) and
  * destroys it. */
-static attn_block_mask_t start_case(const geom *g, unsigned char *sel) {
-  memset(sel, 0, matrix_size(g));
+static attn_block_mask_t start_case(const sp_geom *g, unsigned char *sel) {
+  memset(sel, 0, sp_matrix_size(g));
   return new_mask(g);
 }
 
-static void finish_case(const geom *g, attn_block_mask_t built, const unsigned char *sel,
+static void finish_case(const sp_geom *g, attn_block_mask_t built, const unsigned char *sel,
                         const char *what) {
   attn_block_mask_t dense = new_mask(g);
   check(attn_block_mask_add_dense(dense, sel), "attn_block_mask_add_dense");
@@ -454,7 +219,7 @@ static void finish_case(const geom *g, attn_block_mask_t built, const unsigned c
 }
 
 static void test_builders_match_dense(void **state) {
-  static const geom geoms[] = {
+  static const sp_geom geoms[] = {
       {1, 1, 100, 100, 16, 16}, {2, 1, 130, 97, 48, 48},  {1, 2, 70, 250, 64, 16},
       {1, 1, 200, 150, 128, 128}, {1, 1, 37, 53, 7, 13}, {2, 2, 96, 96, 96, 96},
   };
@@ -462,8 +227,8 @@ static void test_builders_match_dense(void **state) {
   size_t gi;
   (void)state;
   for (gi = 0; gi < sizeof geoms / sizeof geoms[0]; ++gi) {
-    const geom *g = &geoms[gi];
-    unsigned char *sel = (unsigned char *)xcalloc(matrix_size(g), 1);
+    const sp_geom *g = &geoms[gi];
+    unsigned char *sel = (unsigned char *)xcalloc(sp_matrix_size(g), 1);
     int32_t *dq = (int32_t *)xcalloc((size_t)(g->batch * g->lq), sizeof(int32_t));
     int32_t *dk = (int32_t *)xcalloc((size_t)(g->batch * g->lk), sizeof(int32_t));
     const int64_t nkb = (g->lk + g->bk - 1) / g->bk;
@@ -477,8 +242,8 @@ static void test_builders_match_dense(void **state) {
     for (k = 0; k < 5; ++k) keys[k] = tu_rng_int(&rng, 0, g->lk - 1);
     for (k = 0; k < 3; ++k) queries[k] = tu_rng_int(&rng, 0, g->lq - 1);
     for (b = 0; b < g->batch; ++b) {
-      draw_docs(&rng, dq + b * g->lq, g->lq, 40);
-      draw_docs(&rng, dk + b * g->lk, g->lk, 40);
+      sp_draw_docs(&rng, dq + b * g->lq, g->lq, 40);
+      sp_draw_docs(&rng, dk + b * g->lk, g->lk, 40);
     }
     snprintf(what, sizeof what, "geometry %zu (batch %lld heads %lld %lldx%lld blocks %lldx%lld)",
              gi, (long long)g->batch, (long long)g->heads, (long long)g->lq, (long long)g->lk,
@@ -487,7 +252,7 @@ static void test_builders_match_dense(void **state) {
     /* each builder alone */
     m = start_case(g, sel);
     check(attn_block_mask_add_window(m, left, right), "attn_block_mask_add_window");
-    or_window(g, sel, left, right);
+    sp_or_window(g, sel, left, right);
     finish_case(g, m, sel, what);
 
     /* reaches beyond every sequence: the same as unbounded (no overflow of
@@ -495,29 +260,29 @@ static void test_builders_match_dense(void **state) {
     m = start_case(g, sel);
     check(attn_block_mask_add_window(m, INT64_MAX, right), "attn_block_mask_add_window");
     check(attn_block_mask_add_window(m, left, INT64_MAX), "attn_block_mask_add_window");
-    or_window(g, sel, -1, right);
-    or_window(g, sel, left, -1);
+    sp_or_window(g, sel, -1, right);
+    sp_or_window(g, sel, left, -1);
     finish_case(g, m, sel, what);
 
     m = start_case(g, sel);
     check(attn_block_mask_add_global_keys(m, keys, 5), "attn_block_mask_add_global_keys");
-    or_keys(g, sel, keys, 5, 0);
+    sp_or_keys(g, sel, keys, 5, 0);
     finish_case(g, m, sel, what);
 
     m = start_case(g, sel);
     check(attn_block_mask_add_global_queries(m, queries, 3), "attn_block_mask_add_global_queries");
-    or_keys(g, sel, queries, 3, 1);
+    sp_or_keys(g, sel, queries, 3, 1);
     finish_case(g, m, sel, what);
 
     m = start_case(g, sel);
     check(attn_block_mask_add_strided(m, stride), "attn_block_mask_add_strided");
-    or_strided(g, sel, stride);
+    sp_or_strided(g, sel, stride);
     finish_case(g, m, sel, what);
 
     m = start_case(g, sel);
     check(attn_block_mask_add_random_blocks(m, (int32_t)per_row, seed),
           "attn_block_mask_add_random_blocks");
-    or_random_blocks(g, sel, per_row, seed);
+    sp_or_random_blocks(g, sel, per_row, seed);
     finish_case(g, m, sel, what);
 
     /* composed: (window AND documents) OR sinks OR global rows OR strided */
@@ -527,11 +292,11 @@ static void test_builders_match_dense(void **state) {
     check(attn_block_mask_add_global_keys(m, keys, 2), "attn_block_mask_add_global_keys");
     check(attn_block_mask_add_global_queries(m, queries, 1), "attn_block_mask_add_global_queries");
     check(attn_block_mask_add_strided(m, stride), "attn_block_mask_add_strided");
-    or_window(g, sel, left, right);
-    and_docs(g, sel, dq, dk);
-    or_keys(g, sel, keys, 2, 0);
-    or_keys(g, sel, queries, 1, 1);
-    or_strided(g, sel, stride);
+    sp_or_window(g, sel, left, right);
+    sp_and_docs(g, sel, dq, dk);
+    sp_or_keys(g, sel, keys, 2, 0);
+    sp_or_keys(g, sel, queries, 1, 1);
+    sp_or_strided(g, sel, stride);
     finish_case(g, m, sel, what);
     free(sel);
     free(dq);
@@ -551,7 +316,7 @@ typedef struct composed_case {
 } composed_case;
 
 /* Rows of every sequence that see no key under the plan's dense mask AND sel. */
-static int64_t count_empty_rows(const nc_case *c, const geom *g, const unsigned char *sel) {
+static int64_t count_empty_rows(const nc_case *c, const sp_geom *g, const unsigned char *sel) {
   const int64_t left = c->mask == WINDOW ? c->left : -1;
   const int64_t right = c->mask == NONE ? -1 : c->mask == CAUSAL ? 0 : c->right;
   int64_t b, i, j, empty = 0;
@@ -559,7 +324,7 @@ static int64_t count_empty_rows(const nc_case *c, const geom *g, const unsigned 
     for (i = 0; i < g->lq; ++i) {
       int seen = 0;
       for (j = 0; j < g->lk && !seen; ++j)
-        seen = sel[(size_t)b * plane_size(g) + (size_t)(i * g->lk + j)] &&
+        seen = sel[(size_t)b * sp_plane_size(g) + (size_t)(i * g->lk + j)] &&
                ref_mask_visible(g->lq, g->lk, left, right, i, j);
       empty += !seen;
     }
@@ -569,8 +334,8 @@ static int64_t count_empty_rows(const nc_case *c, const geom *g, const unsigned 
 static void run_composed(void **state) {
   const composed_case *cc = (const composed_case *)*state;
   nc_case c = cc->base;
-  const geom g = {c.batch, 1, c.seqlen_q, c.seqlen_kv, cc->block_q, cc->block_kv};
-  unsigned char *sel = (unsigned char *)xcalloc(matrix_size(&g), 1);
+  const sp_geom g = {c.batch, 1, c.seqlen_q, c.seqlen_kv, cc->block_q, cc->block_kv};
+  unsigned char *sel = (unsigned char *)xcalloc(sp_matrix_size(&g), 1);
   attn_block_mask_t m = new_mask(&g);
   tu_rng rng = tu_rng_for(c.name);
   int64_t sinks[8], globals[2], k, b;
@@ -581,8 +346,8 @@ static void run_composed(void **state) {
     case CAUSAL_WINDOW_SINKS: /* a window not aligned with the blocks, 8 sink keys */
       check(attn_block_mask_add_window(m, 70, 0), "add_window");
       check(attn_block_mask_add_global_keys(m, sinks, 8), "add_global_keys");
-      or_window(&g, sel, 70, 0);
-      or_keys(&g, sel, sinks, 8, 0);
+      sp_or_window(&g, sel, 70, 0);
+      sp_or_keys(&g, sel, sinks, 8, 0);
       break;
     case BIGBIRD: /* window of one block each side, first block global, 2 random */
       globals[0] = 0, globals[1] = 1;
@@ -590,33 +355,33 @@ static void run_composed(void **state) {
       check(attn_block_mask_add_global_keys(m, globals, 2), "add_global_keys");
       check(attn_block_mask_add_global_queries(m, globals, 2), "add_global_queries");
       check(attn_block_mask_add_random_blocks(m, 2, 20240611u), "add_random_blocks");
-      or_window(&g, sel, g.bk, g.bk);
-      or_keys(&g, sel, globals, 2, 0);
-      or_keys(&g, sel, globals, 2, 1);
-      or_random_blocks(&g, sel, 2, 20240611u);
+      sp_or_window(&g, sel, g.bk, g.bk);
+      sp_or_keys(&g, sel, globals, 2, 0);
+      sp_or_keys(&g, sel, globals, 2, 1);
+      sp_or_random_blocks(&g, sel, 2, 20240611u);
       break;
     case DOCUMENTS_CAUSAL: /* packed documents; the plan is causal */
-      for (b = 0; b < g.batch; ++b) draw_docs(&rng, dq + b * g.lq, g.lq, 70);
+      for (b = 0; b < g.batch; ++b) sp_draw_docs(&rng, dq + b * g.lq, g.lq, 70);
       if (g.lq == g.lk) {
         memcpy(dk, dq, (size_t)(g.batch * g.lq) * sizeof(int32_t));
       } else {
         /* other cuts, and query 0 a padding token (document -1 has no key):
          * a query whose document has no key up to its diagonal sees none */
         for (b = 0; b < g.batch; ++b) {
-          draw_docs(&rng, dk + b * g.lk, g.lk, 70);
+          sp_draw_docs(&rng, dk + b * g.lk, g.lk, 70);
           dq[b * g.lq] = -1;
         }
       }
       check(attn_block_mask_add_window(m, -1, -1), "add_window");
       check(attn_block_mask_and_documents(m, dq, dk), "and_documents");
-      or_window(&g, sel, -1, -1);
-      and_docs(&g, sel, dq, dk);
+      sp_or_window(&g, sel, -1, -1);
+      sp_and_docs(&g, sel, dq, dk);
       break;
     case STRIDED_LOCAL: /* Sparse Transformer: local window + strided (with a causal plan) */
       check(attn_block_mask_add_window(m, 15, 0), "add_window");
       check(attn_block_mask_add_strided(m, 16), "add_strided");
-      or_window(&g, sel, 15, 0);
-      or_strided(&g, sel, 16);
+      sp_or_window(&g, sel, 15, 0);
+      sp_or_strided(&g, sel, 16);
       break;
   }
   if ((count_empty_rows(&c, &g, sel) > 0) != cc->empty_rows)
