@@ -356,7 +356,9 @@ static void draw_case(int index, gen_case *gc) {
   c->backward = chance(&rng, 0.5);
   c->no_lse = !c->backward && chance(&rng, 0.15);
   c->deterministic = chance(&rng, 0.25);
-  c->empty_policy = (nc_empty_policy)tu_rng_int(&rng, 0, 2);
+  /* rarely refused: a refusal for empty rows runs no numerics */
+  u = tu_rng_uniform(&rng, 0.0, 1.0);
+  c->empty_policy = u < 0.45 ? NC_EMPTY_AUTO : u < 0.88 ? NC_EMPTY_ALLOW : NC_EMPTY_DENY;
   max_len = chance(&rng, 0.1) ? 600 : 300;
 
   /* lengths: varlen batches for dense plans, or when a refusal needs one */
