@@ -405,7 +405,9 @@ typedef struct attn_plan_info {
   int32_t supports_backward;
   uint64_t workspace_bytes_forward;
   uint64_t workspace_bytes_backward; /* 0 for a forward-only plan */
-  uint64_t visible_pairs;   /* (query, key) pairs the mask lets through, all heads */
+  uint64_t visible_pairs;   /* (query, key) pairs the mask lets through, all heads;
+                               UINT64_MAX when there are more (the tile pair counts
+                               below saturate likewise; the FLOPs do not) */
   double flops_forward;     /* 4 * pairs * d (d = (d_qk + d_v) / 2) */
   double flops_backward;    /* 2.5 x forward */
   double bytes_forward;     /* minimum bytes moved: read Q,K,V once, write O, LSE */
