@@ -375,9 +375,11 @@ ATTN_API attn_status_t attn_plan_desc_set_deterministic(attn_plan_desc_t desc,
  * plan copies everything it needs: desc and ctx may be destroyed afterwards.
  * Returns SUCCESS, INVALID_HANDLE (ctx or desc), INVALID_ARGUMENT
  * (inconsistent parameters, e.g. heads_q % heads_kv != 0, a tensor's dims or
- * dtype, varlen offsets, empty rows not allowed), NOT_SUPPORTED (the
- * backend cannot do this problem; the message names the feature),
- * OUT_OF_MEMORY. On failure *plan is unchanged. */
+ * dtype, varlen offsets, empty rows not allowed, or a pass whose workspace
+ * would exceed 2^62 bytes, such as MoBA's selection with small blocks over
+ * long sequences and many heads: the message says "workspace" and gives the
+ * shape), NOT_SUPPORTED (the backend cannot do this problem; the message
+ * names the feature), OUT_OF_MEMORY. On failure *plan is unchanged. */
 ATTN_API attn_status_t attn_plan_create(attn_context_t ctx, attn_plan_desc_t desc,
                                         attn_plan_t *plan);
 

@@ -192,6 +192,34 @@ void count_tile_pairs(Plan& plan, const Problem& p) {
   plan.total_tile_pairs = total;
 }
 
+// The shape in a message, for what follows from several of its values.
+std::string shape_string(const Problem& p) {
+  std::string s = "batch " + std::to_string(p.batch) + ", heads_q " + std::to_string(p.heads_q) +
+                  ", heads_kv " + std::to_string(p.heads_kv) + ", seqlen_q " +
+                  std::to_string(p.seqlen_q) + ", seqlen_kv " + std::to_string(p.seqlen_kv) +
+                  ", head dims " + std::to_string(p.head_dim_qk) + "/" +
+                  std::to_string(p.head_dim_v);
+  if (p.moba_block > 0)
+    s += ", MoBA block_size " + std::to_string(p.moba_block) + " and top_k " +
+         std::to_string(p.moba_top_k);
+  return s;
+}
+
+// A pass's workspace must stay within kMaxBytes: a size past it could not
+// be allocated, and one past 2^64 would have wrapped. Backends saturate.
+void check_workspace_limit(const BackendPlan& impl, const Problem& p) {
+  for (const attn_pass_t pass : {ATTN_PASS_FORWARD, ATTN_PASS_BACKWARD}) {
+    if (pass == ATTN_PASS_BACKWARD && !p.backward) continue;
+    const uint64_t bytes = impl.workspace_bytes(pass);
+    if (bytes <= kMaxBytes) continue;
+    const std::string need =
+        bytes == kSaturated ? std::string("2^64 or more") : std::to_string(bytes);
+    invalid_argument("desc: the ", pass == ATTN_PASS_FORWARD ? "forward" : "backward",
+                     " pass's workspace would need ", need, " bytes, more than 2^62 (",
+                     shape_string(p), ")");
+  }
+}
+
 }  // namespace
 
 std::unique_ptr<Plan> create_plan(const ContextConfig& ctx, const PlanDesc& d) {
@@ -374,6 +402,7 @@ std::unique_ptr<Plan> create_plan(const ContextConfig& ctx, const PlanDesc& d) {
 #endif
     default: fail(ATTN_STATUS_INTERNAL_ERROR, "context with unresolved backend");
   }
+  check_workspace_limit(*plan->impl, p);
   count_tile_pairs(*plan, p);
   plan->problem = std::move(p);
   return plan;
