@@ -306,7 +306,10 @@ ATTN_API attn_status_t attn_plan_desc_destroy(attn_plan_desc_t desc);
  * is MQA), checked at plan creation. For a varlen batch, seqlen_q and
  * seqlen_kv are the longest sequence of each side (as FlashAttention's
  * max_seqlen), checked against the offsets at plan creation.
- * Ranges: batch >= 1, heads >= 1, seqlen >= 0, head dims in 1..1024. */
+ * Ranges: batch and heads in 1..2^31 - 1, seqlen in 0..2^31 - 1 (as varlen
+ * offsets, which are int32), head dims in 1..1024; and batch x max(heads_q,
+ * heads_kv) x max(seqlen_q, seqlen_kv) x max(head_dim_qk, head_dim_v) at
+ * most 9e15 elements (the message then names the shape). */
 ATTN_API attn_status_t attn_plan_desc_set_shape(attn_plan_desc_t desc, int64_t batch,
                                                 int64_t heads_q, int64_t heads_kv,
                                                 int64_t seqlen_q, int64_t seqlen_kv,
@@ -345,8 +348,9 @@ ATTN_API attn_status_t attn_plan_desc_set_mask(attn_plan_desc_t desc, attn_mask_
 /* A varlen batch: `batch` sequences packed back to back. cu_seqlens_q and
  * cu_seqlens_kv hold batch + 1 non-decreasing offsets starting at 0 (host
  * memory, copied); sequence b owns tokens [cu[b], cu[b+1]). Sequences of
- * length 0 are allowed. The layout becomes THD. batch must equal the shape's
- * batch (checked at plan creation). Passing NULL for both clears varlen. */
+ * length 0 are allowed. The layout becomes THD. batch, in 1..2^31 - 1 (checked
+ * before the arrays are read), must equal the shape's batch (checked at
+ * plan creation). Passing NULL for both clears varlen. */
 ATTN_API attn_status_t attn_plan_desc_set_varlen(attn_plan_desc_t desc, int64_t batch,
                                                  const int32_t *cu_seqlens_q,
                                                  const int32_t *cu_seqlens_kv);

@@ -19,6 +19,10 @@ static_assert(sizeof(size_t) == 8, "libattn needs a 64-bit size_t");
 // region, plus alignment slack, stay exact in both.
 constexpr uint64_t kMaxBytes = uint64_t(1) << 62;
 
+// The largest batch, head count or sequence length: work units, varlen
+// offsets and block-mask tables count them in 32 bits.
+constexpr int64_t kMaxShapeCount = std::numeric_limits<int32_t>::max();
+
 // The saturated value: every result that does not fit in 64 bits.
 constexpr uint64_t kSaturated = std::numeric_limits<uint64_t>::max();
 

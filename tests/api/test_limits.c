@@ -41,6 +41,16 @@ static attn_plan_desc_t shape_desc(int64_t batch, int64_t hq, int64_t hkv, int64
   return desc;
 }
 
+/* The summary line of a plan made from desc ("" if that fails): what a
+ * failed setter must leave as it was. */
+static void summary_of(attn_plan_desc_t desc, char *out, size_t cap) {
+  attn_plan_t plan = NULL;
+  out[0] = '\0';
+  if (attn_plan_create(g_ctx, desc, &plan) != ATTN_STATUS_SUCCESS) return;
+  CHECK_OK(attn_plan_summary(plan, out, cap, NULL));
+  CHECK_OK(attn_plan_destroy(plan));
+}
+
 /* attn_plan_create must fail with `status` naming `word`, leaving *plan. */
 static void expect_plan_fails(attn_plan_desc_t desc, attn_status_t status, const char *word,
                               const char *file, int line) {
@@ -50,6 +60,59 @@ static void expect_plan_fails(attn_plan_desc_t desc, attn_status_t status, const
   check_poisoned(&plan, sizeof plan, "plan", file, line);
 }
 #define EXPECT_PLAN_FAILS(desc, status, word) expect_plan_fails(desc, status, word, __FILE__, __LINE__)
+
+/* ------------------------------------------------------------------------ */
+/* Plan descriptors: shape, varlen batch                                     */
+/* ------------------------------------------------------------------------ */
+
+static void test_shape_ranges(void **state) {
+  attn_plan_desc_t d = shape_desc(2, 4, 2, 5, 7, 8);
+  char before[512], after[512];
+  (void)state;
+  summary_of(d, before, sizeof before);
+  assert_true(before[0] != '\0');
+  /* Each count is at most 2^31 - 1, also where the element count is 0 (a
+   * batch of INT64_MAX empty sequences used to reach plan creation, whose
+   * offsets then failed to allocate as an internal error). */
+  EXPECT_FAIL(INVALID, "batch", attn_plan_desc_set_shape(d, INT64_MAX, 1, 1, 0, 0, 8, 8));
+  EXPECT_FAIL(INVALID, "batch", attn_plan_desc_set_shape(d, P2(31), 1, 1, 1, 1, 8, 8));
+  EXPECT_FAIL(INVALID, "heads_q", attn_plan_desc_set_shape(d, 1, INT64_MAX, 1, 0, 0, 8, 8));
+  EXPECT_FAIL(INVALID, "heads_q", attn_plan_desc_set_shape(d, 1, P2(31), 1, 1, 1, 8, 8));
+  EXPECT_FAIL(INVALID, "heads_kv", attn_plan_desc_set_shape(d, 1, 1, P2(31), 0, 0, 8, 8));
+  EXPECT_FAIL(INVALID, "seqlen_q", attn_plan_desc_set_shape(d, 1, 1, 1, P2(31), 1, 1, 1));
+  EXPECT_FAIL(INVALID, "seqlen_q", attn_plan_desc_set_shape(d, 1, 1, 1, P2(62), 1, 1, 1));
+  EXPECT_FAIL(INVALID, "seqlen_kv", attn_plan_desc_set_shape(d, 1, 1, 1, 1, INT64_MAX, 1, 1));
+  EXPECT_FAIL(INVALID, "head_dim_qk", attn_plan_desc_set_shape(d, 1, 1, 1, 1, 1, INT64_MAX, 1));
+  EXPECT_FAIL(INVALID, "head_dim_v", attn_plan_desc_set_shape(d, 1, 1, 1, 1, 1, 1, INT64_MIN));
+  /* Valid counts whose product of elements passes 9e15. */
+  EXPECT_FAIL(INVALID, "shape",
+              attn_plan_desc_set_shape(d, P2(31) - 1, P2(31) - 1, 1, P2(31) - 1, 1, 1024, 1024));
+  EXPECT_FAIL(INVALID, "shape", attn_plan_desc_set_shape(d, 1, P2(13), 1, P2(31) - 1, 1, 1024, 1));
+  summary_of(d, after, sizeof after);
+  assert_string_equal(before, after);
+  /* The largest of each is accepted. */
+  EXPECT_OK(attn_plan_desc_set_shape(d, P2(31) - 1, 1, 1, 1, 1, 1, 1));
+  EXPECT_OK(attn_plan_desc_set_shape(d, 1, P2(31) - 1, P2(31) - 1, 1, 1, 1, 1));
+  EXPECT_OK(attn_plan_desc_set_shape(d, 1, 1, 1, P2(31) - 1, P2(31) - 1, 1, 1));
+  CHECK_OK(attn_plan_desc_destroy(d));
+}
+
+static void test_varlen_batch_range(void **state) {
+  attn_plan_desc_t d = shape_desc(1, 2, 2, 4, 4, 8);
+  const int32_t cu[3] = {0, 2, 4};
+  char before[512], after[512];
+  (void)state;
+  summary_of(d, before, sizeof before);
+  /* Refused before batch + 1 offsets are read from the arrays (or copied:
+   * INT64_MAX + 1 of them used to be an internal error). */
+  EXPECT_FAIL(INVALID, "batch", attn_plan_desc_set_varlen(d, INT64_MAX, cu, cu));
+  EXPECT_FAIL(INVALID, "batch", attn_plan_desc_set_varlen(d, P2(31), cu, cu));
+  EXPECT_FAIL(INVALID, "batch", attn_plan_desc_set_varlen(d, INT64_MIN, cu, cu));
+  summary_of(d, after, sizeof after);
+  assert_string_equal(before, after);
+  EXPECT_OK(attn_plan_desc_set_varlen(d, 2, cu, cu));
+  CHECK_OK(attn_plan_desc_destroy(d));
+}
 
 /* ------------------------------------------------------------------------ */
 /* Plans: head counts, pair counts and workspaces past 64 bits               */
@@ -144,6 +207,8 @@ static void test_moba_extremes(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_shape_ranges),
+      cmocka_unit_test(test_varlen_batch_range),
       cmocka_unit_test(test_many_heads_empty_sequences),
       cmocka_unit_test(test_visible_pairs_saturate),
       cmocka_unit_test(test_moba_workspace_past_64_bits),
