@@ -272,8 +272,13 @@ ATTN_API attn_status_t attn_tensor_desc_destroy(attn_tensor_desc_t desc);
 
 /* Sets dtype, dims and strides (in elements). strides may be NULL for a
  * contiguous row-major tensor. dims must be >= 0, strides >= 0, ndim in
- * 1..ATTN_MAX_DIMS. The arrays are copied. Returns SUCCESS, INVALID_HANDLE,
- * INVALID_ARGUMENT (on which the descriptor is unchanged). */
+ * 1..ATTN_MAX_DIMS. A tensor spans less than 2^60 elements, so that element
+ * and byte offsets fit in 64 bits: the product of its dims (a dim of 0
+ * counting as 1) is at most 2^60, and, when no dim is 0, its last element
+ * lies less than 2^60 elements past its first (sum of (dims[i] - 1) x
+ * strides[i] < 2^60; a tensor without elements may have any strides). The
+ * arrays are copied. Returns SUCCESS, INVALID_HANDLE, INVALID_ARGUMENT (the
+ * message names dims or strides; the descriptor is then unchanged). */
 ATTN_API attn_status_t attn_tensor_desc_set(attn_tensor_desc_t desc, attn_dtype_t dtype,
                                             int32_t ndim, const int64_t *dims,
                                             const int64_t *strides);

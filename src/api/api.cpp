@@ -151,13 +151,30 @@ attn_status_t attn_tensor_desc_set(attn_tensor_desc_t desc, attn_dtype_t dtype, 
       if (dims[i] < 0) invalid_argument("dims[", i, "] is negative (", dims[i], ")");
       d.dims[i] = dims[i];
     }
+    // Element offsets (index x stride summed over the dims) are int64 and
+    // become byte offsets: both the count and the reach stay within
+    // kMaxTensorElements. A dim of 0 counts as 1 here, since the default
+    // strides still multiply the others.
+    uint64_t count = 1;
+    for (int32_t i = 0; i < ndim; ++i) count = attn::sat_mul(count, uint64_t(std::max<int64_t>(dims[i], 1)));
+    if (count > uint64_t(attn::kMaxTensorElements))
+      invalid_argument("dims: ", attn::dims_string(ndim, dims), " hold more than 2^60 elements");
     if (strides == nullptr) {
       attn::contiguous_strides(ndim, d.dims.data(), d.strides.data());
     } else {
+      uint64_t reach = 0;  // the last element's offset; no element when a dim is 0
+      bool empty = false;
       for (int32_t i = 0; i < ndim; ++i) {
         if (strides[i] < 0) invalid_argument("strides[", i, "] is negative (", strides[i], ")");
         d.strides[i] = strides[i];
+        empty = empty || dims[i] == 0;
+        if (dims[i] > 0)
+          reach = attn::sat_add(reach, attn::sat_mul(uint64_t(dims[i] - 1), uint64_t(strides[i])));
       }
+      if (!empty && reach >= uint64_t(attn::kMaxTensorElements))
+        invalid_argument("strides: ", attn::dims_string(ndim, strides), " over dims ",
+                         attn::dims_string(ndim, dims),
+                         " reach an element 2^60 or more elements past the first");
     }
     t.desc = d;
   });

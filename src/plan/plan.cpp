@@ -69,15 +69,6 @@ int32_t expected_dims(const Problem& p, attn_tensor_role_t role, int64_t* dims) 
   return 0;
 }
 
-std::string dims_string(int32_t n, const int64_t* dims) {
-  std::string s = "[";
-  for (int32_t i = 0; i < n; ++i) {
-    if (i) s += ", ";
-    s += std::to_string(dims[i]);
-  }
-  return s + "]";
-}
-
 bool is_output(attn_tensor_role_t r) {
   return r == ATTN_TENSOR_O || r == ATTN_TENSOR_DQ || r == ATTN_TENSOR_DK || r == ATTN_TENSOR_DV;
 }

@@ -205,6 +205,61 @@ static void test_moba_extremes(void **state) {
   CHECK_OK(attn_plan_desc_destroy(d));
 }
 
+/* ------------------------------------------------------------------------ */
+/* Tensor descriptors: dims and strides whose reach passes 2^60 elements     */
+/* ------------------------------------------------------------------------ */
+
+static void expect_desc_is(attn_tensor_desc_t t, int32_t ndim, const int64_t *dims,
+                           const int64_t *strides) {
+  attn_dtype_t dtype;
+  int32_t n = 0, i;
+  int64_t got_dims[ATTN_MAX_DIMS], got_strides[ATTN_MAX_DIMS];
+  CHECK_OK(attn_tensor_desc_get(t, &dtype, &n, got_dims, got_strides));
+  assert_int_equal(n, ndim);
+  for (i = 0; i < ndim; ++i) {
+    assert_true(got_dims[i] == dims[i]);
+    assert_true(got_strides[i] == strides[i]);
+  }
+}
+
+static void test_tensor_desc_reach(void **state) {
+  attn_tensor_desc_t t = NULL;
+  const int64_t dims[2] = {3, 5}, strides[2] = {5, 1};
+  (void)state;
+  CHECK_OK(attn_tensor_desc_create(&t));
+  CHECK_OK(attn_tensor_desc_set(t, ATTN_DTYPE_FP16, 2, dims, strides));
+  {
+    /* More elements than 2^60, by count: the default strides would
+     * overflow int64 (2^40 x 2^40), also behind a dim of 0. */
+    const int64_t big[2] = {P2(40), P2(40)}, hidden[3] = {0, P2(62), P2(62)};
+    const int64_t over[3] = {P2(20), P2(20), P2(20) + 1};
+    EXPECT_FAIL(INVALID, "dims", attn_tensor_desc_set(t, ATTN_DTYPE_FP32, 2, big, NULL));
+    EXPECT_FAIL(INVALID, "dims", attn_tensor_desc_set(t, ATTN_DTYPE_FP32, 3, hidden, NULL));
+    EXPECT_FAIL(INVALID, "dims", attn_tensor_desc_set(t, ATTN_DTYPE_FP32, 3, over, NULL));
+  }
+  {
+    /* By reach: strides whose last element lies 2^60 or more elements from
+     * the first; (dims - 1) x strides used to overflow int64 in the
+     * offsets (and in the overlap check of output tensors). */
+    const int64_t d2[2] = {4, 8}, s_far[2] = {P2(62), 1}, s_max[2] = {INT64_MAX, INT64_MAX};
+    const int64_t d_edge[2] = {2, 1}, s_edge[2] = {P2(60), 1};
+    EXPECT_FAIL(INVALID, "strides", attn_tensor_desc_set(t, ATTN_DTYPE_FP32, 2, d2, s_far));
+    EXPECT_FAIL(INVALID, "strides", attn_tensor_desc_set(t, ATTN_DTYPE_FP32, 2, d2, s_max));
+    EXPECT_FAIL(INVALID, "strides", attn_tensor_desc_set(t, ATTN_DTYPE_FP32, 2, d_edge, s_edge));
+  }
+  expect_desc_is(t, 2, dims, strides);
+  {
+    /* The edges that fit: 2^60 elements by count, a last element 2^60 - 1
+     * past the first, and any stride of a tensor without elements. */
+    const int64_t full[2] = {P2(30), P2(30)}, d_edge[2] = {2, 1}, s_edge[2] = {P2(60) - 1, 1};
+    const int64_t d_empty[2] = {0, 4}, s_empty[2] = {INT64_MAX, 1};
+    EXPECT_OK(attn_tensor_desc_set(t, ATTN_DTYPE_FP32, 2, full, NULL));
+    EXPECT_OK(attn_tensor_desc_set(t, ATTN_DTYPE_FP32, 2, d_edge, s_edge));
+    EXPECT_OK(attn_tensor_desc_set(t, ATTN_DTYPE_FP32, 2, d_empty, s_empty));
+  }
+  CHECK_OK(attn_tensor_desc_destroy(t));
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_shape_ranges),
@@ -213,6 +268,7 @@ int main(void) {
       cmocka_unit_test(test_visible_pairs_saturate),
       cmocka_unit_test(test_moba_workspace_past_64_bits),
       cmocka_unit_test(test_moba_extremes),
+      cmocka_unit_test(test_tensor_desc_reach),
   };
   return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
