@@ -575,12 +575,16 @@ ATTN_API attn_status_t attn_merge_states(attn_context_t ctx, int32_t num_parts,
 
 typedef struct attn_block_mask *attn_block_mask_t;
 
-#define ATTN_BLOCK_MASK_TILE_BYTES(block_q, block_kv) (((block_q) * (block_kv) + 7) / 8)
+/* In uint64_t arithmetic: 65536 x 65536 bits would overflow an int. */
+#define ATTN_BLOCK_MASK_TILE_BYTES(block_q, block_kv) \
+  (((uint64_t)(block_q) * (uint64_t)(block_kv) + 7u) / 8u)
 
 /* Creates an empty block mask (no block listed: it selects nothing).
- * Ranges: batch >= 1, heads >= 1, seqlen >= 0, block sizes 1..65536, at
- * most 2^31 - 1 blocks on each side and at most 2^31 - 1 rows (batch x
- * heads x query blocks; the message names batch and heads). On success *mask owns a new mask; free
+ * Ranges: batch >= 1, heads >= 1, seqlen in 0..2^31 - 1 (the lengths a plan
+ * takes), block sizes 1..65536, and at most 2^31 - 1 rows (batch x
+ * heads x query blocks; the message names batch and heads). A mask holds
+ * at most 2^31 - 1 partial blocks (with bit tiles): a call that would make
+ * more fails with INVALID_ARGUMENT, the mask unchanged. On success *mask owns a new mask; free
  * it with attn_block_mask_destroy. Returns SUCCESS, INVALID_ARGUMENT,
  * OUT_OF_MEMORY. */
 ATTN_API attn_status_t attn_block_mask_create(int64_t batch, int64_t heads, int64_t seqlen_q,

@@ -15,6 +15,7 @@
 
 #include "api/guarded.hpp"
 #include "api/handles.hpp"
+#include "core/checked.hpp"
 #include "schedule/block_mask.hpp"
 #include "schedule/block_patterns.hpp"
 #if ATTN_HAVE_CUDA
@@ -161,16 +162,16 @@ attn_status_t attn_block_mask_create(int64_t batch, int64_t heads, int64_t seqle
     require_out(mask, "mask");
     if (batch < 1) invalid_argument("batch must be >= 1, got ", batch);
     if (heads < 1) invalid_argument("heads must be >= 1, got ", heads);
-    if (seqlen_q < 0) invalid_argument("seqlen_q must be >= 0, got ", seqlen_q);
-    if (seqlen_kv < 0) invalid_argument("seqlen_kv must be >= 0, got ", seqlen_kv);
+    // The lengths of a plan (attn_plan_desc_set_shape), which a mask must
+    // match; bounding them first also keeps seqlen + block - 1 below.
+    if (seqlen_q < 0 || seqlen_q > attn::kMaxShapeCount)
+      invalid_argument("seqlen_q must be in 0..2^31-1, got ", seqlen_q);
+    if (seqlen_kv < 0 || seqlen_kv > attn::kMaxShapeCount)
+      invalid_argument("seqlen_kv must be in 0..2^31-1, got ", seqlen_kv);
     if (block_q < 1 || block_q > kMaxBlock)
       invalid_argument("block_q must be in 1..", kMaxBlock, ", got ", block_q);
     if (block_kv < 1 || block_kv > kMaxBlock)
       invalid_argument("block_kv must be in 1..", kMaxBlock, ", got ", block_kv);
-    if ((seqlen_q + block_q - 1) / block_q > kMaxBlocks)
-      invalid_argument("seqlen_q / block_q: more than ", kMaxBlocks, " query blocks");
-    if ((seqlen_kv + block_kv - 1) / block_kv > kMaxBlocks)
-      invalid_argument("seqlen_kv / block_kv: more than ", kMaxBlocks, " key blocks");
     // Rows are indexed (batch * heads + head) * query blocks + block in int64.
     const int64_t q_blocks = (seqlen_q + block_q - 1) / block_q;
     if (double(batch) * double(heads) * double(std::max<int64_t>(q_blocks, 1)) > double(kMaxBlocks))

@@ -260,6 +260,107 @@ static void test_tensor_desc_reach(void **state) {
   CHECK_OK(attn_tensor_desc_destroy(t));
 }
 
+/* ------------------------------------------------------------------------ */
+/* Block masks                                                               */
+/* ------------------------------------------------------------------------ */
+
+static void test_block_mask_create_ranges(void **state) {
+  attn_block_mask_t m;
+  (void)state;
+  POISON_VAR(m);
+  /* seqlen + block - 1 overflowed int64 for seqlen near INT64_MAX, and the
+   * negative block count that came out passed every check. */
+  EXPECT_FAIL(INVALID, "seqlen_q", attn_block_mask_create(1, 1, INT64_MAX, 8, 2, 2, &m));
+  EXPECT_FAIL(INVALID, "seqlen_kv", attn_block_mask_create(1, 1, 8, INT64_MAX, 4, 4, &m));
+  EXPECT_FAIL(INVALID, "seqlen_q", attn_block_mask_create(1, 1, P2(31), 8, 4, 4, &m));
+  EXPECT_FAIL(INVALID, "seqlen_kv", attn_block_mask_create(1, 1, 8, P2(47), 65536, 65536, &m));
+  EXPECT_FAIL(INVALID, "batch", attn_block_mask_create(INT64_MAX, INT64_MAX, 1, 1, 1, 1, &m));
+  EXPECT_VAR_UNTOUCHED(m);
+  EXPECT_OK(attn_block_mask_create(1, 1, P2(31) - 1, P2(31) - 1, 65536, 65536, &m));
+  CHECK_OK(attn_block_mask_destroy(m));
+}
+
+/* The tables of a mask, read back: equal contents read back equal. */
+typedef struct tables {
+  int32_t max_partial, max_full, rows;
+  size_t tile_bytes;
+  int32_t *num, *idx, *fnum, *fidx;
+  uint8_t *bits;
+} tables;
+
+static tables read_tables(attn_block_mask_t m, int32_t rows, size_t tile_bytes) {
+  tables t;
+  CHECK_OK(attn_block_mask_get_max_blocks(m, &t.max_partial, &t.max_full));
+  if (t.max_partial < 1) t.max_partial = 1;
+  if (t.max_full < 1) t.max_full = 1;
+  t.rows = rows, t.tile_bytes = tile_bytes;
+  t.num = xmalloc((size_t)rows * 4), t.fnum = xmalloc((size_t)rows * 4);
+  t.idx = xmalloc((size_t)rows * (size_t)t.max_partial * 4);
+  t.fidx = xmalloc((size_t)rows * (size_t)t.max_full * 4);
+  t.bits = xmalloc((size_t)rows * (size_t)t.max_partial * tile_bytes);
+  CHECK_OK(attn_block_mask_get_blocks(m, t.num, t.idx, t.max_partial, t.bits, t.fnum, t.fidx,
+                                      t.max_full));
+  return t;
+}
+
+static void free_tables(tables *t) {
+  free(t->num), free(t->fnum), free(t->idx), free(t->fidx), free(t->bits);
+}
+
+static void expect_same_tables(attn_block_mask_t a, attn_block_mask_t b, int32_t rows,
+                               size_t tile_bytes) {
+  tables x = read_tables(a, rows, tile_bytes), y = read_tables(b, rows, tile_bytes);
+  assert_int_equal(x.max_partial, y.max_partial);
+  assert_int_equal(x.max_full, y.max_full);
+  assert_memory_equal(x.num, y.num, (size_t)rows * 4);
+  assert_memory_equal(x.fnum, y.fnum, (size_t)rows * 4);
+  assert_memory_equal(x.idx, y.idx, (size_t)rows * (size_t)x.max_partial * 4);
+  assert_memory_equal(x.fidx, y.fidx, (size_t)rows * (size_t)x.max_full * 4);
+  assert_memory_equal(x.bits, y.bits, (size_t)rows * (size_t)x.max_partial * tile_bytes);
+  free_tables(&x), free_tables(&y);
+}
+
+/* Strides up to INT64_MAX select exactly the keys j with d(i) - j a
+ * multiple of the stride, as the materialised mask does. ((d - j) % s + s)
+ * overflowed for s near INT64_MAX, and then selected keys 2 below the
+ * diagonal (INT64_MIN + 1 is a multiple of INT64_MAX). */
+static void test_block_mask_strided_extremes(void **state) {
+  const int64_t strides[] = {1, 2, 3, 7, 13, P2(31) - 1, P2(62), INT64_MAX - 1, INT64_MAX};
+  const int64_t lq = 9, lk = 14, bq = 4, bk = 4; /* d(i) = i + 5 */
+  const int32_t rows = 3;
+  const size_t tile_bytes = (size_t)ATTN_BLOCK_MASK_TILE_BYTES(bq, bk);
+  uint8_t visible[9 * 14];
+  size_t k;
+  (void)state;
+  for (k = 0; k < sizeof strides / sizeof strides[0]; ++k) {
+    attn_block_mask_t by_rule = NULL, by_matrix = NULL;
+    int64_t i, j;
+    for (i = 0; i < lq; ++i)
+      for (j = 0; j < lk; ++j) {
+        /* small x: its remainder by any stride is exact */
+        const int64_t x = i + (lk - lq) - j;
+        visible[i * lk + j] = (uint8_t)(x % strides[k] == 0);
+      }
+    CHECK_OK(attn_block_mask_create(1, 1, lq, lk, bq, bk, &by_rule));
+    CHECK_OK(attn_block_mask_create(1, 1, lq, lk, bq, bk, &by_matrix));
+    EXPECT_OK(attn_block_mask_add_strided(by_rule, strides[k]));
+    EXPECT_OK(attn_block_mask_add_dense(by_matrix, visible));
+    expect_same_tables(by_rule, by_matrix, rows, tile_bytes);
+    CHECK_OK(attn_block_mask_destroy(by_rule));
+    CHECK_OK(attn_block_mask_destroy(by_matrix));
+  }
+}
+
+/* The tile size macro in 64-bit arithmetic: with int arguments at the
+ * largest block size (2^32 bits) it used to overflow an int. */
+static void test_tile_bytes_macro(void **state) {
+  const int bq = 65536, bk = 65536, small_q = 8, small_k = 13;
+  (void)state;
+  assert_true(ATTN_BLOCK_MASK_TILE_BYTES(bq, bk) == (uint64_t)536870912);
+  assert_true(ATTN_BLOCK_MASK_TILE_BYTES(small_q, small_k) == 13);
+  assert_true(ATTN_BLOCK_MASK_TILE_BYTES(1, 1) == 1);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_shape_ranges),
@@ -269,6 +370,9 @@ int main(void) {
       cmocka_unit_test(test_moba_workspace_past_64_bits),
       cmocka_unit_test(test_moba_extremes),
       cmocka_unit_test(test_tensor_desc_reach),
+      cmocka_unit_test(test_block_mask_create_ranges),
+      cmocka_unit_test(test_block_mask_strided_extremes),
+      cmocka_unit_test(test_tile_bytes_macro),
   };
   return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
