@@ -600,7 +600,10 @@ ATTN_API attn_status_t attn_block_mask_destroy(attn_block_mask_t mask);
  * full pair; partial_bits may be NULL (every partial block selects all its
  * elements). Each count is in 0..min(max, num_kv_blocks); each index in
  * 0..num_kv_blocks-1; no index may repeat within a row, partial and full
- * together. max_partial / max_full >= 1 when their tables are given. The
+ * together. max_partial / max_full >= 1 when their tables are given, and
+ * the tables they describe (rows x max entries of 4 bytes, rows x
+ * max_partial bit tiles) at most 2^62 bytes each, checked before any is
+ * read (the message names max_partial or max_full). The
  * arrays are copied. Returns SUCCESS, INVALID_HANDLE, INVALID_ARGUMENT (the
  * message names the table and the entry), OUT_OF_MEMORY; on failure the
  * mask is unchanged. */
@@ -639,7 +642,8 @@ ATTN_API attn_status_t attn_block_mask_get_max_blocks(attn_block_mask_t mask,
  * attn_block_mask_set_blocks, indices sorted; unused index slots are -1 and
  * unused bit tiles zero. partial_bits may be NULL; every other pointer is
  * required. max_partial and max_full must be at least what
- * attn_block_mask_get_max_blocks reports (and >= 1). Returns SUCCESS,
+ * attn_block_mask_get_max_blocks reports (and >= 1), and the tables they
+ * describe at most 2^62 bytes each, as for attn_block_mask_set_blocks. Returns SUCCESS,
  * INVALID_HANDLE, INVALID_ARGUMENT (nothing written then). */
 ATTN_API attn_status_t attn_block_mask_get_blocks(attn_block_mask_t mask, int32_t *kv_num_blocks,
                                                   int32_t *kv_indices, int32_t max_partial,
@@ -651,8 +655,9 @@ ATTN_API attn_status_t attn_block_mask_get_blocks(attn_block_mask_t mask, int32_
  * (uint8, nonzero = selected), [batch][heads][seqlen_q][seqlen_kv] of the
  * mask, host memory, read only during the call. Blocks whose in-range
  * elements are all selected become full, others partial with bits.
- * Returns SUCCESS, INVALID_HANDLE, INVALID_ARGUMENT (visible NULL),
- * OUT_OF_MEMORY; on failure the mask is unchanged. */
+ * Returns SUCCESS, INVALID_HANDLE, INVALID_ARGUMENT (visible NULL, or
+ * more than 2^62 bytes of it), OUT_OF_MEMORY; on failure the mask is
+ * unchanged. */
 ATTN_API attn_status_t attn_block_mask_add_dense(attn_block_mask_t mask, const uint8_t *visible);
 
 /* Pattern builders. Each selects elements by a rule on (query i, key j) of

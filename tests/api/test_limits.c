@@ -351,6 +351,51 @@ static void test_block_mask_strided_extremes(void **state) {
   }
 }
 
+/* Tables whose claimed size passes 2^62 bytes: refused before anything is
+ * read (the dummy arrays here hold one entry) or written. */
+static void test_block_mask_table_sizes(void **state) {
+  attn_block_mask_t m = NULL;
+  int32_t num[1] = {0}, idx[1] = {0};
+  uint8_t bits[1] = {0};
+  int32_t out_num[4], out_idx[4], out_fnum[4], out_fidx[4];
+  uint8_t out_bits[4];
+  (void)state;
+  /* 2^14 rows of 65536 x 65536-bit tiles: 2^14 x (2^31 - 1) x 2^29 bytes. */
+  CHECK_OK(attn_block_mask_create(1, 1, P2(30), 8, 65536, 65536, &m));
+  EXPECT_FAIL(INVALID, "max_partial",
+              attn_block_mask_set_blocks(m, num, idx, INT32_MAX, bits, NULL, NULL, 0));
+  EXPECT_FAIL(INVALID, "max_partial",
+              attn_block_mask_set_device_blocks(m, g_ctx, NULL, num, idx, INT32_MAX, bits, NULL,
+                                                NULL, 0));
+  poison(out_num, sizeof out_num), poison(out_idx, sizeof out_idx);
+  poison(out_fnum, sizeof out_fnum), poison(out_fidx, sizeof out_fidx);
+  poison(out_bits, sizeof out_bits);
+  EXPECT_FAIL(INVALID, "max_partial",
+              attn_block_mask_get_blocks(m, out_num, out_idx, INT32_MAX, out_bits, out_fnum,
+                                         out_fidx, 1));
+  EXPECT_UNTOUCHED(out_num, sizeof out_num);
+  EXPECT_UNTOUCHED(out_idx, sizeof out_idx);
+  EXPECT_UNTOUCHED(out_fnum, sizeof out_fnum);
+  EXPECT_UNTOUCHED(out_fidx, sizeof out_fidx);
+  EXPECT_UNTOUCHED(out_bits, sizeof out_bits);
+  CHECK_OK(attn_block_mask_destroy(m));
+}
+
+/* A materialised mask of 2 x (2^31 - 1)^2 bytes: its index overflowed
+ * int64; now refused before a byte of it is read. */
+static void test_block_mask_dense_size(void **state) {
+  attn_block_mask_t m = NULL;
+  uint8_t visible[1] = {1};
+  int32_t max_partial = -1, max_full = -1;
+  (void)state;
+  CHECK_OK(attn_block_mask_create(2, 1, P2(31) - 1, P2(31) - 1, 65536, 65536, &m));
+  EXPECT_FAIL(INVALID, "visible", attn_block_mask_add_dense(m, visible));
+  CHECK_OK(attn_block_mask_get_max_blocks(m, &max_partial, &max_full));
+  assert_int_equal(max_partial, 0);
+  assert_int_equal(max_full, 0);
+  CHECK_OK(attn_block_mask_destroy(m));
+}
+
 /* The tile size macro in 64-bit arithmetic: with int arguments at the
  * largest block size (2^32 bits) it used to overflow an int. */
 static void test_tile_bytes_macro(void **state) {
@@ -372,6 +417,8 @@ int main(void) {
       cmocka_unit_test(test_tensor_desc_reach),
       cmocka_unit_test(test_block_mask_create_ranges),
       cmocka_unit_test(test_block_mask_strided_extremes),
+      cmocka_unit_test(test_block_mask_table_sizes),
+      cmocka_unit_test(test_block_mask_dense_size),
       cmocka_unit_test(test_tile_bytes_macro),
   };
   return cmocka_run_group_tests(tests, group_setup, group_teardown);
