@@ -231,8 +231,9 @@ typedef struct attn_comm *attn_comm_t;
 
 /* Create a context on `backend`.
  *   device       CUDA device ordinal; must be 0 for the CPU backend.
- *   num_threads  CPU worker threads used by each execution, >= 0; 0 means
- *                one per available core. In a library built without OpenMP,
+ *   num_threads  CPU worker threads used by each execution, 0..4096; 0
+ *                means one per available core (at most 4096: each thread
+ *                has scratch in the workspaces). In a library built without OpenMP,
  *                executions run on the calling thread and
  *                attn_context_get_num_threads reports 1.
  * On success *ctx owns a new context; free it with attn_context_destroy.

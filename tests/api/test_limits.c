@@ -406,6 +406,32 @@ static void test_tile_bytes_macro(void **state) {
   assert_true(ATTN_BLOCK_MASK_TILE_BYTES(1, 1) == 1);
 }
 
+/* ------------------------------------------------------------------------ */
+/* Contexts: thread counts                                                   */
+/* ------------------------------------------------------------------------ */
+
+/* Each thread has scratch in every workspace, and an OpenMP runtime that
+ * cannot start a team exits the process: counts past 4096 are refused. */
+static void test_context_threads(void **state) {
+  attn_context_t ctx;
+  int32_t n = 0;
+  (void)state;
+  POISON_VAR(ctx);
+  EXPECT_FAIL(INVALID, "num_threads", attn_context_create(ATTN_BACKEND_CPU, 0, 4097, &ctx));
+  EXPECT_FAIL(INVALID, "num_threads", attn_context_create(ATTN_BACKEND_CPU, 0, INT32_MAX, &ctx));
+  EXPECT_FAIL(INVALID, "num_threads", attn_context_create(ATTN_BACKEND_AUTO, 0, INT32_MAX, &ctx));
+  EXPECT_VAR_UNTOUCHED(ctx);
+  EXPECT_OK(attn_context_create(ATTN_BACKEND_CPU, 0, 4096, &ctx));
+  CHECK_OK(attn_context_get_num_threads(ctx, &n));
+  assert_true(n == 4096 || n == 1); /* 1 without OpenMP */
+  CHECK_OK(attn_context_destroy(ctx));
+}
+
+/* ------------------------------------------------------------------------ */
+/* KV caches and decode plans                                                */
+/* ------------------------------------------------------------------------ */
+
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_shape_ranges),
@@ -420,6 +446,7 @@ int main(void) {
       cmocka_unit_test(test_block_mask_table_sizes),
       cmocka_unit_test(test_block_mask_dense_size),
       cmocka_unit_test(test_tile_bytes_macro),
+      cmocka_unit_test(test_context_threads),
   };
   return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
