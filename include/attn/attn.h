@@ -829,14 +829,18 @@ typedef enum attn_kv_layout ATTN_ENUM_BASE {
  * no sink token: no query of that append or a later one can see them. A
  * sequence therefore holds at most about (sink_tokens + w + tokens appended
  * in one call) / page_size + 2 pages, however long it grows. window = 0
- * keeps every token (and then sink_tokens must be 0). */
+ * keeps every token (and then sink_tokens must be 0).
+ *
+ * Sizes: the pool, num_pages x page_size x heads_kv x (head_dim_qk +
+ * head_dim_v) elements, is at most 1e18 (4e18 bytes at 4 bytes an element;
+ * the message names the fields). */
 typedef struct attn_kv_cache_config {
   uint64_t struct_size;
   int32_t dtype;        /* attn_dtype_t of K and V */
   int32_t layout;       /* attn_kv_layout_t */
   int64_t page_size;    /* tokens per page, >= 1 */
   int64_t num_pages;    /* pages in the pool, 1 .. 2^31 - 1 */
-  int64_t heads_kv;     /* >= 1 */
+  int64_t heads_kv;     /* 1 .. 2^31 - 1 */
   int64_t head_dim_qk;  /* 1 .. 1024 */
   int64_t head_dim_v;   /* 1 .. 1024 */
   int64_t window;       /* 0: no window; else w in 1..2^60 as above */

@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "attn_config.h"
+#include "core/checked.hpp"
 #include "core/dtype.hpp"
 #include "core/error.hpp"
 #include "core/workspace.hpp"
@@ -42,7 +43,9 @@ CacheConfig validate_config(const attn_kv_cache_config_t* config) {
   if (c.page_size < 1) invalid_argument("config->page_size must be >= 1, got ", c.page_size);
   if (c.num_pages < 1 || c.num_pages > std::numeric_limits<int32_t>::max())
     invalid_argument("config->num_pages must be in 1..2^31-1, got ", c.num_pages);
-  if (c.heads_kv < 1) invalid_argument("config->heads_kv must be >= 1, got ", c.heads_kv);
+  // As a plan's heads; the kernels index KV heads in 32 bits.
+  if (c.heads_kv < 1 || c.heads_kv > kMaxShapeCount)
+    invalid_argument("config->heads_kv must be in 1..2^31-1, got ", c.heads_kv);
   if (c.head_dim_qk < 1 || c.head_dim_qk > 1024)
     invalid_argument("config->head_dim_qk must be in 1..1024, got ", c.head_dim_qk);
   if (c.head_dim_v < 1 || c.head_dim_v > 1024)
@@ -61,7 +64,8 @@ CacheConfig validate_config(const attn_kv_cache_config_t* config) {
   const double bytes = double(c.num_pages) * double(c.page_size) * double(c.heads_kv) *
                        double(c.head_dim_qk + c.head_dim_v) * 4.0;
   if (bytes > 4.0e18 || double(c.page_size) * double(c.num_pages) > 4.0e18)
-    invalid_argument("config->num_pages: a pool of ", bytes, " bytes is too large");
+    invalid_argument("config->num_pages x config->page_size x config->heads_kv x (head_dim_qk + ",
+                     "head_dim_v): a pool of ", bytes, " bytes (at 4 bytes an element) is too large");
   CacheConfig out;
   out.dtype = attn_dtype_t(c.dtype);
   out.layout = attn_kv_layout_t(c.layout);

@@ -431,6 +431,40 @@ static void test_context_threads(void **state) {
 /* KV caches and decode plans                                                */
 /* ------------------------------------------------------------------------ */
 
+static void expect_config_fails(attn_kv_cache_config_t c, const char *word, const char *file,
+                                int line) {
+  size_t bytes;
+  attn_kv_cache_t cache;
+  POISON_VAR(bytes);
+  check_status(attn_kv_cache_memory_size(&c, &bytes), INVALID, word, "attn_kv_cache_memory_size",
+               file, line);
+  check_poisoned(&bytes, sizeof bytes, "bytes", file, line);
+  POISON_VAR(cache);
+  check_status(attn_kv_cache_create(g_ctx, &c, NULL, 0, &cache), INVALID, word,
+               "attn_kv_cache_create", file, line);
+  check_poisoned(&cache, sizeof cache, "cache", file, line);
+}
+#define EXPECT_CONFIG_FAILS(c, word) expect_config_fails(c, word, __FILE__, __LINE__)
+
+static void test_kv_cache_config_sizes(void **state) {
+  attn_kv_cache_config_t c;
+  size_t bytes = 0;
+  (void)state;
+  /* A pool past 1e18 elements, by its page size (the message used to name
+   * num_pages only), and 2^31 KV heads (indexed in 32 bits). */
+  c = tu_kv_cache_config(ATTN_DTYPE_FP16, ATTN_KV_LAYOUT_NHD, INT64_MAX, 1, 1, 1, 1, 0, 0);
+  EXPECT_CONFIG_FAILS(c, "page_size");
+  c.page_size = P2(40), c.num_pages = P2(31) - 1;
+  EXPECT_CONFIG_FAILS(c, "page_size");
+  c = tu_kv_cache_config(ATTN_DTYPE_FP16, ATTN_KV_LAYOUT_HND, 16, 4, P2(31), 64, 64, 0, 0);
+  EXPECT_CONFIG_FAILS(c, "heads_kv");
+  c.heads_kv = INT64_MAX;
+  EXPECT_CONFIG_FAILS(c, "heads_kv");
+  /* Large but valid: its size is reported, nothing is allocated. */
+  c = tu_kv_cache_config(ATTN_DTYPE_FP16, ATTN_KV_LAYOUT_NHD, P2(40), 1, 1, 1, 1, 0, 0);
+  EXPECT_OK(attn_kv_cache_memory_size(&c, &bytes));
+  assert_true(bytes >= ((size_t)4 << 40));
+}
 
 int main(void) {
   const struct CMUnitTest tests[] = {
@@ -447,6 +481,7 @@ int main(void) {
       cmocka_unit_test(test_block_mask_dense_size),
       cmocka_unit_test(test_tile_bytes_macro),
       cmocka_unit_test(test_context_threads),
+      cmocka_unit_test(test_kv_cache_config_sizes),
   };
   return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
