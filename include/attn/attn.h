@@ -985,7 +985,7 @@ typedef struct attn_decode_plan *attn_decode_plan_t;
 /* Size-tagged as attn_kv_cache_config_t. */
 typedef struct attn_decode_config {
   uint64_t struct_size;
-  int64_t heads_q;          /* a multiple of the cache's heads_kv */
+  int64_t heads_q;          /* 1 .. 2^31 - 1, a multiple of the cache's heads_kv */
   int64_t max_batch;        /* sequences per step, >= 1 */
   int64_t max_query_tokens; /* query tokens per sequence per step, >= 1 */
   /* Most keys one sequence's queries may see, >= 0; it bounds the

@@ -48,4 +48,8 @@ inline uint64_t sat_align_up(uint64_t n, uint64_t a) {
   return r == 0 ? n : sat_add(n, a - r);
 }
 
+// ceil(a / b) for a >= 0, b > 0, without forming a + b - 1 (which overflows
+// for a near INT64_MAX).
+inline int64_t ceil_div_nonneg(int64_t a, int64_t b) { return a / b + (a % b != 0 ? 1 : 0); }
+
 }  // namespace attn

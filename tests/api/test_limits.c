@@ -466,6 +466,78 @@ static void test_kv_cache_config_sizes(void **state) {
   assert_true(bytes >= ((size_t)4 << 40));
 }
 
+/* One decode step over two sequences of a small cache (fp32, NHD, pages of
+ * 4, 2 KV heads of dim 8, 4 query heads), with kv_chunk_tokens `chunk`. */
+static float *decode_step(attn_kv_cache_t cache, int64_t chunk, attn_decode_step_info_t *info) {
+  attn_decode_config_t dc = tu_decode_config(4, 2, 1, chunk);
+  attn_decode_plan_t plan = NULL;
+  const int64_t ids[2] = {1, 2};
+  const int32_t ql[2] = {1, 1};
+  size_t bytes = 0;
+  float q[2 * 4 * 8], *o = xmalloc(2 * 4 * 8 * 4);
+  void *ws;
+  fill_random(q, sizeof q / 4, 7);
+  EXPECT_OK(attn_decode_plan_create(g_ctx, cache, &dc, &plan));
+  EXPECT_OK(attn_decode_plan_workspace_size(plan, &bytes));
+  ws = xmalloc(bytes);
+  info->struct_size = sizeof *info;
+  EXPECT_OK(attn_decode_prepare(plan, cache, 2, ids, ql, ws, bytes, info, NULL));
+  EXPECT_OK(attn_decode_execute(plan, cache, q, o, NULL, ws, bytes, NULL));
+  free(ws);
+  CHECK_OK(attn_decode_plan_destroy(plan));
+  return o;
+}
+
+static void test_decode_limits(void **state) {
+  attn_kv_cache_config_t c = tu_kv_cache_config(ATTN_DTYPE_FP32, ATTN_KV_LAYOUT_NHD, 4, 16, 2, 8,
+                                                8, 0, 0);
+  attn_kv_cache_t cache = NULL;
+  attn_decode_config_t dc;
+  attn_decode_plan_t plan;
+  attn_decode_step_info_t split_info, whole_info;
+  const int64_t ids[2] = {1, 2};
+  const int32_t n[2] = {13, 22};
+  float k[35 * 2 * 8], v[35 * 2 * 8], *split, *whole;
+  (void)state;
+  CHECK_OK(attn_kv_cache_create(g_ctx, &c, NULL, 0, &cache));
+  CHECK_OK(attn_kv_cache_add_sequence(cache, 1));
+  CHECK_OK(attn_kv_cache_add_sequence(cache, 2));
+  fill_random(k, sizeof k / 4, 1), fill_random(v, sizeof v / 4, 2);
+  CHECK_OK(attn_kv_cache_append(cache, 2, ids, n, k, v, NULL));
+
+  /* max_kv_tokens of INT64_MAX: its pages per sequence were rounded up as
+   * max_kv_tokens + page_size - 1, which overflowed into a negative count
+   * that passed the size check and made a plan whose prepare then failed
+   * as an INTERNAL_ERROR. */
+  POISON_VAR(plan);
+  dc = tu_decode_config(4, 2, 1, 0);
+  dc.max_kv_tokens = INT64_MAX;
+  EXPECT_FAIL(INVALID, "max_kv_tokens", attn_decode_plan_create(g_ctx, cache, &dc, &plan));
+  dc.max_kv_tokens = P2(62);
+  EXPECT_FAIL(INVALID, "max_kv_tokens", attn_decode_plan_create(g_ctx, cache, &dc, &plan));
+  /* heads_q as a plan's: at most 2^31 - 1 (and a multiple of heads_kv). */
+  dc = tu_decode_config(P2(31), 2, 1, 0);
+  EXPECT_FAIL(INVALID, "heads_q", attn_decode_plan_create(g_ctx, cache, &dc, &plan));
+  dc.heads_q = INT64_MAX - 1;
+  EXPECT_FAIL(INVALID, "heads_q", attn_decode_plan_create(g_ctx, cache, &dc, &plan));
+  /* The largest heads_q with the largest batch and query tokens, split
+   * into chunks of a page: partial states past 2^62 bytes, refused. */
+  dc = tu_decode_config(P2(31) - 2, P2(24), P2(24), 4);
+  EXPECT_FAIL(INVALID, "config", attn_decode_plan_create(g_ctx, cache, &dc, &plan));
+  EXPECT_VAR_UNTOUCHED(plan);
+
+  /* kv_chunk_tokens of INT64_MAX is one chunk per sequence (its page count
+   * overflowed the same way): the same output as never splitting. */
+  split = decode_step(cache, INT64_MAX, &split_info);
+  whole = decode_step(cache, -1, &whole_info);
+  assert_memory_equal(split, whole, 2 * 4 * 8 * 4);
+  assert_int_equal(split_info.split_sequences, 0);
+  assert_int_equal(split_info.num_work_units, 2);
+  assert_true(split_info.visible_pairs == whole_info.visible_pairs);
+  free(split), free(whole);
+  CHECK_OK(attn_kv_cache_destroy(cache));
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_shape_ranges),
@@ -482,6 +554,7 @@ int main(void) {
       cmocka_unit_test(test_tile_bytes_macro),
       cmocka_unit_test(test_context_threads),
       cmocka_unit_test(test_kv_cache_config_sizes),
+      cmocka_unit_test(test_decode_limits),
   };
   return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
