@@ -389,7 +389,14 @@ ATTN_API attn_status_t attn_plan_desc_set_deterministic(attn_plan_desc_t desc,
  * would exceed 2^62 bytes, such as MoBA's selection with small blocks over
  * long sequences and many heads: the message says "workspace" and gives the
  * shape), NOT_SUPPORTED (the backend cannot do this problem; the message
- * names the feature), OUT_OF_MEMORY. On failure *plan is unchanged. */
+ * names the feature), OUT_OF_MEMORY. On failure *plan is unchanged.
+ * Besides its dtypes and head dims, the CUDA backend's kernels bound the
+ * shape by their grids and 32-bit arithmetic (NOT_SUPPORTED, naming the
+ * value): heads_q and batch at most 65535; seqlen_q and seqlen_kv below
+ * 2^30 and a varlen batch's tokens below 2^31 on each side; for a backward
+ * pass fewer than 2^33 (query token, head) rows; MoBA selections whose
+ * lists would need more than 2^31 - 1 blocks of a grid; block masks seen
+ * as more than 2^31 - 1 (slot, tile) lists, bit tiles or tile visits. */
 ATTN_API attn_status_t attn_plan_create(attn_context_t ctx, attn_plan_desc_t desc,
                                         attn_plan_t *plan);
 
