@@ -876,7 +876,9 @@ ATTN_API attn_status_t attn_kv_cache_memory_size(const attn_kv_cache_config_t *c
  * and the CAPACITY check are host steps. On success *cache owns a new,
  * empty cache. Returns
  * SUCCESS, INVALID_HANDLE (ctx), INVALID_ARGUMENT (config, memory_bytes too
- * small, memory NULL with memory_bytes != 0), NOT_SUPPORTED, OUT_OF_MEMORY.
+ * small, memory NULL with memory_bytes != 0), NOT_SUPPORTED (no CUDA backend
+ * in this build; on the CUDA backend, page_size past 2^31 - 1, which its
+ * kernels hold in 32 bits), OUT_OF_MEMORY.
  * On failure *cache is unchanged. */
 ATTN_API attn_status_t attn_kv_cache_create(attn_context_t ctx,
                                             const attn_kv_cache_config_t *config, void *memory,

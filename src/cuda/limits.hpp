@@ -86,4 +86,12 @@ inline void check_plan_limits(const Problem& p) {
   (void)kernel_window(p);
 }
 
+// A KV cache's pages on the CUDA backend: the append kernel's copy runs and
+// the decode kernel's parameters hold a token slot of a page in an int32.
+inline void check_kv_page_size(int64_t page_size) {
+  if (page_size > kMaxInt32)
+    not_supported("config->page_size: ", page_size,
+                  " tokens per page; the CUDA KV kernels take at most 2^31 - 1");
+}
+
 }  // namespace attn::cuda

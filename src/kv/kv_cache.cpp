@@ -13,6 +13,7 @@
 #include "core/workspace.hpp"
 #if ATTN_HAVE_CUDA
 #include "cuda/decode_cuda.hpp"
+#include "cuda/limits.hpp"
 #endif
 
 namespace attn::kv {
@@ -98,6 +99,8 @@ KvCache::KvCache(const ContextConfig& ctx, const CacheConfig& config, void* memo
 #if !ATTN_HAVE_CUDA
   if (ctx.backend != ATTN_BACKEND_CPU)
     not_supported("ctx: this build of libattn has no CUDA backend");
+#else
+  if (ctx.backend == ATTN_BACKEND_CUDA) cuda::check_kv_page_size(config.page_size);
 #endif
   if (memory == nullptr && memory_bytes != 0)
     invalid_argument("memory is NULL but memory_bytes is ", memory_bytes);

@@ -132,11 +132,18 @@ void window_bounds() {
                  "window_right");
 }
 
+void kv_page_size() {
+  using attn::cuda::check_kv_page_size;
+  expect_accepted("pages of 2^31 - 1 tokens", [] { check_kv_page_size(INT32_MAX); });
+  expect_refused("pages of 2^31 tokens", [] { check_kv_page_size(int64_t(1) << 31); }, "page_size");
+}
+
 }  // namespace
 
 int main() {
   plan_limits();
   window_bounds();
+  kv_page_size();
   std::printf("%d failure(s)\n", g_failures);
   return g_failures == 0 ? 0 : 1;
 }
