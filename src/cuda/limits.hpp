@@ -94,4 +94,12 @@ inline void check_kv_page_size(int64_t page_size) {
                   " tokens per page; the CUDA KV kernels take at most 2^31 - 1");
 }
 
+// Block-sparse tile lists: list slot * tiles + tile is an int in the
+// kernels (and the lists' offsets, one per list, are counted alike).
+inline void check_tile_lists(int64_t slots, int64_t tiles) {
+  if (slots * tiles > kMaxInt32)
+    not_supported("block mask: ", slots, " (batch, head) slots x ", tiles,
+                  " tiles is more than the CUDA kernels' 2^31 - 1 tile lists");
+}
+
 }  // namespace attn::cuda

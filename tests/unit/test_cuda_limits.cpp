@@ -138,12 +138,26 @@ void kv_page_size() {
   expect_refused("pages of 2^31 tokens", [] { check_kv_page_size(int64_t(1) << 31); }, "page_size");
 }
 
+void tile_lists() {
+  // 1024 heads of 2^22 queries in blocks of 65536 (65536 mask rows), seen
+  // through 1-row tiles: 2^32 lists. Refused before the schedule (slots x
+  // tiles offsets) is built.
+  auto mask = std::make_shared<const attn::BlockMask>(1, 1024, int64_t(1) << 22, 8, 65536, 8);
+  expect_refused("2^32 tile lists", [&] {
+    (void)attn::cuda::build_tile_lists(mask, attn::WindowBounds{-1, -1}, 1, 64, false);
+  }, "tile lists");
+  expect_accepted("2^31 - 1 lists", [] { attn::cuda::check_tile_lists(1, INT32_MAX); });
+  expect_refused("2^31 lists", [] { attn::cuda::check_tile_lists(2, int64_t(1) << 30); },
+                 "tile lists");
+}
+
 }  // namespace
 
 int main() {
   plan_limits();
   window_bounds();
   kv_page_size();
+  tile_lists();
   std::printf("%d failure(s)\n", g_failures);
   return g_failures == 0 ? 0 : 1;
 }
