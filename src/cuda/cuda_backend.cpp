@@ -77,6 +77,7 @@
 #include <optional>
 #include <string>
 
+#include "core/checked.hpp"
 #include "core/dtype.hpp"
 #include "core/env.hpp"
 #include "core/error.hpp"
@@ -137,7 +138,9 @@ BwdKernels pick_bwd_kernels(int64_t d, bool bf16, int variant, bool sparse, bool
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr size_t kWorkspaceAlign = 256;
 
-size_t align_up(size_t x) { return (x + kWorkspaceAlign - 1) / kWorkspaceAlign * kWorkspaceAlign; }
+// Saturating, as the workspace sizes are (a MoBA selection can pass 2^64
+// bytes; create_plan then refuses the plan).
+size_t align_up(size_t x) { return size_t(sat_align_up(x, kWorkspaceAlign)); }
 
 // The backend's tuning and test hooks, read from the environment once, at
 // the start of plan creation (before anything is allocated), so that a
@@ -418,7 +421,8 @@ class CudaPlan final : public BackendPlan {
     if (pass != ATTN_PASS_BACKWARD || !problem_.backward) return 0;
     const size_t plain = 2 * delta_bytes() + dq_accum_bytes() + 2 * kv_accum_bytes();
     if (!moba_) return plain;
-    return keep_selection() ? bwd_plain_offset() + plain : moba_backward_layout().end;
+    return keep_selection() ? size_t(sat_add(bwd_plain_offset(), plain))
+                            : moba_backward_layout().end;
   }
 
   void forward(const ForwardArgs& a) const override {

@@ -151,6 +151,24 @@ void tile_lists() {
                  "tile lists");
 }
 
+void moba_grids() {
+  // 2 x 65535 per-head selections of 2^29 queries: 2^39 query-tile lists,
+  // past the selector's grid; the same with one selection per group fits.
+  Problem p = make(2, 65535, 1, int64_t(1) << 29, int64_t(1) << 29);
+  p.mask = ATTN_MASK_CAUSAL;
+  p.window = {-1, 0};
+  p.moba_block = 128, p.moba_top_k = 3, p.moba_shared = false;
+  expect_refused("MoBA lists past the grid",
+                 [&] { (void)attn::cuda::MobaSchedule(p, 128, 128, true); }, "MoBA");
+  p.moba_shared = true;
+  expect_accepted("one selection per group",
+                  [&] { (void)attn::cuda::MobaSchedule(p, 128, 128, true); });
+  // Within the grid the selection stays below 2^62 bytes.
+  const attn::cuda::MobaSchedule s(p, 128, 128, true);
+  const attn::cuda::MobaLayout l = s.layout(0, false, true, false);
+  expect(l.end <= attn::kMaxBytes, "its workspace", std::to_string(l.end) + " bytes");
+}
+
 }  // namespace
 
 int main() {
@@ -158,6 +176,7 @@ int main() {
   window_bounds();
   kv_page_size();
   tile_lists();
+  moba_grids();
   std::printf("%d failure(s)\n", g_failures);
   return g_failures == 0 ? 0 : 1;
 }
