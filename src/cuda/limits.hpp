@@ -71,10 +71,15 @@ inline void check_plan_limits(const Problem& p) {
                   " (tokens in all ", p.total_q(), " and ", p.total_kv(),
                   "): the kernels take sequences of less than 2^30 tokens and batches of ",
                   "less than 2^31");
-  // Row-wise backward kernels: (token, head) rows in 64-bit, blocks in 32.
+  // Row-wise backward kernels: (token, head) rows in 64-bit, blocks in 32:
+  // dQ's rows, and the fp32 dK/dV accumulators' (split groups: every key
+  // row; cut block-sparse lists: whole tiles of at most 128 keys).
   if (p.backward && p.total_q() * p.heads_q >= (int64_t(1) << 33))
     not_supported("backend CUDA: a backward pass over ", p.total_q(), " query tokens x heads_q ",
                   p.heads_q, ", 2^33 or more (token, head) rows");
+  if (p.backward && (p.total_kv() + p.batch * 128) * p.heads_kv >= (int64_t(1) << 33))
+    not_supported("backend CUDA: a backward pass over ", p.total_kv(), " key tokens x heads_kv ",
+                  p.heads_kv, ", 2^33 or more (token, head) rows of dK/dV accumulators");
   // Each sequence's diagonal offset lk - lq + shift is an int in the
   // kernels, the shift an int32 in device memory.
   for (int64_t b = 0; b < p.batch; ++b) {

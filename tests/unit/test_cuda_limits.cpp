@@ -86,6 +86,10 @@ void plan_limits() {
   expect_refused("a backward over 2^33 rows", [&] { check_plan_limits(bwd); }, "2^33");
   bwd.backward = false;
   expect_accepted("the same forward only", [&] { check_plan_limits(bwd); });
+  Problem kv_rows = make(4, 4096, 4096, 64, int64_t(1) << 19);  // 2^33 (key, KV head) rows
+  kv_rows.backward = true;
+  expect_refused("a backward over 2^33 dK/dV rows", [&] { check_plan_limits(kv_rows); },
+                 "heads_kv");
   // A ring block's diagonal shift is an int32 in device memory.
   const int64_t max32 = INT32_MAX;
   expect_accepted("a shift of 2^31 - 1", [&] { check_plan_limits(make(1, 1, 1, 8, 8, 64, {max32})); });
