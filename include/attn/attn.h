@@ -912,7 +912,7 @@ ATTN_API attn_status_t attn_kv_cache_add_sequence(attn_kv_cache_t cache, int64_t
  * on the CUDA backend every check is made on the host before anything is
  * enqueued).
  * Returns SUCCESS, INVALID_HANDLE, INVALID_ARGUMENT (NULL arrays, num_seqs <
- * 1, unknown or repeated id, negative count, k or v NULL with total > 0, a
+ * 1 or more than the live sequences, unknown or repeated id, negative count, k or v NULL with total > 0, a
  * sequence that would need more pages than the whole pool), CAPACITY,
  * OUT_OF_MEMORY (for the call's own bookkeeping; nothing changed then). */
 ATTN_API attn_status_t attn_kv_cache_append(attn_kv_cache_t cache, int32_t num_seqs,

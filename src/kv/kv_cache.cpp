@@ -195,6 +195,11 @@ void KvCache::append(int32_t num_seqs, const int64_t* ids, const int32_t* num_to
   const int64_t ps = config_.page_size;
   const int64_t sp = config_.sink_pages();
   if (num_seqs < 1) invalid_argument("num_seqs must be >= 1, got ", num_seqs);
+  // The ids are live and distinct, so there are at most as many as live
+  // sequences: checked before num_seqs entries are read or reserved.
+  if (num_seqs > num_sequences())
+    invalid_argument("num_seqs: ", num_seqs, " sequences, but the cache holds ", num_sequences(),
+                     " (the ids must be live and distinct)");
   if (ids == nullptr) invalid_argument("seq_ids is NULL");
   if (num_tokens == nullptr) invalid_argument("num_tokens is NULL");
 

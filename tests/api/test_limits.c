@@ -488,6 +488,34 @@ static float *decode_step(attn_kv_cache_t cache, int64_t chunk, attn_decode_step
   return o;
 }
 
+/* num_seqs past the live sequences: refused before num_seqs ids are read
+ * (the arrays hold 2) or a table of that many is reserved (2^31 - 1 used to
+ * allocate 16 GB first). */
+static void test_kv_append_num_seqs(void **state) {
+  attn_kv_cache_config_t c = tu_kv_cache_config(ATTN_DTYPE_FP32, ATTN_KV_LAYOUT_NHD, 4, 8, 1, 4,
+                                                4, 0, 0);
+  attn_kv_cache_t cache = NULL;
+  const int64_t ids[2] = {1, 2};
+  const int32_t n[2] = {1, 1};
+  float kv[2 * 4];
+  attn_kv_cache_info_t info;
+  int64_t len = -1;
+  (void)state;
+  fill_random(kv, 8, 3);
+  CHECK_OK(attn_kv_cache_create(g_ctx, &c, NULL, 0, &cache));
+  CHECK_OK(attn_kv_cache_add_sequence(cache, 1));
+  CHECK_OK(attn_kv_cache_add_sequence(cache, 2));
+  EXPECT_FAIL(INVALID, "num_seqs", attn_kv_cache_append(cache, INT32_MAX, ids, n, kv, kv, NULL));
+  EXPECT_FAIL(INVALID, "num_seqs", attn_kv_cache_append(cache, 3, ids, n, kv, kv, NULL));
+  info.struct_size = sizeof info;
+  CHECK_OK(attn_kv_cache_get_info(cache, &info));
+  assert_int_equal(info.pages_in_use, 0);
+  CHECK_OK(attn_kv_cache_sequence_length(cache, 1, &len));
+  assert_int_equal(len, 0);
+  EXPECT_OK(attn_kv_cache_append(cache, 2, ids, n, kv, kv, NULL));
+  CHECK_OK(attn_kv_cache_destroy(cache));
+}
+
 static void test_decode_limits(void **state) {
   attn_kv_cache_config_t c = tu_kv_cache_config(ATTN_DTYPE_FP32, ATTN_KV_LAYOUT_NHD, 4, 16, 2, 8,
                                                 8, 0, 0);
@@ -554,6 +582,7 @@ int main(void) {
       cmocka_unit_test(test_tile_bytes_macro),
       cmocka_unit_test(test_context_threads),
       cmocka_unit_test(test_kv_cache_config_sizes),
+      cmocka_unit_test(test_kv_append_num_seqs),
       cmocka_unit_test(test_decode_limits),
   };
   return cmocka_run_group_tests(tests, group_setup, group_teardown);
