@@ -273,11 +273,11 @@ ATTN_API attn_status_t attn_tensor_desc_destroy(attn_tensor_desc_t desc);
 
 /* Sets dtype, dims and strides (in elements). strides may be NULL for a
  * contiguous row-major tensor. dims must be >= 0, strides >= 0, ndim in
- * 1..ATTN_MAX_DIMS. A tensor spans less than 2^60 elements, so that element
- * and byte offsets fit in 64 bits: the product of its dims (a dim of 0
- * counting as 1) is at most 2^60, and, when no dim is 0, its last element
- * lies less than 2^60 elements past its first (sum of (dims[i] - 1) x
- * strides[i] < 2^60; a tensor without elements may have any strides). The
+ * 1..ATTN_MAX_DIMS. So that element and byte offsets fit in 64 bits, the
+ * product of the dims (a dim of 0 counting as 1) is at most 2^60 and, when
+ * no dim is 0, the last element lies less than 2^60 elements past the
+ * first (sum of (dims[i] - 1) x strides[i] < 2^60; a tensor without
+ * elements may have any strides). The
  * arrays are copied. Returns SUCCESS, INVALID_HANDLE, INVALID_ARGUMENT (the
  * message names dims or strides; the descriptor is then unchanged). */
 ATTN_API attn_status_t attn_tensor_desc_set(attn_tensor_desc_t desc, attn_dtype_t dtype,
@@ -394,7 +394,7 @@ ATTN_API attn_status_t attn_plan_desc_set_deterministic(attn_plan_desc_t desc,
  * shape by their grids and 32-bit arithmetic (NOT_SUPPORTED, naming the
  * value): heads_q and batch at most 65535; seqlen_q and seqlen_kv below
  * 2^30 and a varlen batch's tokens below 2^31 on each side; for a backward
- * pass fewer than 2^33 (query token, head) rows; MoBA selections whose
+ * pass fewer than 2^33 (token, head) rows on each side; MoBA selections whose
  * lists would need more than 2^31 - 1 blocks of a grid; block masks seen
  * as more than 2^31 - 1 (slot, tile) lists, bit tiles or tile visits. */
 ATTN_API attn_status_t attn_plan_create(attn_context_t ctx, attn_plan_desc_t desc,
@@ -912,8 +912,9 @@ ATTN_API attn_status_t attn_kv_cache_add_sequence(attn_kv_cache_t cache, int64_t
  * on the CUDA backend every check is made on the host before anything is
  * enqueued).
  * Returns SUCCESS, INVALID_HANDLE, INVALID_ARGUMENT (NULL arrays, num_seqs <
- * 1 or more than the live sequences, unknown or repeated id, negative count, k or v NULL with total > 0, a
- * sequence that would need more pages than the whole pool), CAPACITY,
+ * 1 or more than the live sequences, unknown or repeated id, negative
+ * count, k or v NULL with total > 0, a sequence that would need more pages
+ * than the whole pool), CAPACITY,
  * OUT_OF_MEMORY (for the call's own bookkeeping; nothing changed then). */
 ATTN_API attn_status_t attn_kv_cache_append(attn_kv_cache_t cache, int32_t num_seqs,
                                             const int64_t *seq_ids, const int32_t *num_tokens,
