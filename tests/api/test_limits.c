@@ -260,6 +260,26 @@ static void test_tensor_desc_reach(void **state) {
   CHECK_OK(attn_tensor_desc_destroy(t));
 }
 
+/* attn_merge_states takes its shapes from descriptors, so their bounds
+ * bound every offset it forms; num_parts only counts the caller's arrays:
+ * INT32_MAX parts over an O without rows reads none of them. */
+static void test_merge_extremes(void **state) {
+  attn_tensor_desc_t o = NULL, l = NULL;
+  const int64_t od[3] = {0, P2(20), 64}, ld[2] = {0, P2(20)};
+  const void *o_parts[1] = {NULL};
+  const float *lse_parts[1] = {NULL};
+  (void)state;
+  CHECK_OK(attn_tensor_desc_create(&o));
+  CHECK_OK(attn_tensor_desc_create(&l));
+  CHECK_OK(attn_tensor_desc_set(o, ATTN_DTYPE_FP32, 3, od, NULL));
+  CHECK_OK(attn_tensor_desc_set(l, ATTN_DTYPE_FP32, 2, ld, NULL));
+  EXPECT_OK(attn_merge_states(g_ctx, INT32_MAX, o, l, o_parts, lse_parts, NULL, NULL, NULL));
+  EXPECT_FAIL(INVALID, "num_parts",
+              attn_merge_states(g_ctx, INT32_MIN, o, l, o_parts, lse_parts, NULL, NULL, NULL));
+  CHECK_OK(attn_tensor_desc_destroy(o));
+  CHECK_OK(attn_tensor_desc_destroy(l));
+}
+
 /* ------------------------------------------------------------------------ */
 /* Block masks                                                               */
 /* ------------------------------------------------------------------------ */
@@ -575,6 +595,7 @@ int main(void) {
       cmocka_unit_test(test_moba_workspace_past_64_bits),
       cmocka_unit_test(test_moba_extremes),
       cmocka_unit_test(test_tensor_desc_reach),
+      cmocka_unit_test(test_merge_extremes),
       cmocka_unit_test(test_block_mask_create_ranges),
       cmocka_unit_test(test_block_mask_strided_extremes),
       cmocka_unit_test(test_block_mask_table_sizes),
