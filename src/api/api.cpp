@@ -156,7 +156,8 @@ attn_status_t attn_tensor_desc_set(attn_tensor_desc_t desc, attn_dtype_t dtype, 
     // kMaxTensorElements. A dim of 0 counts as 1 here, since the default
     // strides still multiply the others.
     uint64_t count = 1;
-    for (int32_t i = 0; i < ndim; ++i) count = attn::sat_mul(count, uint64_t(std::max<int64_t>(dims[i], 1)));
+    for (int32_t i = 0; i < ndim; ++i)
+      count = attn::sat_mul(count, uint64_t(std::max<int64_t>(dims[i], 1)));
     if (count > uint64_t(attn::kMaxTensorElements))
       invalid_argument("dims: ", attn::dims_string(ndim, dims), " hold more than 2^60 elements");
     if (strides == nullptr) {

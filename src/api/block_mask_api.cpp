@@ -42,7 +42,8 @@ void check_table_sizes(const BlockMask& m, int32_t max_partial, bool partial, bo
                        int32_t max_full, bool full) {
   const uint64_t rows = uint64_t(m.batch() * m.heads() * m.num_q_blocks());
   const uint64_t tile_bytes = uint64_t(ATTN_BLOCK_MASK_TILE_BYTES(m.block_q(), m.block_kv()));
-  if (partial && attn::sat_mul(rows, uint64_t(max_partial), bits ? tile_bytes : 4) > attn::kMaxBytes)
+  const uint64_t entry_bytes = bits ? tile_bytes : 4;
+  if (partial && attn::sat_mul(rows, uint64_t(max_partial), entry_bytes) > attn::kMaxBytes)
     invalid_argument("max_partial: ", max_partial, " entries for each of ", rows, " rows",
                      bits ? " (with their bit tiles)" : "", " are more than 2^62 bytes of tables");
   if (full && attn::sat_mul(rows, uint64_t(max_full), 4) > attn::kMaxBytes)

@@ -26,10 +26,10 @@ class WorkspaceLayout {
     return off;
   }
   // Bytes the caller must provide (0 when nothing was reserved).
-  size_t total_bytes() const { return size_ == 0 ? 0 : size_t(sat_add(size_, kWorkspaceAlign - 1)); }
+  size_t total_bytes() const {
+    return size_ == 0 ? 0 : size_t(sat_add(size_, kWorkspaceAlign - 1));
+  }
   size_t used_bytes() const { return size_t(size_); }
-  // Whether every region fits, with the alignment slack, in kMaxBytes.
-  bool fits() const { return total_bytes() <= kMaxBytes; }
 
  private:
   uint64_t size_ = 0;

@@ -66,7 +66,8 @@ CacheConfig validate_config(const attn_kv_cache_config_t* config) {
                        double(c.head_dim_qk + c.head_dim_v) * 4.0;
   if (bytes > 4.0e18 || double(c.page_size) * double(c.num_pages) > 4.0e18)
     invalid_argument("config->num_pages x config->page_size x config->heads_kv x (head_dim_qk + ",
-                     "head_dim_v): a pool of ", bytes, " bytes (at 4 bytes an element) is too large");
+                     "head_dim_v): a pool of ", bytes,
+                     " bytes (at 4 bytes an element) is too large");
   CacheConfig out;
   out.dtype = attn_dtype_t(c.dtype);
   out.layout = attn_kv_layout_t(c.layout);

@@ -169,7 +169,8 @@ void count_tile_pairs(Plan& plan, const Problem& p) {
     if (sparse) {
       const uint64_t per_slot = uint64_t(heads_per_mask_head(p));
       for (int64_t mh = 0; mh < p.block_mask->heads(); ++mh)
-        visited = sat_add(visited, sat_mul(uint64_t(sparse->visits(sparse->slot(b, mh))), per_slot));
+        visited =
+            sat_add(visited, sat_mul(uint64_t(sparse->visits(sparse->slot(b, mh))), per_slot));
       continue;
     }
     uint64_t per_head = 0;
@@ -372,7 +373,8 @@ std::unique_ptr<Plan> create_plan(const ContextConfig& ctx, const PlanDesc& d) {
     }
     empty += e;
     const int64_t pairs = p.moba_block > 0 ? moba_max_pairs(p, m) : m.visible_pairs();
-    plan->visible_pairs = sat_add(plan->visible_pairs, sat_mul(uint64_t(pairs), uint64_t(p.heads_q)));
+    plan->visible_pairs =
+        sat_add(plan->visible_pairs, sat_mul(uint64_t(pairs), uint64_t(p.heads_q)));
     plan->visible_pairs_f += double(pairs) * double(p.heads_q);
   }
   if (empty > 0 && !p.allow_empty_rows)

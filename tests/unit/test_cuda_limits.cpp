@@ -92,9 +92,10 @@ void plan_limits() {
                  "heads_kv");
   // A ring block's diagonal shift is an int32 in device memory.
   const int64_t max32 = INT32_MAX;
-  expect_accepted("a shift of 2^31 - 1", [&] { check_plan_limits(make(1, 1, 1, 8, 8, 64, {max32})); });
-  expect_refused("a shift of 2^31", [&] { check_plan_limits(make(1, 1, 1, 8, 8, 64, {max32 + 1})); },
-                 "diagonal");
+  expect_accepted("a shift of 2^31 - 1",
+                  [&] { check_plan_limits(make(1, 1, 1, 8, 8, 64, {max32})); });
+  expect_refused("a shift of 2^31",
+                 [&] { check_plan_limits(make(1, 1, 1, 8, 8, 64, {max32 + 1})); }, "diagonal");
   expect_refused("a diagonal offset past int32",
                  [&] { check_plan_limits(make(1, 1, 1, 8, 16, 64, {max32 - 4})); }, "diagonal");
 }
@@ -110,7 +111,8 @@ void window_bounds() {
   // unbounded, as before.
   Problem p = make(2, 1, 1, 100, 300);
   p.window = {100, 0};
-  expect(window_string(kernel_window(p)) == "100/0", "window (100, 0)", window_string(kernel_window(p)));
+  expect(window_string(kernel_window(p)) == "100/0", "window (100, 0)",
+         window_string(kernel_window(p)));
   p.window = {-1, 0};
   expect(window_string(kernel_window(p)) == "-1/0", "causal", window_string(kernel_window(p)));
   p.window = {402, 402};
