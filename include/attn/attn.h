@@ -231,8 +231,9 @@ typedef struct attn_comm *attn_comm_t;
 
 /* Create a context on `backend`.
  *   device       CUDA device ordinal; must be 0 for the CPU backend.
- *   num_threads  CPU worker threads used by each execution, >= 0; 0 means
- *                one per available core. In a library built without OpenMP,
+ *   num_threads  CPU worker threads used by each execution, 0..4096; 0
+ *                means one per available core (at most 4096: each thread
+ *                has scratch in the workspaces). In a library built without OpenMP,
  *                executions run on the calling thread and
  *                attn_context_get_num_threads reports 1.
  * On success *ctx owns a new context; free it with attn_context_destroy.
@@ -272,8 +273,13 @@ ATTN_API attn_status_t attn_tensor_desc_destroy(attn_tensor_desc_t desc);
 
 /* Sets dtype, dims and strides (in elements). strides may be NULL for a
  * contiguous row-major tensor. dims must be >= 0, strides >= 0, ndim in
- * 1..ATTN_MAX_DIMS. The arrays are copied. Returns SUCCESS, INVALID_HANDLE,
- * INVALID_ARGUMENT (on which the descriptor is unchanged). */
+ * 1..ATTN_MAX_DIMS. So that element and byte offsets fit in 64 bits, the
+ * product of the dims (a dim of 0 counting as 1) is at most 2^60 and, when
+ * no dim is 0, the last element lies less than 2^60 elements past the
+ * first (sum of (dims[i] - 1) x strides[i] < 2^60; a tensor without
+ * elements may have any strides). The
+ * arrays are copied. Returns SUCCESS, INVALID_HANDLE, INVALID_ARGUMENT (the
+ * message names dims or strides; the descriptor is then unchanged). */
 ATTN_API attn_status_t attn_tensor_desc_set(attn_tensor_desc_t desc, attn_dtype_t dtype,
                                             int32_t ndim, const int64_t *dims,
                                             const int64_t *strides);
@@ -306,9 +312,10 @@ ATTN_API attn_status_t attn_plan_desc_destroy(attn_plan_desc_t desc);
  * is MQA), checked at plan creation. For a varlen batch, seqlen_q and
  * seqlen_kv are the longest sequence of each side (as FlashAttention's
  * max_seqlen), checked against the offsets at plan creation.
- * Ranges: batch >= 1, heads >= 1, seqlen >= 0, head dims in 1..1024, and
- * batch x max(heads_q, heads_kv) x max(seqlens) x max(head dims) at most
- * 9e15 (element offsets must stay far from int64 overflow). */
+ * Ranges: batch and heads in 1..2^31 - 1, seqlen in 0..2^31 - 1 (as varlen
+ * offsets, which are int32), head dims in 1..1024; and batch x max(heads_q,
+ * heads_kv) x max(seqlen_q, seqlen_kv) x max(head_dim_qk, head_dim_v) at
+ * most 9e15 elements (the message then names the shape). */
 ATTN_API attn_status_t attn_plan_desc_set_shape(attn_plan_desc_t desc, int64_t batch,
                                                 int64_t heads_q, int64_t heads_kv,
                                                 int64_t seqlen_q, int64_t seqlen_kv,
@@ -347,8 +354,9 @@ ATTN_API attn_status_t attn_plan_desc_set_mask(attn_plan_desc_t desc, attn_mask_
 /* A varlen batch: `batch` sequences packed back to back. cu_seqlens_q and
  * cu_seqlens_kv hold batch + 1 non-decreasing offsets starting at 0 (host
  * memory, copied); sequence b owns tokens [cu[b], cu[b+1]). Sequences of
- * length 0 are allowed. The layout becomes THD. batch must equal the shape's
- * batch (checked at plan creation). Passing NULL for both clears varlen. */
+ * length 0 are allowed. The layout becomes THD. batch, in 1..2^31 - 1 (checked
+ * before the arrays are read), must equal the shape's batch (checked at
+ * plan creation). Passing NULL for both clears varlen. */
 ATTN_API attn_status_t attn_plan_desc_set_varlen(attn_plan_desc_t desc, int64_t batch,
                                                  const int32_t *cu_seqlens_q,
                                                  const int32_t *cu_seqlens_kv);
@@ -377,9 +385,18 @@ ATTN_API attn_status_t attn_plan_desc_set_deterministic(attn_plan_desc_t desc,
  * plan copies everything it needs: desc and ctx may be destroyed afterwards.
  * Returns SUCCESS, INVALID_HANDLE (ctx or desc), INVALID_ARGUMENT
  * (inconsistent parameters, e.g. heads_q % heads_kv != 0, a tensor's dims or
- * dtype, varlen offsets, empty rows not allowed), NOT_SUPPORTED (the
- * backend cannot do this problem; the message names the feature),
- * OUT_OF_MEMORY. On failure *plan is unchanged. */
+ * dtype, varlen offsets, empty rows not allowed, or a pass whose workspace
+ * would exceed 2^62 bytes, such as MoBA's selection with small blocks over
+ * long sequences and many heads: the message says "workspace" and gives the
+ * shape), NOT_SUPPORTED (the backend cannot do this problem; the message
+ * names the feature), OUT_OF_MEMORY. On failure *plan is unchanged.
+ * Besides its dtypes and head dims, the CUDA backend's kernels bound the
+ * shape by their grids and 32-bit arithmetic (NOT_SUPPORTED, naming the
+ * value): heads_q and batch at most 65535; seqlen_q and seqlen_kv below
+ * 2^30 and a varlen batch's tokens below 2^31 on each side; for a backward
+ * pass fewer than 2^33 (token, head) rows on each side; MoBA selections whose
+ * lists would need more than 2^31 - 1 blocks of a grid; block masks seen
+ * as more than 2^31 - 1 (slot, tile) lists, bit tiles or tile visits. */
 ATTN_API attn_status_t attn_plan_create(attn_context_t ctx, attn_plan_desc_t desc,
                                         attn_plan_t *plan);
 
@@ -407,7 +424,9 @@ typedef struct attn_plan_info {
   int32_t supports_backward;
   uint64_t workspace_bytes_forward;
   uint64_t workspace_bytes_backward; /* 0 for a forward-only plan */
-  uint64_t visible_pairs;   /* (query, key) pairs the mask lets through, all heads */
+  uint64_t visible_pairs;   /* (query, key) pairs the mask lets through, all heads;
+                               UINT64_MAX when there are more (the tile pair counts
+                               below saturate likewise; the FLOPs do not) */
   double flops_forward;     /* 4 * pairs * d (d = (d_qk + d_v) / 2) */
   double flops_backward;    /* 2.5 x forward */
   double bytes_forward;     /* minimum bytes moved: read Q,K,V once, write O, LSE */
@@ -564,12 +583,16 @@ ATTN_API attn_status_t attn_merge_states(attn_context_t ctx, int32_t num_parts,
 
 typedef struct attn_block_mask *attn_block_mask_t;
 
-#define ATTN_BLOCK_MASK_TILE_BYTES(block_q, block_kv) (((block_q) * (block_kv) + 7) / 8)
+/* In uint64_t arithmetic: 65536 x 65536 bits would overflow an int. */
+#define ATTN_BLOCK_MASK_TILE_BYTES(block_q, block_kv) \
+  (((uint64_t)(block_q) * (uint64_t)(block_kv) + 7u) / 8u)
 
 /* Creates an empty block mask (no block listed: it selects nothing).
- * Ranges: batch >= 1, heads >= 1, seqlen >= 0, block sizes 1..65536, at
- * most 2^31 - 1 blocks on each side and at most 2^31 - 1 rows (batch x
- * heads x query blocks; the message names batch and heads). On success *mask owns a new mask; free
+ * Ranges: batch >= 1, heads >= 1, seqlen in 0..2^31 - 1 (the lengths a plan
+ * takes), block sizes 1..65536, and at most 2^31 - 1 rows (batch x
+ * heads x query blocks; the message names batch and heads). A mask holds
+ * at most 2^31 - 1 partial blocks (with bit tiles): a call that would make
+ * more fails with INVALID_ARGUMENT, the mask unchanged. On success *mask owns a new mask; free
  * it with attn_block_mask_destroy. Returns SUCCESS, INVALID_ARGUMENT,
  * OUT_OF_MEMORY. */
 ATTN_API attn_status_t attn_block_mask_create(int64_t batch, int64_t heads, int64_t seqlen_q,
@@ -585,7 +608,10 @@ ATTN_API attn_status_t attn_block_mask_destroy(attn_block_mask_t mask);
  * full pair; partial_bits may be NULL (every partial block selects all its
  * elements). Each count is in 0..min(max, num_kv_blocks); each index in
  * 0..num_kv_blocks-1; no index may repeat within a row, partial and full
- * together. max_partial / max_full >= 1 when their tables are given. The
+ * together. max_partial / max_full >= 1 when their tables are given, and
+ * the tables they describe (rows x max entries of 4 bytes, rows x
+ * max_partial bit tiles) at most 2^62 bytes each, checked before any is
+ * read (the message names max_partial or max_full). The
  * arrays are copied. Returns SUCCESS, INVALID_HANDLE, INVALID_ARGUMENT (the
  * message names the table and the entry), OUT_OF_MEMORY; on failure the
  * mask is unchanged. */
@@ -624,7 +650,8 @@ ATTN_API attn_status_t attn_block_mask_get_max_blocks(attn_block_mask_t mask,
  * attn_block_mask_set_blocks, indices sorted; unused index slots are -1 and
  * unused bit tiles zero. partial_bits may be NULL; every other pointer is
  * required. max_partial and max_full must be at least what
- * attn_block_mask_get_max_blocks reports (and >= 1). Returns SUCCESS,
+ * attn_block_mask_get_max_blocks reports (and >= 1), and the tables they
+ * describe at most 2^62 bytes each, as for attn_block_mask_set_blocks. Returns SUCCESS,
  * INVALID_HANDLE, INVALID_ARGUMENT (nothing written then). */
 ATTN_API attn_status_t attn_block_mask_get_blocks(attn_block_mask_t mask, int32_t *kv_num_blocks,
                                                   int32_t *kv_indices, int32_t max_partial,
@@ -636,8 +663,9 @@ ATTN_API attn_status_t attn_block_mask_get_blocks(attn_block_mask_t mask, int32_
  * (uint8, nonzero = selected), [batch][heads][seqlen_q][seqlen_kv] of the
  * mask, host memory, read only during the call. Blocks whose in-range
  * elements are all selected become full, others partial with bits.
- * Returns SUCCESS, INVALID_HANDLE, INVALID_ARGUMENT (visible NULL),
- * OUT_OF_MEMORY; on failure the mask is unchanged. */
+ * Returns SUCCESS, INVALID_HANDLE, INVALID_ARGUMENT (visible NULL, or
+ * more than 2^62 bytes of it), OUT_OF_MEMORY; on failure the mask is
+ * unchanged. */
 ATTN_API attn_status_t attn_block_mask_add_dense(attn_block_mask_t mask, const uint8_t *visible);
 
 /* Pattern builders. Each selects elements by a rule on (query i, key j) of
@@ -808,14 +836,18 @@ typedef enum attn_kv_layout ATTN_ENUM_BASE {
  * no sink token: no query of that append or a later one can see them. A
  * sequence therefore holds at most about (sink_tokens + w + tokens appended
  * in one call) / page_size + 2 pages, however long it grows. window = 0
- * keeps every token (and then sink_tokens must be 0). */
+ * keeps every token (and then sink_tokens must be 0).
+ *
+ * Sizes: the pool, num_pages x page_size x heads_kv x (head_dim_qk +
+ * head_dim_v) elements, is at most 1e18 (4e18 bytes at 4 bytes an element;
+ * the message names the fields). */
 typedef struct attn_kv_cache_config {
   uint64_t struct_size;
   int32_t dtype;        /* attn_dtype_t of K and V */
   int32_t layout;       /* attn_kv_layout_t */
   int64_t page_size;    /* tokens per page, >= 1 */
   int64_t num_pages;    /* pages in the pool, 1 .. 2^31 - 1 */
-  int64_t heads_kv;     /* >= 1 */
+  int64_t heads_kv;     /* 1 .. 2^31 - 1 */
   int64_t head_dim_qk;  /* 1 .. 1024 */
   int64_t head_dim_v;   /* 1 .. 1024 */
   int64_t window;       /* 0: no window; else w in 1..2^60 as above */
@@ -844,7 +876,9 @@ ATTN_API attn_status_t attn_kv_cache_memory_size(const attn_kv_cache_config_t *c
  * and the CAPACITY check are host steps. On success *cache owns a new,
  * empty cache. Returns
  * SUCCESS, INVALID_HANDLE (ctx), INVALID_ARGUMENT (config, memory_bytes too
- * small, memory NULL with memory_bytes != 0), NOT_SUPPORTED, OUT_OF_MEMORY.
+ * small, memory NULL with memory_bytes != 0), NOT_SUPPORTED (no CUDA backend
+ * in this build; on the CUDA backend, page_size past 2^31 - 1, which its
+ * kernels hold in 32 bits), OUT_OF_MEMORY.
  * On failure *cache is unchanged. */
 ATTN_API attn_status_t attn_kv_cache_create(attn_context_t ctx,
                                             const attn_kv_cache_config_t *config, void *memory,
@@ -878,8 +912,9 @@ ATTN_API attn_status_t attn_kv_cache_add_sequence(attn_kv_cache_t cache, int64_t
  * on the CUDA backend every check is made on the host before anything is
  * enqueued).
  * Returns SUCCESS, INVALID_HANDLE, INVALID_ARGUMENT (NULL arrays, num_seqs <
- * 1, unknown or repeated id, negative count, k or v NULL with total > 0, a
- * sequence that would need more pages than the whole pool), CAPACITY,
+ * 1 or more than the live sequences, unknown or repeated id, negative
+ * count, k or v NULL with total > 0, a sequence that would need more pages
+ * than the whole pool), CAPACITY,
  * OUT_OF_MEMORY (for the call's own bookkeeping; nothing changed then). */
 ATTN_API attn_status_t attn_kv_cache_append(attn_kv_cache_t cache, int32_t num_seqs,
                                             const int64_t *seq_ids, const int32_t *num_tokens,
@@ -960,7 +995,7 @@ typedef struct attn_decode_plan *attn_decode_plan_t;
 /* Size-tagged as attn_kv_cache_config_t. */
 typedef struct attn_decode_config {
   uint64_t struct_size;
-  int64_t heads_q;          /* a multiple of the cache's heads_kv */
+  int64_t heads_q;          /* 1 .. 2^31 - 1, a multiple of the cache's heads_kv */
   int64_t max_batch;        /* sequences per step, >= 1 */
   int64_t max_query_tokens; /* query tokens per sequence per step, >= 1 */
   /* Most keys one sequence's queries may see, >= 0; it bounds the

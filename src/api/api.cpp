@@ -4,6 +4,7 @@
 
 #include <attn/attn.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -13,8 +14,10 @@
 
 #include "api/guarded.hpp"
 #include "api/handles.hpp"
+#include "core/checked.hpp"
 #include "core/dtype.hpp"
 #include "core/error.hpp"
+#include "core/tensor.hpp"
 #include "plan/merge.hpp"
 #include "plan/plan.hpp"
 
@@ -148,13 +151,31 @@ attn_status_t attn_tensor_desc_set(attn_tensor_desc_t desc, attn_dtype_t dtype, 
       if (dims[i] < 0) invalid_argument("dims[", i, "] is negative (", dims[i], ")");
       d.dims[i] = dims[i];
     }
+    // Element offsets (index x stride summed over the dims) are int64 and
+    // become byte offsets: both the count and the reach stay within
+    // kMaxTensorElements. A dim of 0 counts as 1 here, since the default
+    // strides still multiply the others.
+    uint64_t count = 1;
+    for (int32_t i = 0; i < ndim; ++i)
+      count = attn::sat_mul(count, uint64_t(std::max<int64_t>(dims[i], 1)));
+    if (count > uint64_t(attn::kMaxTensorElements))
+      invalid_argument("dims: ", attn::dims_string(ndim, dims), " hold more than 2^60 elements");
     if (strides == nullptr) {
       attn::contiguous_strides(ndim, d.dims.data(), d.strides.data());
     } else {
+      uint64_t reach = 0;  // the last element's offset; no element when a dim is 0
+      bool empty = false;
       for (int32_t i = 0; i < ndim; ++i) {
         if (strides[i] < 0) invalid_argument("strides[", i, "] is negative (", strides[i], ")");
         d.strides[i] = strides[i];
+        empty = empty || dims[i] == 0;
+        if (dims[i] > 0)
+          reach = attn::sat_add(reach, attn::sat_mul(uint64_t(dims[i] - 1), uint64_t(strides[i])));
       }
+      if (!empty && reach >= uint64_t(attn::kMaxTensorElements))
+        invalid_argument("strides: ", attn::dims_string(ndim, strides), " over dims ",
+                         attn::dims_string(ndim, dims),
+                         " reach an element 2^60 or more elements past the first");
     }
     t.desc = d;
   });
@@ -193,11 +214,16 @@ attn_status_t attn_plan_desc_set_shape(attn_plan_desc_t desc, int64_t batch, int
                                        int64_t head_dim_qk, int64_t head_dim_v) {
   return guarded([&] {
     attn::PlanDesc& d = checked(desc, "desc").desc;
-    if (batch < 1) invalid_argument("batch must be >= 1, got ", batch);
-    if (heads_q < 1) invalid_argument("heads_q must be >= 1, got ", heads_q);
-    if (heads_kv < 1) invalid_argument("heads_kv must be >= 1, got ", heads_kv);
-    if (seqlen_q < 0) invalid_argument("seqlen_q must be >= 0, got ", seqlen_q);
-    if (seqlen_kv < 0) invalid_argument("seqlen_kv must be >= 0, got ", seqlen_kv);
+    constexpr int64_t max = attn::kMaxShapeCount;
+    if (batch < 1 || batch > max) invalid_argument("batch must be in 1..2^31-1, got ", batch);
+    if (heads_q < 1 || heads_q > max)
+      invalid_argument("heads_q must be in 1..2^31-1, got ", heads_q);
+    if (heads_kv < 1 || heads_kv > max)
+      invalid_argument("heads_kv must be in 1..2^31-1, got ", heads_kv);
+    if (seqlen_q < 0 || seqlen_q > max)
+      invalid_argument("seqlen_q must be in 0..2^31-1, got ", seqlen_q);
+    if (seqlen_kv < 0 || seqlen_kv > max)
+      invalid_argument("seqlen_kv must be in 0..2^31-1, got ", seqlen_kv);
     if (head_dim_qk < 1 || head_dim_qk > 1024)
       invalid_argument("head_dim_qk must be in 1..1024, got ", head_dim_qk);
     if (head_dim_v < 1 || head_dim_v > 1024)
@@ -295,7 +321,9 @@ attn_status_t attn_plan_desc_set_varlen(attn_plan_desc_t desc, int64_t batch,
     }
     require_out(cu_seqlens_q, "cu_seqlens_q");
     require_out(cu_seqlens_kv, "cu_seqlens_kv");
-    if (batch < 1) invalid_argument("batch must be >= 1, got ", batch);
+    // Checked before the offsets are copied: batch + 1 of them are read.
+    if (batch < 1 || batch > attn::kMaxShapeCount)
+      invalid_argument("batch must be in 1..2^31-1, got ", batch);
     std::vector<int64_t> q(size_t(batch) + 1), kv(size_t(batch) + 1);
     const int32_t* arrays[2] = {cu_seqlens_q, cu_seqlens_kv};
     const char* names[2] = {"cu_seqlens_q", "cu_seqlens_kv"};

@@ -15,6 +15,7 @@
 
 #include "api/guarded.hpp"
 #include "api/handles.hpp"
+#include "core/checked.hpp"
 #include "schedule/block_mask.hpp"
 #include "schedule/block_patterns.hpp"
 #if ATTN_HAVE_CUDA
@@ -31,6 +32,24 @@ namespace {
 
 constexpr int64_t kMaxBlock = int64_t(1) << 16;
 constexpr int64_t kMaxBlocks = INT32_MAX;
+
+// The tables of attn_block_mask_set_blocks and _get_blocks are the caller's
+// arrays of rows x max entries (int32) and rows x max_partial bit tiles,
+// indexed as k * max + e: sizes past kMaxBytes cannot be arrays anyone
+// holds, and would wrap the offsets (and, for device tables, the sizes of
+// their host copies). Refused before a table is read or written.
+void check_table_sizes(const BlockMask& m, int32_t max_partial, bool partial, bool bits,
+                       int32_t max_full, bool full) {
+  const uint64_t rows = uint64_t(m.batch() * m.heads() * m.num_q_blocks());
+  const uint64_t tile_bytes = uint64_t(ATTN_BLOCK_MASK_TILE_BYTES(m.block_q(), m.block_kv()));
+  const uint64_t entry_bytes = bits ? tile_bytes : 4;
+  if (partial && attn::sat_mul(rows, uint64_t(max_partial), entry_bytes) > attn::kMaxBytes)
+    invalid_argument("max_partial: ", max_partial, " entries for each of ", rows, " rows",
+                     bits ? " (with their bit tiles)" : "", " are more than 2^62 bytes of tables");
+  if (full && attn::sat_mul(rows, uint64_t(max_full), 4) > attn::kMaxBytes)
+    invalid_argument("max_full: ", max_full, " entries for each of ", rows,
+                     " rows are more than 2^62 bytes of tables");
+}
 
 // "[b][h][q]" of table row k, for messages.
 std::string row_name(const BlockMask& m, int64_t k) {
@@ -103,6 +122,8 @@ void set_blocks_from_host(attn_block_mask& h, const int32_t* kv_num_blocks,
                           const uint8_t* partial_bits, const int32_t* full_kv_num_blocks,
                           const int32_t* full_kv_indices, int32_t max_full) {
   const BlockMask& cur = *h.mask;
+  check_table_sizes(cur, max_partial, kv_num_blocks != nullptr, partial_bits != nullptr, max_full,
+                    full_kv_num_blocks != nullptr);
   BlockMask next(cur.batch(), cur.heads(), cur.seqlen_q(), cur.seqlen_kv(), cur.block_q(),
                  cur.block_kv());
   const int64_t rows = cur.batch() * cur.heads() * cur.num_q_blocks();
@@ -161,16 +182,16 @@ attn_status_t attn_block_mask_create(int64_t batch, int64_t heads, int64_t seqle
     require_out(mask, "mask");
     if (batch < 1) invalid_argument("batch must be >= 1, got ", batch);
     if (heads < 1) invalid_argument("heads must be >= 1, got ", heads);
-    if (seqlen_q < 0) invalid_argument("seqlen_q must be >= 0, got ", seqlen_q);
-    if (seqlen_kv < 0) invalid_argument("seqlen_kv must be >= 0, got ", seqlen_kv);
+    // The lengths of a plan (attn_plan_desc_set_shape), which a mask must
+    // match; bounding them first also keeps seqlen + block - 1 below.
+    if (seqlen_q < 0 || seqlen_q > attn::kMaxShapeCount)
+      invalid_argument("seqlen_q must be in 0..2^31-1, got ", seqlen_q);
+    if (seqlen_kv < 0 || seqlen_kv > attn::kMaxShapeCount)
+      invalid_argument("seqlen_kv must be in 0..2^31-1, got ", seqlen_kv);
     if (block_q < 1 || block_q > kMaxBlock)
       invalid_argument("block_q must be in 1..", kMaxBlock, ", got ", block_q);
     if (block_kv < 1 || block_kv > kMaxBlock)
       invalid_argument("block_kv must be in 1..", kMaxBlock, ", got ", block_kv);
-    if ((seqlen_q + block_q - 1) / block_q > kMaxBlocks)
-      invalid_argument("seqlen_q / block_q: more than ", kMaxBlocks, " query blocks");
-    if ((seqlen_kv + block_kv - 1) / block_kv > kMaxBlocks)
-      invalid_argument("seqlen_kv / block_kv: more than ", kMaxBlocks, " key blocks");
     // Rows are indexed (batch * heads + head) * query blocks + block in int64.
     const int64_t q_blocks = (seqlen_q + block_q - 1) / block_q;
     if (double(batch) * double(heads) * double(std::max<int64_t>(q_blocks, 1)) > double(kMaxBlocks))
@@ -221,6 +242,9 @@ attn_status_t attn_block_mask_set_device_blocks(attn_block_mask_t mask, attn_con
     }
 #if ATTN_HAVE_CUDA
     const BlockMask& m = *h.mask;
+    // Before the host copies are sized from these.
+    check_table_sizes(m, max_partial, kv_num_blocks != nullptr, partial_bits != nullptr, max_full,
+                      full_kv_num_blocks != nullptr);
     const size_t rows = size_t(m.batch() * m.heads() * m.num_q_blocks());
     const size_t tile_bytes = size_t(ATTN_BLOCK_MASK_TILE_BYTES(m.block_q(), m.block_kv()));
     // Host copies, in the stream's order; the checks then run on them.
@@ -282,6 +306,7 @@ attn_status_t attn_block_mask_get_blocks(attn_block_mask_t mask, int32_t* kv_num
     if (max_full < std::max<int64_t>(1, whole))
       invalid_argument("max_full = ", max_full, " but a row lists ", whole,
                        " full blocks (and it must be >= 1)");
+    check_table_sizes(m, max_partial, true, partial_bits != nullptr, max_full, true);
     const size_t tile_bytes = size_t(ATTN_BLOCK_MASK_TILE_BYTES(m.block_q(), m.block_kv()));
     const int64_t rows = m.batch() * m.heads() * m.num_q_blocks();
     for (int64_t k = 0; k < rows; ++k) {
@@ -313,7 +338,14 @@ attn_status_t attn_block_mask_add_dense(attn_block_mask_t mask, const uint8_t* v
   return guarded([&] {
     attn_block_mask& h = checked(mask, "mask");
     require_out(visible, "visible");
-    BlockMask next = *h.mask;  // the handle changes only when everything worked
+    // visible is [batch][heads][seqlen_q][seqlen_kv] bytes, indexed in
+    // int64: one past kMaxBytes is no array the caller has.
+    const BlockMask& cur = *h.mask;
+    if (attn::sat_mul(uint64_t(cur.batch()), uint64_t(cur.heads()), uint64_t(cur.seqlen_q()),
+                      uint64_t(cur.seqlen_kv())) > attn::kMaxBytes)
+      invalid_argument("visible: [", cur.batch(), "][", cur.heads(), "][", cur.seqlen_q(), "][",
+                       cur.seqlen_kv(), "] is more than 2^62 bytes");
+    BlockMask next = cur;  // the handle changes only when everything worked
     const int64_t lq = next.seqlen_q(), lk = next.seqlen_kv(), bq = next.block_q(),
                   bk = next.block_kv(), wpr = next.words_per_row();
     std::vector<uint64_t> tile(size_t(next.words_per_tile()));

@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <thread>
 
 #include "attn_config.h"
@@ -14,9 +15,15 @@
 namespace attn {
 
 namespace {
+// More threads than any machine runs one attention problem on. Each one
+// has its own scratch in the workspaces, and an OpenMP runtime that cannot
+// create a team exits the process (libgomp does), so a count such as
+// INT32_MAX must not reach it.
+constexpr int32_t kMaxThreads = 4096;
+
 int32_t default_threads() {
 #if ATTN_HAVE_OPENMP
-  return std::max(1, omp_get_num_procs());
+  return std::clamp(omp_get_num_procs(), 1, kMaxThreads);
 #else
   return 1;
 #endif
@@ -26,7 +33,9 @@ int32_t default_threads() {
 ContextConfig make_context_config(attn_backend_t backend, int32_t device, int32_t num_threads) {
   if (backend != ATTN_BACKEND_AUTO && backend != ATTN_BACKEND_CPU && backend != ATTN_BACKEND_CUDA)
     invalid_argument("backend: unknown value ", int(backend));
-  if (num_threads < 0) invalid_argument("num_threads must be >= 0, got ", num_threads);
+  if (num_threads < 0 || num_threads > kMaxThreads)
+    invalid_argument("num_threads must be in 0..", kMaxThreads, " (0: one per core), got ",
+                     num_threads);
   if (device < 0) invalid_argument("device must be >= 0, got ", device);
   ContextConfig cfg;
   cfg.device = device;

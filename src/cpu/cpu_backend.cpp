@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "attn_config.h"
+#include "core/checked.hpp"
 #include "core/dtype.hpp"
 #include "core/error.hpp"
 #include "core/workspace.hpp"
@@ -141,11 +142,13 @@ class CpuPlan final : public BackendPlan {
       cursor += align_up(floats, floats_align);
       return off;
     };
+    // Region sizes saturate (core/checked.hpp); create_plan refuses a
+    // workspace past kMaxBytes, so no offset below is used after a wrap.
     auto packed = [&](WorkspaceLayout& layout, size_t tiles, int64_t heads, size_t tile_floats) {
       PackedTensor t;
       t.tile_floats = align_up(tile_floats, floats_align);
       t.heads = heads;
-      t.offset = layout.add(tiles * size_t(heads) * t.tile_floats * sizeof(float));
+      t.offset = layout.add(sat_mul(tiles, uint64_t(heads), t.tile_floats, sizeof(float)));
       return t;
     };
     const size_t threads = size_t(kp_.num_threads);
@@ -161,10 +164,13 @@ class CpuPlan final : public BackendPlan {
     if (moba_blocks > 0) f.moba = carve(c, 2 * moba_blocks);
     f.floats = c;
     kp_.moba_words = int64_t((moba_blocks + 63) / 64);
-    const size_t moba_pooled_bytes =
-        size_t(p.batch * p.heads_kv) * moba_blocks * dqk * sizeof(float);
-    const size_t moba_selection_bytes =
-        size_t(p.batch * p.moba_heads() * p.seqlen_q * kp_.moba_words) * sizeof(uint64_t);
+    // The selection is a bit per (row, key block): with small blocks and
+    // long sequences it is the product that outgrows 64 bits first.
+    const uint64_t moba_pooled_bytes =
+        sat_mul(uint64_t(p.batch), uint64_t(p.heads_kv), moba_blocks, dqk, sizeof(float));
+    const uint64_t moba_selection_bytes =
+        sat_mul(uint64_t(p.batch), uint64_t(p.moba_heads()), uint64_t(p.seqlen_q),
+                uint64_t(kp_.moba_words), sizeof(uint64_t));
     WorkspaceLayout fl;
     // A selection the backward keeps (attn_plan_desc_set_moba_keep_selection)
     // starts both passes' workspaces: the same offsets in each.
@@ -175,7 +181,7 @@ class CpuPlan final : public BackendPlan {
     }
     kp_.fwd_kt = packed(fl, kv_tiles, p.heads_kv, dqk * tile);
     kp_.fwd_v = packed(fl, kv_tiles, p.heads_kv, tile * ldv);
-    kp_.fwd_threads_offset = fl.add(threads * f.floats * sizeof(float));
+    kp_.fwd_threads_offset = fl.add(sat_mul(threads, f.floats, sizeof(float)));
     if (moba_blocks > 0 && !keep) {
       kp_.fwd_moba_pooled = fl.add(moba_pooled_bytes);
       kp_.fwd_moba_selection = fl.add(moba_selection_bytes);
@@ -200,13 +206,13 @@ class CpuPlan final : public BackendPlan {
         kp_.bwd_moba_pooled = bl.add(moba_pooled_bytes);
         kp_.bwd_moba_selection = bl.add(moba_selection_bytes);
       }
-      kp_.bwd_delta_offset = bl.add(size_t(p.lse_elements()) * sizeof(float));
+      kp_.bwd_delta_offset = bl.add(sat_mul(uint64_t(p.lse_elements()), sizeof(float)));
       kp_.bwd_q = packed(bl, q_tiles, p.heads_q, tile * ldq);
       kp_.bwd_do = packed(bl, q_tiles, p.heads_q, tile * ldv);
       kp_.bwd_kt = packed(bl, kv_tiles, p.heads_kv, dqk * tile);
       kp_.bwd_vt = packed(bl, kv_tiles, p.heads_kv, dv * tile);
       kp_.bwd_k = packed(bl, kv_tiles, p.heads_kv, tile * ldq);
-      kp_.bwd_threads_offset = bl.add(threads * g.floats * sizeof(float));
+      kp_.bwd_threads_offset = bl.add(sat_mul(threads, g.floats, sizeof(float)));
       if (moba_blocks > 0 && !keep) {
         kp_.bwd_moba_pooled = bl.add(moba_pooled_bytes);
         kp_.bwd_moba_selection = bl.add(moba_selection_bytes);

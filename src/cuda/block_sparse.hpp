@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "core/error.hpp"
+#include "cuda/limits.hpp"
 #include "schedule/block_schedule.hpp"
 #include "sparse/tile_lists.cuh"
 
@@ -218,6 +219,10 @@ inline HostTileLists build_tile_lists(const std::shared_ptr<const BlockMask>& ma
                                       WindowBounds window, int64_t tile_q, int64_t tile_kv,
                                       bool kv_major) {
   const BlockMask& m = *mask;
+  // Before the schedule, whose offsets are slots x tiles entries.
+  check_tile_lists(m.batch() * m.heads(),
+                   kv_major ? (m.seqlen_kv() + tile_kv - 1) / tile_kv
+                            : (m.seqlen_q() + tile_q - 1) / tile_q);
   const BlockTileSchedule sched(mask, window, tile_q, tile_kv);
   const SequenceMask dense(m.seqlen_q(), m.seqlen_kv(), window);
   const int64_t lq = m.seqlen_q(), lk = m.seqlen_kv();

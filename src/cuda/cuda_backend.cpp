@@ -77,6 +77,7 @@
 #include <optional>
 #include <string>
 
+#include "core/checked.hpp"
 #include "core/dtype.hpp"
 #include "core/env.hpp"
 #include "core/error.hpp"
@@ -84,6 +85,7 @@
 #include "cuda/bsparse_fwd.hpp"
 #include "cuda/kernel_name.hpp"
 #include "cuda/cuda_util.hpp"
+#include "cuda/limits.hpp"
 #include "cuda/flash_bwd.hpp"
 #include "cuda/flash_bwd_sm90.hpp"
 #include "cuda/flash_fwd.hpp"
@@ -136,7 +138,9 @@ BwdKernels pick_bwd_kernels(int64_t d, bool bf16, int variant, bool sparse, bool
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr size_t kWorkspaceAlign = 256;
 
-size_t align_up(size_t x) { return (x + kWorkspaceAlign - 1) / kWorkspaceAlign * kWorkspaceAlign; }
+// Saturating, as the workspace sizes are (a MoBA selection can pass 2^64
+// bytes; create_plan then refuses the plan).
+size_t align_up(size_t x) { return size_t(sat_align_up(x, kWorkspaceAlign)); }
 
 // The backend's tuning and test hooks, read from the environment once, at
 // the start of plan creation (before anything is allocated), so that a
@@ -310,7 +314,8 @@ class CudaPlan final : public BackendPlan {
         host[n + i] = int32_t(p.cu_kv[i]);
       }
       if (shifted)
-        for (int64_t b = 0; b < p.batch; ++b) host.push_back(int32_t(p.shift(b)));
+        for (int64_t b = 0; b < p.batch; ++b)  // int32 by check_plan_limits
+          host.push_back(int32_t(p.shift(b)));
       void* dev = nullptr;
       const cudaError_t ae = cudaMalloc(&dev, host.size() * sizeof(int32_t));
       if (ae == cudaErrorMemoryAllocation) {
@@ -416,7 +421,8 @@ class CudaPlan final : public BackendPlan {
     if (pass != ATTN_PASS_BACKWARD || !problem_.backward) return 0;
     const size_t plain = 2 * delta_bytes() + dq_accum_bytes() + 2 * kv_accum_bytes();
     if (!moba_) return plain;
-    return keep_selection() ? bwd_plain_offset() + plain : moba_backward_layout().end;
+    return keep_selection() ? size_t(sat_add(bwd_plain_offset(), plain))
+                            : moba_backward_layout().end;
   }
 
   void forward(const ForwardArgs& a) const override {
@@ -571,16 +577,8 @@ class CudaPlan final : public BackendPlan {
     const int64_t d = p.head_dim_qk;
     if (d != 64 && d != 96 && d != 128 && d != 256)
       not_supported("backend CUDA: head_dim ", d, " is not supported (64, 96, 128 or 256)");
-    // Grid y and z; lengths and offsets in 32-bit arithmetic.
-    if (p.heads_q > 65535) not_supported("backend CUDA: more than 65535 query heads");
-    if (p.batch > 65535) not_supported("backend CUDA: a batch of more than 65535 sequences");
-    const int64_t max_len = int64_t(1) << 30;
-    if (p.seqlen_q >= max_len || p.seqlen_kv >= max_len || p.total_q() >= max_len * 2 ||
-        p.total_kv() >= max_len * 2)
-      not_supported("backend CUDA: sequences of 2^30 tokens or more");
-    // Row-wise backward kernels: (token, head) rows in 64-bit, blocks in 32.
-    if (p.backward && p.total_q() * p.heads_q >= (int64_t(1) << 33))
-      not_supported("backend CUDA: a backward pass over 2^33 or more (token, head) rows");
+    // Grids, and what the kernels take in 32 bits (cuda/limits.hpp).
+    check_plan_limits(p);
     validate_moba(p);
     const attn_tensor_role_t roles[] = {ATTN_TENSOR_Q,  ATTN_TENSOR_K,  ATTN_TENSOR_V,
                                         ATTN_TENSOR_O,  ATTN_TENSOR_DO, ATTN_TENSOR_DQ,
@@ -1016,13 +1014,11 @@ class CudaPlan final : public BackendPlan {
     // LSE: [batch, heads_q, seqlen_q] or, varlen, [heads_q, total_q] (Problem::lse_offset).
     f.lse_batch = p.heads_q * p.seqlen_q;
     f.lse_head = p.varlen ? p.total_q() : p.seqlen_q;
-    // A reach beyond every length (and shift) is the same as unbounded.
-    int64_t max_shift = 0;
-    for (int64_t b = 0; b < p.batch; ++b) max_shift = std::max(max_shift, std::abs(p.shift(b)));
-    const int64_t reach = p.seqlen_q + p.seqlen_kv + max_shift + 1;
-    auto bound = [&](int64_t w) { return int32_t(w < 0 || w > reach ? -1 : w); };
-    f.window_left = bound(p.window.left);
-    f.window_right = bound(p.window.right);
+    // A reach beyond every key is the same as unbounded (validate() made
+    // sure that every other bound fits the kernels' int32).
+    const KernelWindow w = kernel_window(p);
+    f.window_left = w.left;
+    f.window_right = w.right;
     if (p.softcap > 0.0f) {
       f.softcap = p.softcap;
       f.softcap_in = float(2.0 * double(kLog2e) * double(p.scale) / double(p.softcap));

@@ -19,6 +19,7 @@
 #include "core/error.hpp"
 #include "cuda/cuda_util.hpp"
 #include "cuda/decode_kernels.hpp"
+#include "cuda/limits.hpp"
 #include "cuda/tensor_map.hpp"
 #include "kv/decode_plan.hpp"
 
@@ -205,6 +206,7 @@ int32_t decode_check_supported(int32_t device, const kv::CacheConfig& cache, int
   if (cache.head_dim_qk != 64 && cache.head_dim_qk != 128)
     not_supported("decode plan: the CUDA decode kernel has head_dim 64 and 128, not ",
                   cache.head_dim_qk);
+  check_kv_page_size(cache.page_size);  // DecodeParams::page_size is an int32
   const int64_t rows = max_query_tokens * (heads_q / cache.heads_kv);
   if (rows > 16 * 64)
     not_supported("decode plan: max_query_tokens * (heads_q / heads_kv) = ", rows,

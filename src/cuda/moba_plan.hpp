@@ -33,7 +33,9 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "core/checked.hpp"
 #include "core/error.hpp"
+#include "cuda/limits.hpp"
 #include "flash/bwd_params.cuh"
 #include "flash/fwd_params.cuh"
 #include "moba/moba_params.cuh"
@@ -98,6 +100,27 @@ inline bool moba_rows_fit(const Problem& p) {
          moba_rounds(p) * moba_round_cap(p, kMobaBlockMultiple) < INT32_MAX;
 }
 
+// The selector's launches (moba_select.cu) put lists, bit words or rows on
+// the grid's x, kListThreads / 32 of them per block: each count must stay
+// within kMaxGridX blocks. Checked before the plan allocates anything.
+inline void check_moba_grids(const Problem& p, int64_t q_tile_rows) {
+  const int64_t per_block = moba::kListThreads / 32;
+  const int64_t nb = p.moba_num_blocks(), slots = p.batch * p.moba_heads();
+  const int64_t q_tiles = (p.seqlen_q + q_tile_rows - 1) / q_tile_rows;
+  const int64_t q_words = (p.seqlen_q + 63) / 64;
+  const int64_t lists = std::max({slots * q_tiles, p.batch * p.heads_kv * nb, slots * nb,
+                                  slots * q_words, moba_rounds(p) * slots});
+  // The rows that see no key (seqlen_q > seqlen_kv): a thread per 8 channels.
+  const int64_t blind = std::max<int64_t>(0, p.seqlen_q - p.seqlen_kv);
+  const int64_t blind_blocks =
+      (p.batch * p.heads_q * blind * (p.head_dim_qk / 8) + moba::kListThreads - 1) /
+      moba::kListThreads;
+  if ((lists + per_block - 1) / per_block > kMaxGridX || blind_blocks > kMaxGridX)
+    not_supported("desc: MoBA with block_size ", p.moba_block, " over ", slots,
+                  " (sequence, head) selections: the selector's lists pass the CUDA grid's ",
+                  "2^31 - 1 blocks");
+}
+
 struct MobaLayout {
   size_t pooled = 0, selected = 0, q_count = 0, q_blocks = 0, kv_count = 0, kv_tiles = 0;
   size_t state = 0;  // gathered forward
@@ -112,6 +135,7 @@ class MobaSchedule {
   // (forward) and the kv lists (dK/dV), when a slot's row list fits 32-bit
   // offsets (gathers() says).
   MobaSchedule(const Problem& p, int q_tile_rows, int kv_tile_rows, bool gather) : p_(p) {
+    check_moba_grids(p, q_tile_rows);
     lists_.block = int32_t(p.moba_block);
     lists_.num_blocks = int32_t(p.moba_num_blocks());
     q_words_ = int32_t((p.seqlen_q + 63) / 64);
@@ -138,36 +162,41 @@ class MobaSchedule {
   // the round lists and the rows' states.
   MobaLayout layout(size_t base, bool q_lists, bool kv_lists, bool forward_rounds = false) const {
     const Problem& p = p_;
-    auto align = [](size_t x) { return (x + 255) / 256 * 256; };
-    const size_t nb = size_t(lists_.num_blocks), slots = size_t(p.batch * p.moba_heads());
-    const size_t bh = size_t(p.batch * p.heads_kv);
+    // Sizes saturate (core/checked.hpp): the selection, slots x blocks x
+    // ceil(seqlen_q / 64) words, passes 2^64 bytes within the backend's
+    // limits (65535 heads, 2^29 positions), and create_plan refuses a
+    // workspace past kMaxBytes; offsets are used only below it.
+    auto align = [](uint64_t x) { return sat_align_up(x, 256); };
+    const uint64_t nb = uint64_t(lists_.num_blocks), slots = uint64_t(p.batch * p.moba_heads());
+    const uint64_t bh = uint64_t(p.batch * p.heads_kv);
     MobaLayout l;
-    size_t at = align(base);
-    auto take = [&](size_t bytes) {
-      const size_t here = at;
-      at = align(at + bytes);
-      return here;
+    uint64_t at = align(base);
+    auto take = [&](uint64_t bytes) {
+      const uint64_t here = at;
+      at = align(sat_add(at, bytes));
+      return size_t(here);
     };
-    l.pooled = take(bh * nb * size_t(p.head_dim_qk) * sizeof(float));
-    l.selected = take(slots * nb * size_t(q_words_) * sizeof(uint64_t));
+    l.pooled = take(sat_mul(bh, nb, uint64_t(p.head_dim_qk), sizeof(float)));
+    l.selected = take(sat_mul(slots, nb, uint64_t(q_words_), sizeof(uint64_t)));
     if (q_lists) {
-      l.q_count = take(slots * size_t(lists_.q_tiles) * sizeof(int32_t));
-      l.q_blocks = take(slots * size_t(lists_.q_tiles) * size_t(lists_.q_cap) * sizeof(int32_t));
+      l.q_count = take(sat_mul(slots, uint64_t(lists_.q_tiles), sizeof(int32_t)));
+      l.q_blocks =
+          take(sat_mul(slots, uint64_t(lists_.q_tiles), uint64_t(lists_.q_cap), sizeof(int32_t)));
     }
     if (forward_rounds) {
-      l.kv_count = take(size_t(rounds_) * slots * (nb + 1) * 2 * sizeof(int32_t));
-      l.kv_tiles = take(slots * size_t(rounds_) * size_t(round_cap_) * sizeof(int32_t));
+      l.kv_count = take(sat_mul(uint64_t(rounds_), slots, nb + 1, 2 * sizeof(int32_t)));
+      l.kv_tiles = take(sat_mul(slots, uint64_t(rounds_), uint64_t(round_cap_), sizeof(int32_t)));
     } else if (kv_lists && gathers()) {
-      l.kv_count = take(slots * (nb + 1) * sizeof(int32_t));
-      l.kv_tiles = take(slots * size_t(lists_.kv_cap) * sizeof(int32_t));
+      l.kv_count = take(sat_mul(slots, nb + 1, sizeof(int32_t)));
+      l.kv_tiles = take(sat_mul(slots, uint64_t(lists_.kv_cap), sizeof(int32_t)));
     } else if (kv_lists) {
-      l.kv_count = take(bh * nb * sizeof(int32_t));
-      l.kv_tiles = take(bh * nb * size_t(lists_.kv_cap) * sizeof(int32_t));
+      l.kv_count = take(sat_mul(bh, nb, sizeof(int32_t)));
+      l.kv_tiles = take(sat_mul(bh, nb, uint64_t(lists_.kv_cap), sizeof(int32_t)));
     }
     if (forward_rounds)
-      l.state = take(size_t(p.batch * p.heads_q * p.seqlen_q) * size_t(p.head_dim_qk + 1) *
-                     sizeof(float));
-    l.end = at;
+      l.state = take(sat_mul(uint64_t(p.batch), uint64_t(p.heads_q), uint64_t(p.seqlen_q),
+                             uint64_t(p.head_dim_qk + 1), sizeof(float)));
+    l.end = size_t(at);
     return l;
   }
 

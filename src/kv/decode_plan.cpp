@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "attn_config.h"
+#include "core/checked.hpp"
 #include "core/dtype.hpp"
 #include "core/error.hpp"
 #include "core/workspace.hpp"
@@ -28,7 +29,9 @@ constexpr int64_t kMinAutoChunkTokens = 256;
 // over one wave of chunks twice as long.
 constexpr int64_t kBlockStartTokens = 128;
 
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+// For a >= 0, b > 0. Limits such as max_kv_tokens and kv_chunk_tokens
+// reach INT64_MAX, where a + b - 1 would overflow.
+int64_t ceil_div(int64_t a, int64_t b) { return ceil_div_nonneg(a, b); }
 
 }  // namespace
 
@@ -42,7 +45,10 @@ DecodeConfig validate_decode_config(const attn_decode_config_t* config, const Ca
                      ") is too small: set it to sizeof(attn_decode_config_t)");
   attn_decode_config_t c{};
   std::memcpy(&c, config, std::min<size_t>(size_t(config->struct_size), sizeof c));
-  if (c.heads_q < 1) invalid_argument("config->heads_q must be >= 1, got ", c.heads_q);
+  // As a plan's heads (attn_plan_desc_set_shape); also keeps the packed
+  // rows, max_query_tokens x group, far from int64 overflow.
+  if (c.heads_q < 1 || c.heads_q > kMaxShapeCount)
+    invalid_argument("config->heads_q must be in 1..2^31-1, got ", c.heads_q);
   if (c.heads_q % cache.heads_kv != 0)
     invalid_argument("config->heads_q (", c.heads_q, ") must be a multiple of the cache's heads_kv (",
                      cache.heads_kv, ")");
@@ -312,7 +318,8 @@ void DecodePlan::prepare(const KvCache& cache, int32_t num_seqs, const int64_t* 
     for (int64_t t = 0; t < ql; ++t) {
       const int64_t p = n - ql + t;
       const int64_t wlo = w > 0 ? std::max<int64_t>(0, p - w + 1) : 0;
-      pairs += uint64_t((p - wlo + 1) + std::min(sinks, wlo)) * uint64_t(cfg_.heads_q);
+      pairs = sat_add(pairs, sat_mul(uint64_t((p - wlo + 1) + std::min(sinks, wlo)),
+                                     uint64_t(cfg_.heads_q)));
     }
   }
 

@@ -7,11 +7,13 @@
 #include <limits>
 
 #include "attn_config.h"
+#include "core/checked.hpp"
 #include "core/dtype.hpp"
 #include "core/error.hpp"
 #include "core/workspace.hpp"
 #if ATTN_HAVE_CUDA
 #include "cuda/decode_cuda.hpp"
+#include "cuda/limits.hpp"
 #endif
 
 namespace attn::kv {
@@ -42,7 +44,9 @@ CacheConfig validate_config(const attn_kv_cache_config_t* config) {
   if (c.page_size < 1) invalid_argument("config->page_size must be >= 1, got ", c.page_size);
   if (c.num_pages < 1 || c.num_pages > std::numeric_limits<int32_t>::max())
     invalid_argument("config->num_pages must be in 1..2^31-1, got ", c.num_pages);
-  if (c.heads_kv < 1) invalid_argument("config->heads_kv must be >= 1, got ", c.heads_kv);
+  // As a plan's heads; the kernels index KV heads in 32 bits.
+  if (c.heads_kv < 1 || c.heads_kv > kMaxShapeCount)
+    invalid_argument("config->heads_kv must be in 1..2^31-1, got ", c.heads_kv);
   if (c.head_dim_qk < 1 || c.head_dim_qk > 1024)
     invalid_argument("config->head_dim_qk must be in 1..1024, got ", c.head_dim_qk);
   if (c.head_dim_v < 1 || c.head_dim_v > 1024)
@@ -61,7 +65,9 @@ CacheConfig validate_config(const attn_kv_cache_config_t* config) {
   const double bytes = double(c.num_pages) * double(c.page_size) * double(c.heads_kv) *
                        double(c.head_dim_qk + c.head_dim_v) * 4.0;
   if (bytes > 4.0e18 || double(c.page_size) * double(c.num_pages) > 4.0e18)
-    invalid_argument("config->num_pages: a pool of ", bytes, " bytes is too large");
+    invalid_argument("config->num_pages x config->page_size x config->heads_kv x (head_dim_qk + ",
+                     "head_dim_v): a pool of ", bytes,
+                     " bytes (at 4 bytes an element) is too large");
   CacheConfig out;
   out.dtype = attn_dtype_t(c.dtype);
   out.layout = attn_kv_layout_t(c.layout);
@@ -94,6 +100,8 @@ KvCache::KvCache(const ContextConfig& ctx, const CacheConfig& config, void* memo
 #if !ATTN_HAVE_CUDA
   if (ctx.backend != ATTN_BACKEND_CPU)
     not_supported("ctx: this build of libattn has no CUDA backend");
+#else
+  if (ctx.backend == ATTN_BACKEND_CUDA) cuda::check_kv_page_size(config.page_size);
 #endif
   if (memory == nullptr && memory_bytes != 0)
     invalid_argument("memory is NULL but memory_bytes is ", memory_bytes);
@@ -188,6 +196,11 @@ void KvCache::append(int32_t num_seqs, const int64_t* ids, const int32_t* num_to
   const int64_t ps = config_.page_size;
   const int64_t sp = config_.sink_pages();
   if (num_seqs < 1) invalid_argument("num_seqs must be >= 1, got ", num_seqs);
+  // The ids are live and distinct, so there are at most as many as live
+  // sequences: checked before num_seqs entries are read or reserved.
+  if (num_seqs > num_sequences())
+    invalid_argument("num_seqs: ", num_seqs, " sequences, but the cache holds ", num_sequences(),
+                     " (the ids must be live and distinct)");
   if (ids == nullptr) invalid_argument("seq_ids is NULL");
   if (num_tokens == nullptr) invalid_argument("num_tokens is NULL");
 

@@ -4,8 +4,10 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <string>
 
 #include "attn_config.h"
+#include "core/checked.hpp"
 #include "core/dtype.hpp"
 #include "core/error.hpp"
 #include "cpu/cpu_backend.hpp"
@@ -65,15 +67,6 @@ int32_t expected_dims(const Problem& p, attn_tensor_role_t role, int64_t* dims) 
       return 3;
   }
   return 0;
-}
-
-std::string dims_string(int32_t n, const int64_t* dims) {
-  std::string s = "[";
-  for (int32_t i = 0; i < n; ++i) {
-    if (i) s += ", ";
-    s += std::to_string(dims[i]);
-  }
-  return s + "]";
 }
 
 bool is_output(attn_tensor_role_t r) {
@@ -152,8 +145,16 @@ int64_t moba_max_pairs(const Problem& p, const SequenceMask& m) {
   return pairs;
 }
 
+// The query heads that share one slot (mask head) of a block mask: all of
+// them for a mask of one head, else the GQA group of the slot's KV head.
+int64_t heads_per_mask_head(const Problem& p) {
+  return p.block_mask->heads() == 1 ? p.heads_q : p.group();
+}
+
 // Tile pairs the kernels visit with the backend's tile sizes, and the number
-// an unrestricted mask would visit (attn_plan_info_t).
+// an unrestricted mask would visit (attn_plan_info_t), saturated: the query
+// heads of a slot (or of a dense sequence) visit the same tiles, so they are
+// counted once and multiplied, which keeps this O(batch) for any head count.
 void count_tile_pairs(Plan& plan, const Problem& p) {
   const int64_t tq = plan.impl->tile_q(), tk = plan.impl->tile_kv();
   if (tq < 1 || tk < 1) return;
@@ -162,20 +163,53 @@ void count_tile_pairs(Plan& plan, const Problem& p) {
   if (p.block_mask) sparse = std::make_unique<BlockTileSchedule>(p.block_mask, p.window, tq, tk);
   for (int64_t b = 0; b < p.batch; ++b) {
     const DenseTileSchedule dense(p.sequence_mask(b), tq, tk);
-    total += uint64_t(dense.num_q_tiles() * dense.num_kv_tiles() * p.heads_q);
-    for (int64_t h = 0; h < p.heads_q; ++h) {
-      if (sparse) {
-        visited += uint64_t(sparse->visits(sparse->slot(b, h / p.group())));
-        continue;
-      }
-      for (int64_t qt = 0; qt < dense.num_q_tiles(); ++qt) {
-        const TileRange r = dense.kv_tiles_of(qt);
-        visited += uint64_t(r.end - r.begin);
-      }
+    total = sat_add(total, sat_mul(uint64_t(dense.num_q_tiles()), uint64_t(dense.num_kv_tiles()),
+                                   uint64_t(p.heads_q)));
+    if (dense.num_q_tiles() == 0) continue;
+    if (sparse) {
+      const uint64_t per_slot = uint64_t(heads_per_mask_head(p));
+      for (int64_t mh = 0; mh < p.block_mask->heads(); ++mh)
+        visited =
+            sat_add(visited, sat_mul(uint64_t(sparse->visits(sparse->slot(b, mh))), per_slot));
+      continue;
     }
+    uint64_t per_head = 0;
+    for (int64_t qt = 0; qt < dense.num_q_tiles(); ++qt) {
+      const TileRange r = dense.kv_tiles_of(qt);
+      per_head += uint64_t(r.end - r.begin);
+    }
+    visited = sat_add(visited, sat_mul(per_head, uint64_t(p.heads_q)));
   }
   plan.visited_tile_pairs = visited;
   plan.total_tile_pairs = total;
+}
+
+// The shape in a message, for what follows from several of its values.
+std::string shape_string(const Problem& p) {
+  std::string s = "batch " + std::to_string(p.batch) + ", heads_q " + std::to_string(p.heads_q) +
+                  ", heads_kv " + std::to_string(p.heads_kv) + ", seqlen_q " +
+                  std::to_string(p.seqlen_q) + ", seqlen_kv " + std::to_string(p.seqlen_kv) +
+                  ", head dims " + std::to_string(p.head_dim_qk) + "/" +
+                  std::to_string(p.head_dim_v);
+  if (p.moba_block > 0)
+    s += ", MoBA block_size " + std::to_string(p.moba_block) + " and top_k " +
+         std::to_string(p.moba_top_k);
+  return s;
+}
+
+// A pass's workspace must stay within kMaxBytes: a size past it could not
+// be allocated, and one past 2^64 would have wrapped. Backends saturate.
+void check_workspace_limit(const BackendPlan& impl, const Problem& p) {
+  for (const attn_pass_t pass : {ATTN_PASS_FORWARD, ATTN_PASS_BACKWARD}) {
+    if (pass == ATTN_PASS_BACKWARD && !p.backward) continue;
+    const uint64_t bytes = impl.workspace_bytes(pass);
+    if (bytes <= kMaxBytes) continue;
+    const std::string need =
+        bytes == kSaturated ? std::string("2^64 or more") : std::to_string(bytes);
+    invalid_argument("desc: the ", pass == ATTN_PASS_FORWARD ? "forward" : "backward",
+                     " pass's workspace would need ", need, " bytes, more than 2^62 (",
+                     shape_string(p), ")");
+  }
 }
 
 }  // namespace
@@ -304,17 +338,21 @@ std::unique_ptr<Plan> create_plan(const ContextConfig& ctx, const PlanDesc& d) {
   auto plan = std::make_unique<Plan>();
   int64_t empty = 0, first_b = -1, first_row = -1, first_h = -1;
   if (p.block_mask) {
-    // Exact: the dense mask AND the block selection, per (sequence, query head).
+    // Exact: the dense mask AND the block selection, per (sequence, mask
+    // head), for each of the query heads that share the mask head.
     const BlockMask& m = *p.block_mask;
     const BlockMaskCounts c = count_visible(m, p.window);
-    for (int64_t b = 0; b < p.batch; ++b)
-      for (int64_t h = 0; h < p.heads_q; ++h) {
-        const int64_t hk = h / p.group();
-        const size_t s = size_t((m.batch() == 1 ? 0 : b) * m.heads() + (m.heads() == 1 ? 0 : hk));
-        plan->visible_pairs += uint64_t(c.visible_pairs[s]);
+    const int64_t per_slot = heads_per_mask_head(p);
+    for (int64_t b = 0; b < p.batch && m.seqlen_q() > 0; ++b)
+      for (int64_t mh = 0; mh < m.heads(); ++mh) {
+        const size_t s = size_t((m.batch() == 1 ? 0 : b) * m.heads() + mh);
+        plan->visible_pairs = sat_add(plan->visible_pairs,
+                                      sat_mul(uint64_t(c.visible_pairs[s]), uint64_t(per_slot)));
+        plan->visible_pairs_f += double(c.visible_pairs[s]) * double(per_slot);
         if (c.empty_rows[s] > 0 && first_b < 0)
-          first_b = b, first_h = h, first_row = c.first_empty_row[s];
-        empty += c.empty_rows[s];
+          first_b = b, first_h = m.heads() == 1 ? 0 : mh * p.group(),
+          first_row = c.first_empty_row[s];
+        empty += c.empty_rows[s] * per_slot;
       }
     if (empty > 0 && !p.allow_empty_rows)
       invalid_argument("desc: the mask and the block mask leave ", empty,
@@ -334,8 +372,10 @@ std::unique_ptr<Plan> create_plan(const ContextConfig& ctx, const PlanDesc& d) {
         }
     }
     empty += e;
-    plan->visible_pairs += uint64_t(p.moba_block > 0 ? moba_max_pairs(p, m) : m.visible_pairs()) *
-                           uint64_t(p.heads_q);
+    const int64_t pairs = p.moba_block > 0 ? moba_max_pairs(p, m) : m.visible_pairs();
+    plan->visible_pairs =
+        sat_add(plan->visible_pairs, sat_mul(uint64_t(pairs), uint64_t(p.heads_q)));
+    plan->visible_pairs_f += double(pairs) * double(p.heads_q);
   }
   if (empty > 0 && !p.allow_empty_rows)
     invalid_argument("desc: the mask leaves ", empty, " query rows per head without any visible key",
@@ -355,6 +395,7 @@ std::unique_ptr<Plan> create_plan(const ContextConfig& ctx, const PlanDesc& d) {
 #endif
     default: fail(ATTN_STATUS_INTERNAL_ERROR, "context with unresolved backend");
   }
+  check_workspace_limit(*plan->impl, p);
   count_tile_pairs(*plan, p);
   plan->problem = std::move(p);
   return plan;
@@ -373,7 +414,7 @@ void Plan::describe(attn_plan_info_t& info) const {
   info.workspace_bytes_backward = problem.backward ? impl->workspace_bytes(ATTN_PASS_BACKWARD) : 0;
   info.visible_pairs = visible_pairs;
   const Problem& p = problem;
-  info.flops_forward = 2.0 * double(visible_pairs) * double(p.head_dim_qk + p.head_dim_v);
+  info.flops_forward = 2.0 * visible_pairs_f * double(p.head_dim_qk + p.head_dim_v);
   info.flops_backward = 2.5 * info.flops_forward;
   const double es = double(dtype_size(p.dtype));
   const double q = double(p.total_q()) * double(p.heads_q);

@@ -44,7 +44,8 @@ struct Plan {
   ContextConfig context;
   Problem problem;
   std::unique_ptr<BackendPlan> impl;
-  uint64_t visible_pairs = 0;
+  uint64_t visible_pairs = 0;      // saturated at UINT64_MAX
+  double visible_pairs_f = 0.0;     // the same in floating point, for the FLOP counts
   uint64_t visited_tile_pairs = 0, total_tile_pairs = 0;
   // A MoBA plan whose top_k keeps every past block, run as the causal plan.
   bool moba_keeps_every_block = false;

@@ -2,6 +2,7 @@
 
 #include <cstring>
 
+#include "core/checked.hpp"
 #include "core/error.hpp"
 #include "schedule/dense_schedule.hpp"
 
@@ -84,7 +85,7 @@ RingSchedule RingSchedule::build(const Problem& g, int32_t rank, int32_t size,
     for (int32_t qc = 0; qc < s.chunks; ++qc)
       for (int32_t kc = 0; kc < s.chunks; ++kc) {
         RingBlock blk{qc, kc, {}, true};
-        int64_t visible = 0;
+        uint64_t visible = 0;  // saturated, as the plan's pair counts (core/checked.hpp)
         for (int64_t b = 0; b < g.batch; ++b) {
           const int64_t cq = s.cq_seq[size_t(b)], ck = s.ck_seq[size_t(b)];
           const int64_t qs = s.chunk_index(rank, qc) * cq;
@@ -94,7 +95,7 @@ RingSchedule RingSchedule::build(const Problem& g, int32_t rank, int32_t size,
           // this, which for a varlen batch differs per sequence.
           const int64_t off = qs + (g.lk(b) - g.lq(b)) - ks;
           const int64_t seen = SequenceMask(cq, ck, g.window, off).visible_pairs();
-          visible += seen;
+          visible = sat_add(visible, uint64_t(seen));
           blk.full = blk.full && seen == cq * ck;
           blk.shifts.push_back(off - (ck - cq));
         }
@@ -103,11 +104,11 @@ RingSchedule RingSchedule::build(const Problem& g, int32_t rank, int32_t size,
           continue;
         }
         ++s.blocks_computed;
-        pairs += uint64_t(visible);
+        pairs = sat_add(pairs, visible);
         s.steps[size_t(t)].push_back(std::move(blk));
       }
   }
-  s.visible_pairs = pairs * uint64_t(g.heads_q);
+  s.visible_pairs = sat_mul(pairs, uint64_t(g.heads_q));
 
   uint64_t h = 0x52494e47ull;
   for (uint64_t v : {uint64_t(size), uint64_t(layout), uint64_t(g.dtype), uint64_t(g.layout),

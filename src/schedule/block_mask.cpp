@@ -1,6 +1,7 @@
 #include "schedule/block_mask.hpp"
 
 #include <bit>
+#include <limits>
 
 namespace attn {
 
@@ -54,9 +55,16 @@ void BlockMask::add(int64_t mb, int64_t mh, int64_t qb, int64_t kb, const uint64
     std::copy(merged.begin(), merged.end(), bits_.begin() + size_t(it->tile) * wpt);
     return;
   }
-  const int32_t index = int32_t(bits_.size() / wpt);
+  const int32_t index = next_tile();
   list.insert(it, Entry{int32_t(kb), index});
   bits_.insert(bits_.end(), merged.begin(), merged.end());
+}
+
+int32_t BlockMask::next_tile() const {
+  const size_t n = bits_.size() / size_t(words_per_tile());
+  if (n >= size_t(std::numeric_limits<int32_t>::max()))
+    invalid_argument("mask: more than 2^31 - 1 partial blocks (blocks with bit tiles)");
+  return int32_t(n);
 }
 
 int64_t BlockMask::count_selected(int64_t mb, int64_t mh, int64_t i, int64_t c0,

@@ -13,6 +13,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/error.hpp"
+
 namespace attn {
 
 class BlockMask {
@@ -81,6 +83,10 @@ class BlockMask {
   }
   // 0: no in-range bit set, 1: some, 2: all. Clears bits outside the sequence.
   int classify(uint64_t* tile, int64_t qb, int64_t kb) const;
+  // The index the next bit tile appended gets. Entry::tile is int32, so a
+  // mask holds at most 2^31 - 1 of them; past that, INVALID_ARGUMENT (the
+  // callers build on a copy, so the mask stays as it was).
+  int32_t next_tile() const;
 
   int64_t batch_, heads_, lq_, lk_, bq_, bk_, nqb_, nkb_;
   std::vector<std::vector<Entry>> rows_;  // [batch][heads][num_q_blocks]
@@ -146,7 +152,7 @@ void BlockMask::restrict_to(Keep keep) {
             std::copy(tile.begin(), tile.end(), bits_.begin() + e.tile * words_per_tile());
             kept.push_back(e);
           } else {
-            const int32_t index = int32_t(bits_.size() / size_t(words_per_tile()));
+            const int32_t index = next_tile();
             bits_.insert(bits_.end(), tile.begin(), tile.end());
             kept.push_back({e.kv_block, index});
           }

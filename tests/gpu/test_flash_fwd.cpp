@@ -758,6 +758,14 @@ void test_not_supported(attn_context_t ctx) {
        [](attn_plan_desc_t d) { attn_plan_desc_set_shape(d, 1, 2, 2, 64, 64, 80, 80); }},
       {"head_dim_v != head_dim_qk -> NOT_SUPPORTED", "head_dim_v",
        [](attn_plan_desc_t d) { attn_plan_desc_set_shape(d, 1, 2, 2, 64, 64, 128, 64); }},
+      // The grids' y (query heads) and z (sequences), and 32-bit offsets:
+      // refused at plan creation, never launched.
+      {"65536 query heads -> NOT_SUPPORTED", "heads_q",
+       [](attn_plan_desc_t d) { attn_plan_desc_set_shape(d, 1, 65536, 1, 64, 64, 64, 64); }},
+      {"65536 sequences -> NOT_SUPPORTED", "batch",
+       [](attn_plan_desc_t d) { attn_plan_desc_set_shape(d, 65536, 1, 1, 64, 64, 64, 64); }},
+      {"2^30 keys -> NOT_SUPPORTED", "seqlen_kv",
+       [](attn_plan_desc_t d) { attn_plan_desc_set_shape(d, 1, 1, 1, 64, 1 << 30, 64, 64); }},
       {"strides not a multiple of 8 -> NOT_SUPPORTED", "multiples of 8",
        [](attn_plan_desc_t d) {
          attn_tensor_desc_t t;

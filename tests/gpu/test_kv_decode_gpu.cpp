@@ -683,6 +683,26 @@ void not_supported_case() {
     attn_kv_cache_destroy(cache);
     attn_context_destroy(ctx);
   }
+  // Pages of 2^31 tokens: the append kernel's copy runs and the decode
+  // kernel take a slot of a page as an int32. Refused when the cache is
+  // made (before its 2^31 x 2 x 64 x 2 x 2 bytes are allocated), not
+  // narrowed at the first append.
+  {
+    CacheShape cs;
+    cs.page_size = int64_t(1) << 31, cs.num_pages = 1, cs.d = 64;
+    attn_context_t ctx = nullptr;
+    ATTN_CHECK(attn_context_create(ATTN_BACKEND_CUDA, 0, 0, &ctx));
+    const attn_kv_cache_config_t cfg = cache_config(cs);
+    attn_kv_cache_t cache = reinterpret_cast<attn_kv_cache_t>(&cs);  // must stay as is
+    const attn_status_t st = attn_kv_cache_create(ctx, &cfg, nullptr, 0, &cache);
+    const bool ok = st == ATTN_STATUS_NOT_SUPPORTED &&
+                    std::strstr(attn_last_error_message(), "page_size") != nullptr &&
+                    cache == reinterpret_cast<attn_kv_cache_t>(&cs);
+    std::printf("%-58s %s (%s)\n", "not supported: page_size 2^31", ok ? "ok" : "FAIL",
+                attn_last_error_message());
+    if (!ok) ++g_failures;
+    attn_context_destroy(ctx);
+  }
 }
 
 // Sets (value non-null) or unsets an environment variable for a scope and

@@ -386,13 +386,14 @@ std::vector<Case> cases() {
   return v;
 }
 
-// A MoBA plan's creation must fail with `status`, a message naming `word`,
-// and no plan.
+// A MoBA plan's creation (batch x heads, head dim d) must fail with
+// `status`, a message naming `word`, and no plan.
 bool refused(attn_context_t ctx, const char* what, int64_t block, int64_t top_k, int64_t lq,
-             attn_status_t status, const char* word) {
+             attn_status_t status, const char* word, int64_t batch = 1, int64_t heads = 2,
+             int64_t d = 128) {
   attn_plan_desc_t pd = nullptr;
   ATTN_CHECK(attn_plan_desc_create(&pd));
-  ATTN_CHECK(attn_plan_desc_set_shape(pd, 1, 2, 2, lq, lq, 128, 128));
+  ATTN_CHECK(attn_plan_desc_set_shape(pd, batch, heads, heads, lq, lq, d, d));
   ATTN_CHECK(attn_plan_desc_set_dtype(pd, ATTN_DTYPE_BF16));
   ATTN_CHECK(attn_plan_desc_set_mask(pd, ATTN_MASK_CAUSAL, -1, -1));
   ATTN_CHECK(attn_plan_desc_set_moba(pd, block, top_k, 0));
@@ -484,6 +485,10 @@ int main() {
   failures += !refused(ctx, "block_size 192", 192, 2, 1024, ATTN_STATUS_NOT_SUPPORTED, "block_size");
   failures += !refused(ctx, "top_k 33 of 63 past blocks", 128, 33, 8192, ATTN_STATUS_NOT_SUPPORTED,
                        "top_k");
+  // 2 x 65535 per-head selections of 2^25 queries: 2^35 query-tile lists
+  // for the selector, 2^32 blocks of its grid's x (2^31 - 1 at most).
+  failures += !refused(ctx, "selector lists past the grid", 128, 3, int64_t(1) << 25,
+                       ATTN_STATUS_NOT_SUPPORTED, "grid", 2, 65535, 64);
   failures += !workspace_errors(ctx);
 
   failures += run_and_judge(
