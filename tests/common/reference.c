@@ -250,6 +250,31 @@ double ref_max_abs_logit(const ref_problem *p, const double *q, const double *k)
   return zmax;
 }
 
+double ref_logit_error_scale(const ref_problem *p, const double *q, const double *k) {
+  double zmax = ref_max_abs_logit(p, q, k);
+  int64_t b, h, i, j, c;
+  if (p->softcap <= 0.0) return zmax;
+  for (b = 0; b < p->batch; ++b)
+    for (h = 0; h < p->heads_q; ++h)
+      for (i = 0; i < ref_lq(p, b); ++i) {
+        const double *qi = q + ref_offset(p, &p->q, 1, b, i, h);
+        for (j = 0; j < ref_lk(p, b); ++j) {
+          const double *kj = k + ref_offset(p, &p->k, 0, b, j, h / group_size(p));
+          double u = 0.0, terms = 0.0, t, gain, z;
+          if (!ref_visible_head(p, b, h, i, j)) continue;
+          for (c = 0; c < p->head_dim_qk; ++c) {
+            u += qi[c] * kj[c];
+            terms += fabs(qi[c] * kj[c]);
+          }
+          t = tanh(p->scale * u / p->softcap);
+          gain = 2.0 * fabs(t) / p->softcap > 1.0 ? 2.0 * fabs(t) / p->softcap : 1.0;
+          z = p->scale * terms * (1.0 - t * t) * gain;
+          if (z > zmax) zmax = z;
+        }
+      }
+  return zmax;
+}
+
 void ref_forward(const ref_problem *p, const double *q, const double *k, const double *v,
                  double *o, double *lse) {
   fp64_scratch sc;

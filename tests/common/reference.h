@@ -119,6 +119,16 @@ size_t ref_lse_count(const ref_problem *p);
  * the logits are conditioned, since fp32 logits carry an error ~ 2^-24 z. */
 double ref_max_abs_logit(const ref_problem *p, const double *q, const double *k);
 
+/* The magnitude Z of the rounding error of fp32 logits, ~ u32 Z, over
+ * visible pairs. Without softcap the largest |z| (ref_max_abs_logit).
+ * With softcap the rounding happens in u = scale q.k before the cap, with
+ * an error du ~ u32 S, S = scale sum_c |q_c k_c| (the products summed,
+ * however much they cancel); du reaches z = cap tanh(u / cap) as g du
+ * (g = 1 - tanh^2 <= 1) and the backward's factor g as g 2 |tanh| du / cap.
+ * Z is then also at least S g max(1, 2 |tanh| / cap) of every pair: large
+ * where strong capping (cap < 2) meets products far larger than the cap. */
+double ref_logit_error_scale(const ref_problem *p, const double *q, const double *k);
+
 /* fp64 reference. Writes every element of O (and LSE when not NULL), or of
  * dQ, dK and dV; nothing else. */
 void ref_forward(const ref_problem *p, const double *q, const double *k, const double *v,

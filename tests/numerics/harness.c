@@ -1136,7 +1136,7 @@ static void run_case(const nc_case *c, nc_outcome *out) {
               : c->bad_tensor != 0 || c->bad_varlen != 0 ? "a spoilt description"
                                                          : "MoBA or a block mask on a varlen batch");
   pairs = count_visible_pairs(&r);
-  r.zmax = ref_max_abs_logit(&r.rp, mirror_of(&r, ATTN_TENSOR_Q), mirror_of(&r, ATTN_TENSOR_K));
+  r.zmax = ref_logit_error_scale(&r.rp, mirror_of(&r, ATTN_TENSOR_Q), mirror_of(&r, ATTN_TENSOR_K));
   {
     attn_plan_info_t info;
     uint64_t visited, total;

@@ -26,7 +26,10 @@
  *           library works in base 2 with log2(e) folded into the scale,
  *           up to 1.44x the rounding of natural-unit logits); this only
  *           matters for fp32 with large logits, where the ratio of two fp32
- *           max errors is too noisy for the factor 2 alone.
+ *           max errors is too noisy for the factor 2 alone. With softcap
+ *           the error arises before the cap, from products the capped
+ *           logit no longer shows, and the backward's 1 - tanh^2 scales
+ *           it by up to 2 / cap: Z then follows ref_logit_error_scale.
  *   F       for dQ and dK (0 for dV): the largest error they can inherit from
  *           the O attn_backward receives, rounded to the dtype and off the
  *           exact O by the forward's own error, measured on the library's O

@@ -102,6 +102,10 @@ static const nc_case kCases[] = {
     {.name = "broadcast_kv_fp16", .dtype = FP16, SHAPE(3, 2, 1, 50, 120, 32, 32), .mask = CAUSAL,
      .strides = NC_STRIDES_BROADCAST_KV, .threads = 2},
 
+    /* --- strong capping of large products: the logit's rounding lies before the cap ------ */
+    {.name = "softcap075_scale6_sd25_fp32", .dtype = FP32, SHAPE(1, 2, 2, 118, 76, 72, 16),
+     .mask = CAUSAL, .scale = 6.375f, .softcap = 0.75f, .qk_sd = 2.5, .threads = 2},
+
     /* --- every key alike: the true dQ is 0, all that remains is error -------------------- */
     {.name = "uniform_kv_fp32", .dtype = FP32, SHAPE(2, 4, 2, 60, 500, 8, 8), .uniform_kv = 1,
      .threads = 2},
