@@ -121,14 +121,19 @@ constexpr int kConsumerWarps = 8, kConsumerThreads = 256;
 // for the next item's first tile, which with 2 stages lands about when the
 // last step ends); order 2 left BigBird, random and window at 0.394 /
 // 0.394, 0.921 / 0.922, 1.701 / 1.723 and the dense plan at 7.96 / 7.64
-// (bench/results/cuda-fwd-ws-tail-2026-12-04-1742a1c.md). Builds for
-// measurements may set -DATTN_FWD_WS_DENSE_END=2 or
-// -DATTN_FWD_WS_SPARSE_END=1.
+// (bench/results/cuda-fwd-ws-tail-2026-12-04-1742a1c.md). With the K
+// lead below (the next item's first K tile copied a step earlier), order
+// 1 no longer waits at short lists' ends: K lead 1 with order 1 for
+// block-sparse items against K lead 0 with order 2, four runs each on
+// 2026-12-05, fwd ms means: BigBird 0.383 / 0.401, random 0.897 / 0.913,
+// window + sinks 1.741 / 1.721 (bench/results/cuda-fwd-ws-klead-2026-12-05-c0ef6e3.md).
+// Builds for measurements may set -DATTN_FWD_WS_DENSE_END=2 or
+// -DATTN_FWD_WS_SPARSE_END=2.
 #ifndef ATTN_FWD_WS_DENSE_END
 #define ATTN_FWD_WS_DENSE_END 1
 #endif
 #ifndef ATTN_FWD_WS_SPARSE_END
-#define ATTN_FWD_WS_SPARSE_END 2
+#define ATTN_FWD_WS_SPARSE_END 1
 #endif
 // Order 3 (not yet measured) chooses per item: order 1 when the next
 // item's record, Q and first K tile have already landed (nothing to wait
@@ -145,13 +150,14 @@ static_assert(kDenseEnd >= 1 && kDenseEnd <= 3 && kSparseEnd >= 1 && kSparseEnd 
 // one more step between a K tile's copy and its S GEMM, and the next
 // item's first K tile (which order 1 of an item's end waits for) issued
 // during the item's last-but-one step instead of at its end. V keeps its
-// time. Not yet measured: builds for measurements set
-// -DATTN_FWD_WS_K_LEAD=1.
+// time. The default (measured with order 1 above; K lead 2 was no
+// better: BigBird 0.385, random 0.900, window 1.730 ms in the same runs);
+// builds for measurements may set -DATTN_FWD_WS_K_LEAD=0 or 2.
 // 2: K tiles two steps ahead of the V tiles (K_{j+2} before V_j), in one K
 // stage more than V stages (d = 128: 3 and 2, 224 KB of tiles, with the
-// control block the whole 227 KB an SM gives a block); also unmeasured.
+// control block the whole 227 KB an SM gives a block).
 #ifndef ATTN_FWD_WS_K_LEAD
-#define ATTN_FWD_WS_K_LEAD 0
+#define ATTN_FWD_WS_K_LEAD 1
 #endif
 constexpr int kKLeadSteps = ATTN_FWD_WS_K_LEAD;
 static_assert(kKLeadSteps >= 0 && kKLeadSteps <= 2, "a K lead of 0, 1 or 2 steps");
