@@ -186,17 +186,17 @@ if [ "${GPU_CHECK_SANITIZE:-1}" != 0 ] && command -v compute-sanitizer >/dev/nul
   sanitize memcheck moba_66_blocks "$bin" "${sm80_gather[@]}" ATTN_GPU_TEST_FILTER=66-blocks
   sanitize racecheck moba_per_head "$bin" "${sm80_gather[@]}" \
     ATTN_GPU_TEST_FILTER=top6-per-head-gqa4
-  # The same on the gathered wgmma kernels (the defaults on sm_90, named
+  # The same on the gathered wgmma kernels (the one-tile forward; named
   # here so that the runs stay what they say if the defaults change).
-  sanitize memcheck moba_gather_sm90 "$bin" ATTN_CUDA_MOBA_GATHER_SM90=1 \
+  sanitize memcheck moba_gather_sm90 "$bin" ATTN_CUDA_MOBA_GATHER_SM90=1 ATTN_CUDA_MOBA_GATHER_WS=0 \
     ATTN_CUDA_MOBA_GATHER_BWD_SM90=1 ATTN_GPU_TEST_FILTER=66-blocks
   # (Whole groups: the dK/dV kernel with dQ walks both heads of a group.)
-  sanitize racecheck moba_gather_sm90 "$bin" ATTN_CUDA_MOBA_GATHER_SM90=1 \
+  sanitize racecheck moba_gather_sm90 "$bin" ATTN_CUDA_MOBA_GATHER_SM90=1 ATTN_CUDA_MOBA_GATHER_WS=0 \
     ATTN_CUDA_MOBA_GATHER_BWD_SM90=1 ATTN_CUDA_BWD_GROUP_SPLIT=1 \
     ATTN_GPU_TEST_FILTER=top6-per-head-gqa4
-  sanitize memcheck moba_gather_sm90_gqa "$bin" ATTN_CUDA_MOBA_GATHER_SM90=1 \
+  sanitize memcheck moba_gather_sm90_gqa "$bin" ATTN_CUDA_MOBA_GATHER_SM90=1 ATTN_CUDA_MOBA_GATHER_WS=0 \
     ATTN_CUDA_MOBA_GATHER_BWD_SM90=1 ATTN_GPU_TEST_FILTER=gqa4/2
-  # The gathered rounds on the warp-specialised forward (a hook).
+  # The gathered rounds on the warp-specialised forward (the default on sm_90).
   sanitize memcheck moba_gather_ws "$bin" ATTN_CUDA_MOBA_GATHER_WS=1 \
     ATTN_GPU_TEST_FILTER=66-blocks
   sanitize racecheck moba_gather_ws "$bin" ATTN_CUDA_MOBA_GATHER_WS=1 \

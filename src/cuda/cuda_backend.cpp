@@ -151,7 +151,7 @@ struct CudaHooks {
   bool moba_sm90;                 // ATTN_CUDA_MOBA_SM90 (default 0)
   bool moba_gather_sm90;          // ATTN_CUDA_MOBA_GATHER_SM90 (default 1)
   bool moba_gather_bwd_sm90;      // ATTN_CUDA_MOBA_GATHER_BWD_SM90 (default 1)
-  bool moba_gather_ws;            // ATTN_CUDA_MOBA_GATHER_WS (default 0)
+  bool moba_gather_ws;            // ATTN_CUDA_MOBA_GATHER_WS (default 1)
   bool fwd_persist;               // ATTN_CUDA_BSPARSE_FWD_PERSIST (default 0)
   bool bwd_persist;               // ATTN_CUDA_BSPARSE_BWD_PERSIST (default 0)
   bool prefetch;                  // ATTN_CUDA_BSPARSE_PREFETCH (default 0)
@@ -171,7 +171,7 @@ struct CudaHooks {
     h.moba_sm90 = env_flag("ATTN_CUDA_MOBA_SM90", false);
     h.moba_gather_sm90 = env_flag("ATTN_CUDA_MOBA_GATHER_SM90", true);
     h.moba_gather_bwd_sm90 = env_flag("ATTN_CUDA_MOBA_GATHER_BWD_SM90", true);
-    h.moba_gather_ws = env_flag("ATTN_CUDA_MOBA_GATHER_WS", false);
+    h.moba_gather_ws = env_flag("ATTN_CUDA_MOBA_GATHER_WS", true);
     h.fwd_persist = env_flag("ATTN_CUDA_BSPARSE_FWD_PERSIST", false);
     h.bwd_persist = env_flag("ATTN_CUDA_BSPARSE_BWD_PERSIST", false);
     h.prefetch = env_flag("ATTN_CUDA_BSPARSE_PREFETCH", false);
@@ -651,11 +651,13 @@ class CudaPlan final : public BackendPlan {
       const bool wanted = hooks_.moba_gather_sm90;
       if (!wanted || softcap || (d != 64 && d != 128) || major != 9 || minor != 0) return;
       const bool bf16 = p.dtype == ATTN_DTYPE_BF16;
-      // With ATTN_CUDA_MOBA_GATHER_WS=1 the rounds run on the
-      // warp-specialised kernel (flash_fwd_sm90_ws_moba_gather_kernel:
-      // items of 128 gathered rows overlapped with the next item's loads
-      // and first GEMM), where its tensor maps encode. Not yet the default:
-      // not yet measured.
+      // The rounds run on the warp-specialised kernel
+      // (flash_fwd_sm90_ws_moba_gather_kernel: items of 128 gathered rows
+      // overlapped with the next item's loads and first GEMM) where its
+      // tensor maps encode, unless ATTN_CUDA_MOBA_GATHER_WS=0 (the one-tile
+      // kernel below): its kernel time 3% lower at blocks of 512 (top 3 and
+      // 12) and 10% at blocks of 4096 (top 3; H200, L = 32K, d = 128;
+      // bench/results/cuda-moba-ws-2026-12-05-a3f4e40.md).
       // (Its work items, the most tiles of a round per (sequence, head), are
       // counted in 32 bits.)
       const int64_t ws_items = moba_round_cap(p, flash::kSm90MobaBlockM) /
