@@ -7,7 +7,9 @@
 #              ws::Trace): three blocks' cycles per item by phase (Q and
 #              record, first K tile, S_0, first softmax, the steps j >= 1
 #              and per step, last P V, epilogue), and how far apart the two
-#              consumer warpgroups issue their steps' S GEMMs
+#              consumer warpgroups issue their steps' S GEMMs, and the
+#              block's clock cycles over its nanoseconds (the SM clock
+#              it ran at: the GPU throttles under load)
 #   bwd-trace  the sm_90a dK/dV kernel (flash/bwd_sm90_kernel.cuh,
 #              bwd_sm90::Trace): all blocks' average cycles per item by
 #              phase (start, first loads, iterations and per iteration, end)

@@ -199,11 +199,24 @@ namespace ws {
 static __device__ uint32_t trace_saved[3][10];
 static __device__ unsigned long long trace_issue_sum[3][2];
 static __device__ uint32_t trace_issues[3][2];
+// Per saved block: its consumer's clock64 cycles and %globaltimer ns from
+// start() to save(): the SM clock the block actually ran at.
+static __device__ unsigned long long trace_span[3][2];
+__device__ __forceinline__ unsigned long long global_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
 #endif
 struct Trace {
 #if ATTN_FWD_WS_TRACE
   uint32_t sum[7] = {0, 0, 0, 0, 0, 0, 0}, last = 0, items = 0, tiles = 0;
-  __device__ __forceinline__ void start() { last = uint32_t(clock()); }
+  unsigned long long c0 = 0, t0 = 0;
+  __device__ __forceinline__ void start() {
+    last = uint32_t(clock());
+    c0 = clock64();
+    t0 = global_ns();
+  }
   __device__ __forceinline__ void mark(int k) {
     const uint32_t t = uint32_t(clock());
     sum[k] += t - last;
@@ -227,6 +240,8 @@ struct Trace {
     trace_issue_sum[slot][cw] = issue_sum;
     trace_issues[slot][cw] = issues;
     if (cw != 0) return;
+    trace_span[slot][0] = clock64() - c0;
+    trace_span[slot][1] = global_ns() - t0;
     uint32_t* r = trace_saved[slot];
     r[0] = x;
     r[1] = items;
@@ -261,6 +276,9 @@ static __global__ void trace_print_kernel() {
       printf("ws-trace block %u: warpgroup 2's S issues %.0f cycles after warpgroup 1's, mean of %u "
              "steps\n",
              r[0], (double(trace_issue_sum[slot][1]) - double(trace_issue_sum[slot][0])) / n, n);
+    if (trace_span[slot][1] > 0)
+      printf("ws-trace block %u: %llu cycles in %.1f us, %.0f MHz\n", r[0], trace_span[slot][0],
+             trace_span[slot][1] * 1e-3, trace_span[slot][0] * 1e3 / double(trace_span[slot][1]));
     r[1] = 0;
   }
 }
