@@ -23,7 +23,11 @@
 # Environment: AB_BUILD_ROOT (default /tmp/attn-ab), GPU_ARCHS (sm_90a),
 # OUT (logs; default $AB_BUILD_ROOT/logs), AB_TESTS=0 (skip tests
 # and racecheck), AB_BENCH_ARGS (extra bench_sparse_flex.py arguments, e.g.
-# "--masks random,bigbird --variant ATTN_CUDA_FWD_SM90_WS_PINGPONG=1").
+# "--masks random,bigbird --variant ATTN_CUDA_FWD_SM90_WS_PINGPONG=1"),
+# AB_ROUNDS (default 1): rounds of timings, each timing every tree once in
+# turn (the GPU's clock under these kernels moves by up to 15% from launch
+# to launch, so single runs of two trees differ by chance); with more than
+# one, a last table gives each tree's mean and range per mask.
 # Uses the CMocka copy in .deps/ of this tree where present.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -113,21 +117,47 @@ for spec in "${trees[@]}"; do
   libs[$name]=$b/$lib
   [ "${AB_TESTS:-1}" != 0 ] && run_tests "$name" "$b" ""
 done
-# The timings, one tree after the other on the same machine.
+# The timings: in each round, one tree after the other on the same machine.
 read -r -a extra <<<"${AB_BENCH_ARGS:-}"
-for spec in "${trees[@]}"; do
-  name=$(spec_name "$spec")
-  [ -n "${libs[$name]:-}" ] || continue
-  python3 bench/bench_sparse_flex.py --lib "${libs[$name]}" --no-flex "${extra[@]}" \
-    --out "$logs/$name-sparse.md" >"$logs/$name-sparse.log" 2>&1 || rc=1
+rounds=${AB_ROUNDS:-1}
+for ((r = 1; r <= rounds; ++r)); do
+  for spec in "${trees[@]}"; do
+    name=$(spec_name "$spec")
+    [ -n "${libs[$name]:-}" ] || continue
+    python3 bench/bench_sparse_flex.py --lib "${libs[$name]}" --no-flex "${extra[@]}" \
+      --out "$logs/$name-sparse-r$r.md" >"$logs/$name-sparse-r$r.log" 2>&1 || rc=1
+  done
 done
 echo
-echo "| tree | mask | fwd ms | bwd ms | vs dense fwd | vs dense bwd |"
-echo "|---|---|---|---|---|---|"
-for spec in "${trees[@]}"; do
-  name=$(spec_name "$spec")
-  [ -f "$logs/$name-sparse.md" ] || continue
-  grep -E "^\| [a-z]" "$logs/$name-sparse.md" | grep -v "^| mask" |
-    awk -F'|' -v n="$name" '{printf "| %s |%s|%s|%s|%s|%s|\n", n, $2, $5, $6, $11, $12}'
+echo "| tree | round | mask | fwd ms | bwd ms | vs dense fwd | vs dense bwd |"
+echo "|---|---|---|---|---|---|---|"
+rows=$logs/rows.txt
+: >"$rows"
+for ((r = 1; r <= rounds; ++r)); do
+  for spec in "${trees[@]}"; do
+    name=$(spec_name "$spec")
+    [ -f "$logs/$name-sparse-r$r.md" ] || continue
+    grep -E "^\| [a-z]" "$logs/$name-sparse-r$r.md" | grep -v "^| mask" |
+      awk -F'|' -v n="$name" -v r="$r" '{printf "| %s | %s |%s|%s|%s|%s|%s|\n", n, r, $2, $5, $6, $11, $12}' |
+      tee -a "$rows"
+  done
 done
+if [ "$rounds" -gt 1 ]; then
+  echo
+  echo "| tree | mask | fwd ms mean (min-max) | bwd ms mean (min-max) |"
+  echo "|---|---|---|---|"
+  awk -F'|' '{
+      gsub(/ /, "", $2); gsub(/^ +| +$/, "", $4); k = $2 SUBSEP $4
+      if (!(k in n)) { order[++m] = k; lo_f[k] = hi_f[k] = $5; lo_b[k] = hi_b[k] = $6 }
+      n[k]++; f[k] += $5; b[k] += $6
+      if ($5 < lo_f[k]) lo_f[k] = $5; if ($5 > hi_f[k]) hi_f[k] = $5
+      if ($6 < lo_b[k]) lo_b[k] = $6; if ($6 > hi_b[k]) hi_b[k] = $6
+    } END {
+      for (i = 1; i <= m; ++i) {
+        k = order[i]; split(k, t, SUBSEP)
+        printf "| %s | %s | %.3f (%.3f-%.3f) | %.3f (%.3f-%.3f) |\n", t[1], t[2],
+               f[k] / n[k], lo_f[k], hi_f[k], b[k] / n[k], lo_b[k], hi_b[k]
+      }
+    }' "$rows"
+fi
 exit $rc
