@@ -38,7 +38,7 @@ warp-specialised sm_90a forward); "" is the library's defaults. FlexAttention ru
 variant only. --dense-variants times the dense causal plan under every variant too.
 
 Usage: bench_sparse_flex.py --lib build/src/libattn.so [--out results.md]
-                            [--seqlen 32768] [--reps 10] [--no-flex]
+                            [--seqlen 32768] [--reps 10] [--no-flex] [--interleave]
                             [--variant "" --variant ATTN_CUDA_BWD_SM90_SPARSE=0,...]
 """
 import argparse
@@ -109,6 +109,11 @@ def main():
     ap.add_argument("--dense-variants", action="store_true",
                     help="time the dense causal plan under every variant too ('vs dense' stays "
                          "the first variant's)")
+    ap.add_argument("--interleave", action="store_true",
+                    help="time libattn's plans in turn, one call of each per round, instead of "
+                         "each plan's calls back to back: the GPU's clock under these kernels "
+                         "moves from launch to launch, and ratios between plans then see the "
+                         "same clock states")
     ap.add_argument("--masks", default="causal,window-sinks,random,bigbird",
                     help="comma-separated subset of the masks, in this order (without causal "
                          "the 'vs dense' columns are empty)")
@@ -145,6 +150,7 @@ def main():
 
     cpu_gen = torch.Generator().manual_seed(2024)
     rows = []
+    kept = []  # --interleave: (row, plan, fwd, bwd, info, tile flops, bwd tile flops)
     dense = None
     runs = []  # (mask kind, its block table, variant index)
     for kind in ("causal", "window-sinks", "random", "bigbird"):
@@ -187,8 +193,9 @@ def main():
         fwd()
         bwd()
         torch.cuda.synchronize()
-        t_f = time_ms(fwd, 3, a.reps)
-        t_b = time_ms(bwd, 3, a.reps)
+        # (--interleave: timed after the loop, every plan in turn; NaN until then)
+        t_f = float("nan") if a.interleave else time_ms(fwd, 3, a.reps)
+        t_b = float("nan") if a.interleave else time_ms(bwd, 3, a.reps)
         tile_flops = 4.0 * info.visited_tile_pairs * info.tile_q * info.tile_kv * d
         # The backward's "tile" rate counts the sm_80 forward's tiles (128x64) where
         # both exist, as results before the sm_90a forward did.
@@ -242,15 +249,52 @@ def main():
                                row["fwd80"] / 1e9)
             row["kernel80"] = info80.kernel.decode()
             plan80.close()
-        plan.close()
         rows.append(row)
+        if a.interleave:
+            # Each plan its own O and LSE (its forward's, as here), so that its
+            # backward reads them; bound now, as the loop's fwd and bwd would see
+            # whichever plan the name holds last.
+            o_i, lse_i = o.clone(), lse.clone()
+            kept.append((row, plan, lambda pl=plan, o_i=o_i, l_i=lse_i: pl.forward(q, k, v, o_i, l_i),
+                         lambda pl=plan, o_i=o_i, l_i=lse_i: pl.backward(q, k, v, o_i, l_i, do, dq, dk, dv),
+                         info, tile_flops, tile_flops_b))
+            continue
+        plan.close()
         print(row, flush=True)
+
+    if kept:
+        # Round r times one forward of every kept plan in turn, then one backward of each.
+        for _, _, fwd, bwd, *_ in kept:
+            for _ in range(3):
+                fwd()
+                bwd()
+        times = [([], []) for _ in kept]
+        for _ in range(a.reps):
+            for pass_index in (0, 1):
+                for i, (_, _, fwd, bwd, *_) in enumerate(kept):
+                    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    e0.record()
+                    (fwd if pass_index == 0 else bwd)()
+                    e1.record()
+                    e1.synchronize()
+                    times[i][pass_index].append(e0.elapsed_time(e1))
+        for (row, plan, _, _, info, tile_flops, tile_flops_b), (tf, tb) in zip(kept, times):
+            tf.sort()
+            tb.sort()
+            t_f, t_b = tf[len(tf) // 2], tb[len(tb) // 2]  # medians, as time_ms
+            row.update({"fwd": t_f, "bwd": t_b,
+                        "tf_f": info.flops_forward / t_f / 1e9, "tf_b": info.flops_backward / t_b / 1e9,
+                        "tile_f": tile_flops / t_f / 1e9, "tile_b": 2.5 * tile_flops_b / t_b / 1e9})
+            plan.close()
+            print(row, flush=True)
 
     if dense is None:  # no causal run: empty 'vs dense' columns
         dense = {"tile": "-", "tile_f": float("nan"), "tile_b": float("nan")}
     lines = [f"# Block-sparse CUDA plans vs FlexAttention ({datetime.date.today()}, commit {a.commit})",
              "", f"{torch.cuda.get_device_name()}, torch {torch.__version__}; L = {L}, {H} heads, "
-             f"d = {d}, bf16, batch 1, causal; median of {a.reps} timed runs after 3 warm-ups.",
+             f"d = {d}, bf16, batch 1, causal; median of {a.reps} timed runs after 3 warm-ups"
+             + (" (libattn interleaved: each round one call of every plan in turn, forwards "
+                "then backwards)." if a.interleave else "."),
              "TFLOP/s on visible pairs (fwd 4 * pairs * d, bwd 2.5x); 'tile' TFLOP/s count every pair "
              f"of the visited forward tiles ({dense['tile']} for the dense plan; see the kernels "
              "below; 'tile bwd': the sm_80 forward's tiles where it is timed too); "
