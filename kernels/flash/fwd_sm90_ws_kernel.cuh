@@ -126,7 +126,7 @@ constexpr int kConsumerWarps = 8, kConsumerThreads = 256;
 // 1 no longer waits at short lists' ends: K lead 1 with order 1 for
 // block-sparse items against K lead 0 with order 2, four runs each on
 // 2026-12-05, fwd ms means: BigBird 0.383 / 0.401, random 0.897 / 0.913,
-// window + sinks 1.741 / 1.721 (bench/results/cuda-fwd-ws-klead-2026-12-05-c0ef6e3.md).
+// window + sinks 1.740 / 1.721 (bench/results/cuda-fwd-ws-klead-2026-12-05-c0ef6e3.md).
 // Builds for measurements may set -DATTN_FWD_WS_DENSE_END=2 or
 // -DATTN_FWD_WS_SPARSE_END=2.
 #ifndef ATTN_FWD_WS_DENSE_END
@@ -153,7 +153,7 @@ static_assert(kDenseEnd >= 1 && kDenseEnd <= 3 && kSparseEnd >= 1 && kSparseEnd 
 // item's first K tile (which order 1 of an item's end waits for) issued
 // during the item's last-but-one step instead of at its end. V keeps its
 // time. The default (measured with order 1 above; K lead 2 was no
-// better: BigBird 0.385, random 0.900, window 1.730 ms in the same runs);
+// better: BigBird 0.385, random 0.899, window 1.730 ms in the same runs);
 // builds for measurements may set -DATTN_FWD_WS_K_LEAD=0 or 2.
 // 2: K tiles two steps ahead of the V tiles (K_{j+2} before V_j), in one K
 // stage more than V stages (d = 128: 3 and 2, 224 KB of tiles, with the

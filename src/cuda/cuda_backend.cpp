@@ -655,7 +655,7 @@ class CudaPlan final : public BackendPlan {
       // (flash_fwd_sm90_ws_moba_gather_kernel: items of 128 gathered rows
       // overlapped with the next item's loads and first GEMM) where its
       // tensor maps encode, unless ATTN_CUDA_MOBA_GATHER_WS=0 (the one-tile
-      // kernel below): its kernel time 3% lower at blocks of 512 (top 3 and
+      // kernel below): its kernel time 3-4% lower at blocks of 512 (top 3 and
       // 12) and 10% at blocks of 4096 (top 3; H200, L = 32K, d = 128;
       // bench/results/cuda-moba-ws-2026-12-05-a3f4e40.md).
       // (Its work items, the most tiles of a round per (sequence, head), are

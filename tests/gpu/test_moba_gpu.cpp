@@ -85,8 +85,8 @@ bool g_moba_sm90 = false, g_fwd_sm90 = true, g_bwd_sm90 = true;
 // forward on wgmma, unless ATTN_CUDA_MOBA_GATHER_SM90=0 or
 // ATTN_CUDA_FWD_SM90=0.
 bool g_gather_sm90 = false;
-// ... and with ATTN_CUDA_MOBA_GATHER_WS=1 on the warp-specialised forward
-// ("-moba-gather-ws").
+// ... on the warp-specialised forward ("-moba-gather-ws") unless
+// ATTN_CUDA_MOBA_GATHER_WS=0 (the one-tile wgmma kernel).
 bool g_gather_ws = false;
 // sm_90 device, gathered lists: d = 64 and 128 plans run the gathered dK/dV
 // kernel on wgmma, unless ATTN_CUDA_MOBA_GATHER_BWD_SM90=0,
@@ -466,7 +466,7 @@ int main() {
   g_bwd_sm90 = !env_is("ATTN_CUDA_BWD_SM90", "0") && !env_set("ATTN_CUDA_BWD_VARIANT");
   g_gather_sm90 = prop.major == 9 && prop.minor == 0 && g_fwd_sm90 &&
                   !env_is("ATTN_CUDA_MOBA_GATHER_SM90", "0");
-  g_gather_ws = g_gather_sm90 && env_is("ATTN_CUDA_MOBA_GATHER_WS", "1");
+  g_gather_ws = g_gather_sm90 && !env_is("ATTN_CUDA_MOBA_GATHER_WS", "0");
   g_gather_bwd_sm90 = prop.major == 9 && prop.minor == 0 && g_bwd_sm90 &&
                       !env_is("ATTN_CUDA_MOBA_GATHER_BWD_SM90", "0");
   // (As expected_kernels says for d = 64 and 128.)
