@@ -5,11 +5,12 @@
 # forward and block-sparse GPU tests in its own build directory, runs the
 # tests (and compute-sanitizer's racecheck on the block-sparse cases that
 # exercise the warp-specialised forward's records), then times every tree's
-# library with bench/bench_sparse_flex.py (no FlexAttention) and prints one
-# table: the forward and backward ms of each mask per tree.
+# library with bench/bench_sparse_flex.py (no FlexAttention) and prints a
+# table of the forward and backward ms of each mask per tree and round (and,
+# with AB_ROUNDS > 1, one of each tree's means).
 #
 #   scripts/ab-sparse.sh [TREE[:DEFINES] ...]   e.g. . alt/ws-tma-epilogue
-#   scripts/ab-sparse.sh . .:ATTN_FWD_WS_DENSE_END=2,ATTN_FWD_WS_SPARSE_END=1
+#   scripts/ab-sparse.sh . .:ATTN_FWD_WS_DENSE_END=2,ATTN_FWD_WS_SPARSE_END=2
 #
 # A tree is a checkout of the repository (e.g. `git worktree add alt/NAME
 # BRANCH`; alt/ is ignored by git, so a copy of this tree that takes only
@@ -25,9 +26,10 @@
 # and racecheck), AB_BENCH_ARGS (extra bench_sparse_flex.py arguments, e.g.
 # "--masks random,bigbird --variant ATTN_CUDA_FWD_SM90_WS_PINGPONG=1"),
 # AB_ROUNDS (default 1): rounds of timings, each timing every tree once in
-# turn (the GPU's clock under these kernels moves by up to 15% from launch
-# to launch, so single runs of two trees differ by chance); with more than
-# one, a last table gives each tree's mean and range per mask.
+# turn, starting one tree later each round (the GPU's clock under these
+# kernels moves from launch to launch, so single runs of two trees differ
+# by chance); with more than one, a last table gives each tree's mean,
+# range and count of rounds per mask.
 # Uses the CMocka copy in .deps/ of this tree where present.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -35,6 +37,8 @@ root=$PWD
 broot=${AB_BUILD_ROOT:-/tmp/attn-ab}
 logs=${OUT:-$broot/logs}
 mkdir -p "$logs"
+rounds=${AB_ROUNDS:-1}
+[[ $rounds =~ ^[1-9][0-9]*$ ]] || { echo "AB_ROUNDS must be a positive integer, got '$rounds'"; exit 1; }
 if [ -d .deps/pc ]; then
   export PKG_CONFIG_PATH=$root/.deps/pc${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}
   export LD_LIBRARY_PATH=$root/.deps/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
@@ -119,10 +123,12 @@ for spec in "${trees[@]}"; do
 done
 # The timings: in each round, one tree after the other on the same machine.
 read -r -a extra <<<"${AB_BENCH_ARGS:-}"
-rounds=${AB_ROUNDS:-1}
+n_trees=${#trees[@]}
 for ((r = 1; r <= rounds; ++r)); do
-  for spec in "${trees[@]}"; do
+  for ((i = 0; i < n_trees; ++i)); do
+    spec=${trees[$(( (i + r - 1) % n_trees ))]}
     name=$(spec_name "$spec")
+    rm -f "$logs/$name-sparse-r$r.md"  # (a failed run leaves none, not an older one)
     [ -n "${libs[$name]:-}" ] || continue
     python3 bench/bench_sparse_flex.py --lib "${libs[$name]}" --no-flex "${extra[@]}" \
       --out "$logs/$name-sparse-r$r.md" >"$logs/$name-sparse-r$r.log" 2>&1 || rc=1
@@ -144,8 +150,8 @@ for ((r = 1; r <= rounds; ++r)); do
 done
 if [ "$rounds" -gt 1 ]; then
   echo
-  echo "| tree | mask | fwd ms mean (min-max) | bwd ms mean (min-max) |"
-  echo "|---|---|---|---|"
+  echo "| tree | mask | rounds | fwd ms mean (min-max) | bwd ms mean (min-max) |"
+  echo "|---|---|---|---|---|"
   awk -F'|' '{
       gsub(/ /, "", $2); gsub(/^ +| +$/, "", $4); k = $2 SUBSEP $4
       if (!(k in n)) { order[++m] = k; lo_f[k] = hi_f[k] = $5; lo_b[k] = hi_b[k] = $6 }
@@ -155,7 +161,7 @@ if [ "$rounds" -gt 1 ]; then
     } END {
       for (i = 1; i <= m; ++i) {
         k = order[i]; split(k, t, SUBSEP)
-        printf "| %s | %s | %.3f (%.3f-%.3f) | %.3f (%.3f-%.3f) |\n", t[1], t[2],
+        printf "| %s | %s | %d | %.3f (%.3f-%.3f) | %.3f (%.3f-%.3f) |\n", t[1], t[2], n[k],
                f[k] / n[k], lo_f[k], hi_f[k], b[k] / n[k], lo_b[k], hi_b[k]
       }
     }' "$rows"

@@ -6,7 +6,7 @@
 # (scripts/build-variant-lib.sh), packed into OUT_DIR.tar.xz.
 #
 #   scripts/prebuild-variants.sh OUT_DIR NAME:NAME=VALUE[,NAME=VALUE...][:SOURCE_REGEX] ...
-#   e.g. scripts/prebuild-variants.sh alt/prebuilt klead1:ATTN_FWD_WS_K_LEAD=1 \
+#   e.g. scripts/prebuild-variants.sh alt/prebuilt klead2:ATTN_FWD_WS_K_LEAD=2 \
 #          trace:ATTN_FWD_WS_TRACE=1,ATTN_BWD_SM90_TRACE=1:'flash_(fwd_sm90_ws|bwd_sm90)'
 #
 # OUT_DIR/base/src/libattn.so.0 is the base library and OUT_DIR/base/tests/gpu
