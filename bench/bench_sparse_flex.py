@@ -251,7 +251,7 @@ def main():
             plan80.close()
         rows.append(row)
         if a.interleave:
-            # Each plan its own O and LSE (its forward's, as here), so that its
+            # Each plan its own O and LSE (this mask's forward's), so that its
             # backward reads them; bound now, as the loop's fwd and bwd would see
             # whichever plan the name holds last.
             o_i, lse_i = o.clone(), lse.clone()
@@ -293,8 +293,8 @@ def main():
     lines = [f"# Block-sparse CUDA plans vs FlexAttention ({datetime.date.today()}, commit {a.commit})",
              "", f"{torch.cuda.get_device_name()}, torch {torch.__version__}; L = {L}, {H} heads, "
              f"d = {d}, bf16, batch 1, causal; median of {a.reps} timed runs after 3 warm-ups"
-             + (" (libattn interleaved: each round one call of every plan in turn, forwards "
-                "then backwards)." if a.interleave else "."),
+             + (" (libattn's plans interleaved: each round one call of every plan in turn, "
+                "forwards then backwards; the sm80 columns back to back)." if a.interleave else "."),
              "TFLOP/s on visible pairs (fwd 4 * pairs * d, bwd 2.5x); 'tile' TFLOP/s count every pair "
              f"of the visited forward tiles ({dense['tile']} for the dense plan; see the kernels "
              "below; 'tile bwd': the sm_80 forward's tiles where it is timed too); "
