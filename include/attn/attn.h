@@ -1202,10 +1202,17 @@ ATTN_API attn_status_t attn_comm_create_inprocess(int32_t num_ranks, int64_t tim
  * communicator's device; exchanges are ordered with the execution's stream
  * by events, never by waiting on the host. Ring plans on it need a CUDA
  * context on that device; plan creation is then collective (every rank
- * creates its plan, and a mismatch fails all of them with
- * COMMUNICATION_ERROR). A rank that fails during an execution cannot stop
- * its peers' enqueued NCCL operations: the application aborts the NCCL
- * communicator (ncclCommAbort) to release them. Returns SUCCESS,
+ * creates its plan; a mismatch fails all of them with COMMUNICATION_ERROR,
+ * and so does a rank whose creation fails for a reason of its own: it
+ * returns that reason, its peers COMMUNICATION_ERROR naming it). An
+ * execution returns once its ring is enqueued on the stream: an NCCL error
+ * that arises after that is returned (COMMUNICATION_ERROR) by the next call
+ * on the communicator, and the outputs of the failed execution are
+ * undefined. A rank that fails during an execution cannot stop its peers'
+ * enqueued NCCL operations: its own stream then waits for its enqueued
+ * exchanges (so that the workspace is not reused under them), and the
+ * application aborts the NCCL communicator (ncclCommAbort) to release
+ * them. Returns SUCCESS,
  * INVALID_ARGUMENT (NULL), BACKEND_UNAVAILABLE (built without NCCL),
  * COMMUNICATION_ERROR (NCCL's message), BACKEND_ERROR, OUT_OF_MEMORY. */
 ATTN_API attn_status_t attn_comm_create_nccl(void *nccl_comm, attn_comm_t *comm);
@@ -1227,14 +1234,16 @@ ATTN_API attn_status_t attn_comm_get_size(attn_comm_t comm, int32_t *size);
 /* Creates this rank's ring plan for the problem `desc` describes with its
  * GLOBAL sequence lengths (the same descriptor a dense plan over the whole
  * sequence would take). Every rank of comm must create its plan from an
- * equal descriptor and layout; a mismatch is found at the first exchange
- * and fails every rank with COMMUNICATION_ERROR.
+ * equal descriptor and layout; a mismatch fails every rank with
+ * COMMUNICATION_ERROR (NCCL: at creation; in-process: at the first
+ * exchange).
  * The plan is an ordinary attn_plan_t: attn_plan_workspace_size,
  * attn_forward and attn_backward take it with the rank's local tensors (see
  * above), attn_plan_describe reports the global problem's pairs, FLOPs and
  * bytes with this rank's workspace, and attn_ring_plan_describe the ring.
  * attn_forward and attn_backward on a ring plan are collective: every rank
- * calls the same pass with its shards; a rank returns when the ring is done.
+ * calls the same pass with its shards; a rank returns when the ring is done
+ * (NCCL: enqueued on the stream; see attn_comm_create_nccl).
  * Their executions must not overlap on one communicator. A failure of one
  * rank during an execution fails the group: every rank then returns
  * COMMUNICATION_ERROR (outputs unwritten) and the communicators are no

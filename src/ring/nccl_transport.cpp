@@ -82,6 +82,11 @@ class NcclTransport final : public Transport {
       throw;
     }
     (void)cudaFree(buf);
+    if (fingerprint == kRingPlanFailed) return;  // the caller reports its own error
+    for (size_t r = 0; r < n; ++r)
+      if (all[r] == kRingPlanFailed)
+        fail(ATTN_STATUS_COMMUNICATION_ERROR, "ring (NCCL rank ", rank_, " of ", size_, "): rank ",
+             r, " failed to create its ring plan (its own status says why)");
     for (size_t r = 0; r < n; ++r)
       if (all[r] != fingerprint)
         fail(ATTN_STATUS_COMMUNICATION_ERROR, "ring (NCCL rank ", rank_, " of ", size_, "): rank ",
@@ -125,9 +130,20 @@ class NcclTransport final : public Transport {
     check_usable();
   }
 
-  // Enqueued NCCL operations cannot be withdrawn; the buffers stay in use
-  // until they complete or the application aborts the NCCL communicator.
-  void cancel(const Exchange&, void*) noexcept override {}
+  // Enqueued NCCL operations cannot be withdrawn: the buffers stay in use
+  // until they complete or the application aborts the NCCL communicator. So
+  // that the caller's later work on its stream (reusing or freeing the
+  // workspace) does not race with them, and a captured graph's fork of the
+  // communication stream is joined, the caller's stream waits for them.
+  void cancel(const Exchange&, void* stream) noexcept override {
+    int prev = 0;
+    const bool switched = cudaGetDevice(&prev) == cudaSuccess && prev != device_ &&
+                          cudaSetDevice(device_) == cudaSuccess;
+    if (cudaEventRecord(done_, stream_) != cudaSuccess ||
+        cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), done_, 0) != cudaSuccess)
+      (void)cudaGetLastError();  // nothing more a noexcept path can do
+    if (switched) (void)cudaSetDevice(prev);
+  }
 
   // Peers learn of it only through NCCL (its timeouts, or ncclCommAbort by
   // the application): this rank stops taking part.

@@ -59,9 +59,25 @@ void fail_ring_group(Transport& transport, int32_t rank, const Exchange* pending
   if (pending != nullptr) transport.cancel(*pending, stream);
 }
 
-std::unique_ptr<Plan> create_ring_plan(const ContextConfig& ctx, const PlanDesc& desc,
-                                       std::shared_ptr<Transport> transport,
-                                       attn_ring_layout_t layout) {
+namespace {
+
+// A rank that failed during plan creation still takes part in the
+// agreement its peers are in (NCCL: a collective they would otherwise wait
+// in forever); its own error is what it reports.
+void agree_failed(Transport& transport) noexcept {
+  try {
+    transport.agree(Transport::kRingPlanFailed);
+  } catch (...) {
+    // the rank's own error is the one to report
+  }
+}
+
+// The plan's problem, schedule and options, checked, before any agreement.
+std::unique_ptr<Plan> create_ring_plan_unagreed(const ContextConfig& ctx, const PlanDesc& desc,
+                                                const Transport& transport_ref,
+                                                attn_ring_layout_t layout, RingSchedule& schedule,
+                                                RingOptions& options) {
+  const Transport* const transport = &transport_ref;
   if (ctx.backend != transport->backend())
     invalid_argument("comm: a ", transport->name(), " communicator moves ",
                      transport->backend() == ATTN_BACKEND_CUDA ? "CUDA device" : "host",
@@ -81,22 +97,28 @@ std::unique_ptr<Plan> create_ring_plan(const ContextConfig& ctx, const PlanDesc&
   RingSchedule::check_lengths(desc, transport->size(), layout);
   // Before the dense plan is built: a malformed option fails with nothing
   // made (and names the variable, not whatever the plan would reject).
-  const RingOptions options = options_from_env();
+  options = options_from_env();
 
   // The global problem, validated as a dense plan would be (shapes, GQA,
   // empty rows, what the backend supports); its backend binding is then
   // replaced by the ring.
   std::unique_ptr<Plan> plan = create_plan(ctx, desc);
-  RingSchedule schedule =
-      RingSchedule::build(plan->problem, transport->rank(), transport->size(), layout);
+  schedule = RingSchedule::build(plan->problem, transport->rank(), transport->size(), layout);
   // The order of the backward's exchanges depends on dkv_home: ranks must agree on it too
   // where it applies (a backward over 2 or more ranks). (Tags derive from the fingerprint,
   // so both ranks' tags change alike.)
   if (options.dkv_home && plan->problem.backward && transport->size() > 1)
     schedule.fingerprint ^= 0x646b765f686f6d65ull;
-  // Every rank must build the same ring (a no-op where mismatches are
-  // caught at the first exchange instead).
-  transport->agree(schedule.fingerprint);
+  // Never the failure mark (Transport::agree).
+  if (schedule.fingerprint == Transport::kRingPlanFailed) schedule.fingerprint = 1;
+  return plan;
+}
+
+// The backend's ring plan into plan.impl.
+void build_ring_backend(const ContextConfig& ctx, Plan& plan_ref,
+                        std::shared_ptr<Transport> transport, const RingSchedule& schedule,
+                        const RingOptions& options) {
+  Plan* const plan = &plan_ref;
   switch (ctx.backend) {
     case ATTN_BACKEND_CPU:
       plan->impl = make_cpu_ring_plan(ctx, plan->problem, std::move(transport), schedule, options);
@@ -117,6 +139,35 @@ std::unique_ptr<Plan> create_ring_plan(const ContextConfig& ctx, const PlanDesc&
   // schedule of ATTN_RING_DKV_HOME=0 while the default is the other.
   if (options.dkv_home && !plan->problem.backward && schedule.size > 1)
     static_cast<RingBackendPlan&>(*plan->impl).facts.exchanges_backward = 2 * schedule.size - 2;
+}
+
+}  // namespace
+
+std::unique_ptr<Plan> create_ring_plan(const ContextConfig& ctx, const PlanDesc& desc,
+                                       std::shared_ptr<Transport> transport,
+                                       attn_ring_layout_t layout) {
+  // Two agreements: every rank knows the schedule (and that the ranks'
+  // schedules are equal), then every rank has built its plan. A rank that
+  // throws before one of them joins it with the failure mark, so that its
+  // peers fail (COMMUNICATION_ERROR) instead of waiting for it.
+  const std::shared_ptr<Transport> group = transport;
+  std::unique_ptr<Plan> plan;
+  RingSchedule schedule;
+  RingOptions options;
+  try {
+    plan = create_ring_plan_unagreed(ctx, desc, *transport, layout, schedule, options);
+  } catch (...) {
+    agree_failed(*group);
+    throw;
+  }
+  group->agree(schedule.fingerprint);
+  try {
+    build_ring_backend(ctx, *plan, std::move(transport), schedule, options);
+  } catch (...) {
+    agree_failed(*group);
+    throw;
+  }
+  group->agree(schedule.fingerprint);
   return plan;
 }
 

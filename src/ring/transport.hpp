@@ -37,10 +37,15 @@ class Transport {
   virtual attn_backend_t backend() const = 0;
   virtual int32_t device() const = 0;
 
-  // Called by every rank at ring plan creation with the plan's fingerprint:
-  // a transport that cannot check each message (NCCL) compares them here
-  // (a collective call) and throws COMMUNICATION_ERROR on a mismatch; the
-  // in-process one checks the tag of every message instead and does nothing.
+  // Called by every rank at ring plan creation, twice: with the plan's
+  // fingerprint (never kRingPlanFailed) once the schedule is known and once
+  // the plan is built, or with kRingPlanFailed by a rank that failed before
+  // either point (it then reports its own error), so that every rank takes
+  // part in each call. A transport that cannot check each message (NCCL)
+  // compares them here (a collective call) and throws COMMUNICATION_ERROR
+  // on a mismatch or a failed peer; the in-process one checks the tag of
+  // every message instead and does nothing.
+  static constexpr uint64_t kRingPlanFailed = 0;
   virtual void agree(uint64_t fingerprint) = 0;
 
   // Throws COMMUNICATION_ERROR when the group has failed already, so that a
