@@ -57,7 +57,7 @@ start=$(date +%s)
 # Only what this check runs: other targets need not build for it to work.
 targets="tests/gpu/test_sm90_mma tests/gpu/test_flash_fwd tests/gpu/test_flash_bwd tests/gpu/test_block_sparse_gpu tests/gpu/test_moba_gpu
          tests/gpu/test_kv_decode_gpu tests/gpu/test_moba_gates tests/gpu/time_flash_fwd tests/gpu/time_flash_bwd"
-# The NCCL ring test exists only in builds with NCCL (it skips below 2 GPUs).
+# The NCCL ring test exists only in builds with NCCL (one GPU: one rank).
 if ninja -C "$build" -t targets all 2>/dev/null | grep -q '^tests/gpu/test_ring_nccl:'; then
   targets="$targets tests/gpu/test_ring_nccl"
 fi
@@ -203,6 +203,12 @@ if [ "${GPU_CHECK_SANITIZE:-1}" != 0 ] && command -v compute-sanitizer >/dev/nul
     ATTN_GPU_TEST_FILTER=top6-per-head-gqa4
   sanitize synccheck moba_gather_ws "$bin" ATTN_CUDA_MOBA_GATHER_WS=1 \
     ATTN_GPU_TEST_FILTER=top6-per-head-gqa4
+  # The CUDA ring plan (its token maps, permutations, merges and
+  # accumulations; exchanges from 2 GPUs on), both dK/dV schedules.
+  if [ -x "$build/tests/gpu/test_ring_nccl" ]; then
+    sanitize memcheck ring "$build/tests/gpu/test_ring_nccl"
+    sanitize memcheck ring_dkv_exchange "$build/tests/gpu/test_ring_nccl" ATTN_RING_DKV_HOME=0
+  fi
 fi
 
 torch_out=""
