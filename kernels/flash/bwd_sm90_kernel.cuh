@@ -215,7 +215,7 @@ __device__ __forceinline__ void hold(uint32_t (&a)[N][4]) {
 namespace attn::flash {
 namespace bwd_sm90 {
 // Per-launch sums of the blocks' phases (cycles; see Trace).
-static __device__ unsigned long long trace_sum[6];
+static __device__ unsigned long long trace_sum[8];
 static __device__ unsigned int trace_blocks;
 #endif
 
@@ -226,12 +226,13 @@ static __device__ unsigned int trace_blocks;
 // item and resets them (a printf in the kernel itself is a call, across
 // which ptxas serialises every wgmma of the kernel: warning C7510). Phases:
 // 0 from the start to the loop (the item's lookup, the first loads issued),
-// 1 waiting for K, V and the first query tile, 2 the iterations, 3 the end
-// (dQ's last reductions, dK and dV out). The default build's methods are
-// empty.
+// 1 waiting for K, V and the first query tile, 2 the iterations, then the
+// end: 3 the last loads drained and dQ's last reductions complete, 4 dK and
+// dV staged (or, accumulated ones, added), 5 their stores issued. The
+// default build's methods are empty.
 struct Trace {
 #if ATTN_BWD_SM90_TRACE
-  long long t0 = 0, last = 0, ph[4] = {0, 0, 0, 0};
+  long long t0 = 0, last = 0, ph[6] = {0, 0, 0, 0, 0, 0};
   int iters = -1;  // -1: the block had no item
   __device__ Trace() {
     if (threadIdx.x == 0) t0 = last = clock64();
@@ -245,11 +246,11 @@ struct Trace {
   __device__ void item(int n) { iters = n; }
   __device__ ~Trace() {
     if (threadIdx.x != 0) return;
-    mark(3);
+    mark(5);
     if (iters >= 0) {
-      for (int k = 0; k < 4; ++k) atomicAdd(&trace_sum[k], (unsigned long long)ph[k]);
-      atomicAdd(&trace_sum[4], (unsigned long long)iters);
-      atomicAdd(&trace_sum[5], 1ull);
+      for (int k = 0; k < 6; ++k) atomicAdd(&trace_sum[k], (unsigned long long)ph[k]);
+      atomicAdd(&trace_sum[6], (unsigned long long)iters);
+      atomicAdd(&trace_sum[7], 1ull);
     }
     atomicAdd(&trace_blocks, 1u);
   }
@@ -264,14 +265,16 @@ struct Trace {
 // Static, as the sums it reads: each source that launches the kernel has its
 // own copy.
 static __global__ void trace_print_kernel() {
-  const double n = double(trace_sum[5] ? trace_sum[5] : 1);
+  const double n = double(trace_sum[7] ? trace_sum[7] : 1);
   printf("bwd-trace: %u blocks, %llu with an item, %.2f iterations each; cycles per item: "
-         "start %.0f first loads %.0f iterations %.0f (%.0f each) end %.0f\n",
-         trace_blocks, trace_sum[5], double(trace_sum[4]) / n, double(trace_sum[0]) / n,
+         "start %.0f first loads %.0f iterations %.0f (%.0f each) end %.0f (drain and dQ %.0f, "
+         "dK/dV staged %.0f, stored %.0f)\n",
+         trace_blocks, trace_sum[7], double(trace_sum[6]) / n, double(trace_sum[0]) / n,
          double(trace_sum[1]) / n, double(trace_sum[2]) / n,
-         trace_sum[4] ? double(trace_sum[2]) / double(trace_sum[4]) : 0.0,
-         double(trace_sum[3]) / n);
-  for (int k = 0; k < 6; ++k) trace_sum[k] = 0;
+         trace_sum[6] ? double(trace_sum[2]) / double(trace_sum[6]) : 0.0,
+         double(trace_sum[3] + trace_sum[4] + trace_sum[5]) / n, double(trace_sum[3]) / n,
+         double(trace_sum[4]) / n, double(trace_sum[5]) / n);
+  for (int k = 0; k < 8; ++k) trace_sum[k] = 0;
   trace_blocks = 0;
 }
 #endif
@@ -722,6 +725,7 @@ __device__ __forceinline__ void flash_bwd_dkdv_sm90_tile(const BwdParams& p) {
     bulk_issue(n_iter - 1);  // the last tile's dQ
     bulk_wait<0>();  // shared memory must outlive the copies
   }
+  trace.mark(3);
 
   // Block-sparse plans without split groups accumulate only the tiles whose
   // list is cut, in slots of their own (compact); the others store directly.
@@ -750,6 +754,7 @@ __device__ __forceinline__ void flash_bwd_dkdv_sm90_tile(const BwdParams& p) {
         red_add_f32x2(p.dv_accum + at + 8 * j, acc_dv[4 * j + 2 * hh], acc_dv[4 * j + 2 * hh + 1]);
       }
     }
+    trace.mark(4);
     return;
   }
 
@@ -767,6 +772,7 @@ __device__ __forceinline__ void flash_bwd_dkdv_sm90_tile(const BwdParams& p) {
           pack2<T>(acc_dv[4 * j + 2 * hh], acc_dv[4 * j + 2 * hh + 1]);
     }
   __syncthreads();
+  trace.mark(4);
   T* gdK = static_cast<T*>(p.dk) + (varlen ? kv_tok * p.dk_seq : b * p.dk_batch) +
            hk * p.dk_head + c0 * p.dk_seq;
   T* gdV = static_cast<T*>(p.dv) + (varlen ? kv_tok * p.dv_seq : b * p.dv_batch) +
