@@ -1203,16 +1203,18 @@ ATTN_API attn_status_t attn_comm_create_inprocess(int32_t num_ranks, int64_t tim
  * by events, never by waiting on the host. Ring plans on it need a CUDA
  * context on that device; plan creation is then collective (every rank
  * creates its plan; a mismatch fails all of them with COMMUNICATION_ERROR,
- * and so does a rank whose creation fails for a reason of its own: it
- * returns that reason, its peers COMMUNICATION_ERROR naming it). An
- * execution returns once its ring is enqueued on the stream: an NCCL error
- * that arises after that is returned (COMMUNICATION_ERROR) by the next call
- * on the communicator, and the outputs of the failed execution are
- * undefined. A rank that fails during an execution cannot stop its peers'
- * enqueued NCCL operations: its own stream then waits for its enqueued
- * exchanges (so that the workspace is not reused under them), and the
- * application aborts the NCCL communicator (ncclCommAbort) to release
- * them. Returns SUCCESS,
+ * and so does a rank whose creation fails for a reason of its own, any but
+ * an invalid comm handle: it returns that reason, its peers
+ * COMMUNICATION_ERROR naming it). An execution returns once its ring is
+ * enqueued on the stream: an NCCL error that arises after that is returned
+ * (COMMUNICATION_ERROR) by the next ring plan creation or execution on the
+ * communicator, and the outputs of the failed execution are undefined. A
+ * rank that fails during an execution cannot stop its peers' enqueued NCCL
+ * operations, nor tell its peers: its own stream then waits for its
+ * enqueued exchanges (so that the workspace is not reused under them;
+ * synchronising that stream before the communicator is aborted may wait
+ * forever), and the application aborts the NCCL communicator
+ * (ncclCommAbort) to release them. Returns SUCCESS,
  * INVALID_ARGUMENT (NULL), BACKEND_UNAVAILABLE (built without NCCL),
  * COMMUNICATION_ERROR (NCCL's message), BACKEND_ERROR, OUT_OF_MEMORY. */
 ATTN_API attn_status_t attn_comm_create_nccl(void *nccl_comm, attn_comm_t *comm);
@@ -1244,12 +1246,14 @@ ATTN_API attn_status_t attn_comm_get_size(attn_comm_t comm, int32_t *size);
  * attn_forward and attn_backward on a ring plan are collective: every rank
  * calls the same pass with its shards; a rank returns when the ring is done
  * (NCCL: enqueued on the stream; see attn_comm_create_nccl).
- * Their executions must not overlap on one communicator. A failure of one
- * rank during an execution fails the group: every rank then returns
- * COMMUNICATION_ERROR (outputs unwritten) and the communicators are no
- * longer usable. A rank that fails before it starts (an invalid argument, a
- * small workspace) is noticed by the others through their timeout, or at
- * once if it then destroys its (in-process) communicator.
+ * Their executions must not overlap on one communicator. In-process, a
+ * failure of one rank during an execution fails the group: every rank then
+ * returns COMMUNICATION_ERROR (outputs unwritten) and the communicators are
+ * no longer usable; a rank that fails before it starts (an invalid
+ * argument, a small workspace) is noticed by the others through their
+ * timeout, or at once if it then destroys its communicator. NCCL peers are
+ * not told (see attn_comm_create_nccl): they wait in their exchanges until
+ * the application aborts the NCCL communicator.
  * Supported: CPU contexts with in-process communicators (full, causal and
  * window masks, GQA, softcap, head_dim_v != head_dim_qk, every dtype, BSHD,
  * BHSD and varlen batches), and CUDA contexts with NCCL communicators for
@@ -1263,8 +1267,10 @@ ATTN_API attn_status_t attn_comm_get_size(attn_comm_t comm, int32_t *size);
  * Returns SUCCESS, INVALID_HANDLE (ctx, desc, comm), INVALID_ARGUMENT
  * (layout, lengths not divisible as the layout needs (for varlen, the
  * message names the first sequence that does not divide), and whatever
- * attn_plan_create rejects), NOT_SUPPORTED, OUT_OF_MEMORY. On failure *plan
- * is unchanged. */
+ * attn_plan_create rejects), NOT_SUPPORTED, OUT_OF_MEMORY,
+ * COMMUNICATION_ERROR (NCCL: the ranks' plans differ, or a peer's creation
+ * failed; its own status says why), BACKEND_ERROR. On failure *plan is
+ * unchanged. */
 ATTN_API attn_status_t attn_ring_plan_create(attn_context_t ctx, attn_plan_desc_t desc,
                                              attn_comm_t comm, attn_ring_layout_t layout,
                                              attn_plan_t *plan);

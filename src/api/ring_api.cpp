@@ -114,17 +114,29 @@ attn_status_t attn_comm_get_size(attn_comm_t comm, int32_t* size) {
 attn_status_t attn_ring_plan_create(attn_context_t ctx, attn_plan_desc_t desc, attn_comm_t comm,
                                     attn_ring_layout_t layout, attn_plan_t* plan) {
   return guarded([&] {
-    const attn_context& c = checked(ctx, "ctx");
-    const attn_plan_desc& d = checked(desc, "desc");
+    // Creation is collective (NCCL): with a live comm, a rank whose
+    // arguments fail still joins the ranks' agreements as a failed rank, so
+    // that its peers fail instead of waiting; the handle is allocated
+    // before them, so that nothing fails on this rank after its peers have
+    // their plans (but its registration, which an out-of-memory may fail).
     const attn_comm& m = checked(comm, "comm");
-    if (layout != ATTN_RING_LAYOUT_CONTIGUOUS && layout != ATTN_RING_LAYOUT_ZIGZAG)
-      invalid_argument("layout: unknown value ", int(layout));
-    require_out(plan, "plan");
-    auto built = attn::ring::create_ring_plan(c.config, d.desc, m.transport, layout);
-    attn_plan_t h = nullptr;
-    create_handle(&h);
-    h->plan = std::move(built);
-    *plan = h;
+    const attn_context* c = nullptr;
+    const attn_plan_desc* d = nullptr;
+    std::unique_ptr<attn_plan> h;
+    try {
+      c = &checked(ctx, "ctx");
+      d = &checked(desc, "desc");
+      if (layout != ATTN_RING_LAYOUT_CONTIGUOUS && layout != ATTN_RING_LAYOUT_ZIGZAG)
+        invalid_argument("layout: unknown value ", int(layout));
+      require_out(plan, "plan");
+      h = std::make_unique<attn_plan>();
+    } catch (...) {
+      attn::ring::join_failed_ring_creation(*m.transport);
+      throw;
+    }
+    h->plan = attn::ring::create_ring_plan(c->config, d->desc, m.transport, layout);
+    attn::register_handle(h.get(), attn::HandleKind::plan);
+    *plan = h.release();
   });
 }
 

@@ -12,6 +12,7 @@
 #include <nccl.h>
 
 #include <atomic>
+#include <exception>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -49,6 +50,13 @@ class NcclTransport final : public Transport {
       check_cuda(cudaGetLastError(), "cudaEventCreate");
       fail(ATTN_STATUS_BACKEND_ERROR, "ring (NCCL transport): cudaEventCreate failed");
     }
+    // agree()'s all-gather buffer: every rank's fingerprint, then this rank's.
+    const cudaError_t e = cudaMalloc(&fingerprints_, sizeof(uint64_t) * (size_t(size_) + 1));
+    if (e != cudaSuccess) {
+      fingerprints_ = nullptr;
+      release();
+      check_cuda(e, "cudaMalloc (fingerprints)");
+    }
   }
   ~NcclTransport() override { release(); }
   NcclTransport(const NcclTransport&) = delete;
@@ -60,28 +68,31 @@ class NcclTransport final : public Transport {
   attn_backend_t backend() const override { return ATTN_BACKEND_CUDA; }
   int32_t device() const override { return device_; }
 
-  // Plan creation may block: all-gather the fingerprints and compare.
+  // Plan creation may block: all-gather the fingerprints and compare. The
+  // all-gather is joined on every call (a rank that skipped it would leave
+  // its peers waiting): an aborted communicator sends the failure mark and
+  // throws after it, and the buffer exists since construction.
   void agree(uint64_t fingerprint) override {
-    check_usable();
+    std::exception_ptr unusable;
+    try {
+      check_usable();
+    } catch (...) {
+      unusable = std::current_exception();
+      fingerprint = kRingPlanFailed;
+    }
     cuda::DeviceScope scope(device_, "ring (CUDA)");
     const size_t n = size_t(size_);
-    uint64_t* buf = nullptr;
-    check_cuda(cudaMalloc(&buf, sizeof(uint64_t) * (n + 1)), "cudaMalloc (fingerprints)");
+    uint64_t* const buf = fingerprints_;
     std::vector<uint64_t> all(n);
-    try {
-      check_cuda(cudaMemcpyAsync(buf + n, &fingerprint, sizeof fingerprint, cudaMemcpyHostToDevice,
-                                 stream_),
-                 "cudaMemcpyAsync");
-      check_nccl(ncclAllGather(buf + n, buf, 1, ncclUint64, comm_, stream_), "ncclAllGather");
-      check_cuda(cudaMemcpyAsync(all.data(), buf, sizeof(uint64_t) * n, cudaMemcpyDeviceToHost,
-                                 stream_),
-                 "cudaMemcpyAsync");
-      check_cuda(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
-    } catch (...) {
-      (void)cudaFree(buf);
-      throw;
-    }
-    (void)cudaFree(buf);
+    check_cuda(cudaMemcpyAsync(buf + n, &fingerprint, sizeof fingerprint, cudaMemcpyHostToDevice,
+                               stream_),
+               "cudaMemcpyAsync");
+    check_nccl(ncclAllGather(buf + n, buf, 1, ncclUint64, comm_, stream_), "ncclAllGather");
+    check_cuda(cudaMemcpyAsync(all.data(), buf, sizeof(uint64_t) * n, cudaMemcpyDeviceToHost,
+                               stream_),
+               "cudaMemcpyAsync");
+    check_cuda(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+    if (unusable) std::rethrow_exception(unusable);
     if (fingerprint == kRingPlanFailed) return;  // the caller reports its own error
     for (size_t r = 0; r < n; ++r)
       if (all[r] == kRingPlanFailed)
@@ -162,6 +173,8 @@ class NcclTransport final : public Transport {
     int prev = 0;
     const bool switched = cudaGetDevice(&prev) == cudaSuccess && prev != device_ &&
                           cudaSetDevice(device_) == cudaSuccess;
+    if (fingerprints_) (void)cudaFree(fingerprints_);
+    fingerprints_ = nullptr;
     if (done_) (void)cudaEventDestroy(done_);
     if (ready_) (void)cudaEventDestroy(ready_);
     if (stream_) (void)cudaStreamDestroy(stream_);
@@ -174,6 +187,7 @@ class NcclTransport final : public Transport {
   int rank_ = 0, size_ = 1, device_ = 0;
   cudaStream_t stream_ = nullptr;
   cudaEvent_t ready_ = nullptr, done_ = nullptr;
+  uint64_t* fingerprints_ = nullptr;
   std::atomic<bool> aborted_{false};
   std::mutex mutex_;
   std::string reason_;

@@ -148,19 +148,25 @@ std::unique_ptr<Plan> create_ring_plan(const ContextConfig& ctx, const PlanDesc&
                                        attn_ring_layout_t layout) {
   // Two agreements: every rank knows the schedule (and that the ranks'
   // schedules are equal), then every rank has built its plan. A rank that
-  // throws before one of them joins it with the failure mark, so that its
-  // peers fail (COMMUNICATION_ERROR) instead of waiting for it.
+  // throws before one of them joins it (and the next) with the failure
+  // mark, so that its peers fail (COMMUNICATION_ERROR) instead of waiting.
   const std::shared_ptr<Transport> group = transport;
   std::unique_ptr<Plan> plan;
   RingSchedule schedule;
   RingOptions options;
+  // (Transport::agree joins its collective exactly once, whatever fails.)
   try {
     plan = create_ring_plan_unagreed(ctx, desc, *transport, layout, schedule, options);
+  } catch (...) {
+    join_failed_ring_creation(*group);
+    throw;
+  }
+  try {
+    group->agree(schedule.fingerprint);  // (a peer failed, plans differ, or a local error)
   } catch (...) {
     agree_failed(*group);
     throw;
   }
-  group->agree(schedule.fingerprint);
   try {
     build_ring_backend(ctx, *plan, std::move(transport), schedule, options);
   } catch (...) {
@@ -169,6 +175,11 @@ std::unique_ptr<Plan> create_ring_plan(const ContextConfig& ctx, const PlanDesc&
   }
   group->agree(schedule.fingerprint);
   return plan;
+}
+
+void join_failed_ring_creation(Transport& transport) noexcept {
+  agree_failed(transport);
+  agree_failed(transport);
 }
 
 const char* ring_piece_name(RingPiece what) {

@@ -93,10 +93,16 @@ void fail_ring_group(Transport& transport, int32_t rank, const Exchange* pending
                      void* stream) noexcept;
 
 // Builds the plan of rank transport->rank() for the global problem `desc`
-// (global sequence lengths). Throws attn::Error.
+// (global sequence lengths). Throws attn::Error. Collective: it takes part
+// in two agreements of the ranks (Transport::agree) on every path, failed
+// ones included, so that a rank's failure fails its peers' creation
+// instead of leaving them waiting.
 std::unique_ptr<Plan> create_ring_plan(const ContextConfig& ctx, const PlanDesc& desc,
                                        std::shared_ptr<Transport> transport,
                                        attn_ring_layout_t layout);
+// For a rank whose ring plan creation failed before create_ring_plan (its
+// arguments): its part in the two agreements, as a failed rank's.
+void join_failed_ring_creation(Transport& transport) noexcept;
 
 // The ring facts of a plan, or nullptr when it is not a ring plan.
 const RingFacts* ring_facts(const Plan& plan);

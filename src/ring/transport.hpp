@@ -59,8 +59,11 @@ class Transport {
   virtual void finish(const Exchange& x, void* stream) = 0;
 
   // Withdraws a started exchange that will not be finished (the caller
-  // failed in between), so that its send buffer may be freed. Waits only
-  // for a copy out of that buffer that is already running.
+  // failed in between), so that its buffers may be reused or freed: the
+  // in-process transport waits only for a copy out of the send buffer that
+  // is already running; NCCL, whose enqueued operations cannot be
+  // withdrawn, makes the caller's stream wait for them (until the peers
+  // take part or the application aborts the NCCL communicator).
   virtual void cancel(const Exchange& x, void* stream) noexcept = 0;
 
   // Marks the whole group failed, so that every rank's current and future
