@@ -270,8 +270,8 @@ class CudaRingPlan final : public RingBackendPlan {
       for (int32_t t = 0; t < s_.size; ++t) {
         if (t + 1 < s_.size) {
           x = {kv[cur], kv[1 - cur], kv_bytes_, s_.tag(ATTN_PASS_FORWARD, t, Traffic::kv)};
+          in_flight = true;  // (also when start throws: NCCL may have enqueued it)
           tr_->start(x, a.stream);
-          in_flight = true;
         }
         const char* k = kv[cur];
         const char* v = kv[cur] + size_t(k_.elements()) * es_;
@@ -348,7 +348,9 @@ class CudaRingPlan final : public RingBackendPlan {
         if (s_.size > 1) {  // the accumulators follow their K/V, then go home
           x = {b.dkv[dkv_cur], b.dkv[1 - dkv_cur], dkv_bytes_,
                s_.tag(ATTN_PASS_BACKWARD, t, Traffic::dkv)};
+          in_flight = true;
           tr_->start(x, a.stream);
+          in_flight = false;
           tr_->finish(x, a.stream);
           if (prof.on()) prof.mark(stream, t, -1, RingPiece::exchange_dkv);
           dkv_cur = 1 - dkv_cur;
@@ -390,8 +392,8 @@ class CudaRingPlan final : public RingBackendPlan {
     PassProfile& prof = prof_bwd_;
     if (t + 1 < s_.size) {
       x = {b.kv[kv_cur], b.kv[1 - kv_cur], kv_bytes_, s_.tag(ATTN_PASS_BACKWARD, t, Traffic::kv)};
+      in_flight = true;  // (also when start throws: NCCL may have enqueued it)
       tr_->start(x, a.stream);
-      in_flight = true;
     }
     for (size_t i = 0; i < blocks_[size_t(t)].size(); ++i)
       backward_block(a, b, t, i, b.kv[kv_cur], b.dkv[dkv_cur]);
@@ -425,8 +427,8 @@ class CudaRingPlan final : public RingBackendPlan {
       pack_kv(a.k, a.v, b.kv_own, stream);
       if (prof.on()) prof.mark(stream, -1, -1, RingPiece::prologue);
       x = {b.kv_own, b.kv[0], kv_bytes_, s_.tag(ATTN_PASS_BACKWARD, 0, Traffic::kv)};
+      in_flight = true;  // (also when start throws: NCCL may have enqueued it)
       tr_->start(x, a.stream);
-      in_flight = true;
       for (size_t i = 0; i < own_head; ++i) backward_block(a, b, 0, i, b.kv_own, b.dkv_own);
       in_flight = false;
       tr_->finish(x, a.stream);
@@ -435,14 +437,14 @@ class CudaRingPlan final : public RingBackendPlan {
         backward_kv_step(a, b, t, x, in_flight, kv_cur, dkv_cur);
         x = {b.dkv[dkv_cur], b.dkv[1 - dkv_cur], dkv_bytes_,
              s_.tag(ATTN_PASS_BACKWARD, t, Traffic::dkv)};
+        in_flight = true;
         tr_->start(x, a.stream);
         dkv_cur = 1 - dkv_cur;
         if (t + 1 < s_.size) {  // the next holder adds into it at once
+          in_flight = false;
           tr_->finish(x, a.stream);
           if (prof.on()) prof.mark(stream, t, -1, RingPiece::exchange_dkv);
-        } else {
-          in_flight = true;  // going home: the rest of the own blocks cover it
-        }
+        }  // else going home: the rest of the own blocks cover it
       }
       for (size_t i = own_head; i < own.size(); ++i)
         backward_block(a, b, 0, i, b.kv_own, b.dkv_own);
