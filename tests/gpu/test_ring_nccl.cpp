@@ -8,7 +8,8 @@
 // (u the dtype's unit roundoff, max |X_ref| each output's own; LSE: + 1e-4
 // max(1, |LSE_ref|)), the yardstick itself within 32 u max |X_ref| (LSE:
 // 1e-2 max(1, |LSE_ref|)). Outputs and workspaces are poisoned (NaN) before
-// the run.
+// the run; each ring rank runs both passes twice on one workspace, the
+// outputs poisoned again in between, and the second run's are checked.
 //
 // Rank counts: 1 (every part of the CUDA ring plan but the exchanges: its
 // block plans, merges, accumulations, permutations and token maps; zigzag
@@ -207,8 +208,11 @@ struct DeviceTensors {
 
 // Forward then backward of `plan` on t, with a poisoned workspace; returns
 // the first failure's status (message in *why).
+// `runs` times: a run after the first finds the workspace as the last left
+// it and the outputs poisoned again, so that what is checked is the last
+// run's (a plan must not rely on a fresh workspace).
 attn_status_t execute(attn_plan_t plan, const DeviceTensors& t, cudaStream_t stream,
-                      std::string* why, attn_status_t* bwd_status) {
+                      std::string* why, attn_status_t* bwd_status, int runs = 1) {
   size_t fwd = 0, bwd = 0;
   ATTN_CHECK(attn_plan_workspace_size(plan, ATTN_PASS_FORWARD, &fwd));
   ATTN_CHECK(attn_plan_workspace_size(plan, ATTN_PASS_BACKWARD, &bwd));
@@ -216,14 +220,21 @@ attn_status_t execute(attn_plan_t plan, const DeviceTensors& t, cudaStream_t str
   const size_t ws_bytes = std::max(fwd, bwd) + 1;
   GPU_CHECK(cudaMalloc(&ws, ws_bytes));
   GPU_CHECK(cudaMemset(ws, 0xff, ws_bytes));
-  attn_status_t s = attn_forward(plan, t.p[0], t.p[1], t.p[2], t.p[4], t.lse(), ws, fwd, stream);
-  *bwd_status = ATTN_STATUS_INTERNAL_ERROR;
-  if (s != ATTN_STATUS_SUCCESS) {
-    *why = attn_last_error_message();
-  } else {
-    *bwd_status = attn_backward(plan, t.p[0], t.p[1], t.p[2], t.p[4], t.lse(), t.p[3], t.p[5],
-                                t.p[6], t.p[7], ws, bwd, stream);
-    if (*bwd_status != ATTN_STATUS_SUCCESS) *why = attn_last_error_message();
+  attn_status_t s = ATTN_STATUS_SUCCESS;
+  *bwd_status = ATTN_STATUS_SUCCESS;
+  for (int run = 0; run < runs && s == ATTN_STATUS_SUCCESS && *bwd_status == ATTN_STATUS_SUCCESS;
+       ++run) {
+    if (run > 0)
+      for (int i = 4; i < 9; ++i) GPU_CHECK(cudaMemsetAsync(t.p[i], 0xff, t.bytes[i], stream));
+    s = attn_forward(plan, t.p[0], t.p[1], t.p[2], t.p[4], t.lse(), ws, fwd, stream);
+    *bwd_status = ATTN_STATUS_INTERNAL_ERROR;
+    if (s != ATTN_STATUS_SUCCESS) {
+      *why = attn_last_error_message();
+    } else {
+      *bwd_status = attn_backward(plan, t.p[0], t.p[1], t.p[2], t.p[4], t.lse(), t.p[3], t.p[5],
+                                  t.p[6], t.p[7], ws, bwd, stream);
+      if (*bwd_status != ATTN_STATUS_SUCCESS) *why = attn_last_error_message();
+    }
   }
   GPU_CHECK(cudaStreamSynchronize(stream));
   GPU_CHECK(cudaFree(ws));
@@ -326,7 +337,7 @@ void run_rank(const Case& c, const Lengths& l, int n, int r, ncclComm_t nccl, co
     t.upload(local_in);
     cudaStream_t stream;
     GPU_CHECK(cudaStreamCreate(&stream));
-    res->fwd = execute(plan, t, stream, &res->message, &res->bwd);
+    res->fwd = execute(plan, t, stream, &res->message, &res->bwd, 2);
     GPU_CHECK(cudaStreamDestroy(stream));
     t.download(res->out, lq->count(), lk->count(), nl);
   }
