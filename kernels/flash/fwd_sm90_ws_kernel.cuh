@@ -184,7 +184,9 @@ namespace ws {
 // Per-phase cycle sums of one consumer thread (diagnostic builds only; the
 // default build's methods are empty). Phases of an item: 0 its Q and
 // record, 1 its first K tile, 2 S_0, 3 its first softmax, 4 the steps
-// j >= 1, 5 the last P V, 6 the epilogue. Where an item's S_0 overlaps the
+// j >= 1, 5 the last P V, 6 the epilogue (in order 1, split into 7 staging
+// O and LSE, 8 the warpgroup's barrier, 6 the stores and the Q buffer's
+// release). Where an item's S_0 overlaps the
 // previous item's end, 0 is the wait for its record, Q and first K tile
 // there, 1 is empty and 2 the wait for S_0 after that item's epilogue.
 // Also the clock (clock64, the SM's) at each step's S issue, summed by
@@ -196,9 +198,9 @@ namespace ws {
 // printf in the kernel itself is a call, across which ptxas serialises
 // every wgmma of the kernel (warning C7510), which distorted the phases.
 #if ATTN_FWD_WS_TRACE
-// Per saved block: block index, items, KV tiles, the seven sums; per
+// Per saved block: block index, items, KV tiles, the nine sums; per
 // consumer warpgroup the summed clocks of its steps' S issues and their count.
-static __device__ uint32_t trace_saved[3][10];
+static __device__ uint32_t trace_saved[3][12];
 static __device__ unsigned long long trace_issue_sum[3][2];
 static __device__ uint32_t trace_issues[3][2];
 // Per saved block: its consumer's clock64 cycles and %globaltimer ns from
@@ -212,7 +214,7 @@ __device__ __forceinline__ unsigned long long global_ns() {
 #endif
 struct Trace {
 #if ATTN_FWD_WS_TRACE
-  uint32_t sum[7] = {0, 0, 0, 0, 0, 0, 0}, last = 0, items = 0, tiles = 0;
+  uint32_t sum[9] = {0, 0, 0, 0, 0, 0, 0, 0, 0}, last = 0, items = 0, tiles = 0;
   unsigned long long c0 = 0, t0 = 0;
   __device__ __forceinline__ void start() {
     last = uint32_t(clock());
@@ -248,7 +250,7 @@ struct Trace {
     r[0] = x;
     r[1] = items;
     r[2] = tiles;
-    for (int k = 0; k < 7; ++k) r[3 + k] = sum[k];
+    for (int k = 0; k < 9; ++k) r[3 + k] = sum[k];
   }
 #else
   __device__ __forceinline__ void start() {}
@@ -270,9 +272,11 @@ static __global__ void trace_print_kernel() {
     const float i = float(r[1]);
     const uint32_t* sum = r + 3;
     printf("ws-trace block %u: %u items, %.2f tiles each; cycles per item: q %.0f k0 %.0f s0 %.0f "
-           "softmax0 %.0f steps %.0f (%.0f per step) pv %.0f epilogue %.0f\n",
+           "softmax0 %.0f steps %.0f (%.0f per step) pv %.0f epilogue %.0f (staging %.0f, "
+           "barrier %.0f, stores %.0f)\n",
            r[0], r[1], float(r[2]) / i, sum[0] / i, sum[1] / i, sum[2] / i, sum[3] / i, sum[4] / i,
-           r[2] > r[1] ? sum[4] / float(r[2] - r[1]) : 0.0f, sum[5] / i, sum[6] / i);
+           r[2] > r[1] ? sum[4] / float(r[2] - r[1]) : 0.0f, sum[5] / i,
+           (sum[6] + sum[7] + sum[8]) / i, sum[7] / i, sum[8] / i, sum[6] / i);
     const uint32_t n = trace_issues[slot][0];
     if (n > 0 && trace_issues[slot][1] == n)
       printf("ws-trace block %u: warpgroup 2's S issues %.0f cycles after warpgroup 1's, mean of %u "
@@ -972,7 +976,9 @@ __device__ __forceinline__ void flash_fwd_sm90_ws(const FwdWsParams& wp) {
                                        : p.lse + e_b * p.lse_batch + e_h * p.lse_head + e_r0;
           T* gO = static_cast<T*>(p.o) + e_b * p.o_batch + e_h * p.o_head + e_r0 * p.o_seq;
           stage_o_rows<T, D, BM>(sQp, acc_o, row_max, row_sum, row0, t4, gL, e_rows, scale_log2);
+          trace.mark(7);  // staged (the epilogue's first part)
           sm90::named_barrier(1 + cw, 128);
+          trace.mark(8);  // the warpgroup's barrier
           store_o_rows<D, BM>(gO, p.o_seq, sQp, cw, wtid, e_rows);
           // The staging writes (generic proxy) before the producer's next
           // tensor copy into the buffer (async proxy).
