@@ -6,13 +6,15 @@
 #   ws-trace   the warp-specialised forward (flash/fwd_sm90_ws_kernel.cuh,
 #              ws::Trace): three blocks' cycles per item by phase (Q and
 #              record, first K tile, S_0, first softmax, the steps j >= 1
-#              and per step, last P V, epilogue), and how far apart the two
+#              and per step, last P V, epilogue: staging, the warpgroup's
+#              barrier, stores), and how far apart the two
 #              consumer warpgroups issue their steps' S GEMMs, and the
 #              block's clock cycles over its nanoseconds (the SM clock
 #              it ran at: the GPU throttles under load)
 #   bwd-trace  the sm_90a dK/dV kernel (flash/bwd_sm90_kernel.cuh,
 #              bwd_sm90::Trace): all blocks' average cycles per item by
-#              phase (start, first loads, iterations and per iteration, end)
+#              phase (start, first loads, iterations and per iteration, end:
+#              loads drained and the last dQ reduction, dK/dV staged, stored)
 # Run from the repository root on a machine with an sm_90 device and torch;
 # writes $OUT/trace-sparse.txt and prints the trace lines under their masks.
 #
