@@ -1246,7 +1246,10 @@ ATTN_API attn_status_t attn_comm_get_size(attn_comm_t comm, int32_t *size);
  * attn_forward and attn_backward on a ring plan are collective: every rank
  * calls the same pass with its shards; a rank returns when the ring is done
  * (NCCL: enqueued on the stream; see attn_comm_create_nccl).
- * Their executions must not overlap on one communicator. In-process, a
+ * Their executions must not overlap on one communicator: one that starts
+ * while another runs on the same rank's communicator returns
+ * INVALID_ARGUMENT at once, writing nothing (the running one and the group
+ * are unaffected). In-process, a
  * failure of one rank during an execution fails the group: every rank then
  * returns COMMUNICATION_ERROR (outputs unwritten) and the communicators are
  * no longer usable; a rank that fails before it starts (an invalid

@@ -194,6 +194,7 @@ class CpuRingPlan final : public RingBackendPlan {
   }
 
   void forward(const ForwardArgs& a) const override {
+    const ExecutionTurn turn_of_comm(*tr_);
     char* ws = workspace_base(a.workspace);
     float* qf = floats(ws, fwd_.qf);
     float* o_acc = floats(ws, fwd_.o_acc);
@@ -239,6 +240,7 @@ class CpuRingPlan final : public RingBackendPlan {
   }
 
   void backward(const BackwardArgs& a) const override {
+    const ExecutionTurn turn_of_comm(*tr_);
     char* ws = workspace_base(a.workspace);
     float* qf = floats(ws, bwd_.qf);
     float* of = floats(ws, bwd_.of);

@@ -233,6 +233,7 @@ class CudaRingPlan final : public RingBackendPlan {
   }
 
   void forward(const ForwardArgs& a) const override {
+    const ExecutionTurn turn_of_comm(*tr_);
     const std::unique_lock<std::mutex> turn = profile_turn();
     require_aligned(a.q, "q");
     require_aligned(a.k, "k");
@@ -315,6 +316,7 @@ class CudaRingPlan final : public RingBackendPlan {
   }
 
   void backward(const BackwardArgs& a) const override {
+    const ExecutionTurn turn_of_comm(*tr_);
     const std::unique_lock<std::mutex> turn = profile_turn();
     require_aligned(a.q, "q");
     require_aligned(a.k, "k");

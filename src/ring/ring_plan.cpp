@@ -37,6 +37,12 @@ void fill_facts(RingFacts& f, const RingSchedule& s, const char* transport) {
   f.transport = transport;
 }
 
+ExecutionTurn::ExecutionTurn(Transport& transport) : transport_(transport) {
+  if (!transport.try_begin_execution())
+    invalid_argument("comm: another ring execution on this rank's communicator is running ",
+                     "(executions on one communicator must not overlap)");
+}
+
 void fail_ring_group(Transport& transport, int32_t rank, const Exchange* pending,
                      void* stream) noexcept {
   try {

@@ -85,6 +85,20 @@ std::vector<RingPieceTime> ring_profile(const Plan& plan, attn_pass_t pass);
 // Fills the facts that follow from the schedule (all but the bytes).
 void fill_facts(RingFacts& facts, const RingSchedule& schedule, const char* transport);
 
+// A ring execution's hold on its communicator, from its first line: a
+// second execution on the communicator meanwhile is INVALID_ARGUMENT
+// before it does anything (the running one, and the group, unaffected).
+class ExecutionTurn {
+ public:
+  explicit ExecutionTurn(Transport& transport);
+  ~ExecutionTurn() { transport_.end_execution(); }
+  ExecutionTurn(const ExecutionTurn&) = delete;
+  ExecutionTurn& operator=(const ExecutionTurn&) = delete;
+
+ private:
+  Transport& transport_;
+};
+
 // Called from a catch block of a ring execution: a failure of this rank
 // mid-ring fails the whole group, so that peers stop waiting for it (a
 // COMMUNICATION_ERROR came from the group and is not echoed); a started

@@ -8,6 +8,7 @@
 
 #include <attn/attn.h>
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -29,6 +30,12 @@ struct Exchange {
 class Transport {
  public:
   virtual ~Transport() = default;
+
+  // Ring executions on one communicator must not overlap (attn.h): the
+  // first takes the communicator, a concurrent second one is refused at
+  // once (ExecutionTurn, ring_plan.hpp) instead of mixing its messages in.
+  bool try_begin_execution() noexcept { return !executing_.exchange(true); }
+  void end_execution() noexcept { executing_.store(false); }
   virtual int32_t rank() const = 0;
   virtual int32_t size() const = 0;
   virtual const char* name() const = 0;
@@ -69,6 +76,9 @@ class Transport {
   // Marks the whole group failed, so that every rank's current and future
   // exchanges fail with `reason` instead of waiting for this rank.
   virtual void abort(const std::string& reason) noexcept = 0;
+
+ private:
+  std::atomic<bool> executing_{false};
 };
 
 }  // namespace attn::ring

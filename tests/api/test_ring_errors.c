@@ -651,6 +651,79 @@ static void test_long_timeout(void **state) {
   group_close(&g);
 }
 
+/* A rank's call on its own thread that counts itself done (under `lock`)
+ * when it returns, so that the test can wait for the first of several. */
+typedef struct counted_call {
+  rank_call call;
+  pthread_mutex_t *lock;
+  pthread_cond_t *cond;
+  int *done;
+} counted_call;
+
+static void *counted_call_main(void *arg) {
+  counted_call *c = (counted_call *)arg;
+  rank_call_main(&c->call);
+  pthread_mutex_lock(c->lock);
+  ++*c->done;
+  pthread_cond_signal(c->cond);
+  pthread_mutex_unlock(c->lock);
+  return NULL;
+}
+
+/* Two executions on rank 0's communicator at once (two plans): one is
+ * refused at once (INVALID_ARGUMENT, outputs untouched) while the other
+ * waits for rank 1, then runs with it; the group stays usable. */
+static void test_overlapping_executions(void **state) {
+  (void)state;
+  ring_group g;
+  group_open(&g, 2, 60000, 8, ATTN_MASK_CAUSAL);
+  attn_plan_t second;
+  EXPECT_OK(attn_ring_plan_create(g.ctx, g.descs[0], g.comms[0], ATTN_RING_LAYOUT_CONTIGUOUS,
+                                  &second));
+  rank_io io2;
+  io_init(&io2, g.io[0].lq, g.io[0].ws_bytes);
+  io_poison_lse(&g.io[0]);
+  io_poison_lse(&g.io[1]);
+  io_poison_lse(&io2);
+  pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+  pthread_cond_t cond = PTHREAD_COND_INITIALIZER;
+  int done = 0;
+  counted_call calls[2] = {
+      {{g.plans[0], &g.io[0], 0, ATTN_STATUS_INTERNAL_ERROR, ""}, &lock, &cond, &done},
+      {{second, &io2, 0, ATTN_STATUS_INTERNAL_ERROR, ""}, &lock, &cond, &done}};
+  pthread_t t[3];
+  for (int i = 0; i < 2; ++i)
+    assert_int_equal(pthread_create(&t[i], NULL, counted_call_main, &calls[i]), 0);
+  /* The refused one returns without its peer; the other waits for rank 1. */
+  struct timespec until;
+  clock_gettime(CLOCK_REALTIME, &until);
+  until.tv_sec += 20;
+  pthread_mutex_lock(&lock);
+  int waited = 0;
+  while (done == 0 && waited == 0) waited = pthread_cond_timedwait(&cond, &lock, &until);
+  const int done_before_peer = done;
+  pthread_mutex_unlock(&lock);
+  rank_call peer = {g.plans[1], &g.io[1], 0, ATTN_STATUS_INTERNAL_ERROR, ""};
+  assert_int_equal(pthread_create(&t[2], NULL, rank_call_main, &peer), 0);
+  for (int i = 0; i < 3; ++i) pthread_join(t[i], NULL);
+  assert_int_equal(done_before_peer, 1);
+  const int refused = calls[0].call.status == ATTN_STATUS_SUCCESS ? 1 : 0;
+  EXPECT_RANK(calls[refused].call, ATTN_STATUS_INVALID_ARGUMENT, "must not overlap",
+              "an execution overlapping another on one communicator");
+  assert_true(io_outputs_untouched(refused ? &io2 : &g.io[0], 1));
+  EXPECT_RANK(calls[1 - refused].call, ATTN_STATUS_SUCCESS, NULL, "the running execution");
+  EXPECT_RANK(peer, ATTN_STATUS_SUCCESS, NULL, "its peer");
+  /* Usable afterwards: the backward on both ranks' first plans. */
+  rank_call again[2];
+  group_calls(&g, again, 2, 1, ATTN_STATUS_INTERNAL_ERROR);
+  run_ranks(again, 2);
+  for (int r = 0; r < 2; ++r)
+    EXPECT_RANK(again[r], ATTN_STATUS_SUCCESS, NULL, "a backward after the refusal");
+  EXPECT_OK(attn_plan_destroy(second));
+  io_free(&io2);
+  group_close(&g);
+}
+
 /* After a success the group is reusable: forward then backward twice. */
 static void test_ring_reusable(void **state) {
   (void)state;
@@ -678,6 +751,7 @@ int main(void) {
       cmocka_unit_test(test_rank_leaves),
       cmocka_unit_test(test_single_rank_after_destroy),
       cmocka_unit_test(test_rank_fails_before_joining),
+      cmocka_unit_test(test_overlapping_executions),
       cmocka_unit_test(test_ring_reusable),
       cmocka_unit_test(test_long_timeout),
   };
