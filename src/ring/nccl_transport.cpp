@@ -2,8 +2,9 @@
 // transport's own. start() makes that stream wait for what the compute
 // stream has enqueued so far (the buffer to send is written, the buffer to
 // receive into is no longer read); finish() makes the compute stream wait
-// for the exchange. Nothing waits on the host, so a ring execution stays
-// stream-ordered. Errors: every NCCL call's result, and the communicator's
+// for the exchange. Nothing waits on the host for an exchange to complete
+// (a non-blocking communicator's calls are waited for until enqueued), so
+// a ring execution stays stream-ordered. Errors: every NCCL call's result, and the communicator's
 // asynchronous error (ncclCommGetAsyncError, which does not block), become
 // COMMUNICATION_ERROR with NCCL's own description.
 #include "ring/nccl_transport.hpp"
@@ -15,6 +16,7 @@
 #include <exception>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/error.hpp"
@@ -34,6 +36,20 @@ void check_nccl(ncclResult_t r, const char* what) {
   if (r == ncclSuccess) return;
   fail(ATTN_STATUS_COMMUNICATION_ERROR, "ring (NCCL transport): ", what, ": ",
        ncclGetErrorString(r));
+}
+
+// A non-blocking communicator (ncclConfig_t::blocking = 0) may answer a
+// call with ncclInProgress: the operation is being enqueued, and the
+// communicator's asynchronous state says when that is done (NCCL's
+// documented pattern: poll ncclCommGetAsyncError until it leaves
+// ncclInProgress). Blocking communicators never return it.
+ncclResult_t settled(ncclComm_t comm, ncclResult_t r) {
+  while (r == ncclInProgress) {
+    std::this_thread::yield();
+    const ncclResult_t q = ncclCommGetAsyncError(comm, &r);
+    if (q != ncclSuccess) return q;
+  }
+  return r;
 }
 
 class NcclTransport final : public Transport {
@@ -87,7 +103,8 @@ class NcclTransport final : public Transport {
     check_cuda(cudaMemcpyAsync(buf + n, &fingerprint, sizeof fingerprint, cudaMemcpyHostToDevice,
                                stream_),
                "cudaMemcpyAsync");
-    check_nccl(ncclAllGather(buf + n, buf, 1, ncclUint64, comm_, stream_), "ncclAllGather");
+    check_nccl(settled(comm_, ncclAllGather(buf + n, buf, 1, ncclUint64, comm_, stream_)),
+               "ncclAllGather");
     check_cuda(cudaMemcpyAsync(all.data(), buf, sizeof(uint64_t) * n, cudaMemcpyDeviceToHost,
                                stream_),
                "cudaMemcpyAsync");
@@ -127,7 +144,7 @@ class NcclTransport final : public Transport {
     check_nccl(ncclGroupStart(), "ncclGroupStart");
     ncclResult_t s = ncclSend(x.send, x.bytes, ncclUint8, next, comm_, stream_);
     ncclResult_t r = ncclRecv(x.recv, x.bytes, ncclUint8, prev, comm_, stream_);
-    ncclResult_t e = ncclGroupEnd();  // always close the group, then report
+    ncclResult_t e = settled(comm_, ncclGroupEnd());  // always close the group, then report
     check_nccl(s, "ncclSend");
     check_nccl(r, "ncclRecv");
     check_nccl(e, "ncclGroupEnd");
