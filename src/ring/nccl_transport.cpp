@@ -4,9 +4,9 @@
 // receive into is no longer read); finish() makes the compute stream wait
 // for the exchange. Nothing waits on the host for an exchange to complete
 // (a non-blocking communicator's calls are waited for until enqueued), so
-// a ring execution stays stream-ordered. Errors: every NCCL call's result, and the communicator's
-// asynchronous error (ncclCommGetAsyncError, which does not block), become
-// COMMUNICATION_ERROR with NCCL's own description.
+// a ring execution stays stream-ordered. Errors: every NCCL call's result,
+// and the communicator's asynchronous error (ncclCommGetAsyncError, which
+// does not block), become COMMUNICATION_ERROR with NCCL's own description.
 #include "ring/nccl_transport.hpp"
 
 #include <cuda_runtime_api.h>

@@ -80,17 +80,15 @@ void agree_failed(Transport& transport) noexcept {
 
 // The plan's problem, schedule and options, checked, before any agreement.
 std::unique_ptr<Plan> create_ring_plan_unagreed(const ContextConfig& ctx, const PlanDesc& desc,
-                                                const Transport& transport_ref,
-                                                attn_ring_layout_t layout, RingSchedule& schedule,
-                                                RingOptions& options) {
-  const Transport* const transport = &transport_ref;
-  if (ctx.backend != transport->backend())
-    invalid_argument("comm: a ", transport->name(), " communicator moves ",
-                     transport->backend() == ATTN_BACKEND_CUDA ? "CUDA device" : "host",
+                                                const Transport& comm, attn_ring_layout_t layout,
+                                                RingSchedule& schedule, RingOptions& options) {
+  if (ctx.backend != comm.backend())
+    invalid_argument("comm: a ", comm.name(), " communicator moves ",
+                     comm.backend() == ATTN_BACKEND_CUDA ? "CUDA device" : "host",
                      " memory, which ctx's backend does not compute on");
-  if (ctx.device != transport->device())
-    invalid_argument("comm: its ", transport->name(), " communicator is on device ",
-                     transport->device(), " but ctx is on device ", ctx.device);
+  if (ctx.device != comm.device())
+    invalid_argument("comm: its ", comm.name(), " communicator is on device ",
+                     comm.device(), " but ctx is on device ", ctx.device);
   if (desc.block_mask)
     not_supported("desc: ring plans do not take a block mask yet (attn_plan_desc_set_block_mask)");
   if (desc.moba_block > 0)
@@ -100,7 +98,7 @@ std::unique_ptr<Plan> create_ring_plan_unagreed(const ContextConfig& ctx, const 
       not_supported("desc: ring plans take local shards with the layout's contiguous strides; ",
                     "the strides set for tensor ", tensor_role_name(attn_tensor_role_t(r)),
                     " (attn_plan_desc_set_tensor) are not supported");
-  RingSchedule::check_lengths(desc, transport->size(), layout);
+  RingSchedule::check_lengths(desc, comm.size(), layout);
   // Before the dense plan is built: a malformed option fails with nothing
   // made (and names the variable, not whatever the plan would reject).
   options = options_from_env();
@@ -109,11 +107,11 @@ std::unique_ptr<Plan> create_ring_plan_unagreed(const ContextConfig& ctx, const 
   // empty rows, what the backend supports); its backend binding is then
   // replaced by the ring.
   std::unique_ptr<Plan> plan = create_plan(ctx, desc);
-  schedule = RingSchedule::build(plan->problem, transport->rank(), transport->size(), layout);
+  schedule = RingSchedule::build(plan->problem, comm.rank(), comm.size(), layout);
   // The order of the backward's exchanges depends on dkv_home: ranks must agree on it too
   // where it applies (a backward over 2 or more ranks). (Tags derive from the fingerprint,
   // so both ranks' tags change alike.)
-  if (options.dkv_home && plan->problem.backward && transport->size() > 1)
+  if (options.dkv_home && plan->problem.backward && comm.size() > 1)
     schedule.fingerprint ^= 0x646b765f686f6d65ull;
   // Never the failure mark (Transport::agree).
   if (schedule.fingerprint == Transport::kRingPlanFailed) schedule.fingerprint = 1;
@@ -121,17 +119,15 @@ std::unique_ptr<Plan> create_ring_plan_unagreed(const ContextConfig& ctx, const 
 }
 
 // The backend's ring plan into plan.impl.
-void build_ring_backend(const ContextConfig& ctx, Plan& plan_ref,
-                        std::shared_ptr<Transport> transport, const RingSchedule& schedule,
-                        const RingOptions& options) {
-  Plan* const plan = &plan_ref;
+void build_ring_backend(const ContextConfig& ctx, Plan& plan, std::shared_ptr<Transport> transport,
+                        const RingSchedule& schedule, const RingOptions& options) {
   switch (ctx.backend) {
     case ATTN_BACKEND_CPU:
-      plan->impl = make_cpu_ring_plan(ctx, plan->problem, std::move(transport), schedule, options);
+      plan.impl = make_cpu_ring_plan(ctx, plan.problem, std::move(transport), schedule, options);
       break;
     case ATTN_BACKEND_CUDA:
 #if ATTN_HAVE_CUDA && ATTN_HAVE_NCCL
-      plan->impl = make_cuda_ring_plan(ctx, plan->problem, std::move(transport), schedule,
+      plan.impl = make_cuda_ring_plan(ctx, plan.problem, std::move(transport), schedule,
                                          options);
       break;
 #else
@@ -143,8 +139,8 @@ void build_ring_backend(const ContextConfig& ctx, Plan& plan_ref,
   // under the options; the backends count one dK/dV exchange fewer only
   // where they run one, so a plan without a backward pass would report the
   // schedule of ATTN_RING_DKV_HOME=0 while the default is the other.
-  if (options.dkv_home && !plan->problem.backward && schedule.size > 1)
-    static_cast<RingBackendPlan&>(*plan->impl).facts.exchanges_backward = 2 * schedule.size - 2;
+  if (options.dkv_home && !plan.problem.backward && schedule.size > 1)
+    static_cast<RingBackendPlan&>(*plan.impl).facts.exchanges_backward = 2 * schedule.size - 2;
 }
 
 }  // namespace
