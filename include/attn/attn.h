@@ -738,8 +738,10 @@ ATTN_API attn_status_t attn_plan_desc_set_block_mask(attn_plan_desc_t desc,
 
 /* Mixture of Block Attention (MoBA): each query picks, at run time, the key
  * blocks it attends to. Keys are cut into blocks of block_size (the last
- * may be ragged). For query i with aligned diagonal d = i + seqlen_kv -
- * seqlen_q, its own block is d / block_size; every block before it is a
+ * may be ragged), each sequence's on its own in a varlen batch (its
+ * lengths being seqlen_q and seqlen_kv below). For query i with aligned
+ * diagonal d = i + seqlen_kv - seqlen_q, its own block is d / block_size;
+ * every block before it is a
  * past block, and the gate of past block kb is
  *
  *     g(i, kb) = sum over the selecting heads of  q_i . mean(K of block kb)
@@ -755,15 +757,16 @@ ATTN_API attn_status_t attn_plan_desc_set_block_mask(attn_plan_desc_t desc,
  *
  * block_size 0 turns MoBA off (the default); otherwise 1..65536, top_k >= 0,
  * shared_per_group 0 or 1. Checked at plan creation: the mask, no block mask
- * and no varlen batch at the same time (NOT_SUPPORTED). A top_k that covers
- * every past block (top_k >= ceil(seqlen_kv / block_size) - 1) selects the
+ * at the same time (NOT_SUPPORTED). A top_k that covers every past block
+ * (top_k >= ceil(seqlen_kv / block_size) - 1, with a varlen batch's longest
+ * seqlen_kv) selects the
  * whole causal mask: that plan runs as the dense causal plan on either
  * backend (attn_plan_describe's algorithm then starts with
  * "moba-keeps-every-block:"; ring plans refuse MoBA all the same), and the
  * CUDA limits below do not apply. The
  * CUDA backend (forward and backward, the passes' workspaces holding the
- * selection) needs block_size a multiple of 128 and top_k <= 32, else
- * NOT_SUPPORTED; its gates are as accurate as fp32 dot products (computed
+ * selection) needs block_size a multiple of 128, top_k <= 32 and a
+ * fixed-length batch, else NOT_SUPPORTED; its gates are as accurate as fp32 dot products (computed
  * on tensor cores from fp32 values split into three bf16 terms: within 2^-22
  * RMS of the exact product, relative to sqrt(sum_c (q_c mean_c)^2), on the
  * GPU test's inputs, as an fp32 loop over the channels) but summed in another order than the CPU backend's, so the

@@ -7,9 +7,10 @@
 namespace attn::cpu {
 
 void moba_pool(const Problem& p, const void* k, int64_t b, int64_t hk, int64_t kb, float* pooled) {
-  const int64_t j0 = kb * p.moba_block, j1 = std::min(p.seqlen_kv, j0 + p.moba_block);
+  const int64_t j0 = kb * p.moba_block, j1 = std::min(p.lk(b), j0 + p.moba_block);
   const int64_t dqk = p.head_dim_qk;
   std::fill(pooled, pooled + dqk, 0.0f);
+  if (j1 <= j0) return;  // past a shorter sequence's keys (varlen): never gated
   for (int64_t j = j0; j < j1; ++j) {
     const int64_t off = p.offset(ATTN_TENSOR_K, b, j, hk);
     for (int64_t c = 0; c < dqk; ++c) pooled[c] += load_as_float(k, off + c, p.dtype);
@@ -21,8 +22,9 @@ void moba_pool(const Problem& p, const void* k, int64_t b, int64_t hk, int64_t k
 void moba_select_row(const Problem& p, const void* q, const float* pooled, int64_t b, int64_t hs,
                      int64_t i, float* gates, int32_t* order, uint64_t* bits, int64_t words) {
   std::fill(bits, bits + words, 0);
-  const int64_t d = i + p.seqlen_kv - p.seqlen_q;  // the aligned diagonal
-  if (d < 0) return;                               // the row sees no key at all
+  if (i >= p.lq(b)) return;                 // past a shorter sequence's rows (varlen)
+  const int64_t d = i + p.lk(b) - p.lq(b);  // the aligned diagonal
+  if (d < 0) return;                        // the row sees no key at all
   const int64_t own = d / p.moba_block, nb = p.moba_num_blocks(), dqk = p.head_dim_qk;
   const int64_t h0 = p.moba_shared ? hs * p.group() : hs;
   const int64_t h1 = p.moba_shared ? h0 + p.group() : hs + 1;

@@ -318,7 +318,6 @@ std::unique_ptr<Plan> create_plan(const ContextConfig& ctx, const PlanDesc& d) {
   }
   if (d.moba_block > 0) {
     if (p.block_mask) not_supported("desc: MoBA together with a block mask: not supported");
-    if (p.varlen) not_supported("desc: MoBA with a varlen batch: not supported");
     if (p.mask != ATTN_MASK_CAUSAL)
       invalid_argument("desc: MoBA needs the mask ATTN_MASK_CAUSAL (future blocks are never seen)");
     p.moba_block = d.moba_block;

@@ -2138,6 +2138,16 @@ static void check_cuda_moba_plans(attn_context_t cuda) {
   assert_int_equal(info.backend, ATTN_BACKEND_CUDA);
   assert_true(strstr(info.kernel, "moba") != NULL);
   EXPECT_OK(attn_plan_destroy(plan));
+  POISON_PLAN(plan);
+  /* a varlen batch (the CPU backend runs it) */
+  {
+    const int32_t cu[3] = {0, 640, 1024};
+    EXPECT_OK(attn_plan_desc_set_shape(d, 2, 4, 2, 640, 640, 64, 64));
+    EXPECT_OK(attn_plan_desc_set_varlen(d, 2, cu, cu));
+    EXPECT_OK(attn_plan_desc_set_moba(d, 128, 1, 1));
+    EXPECT_FAIL(ATTN_STATUS_NOT_SUPPORTED, "varlen", attn_plan_create(cuda, d, &plan));
+    EXPECT_PLAN_UNTOUCHED(plan);
+  }
   EXPECT_OK(attn_plan_desc_destroy(d));
 }
 
@@ -2298,7 +2308,7 @@ static void test_moba_errors(void **state) {
   EXPECT_PLAN_UNTOUCHED(plan);
   EXPECT_OK(attn_plan_desc_set_mask(d, ATTN_MASK_CAUSAL, -1, -1));
 
-  /* not with a block mask, nor a varlen batch */
+  /* not with a block mask; a varlen batch runs on the CPU backend */
   EXPECT_OK(attn_block_mask_create(1, 1, 5, 7, 4, 4, &m));
   EXPECT_OK(attn_block_mask_add_window(m, -1, -1));
   EXPECT_OK(attn_plan_desc_set_block_mask(d, m));
@@ -2308,8 +2318,11 @@ static void test_moba_errors(void **state) {
   EXPECT_OK(attn_block_mask_destroy(m));
   EXPECT_OK(attn_plan_desc_set_shape(d, 2, 4, 2, 5, 5, 8, 8));
   EXPECT_OK(attn_plan_desc_set_varlen(d, 2, cu, cu));
-  EXPECT_FAIL(ATTN_STATUS_NOT_SUPPORTED, "varlen", attn_plan_create(g_ctx, d, &plan));
-  EXPECT_PLAN_UNTOUCHED(plan);
+  EXPECT_OK(attn_plan_create(g_ctx, d, &plan));
+  describe_plan(plan, &info);
+  assert_true(strstr(info.algorithm, "moba") != NULL);
+  assert_null(strstr(info.algorithm, "every-block"));
+  EXPECT_OK(attn_plan_destroy(plan));
   EXPECT_OK(attn_plan_desc_set_varlen(d, 2, NULL, NULL));
   EXPECT_OK(attn_plan_desc_set_shape(d, 2, 4, 2, 5, 7, 8, 8));
 

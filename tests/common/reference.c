@@ -88,12 +88,14 @@ static int64_t max_lk(const ref_problem *p) {
 static int64_t group_size(const ref_problem *p) { return p->heads_q / p->heads_kv; }
 
 int ref_visible_head(const ref_problem *p, int64_t b, int64_t h, int64_t i, int64_t j) {
-  int64_t mb, mh;
+  int64_t mb, mh, rows, cols;
   if (!ref_visible(p, b, i, j)) return 0;
   if (p->pair_mask == NULL) return 1;
   mb = p->pair_mask_batch == 1 ? 0 : b;
   mh = p->pair_mask_heads == 1 ? 0 : p->pair_mask_heads == p->heads_q ? h : h / group_size(p);
-  return p->pair_mask[((mb * p->pair_mask_heads + mh) * ref_lq(p, b) + i) * ref_lk(p, b) + j] != 0;
+  rows = p->pair_mask_rows > 0 ? p->pair_mask_rows : ref_lq(p, b);
+  cols = p->pair_mask_cols > 0 ? p->pair_mask_cols : ref_lk(p, b);
+  return p->pair_mask[((mb * p->pair_mask_heads + mh) * rows + i) * cols + j] != 0;
 }
 
 int ref_row_sees_any_head(const ref_problem *p, int64_t b, int64_t h, int64_t i) {
@@ -113,13 +115,15 @@ int ref_key_seen_head(const ref_problem *p, int64_t b, int64_t hk, int64_t j) {
 
 void ref_moba_select(const ref_problem *p, const double *q, const double *k, int64_t block,
                      int64_t top_k, int shared, unsigned char *pair) {
-  const int64_t lq = ref_lq(p, 0), lk = ref_lk(p, 0), nb = (lk + block - 1) / block;
+  const int64_t rows = max_lq(p), cols = max_lk(p), nb_max = (cols + block - 1) / block;
   const int64_t dqk = p->head_dim_qk, group = group_size(p);
-  double *mean = (double *)ref_alloc(sizeof(double) * (size_t)(p->heads_kv * nb * dqk));
-  double *gate = (double *)ref_alloc(sizeof(double) * (size_t)(nb > 0 ? nb : 1));
-  unsigned char *taken = (unsigned char *)ref_alloc((size_t)(nb > 0 ? nb : 1));
+  double *mean = (double *)ref_alloc(sizeof(double) * (size_t)(p->heads_kv * nb_max * dqk));
+  double *gate = (double *)ref_alloc(sizeof(double) * (size_t)(nb_max > 0 ? nb_max : 1));
+  unsigned char *taken = (unsigned char *)ref_alloc((size_t)(nb_max > 0 ? nb_max : 1));
   int64_t b, h, hk, kb, j, c, i, t, hh;
+  memset(pair, 0, (size_t)(p->batch * p->heads_q) * (size_t)rows * (size_t)cols);
   for (b = 0; b < p->batch; ++b) {
+    const int64_t lq = ref_lq(p, b), lk = ref_lk(p, b), nb = (lk + block - 1) / block;
     for (hk = 0; hk < p->heads_kv; ++hk)
       for (kb = 0; kb < nb; ++kb) {
         double *m = mean + (hk * nb + kb) * dqk;
@@ -134,8 +138,8 @@ void ref_moba_select(const ref_problem *p, const double *q, const double *k, int
         const int64_t d = i + lk - lq, own = d >= 0 ? d / block : -1;
         /* the heads whose gates add up: the group when shared */
         const int64_t h0 = shared ? (h / group) * group : h, h1 = shared ? h0 + group : h + 1;
-        unsigned char *row = pair + ((size_t)(b * p->heads_q + h) * (size_t)lq + (size_t)i) * (size_t)lk;
-        memset(row, 0, (size_t)lk);
+        unsigned char *row =
+            pair + ((size_t)(b * p->heads_q + h) * (size_t)rows + (size_t)i) * (size_t)cols;
         if (own < 0) continue;
         for (kb = 0; kb < own; ++kb) {
           gate[kb] = 0.0;

@@ -70,14 +70,18 @@ typedef struct ref_problem {
    * exist, to compute partial states over a subset of the keys. */
   const unsigned char *key_filter;
   ref_strides q, k, v, o, d_o, dq, dk, dv;
-  /* Optional (NULL: none), fixed-length batches only: a block-sparse or
-   * MoBA selection, materialised. Query i of sequence b in query head h sees
-   * key j only when pair_mask[((mb * pair_mask_heads + mh) * lq + i) * lk + j]
-   * != 0, where mb = b (0 when pair_mask_batch is 1) and mh = 0 when
-   * pair_mask_heads is 1, h when it is heads_q, else the KV head h / group.
-   * The window applies on top. */
+  /* Optional (NULL: none): a block-sparse or MoBA selection, materialised.
+   * Query i of sequence b in query head h sees key j only when
+   * pair_mask[((mb * pair_mask_heads + mh) * rows + i) * cols + j] != 0,
+   * where mb = b (0 when pair_mask_batch is 1) and mh = 0 when
+   * pair_mask_heads is 1, h when it is heads_q, else the KV head h / group;
+   * rows and cols are pair_mask_rows and pair_mask_cols (a varlen batch's
+   * longest sequence: each sequence's slab is padded to them), or the
+   * sequence's lq and lk where those are 0 (fixed-length batches). The
+   * window applies on top. */
   const unsigned char *pair_mask;
   int64_t pair_mask_batch, pair_mask_heads;
+  int64_t pair_mask_rows, pair_mask_cols;
 } ref_problem;
 
 int64_t ref_lq(const ref_problem *p, int64_t b);
@@ -97,10 +101,12 @@ int ref_key_seen_head(const ref_problem *p, int64_t b, int64_t hk, int64_t j);
 
 /* MoBA's selection (attn_plan_desc_set_moba) computed directly in fp64:
  * block means of K, gates q . mean per past block summed over the selecting
- * heads, the top_k largest (ties: lower block index) plus the own block.
- * Writes pair [batch][heads_q][lq][lk]: 1 where the key's block is selected
- * for the query (the causal mask is left to the window). Fixed-length
- * batches. */
+ * heads, the top_k largest (ties: lower block index) plus the own block,
+ * each sequence on its own (bottom-right aligned). Writes pair
+ * [batch][heads_q][rows][cols], rows and cols the longest sequence's
+ * lengths (fixed-length batches: lq and lk): 1 where the key's block is
+ * selected for the query (the causal mask is left to the window), 0 in the
+ * padding. */
 void ref_moba_select(const ref_problem *p, const double *q, const double *k, int64_t block,
                      int64_t top_k, int shared, unsigned char *pair);
 /* Whether query row i of sequence b sees at least one key. */

@@ -1090,13 +1090,12 @@ static void run_case(const nc_case *c, nc_outcome *out) {
   attn_context_t ctx = NULL;
   attn_plan_t plan = NULL;
   int64_t pairs = 0;
-  /* The reference needs whole GQA groups, and takes a selection (MoBA's
-   * or a block mask's) only on fixed-length batches; a spoilt description
-   * would not run what it checks. */
+  /* The reference needs whole GQA groups, and takes a block mask only on
+   * fixed-length batches; a spoilt description would not run what it
+   * checks. */
   const int whole_groups = c->heads_q % c->heads_kv == 0;
-  const int checkable =
-      whole_groups && c->bad_tensor == 0 && c->bad_varlen == 0 &&
-      (c->lens_q == NULL || (c->moba_block == 0 && c->block_mask == NULL));
+  const int checkable = whole_groups && c->bad_tensor == 0 && c->bad_varlen == 0 &&
+                        (c->lens_q == NULL || c->block_mask == NULL);
 
   memset(&r, 0, sizeof r);
   r.c = c;
@@ -1113,6 +1112,8 @@ static void run_case(const nc_case *c, nc_outcome *out) {
     r.rp.pair_mask = r.moba_pair;
     r.rp.pair_mask_batch = c->batch;
     r.rp.pair_mask_heads = c->heads_q;
+    r.rp.pair_mask_rows = r.seqlen_q; /* the longest sequence's (varlen) */
+    r.rp.pair_mask_cols = r.seqlen_kv;
   }
   if (whole_groups) r.empty_rows = count_empty_rows(&r);
   if (out != NULL) {
@@ -1134,7 +1135,7 @@ static void run_case(const nc_case *c, nc_outcome *out) {
     fail_case(&r, "attn_plan_create accepted a problem the reference cannot check (%s)",
               !whole_groups                            ? "heads_q not a multiple of heads_kv"
               : c->bad_tensor != 0 || c->bad_varlen != 0 ? "a spoilt description"
-                                                         : "MoBA or a block mask on a varlen batch");
+                                                         : "a block mask on a varlen batch");
   pairs = count_visible_pairs(&r);
   r.zmax = ref_logit_error_scale(&r.rp, mirror_of(&r, ATTN_TENSOR_Q), mirror_of(&r, ATTN_TENSOR_K));
   {

@@ -123,7 +123,7 @@ typedef struct nc_case {
   attn_block_mask_t block_mask;
   const unsigned char *pair_mask;
   int64_t mask_batch, mask_heads;
-  /* MoBA (moba_block > 0; causal, fixed length): the plan selects at run
+  /* MoBA (moba_block > 0; causal): the plan selects at run
    * time, the reference selects in fp64 (ref_moba_select); visible_pairs and
    * visited_tile_pairs are then checked as upper bounds. */
   int64_t moba_block, moba_top_k;
@@ -197,8 +197,8 @@ typedef struct nc_outcome {
  * reported in *out and nothing runs, so that the caller judges whether the
  * refusal is one attn.h documents. When the plan is created, the case runs
  * and is checked as by nc_run (status SUCCESS). A plan created for a problem
- * that the reference cannot check (heads_q not a multiple of heads_kv,
- * MoBA or a block mask on a varlen batch) fails the case. */
+ * that the reference cannot check (heads_q not a multiple of heads_kv, a
+ * block mask on a varlen batch) fails the case. */
 void nc_run_outcome(const nc_case *c, nc_outcome *out);
 
 /* Registers every case as a CMocka test named after it, followed by

@@ -50,6 +50,20 @@ static const nc_case kCases[] = {
      SHAPE(2, 2, 1, 110, 110, 16), MOBA(16, 2, 1), .strides = NC_STRIDES_SHUFFLED, .threads = 2},
     {.name = "b16_q_gt_k_empty_rows_fp32", .dtype = ATTN_DTYPE_FP32, SHAPE(1, 2, 2, 130, 90, 16),
      MOBA(16, 2, 0), .threads = 2},
+    /* Varlen batches: each sequence pools and gates its own blocks (the
+     * blocks counted on the longest one); an empty sequence, one with
+     * fewer keys than queries, one shorter than a block. */
+    {.name = "varlen_b16_top2_per_head_gqa_fp32", .dtype = ATTN_DTYPE_FP32,
+     NC_VARLEN(4, 4, 2, ((const int32_t[]){150, 0, 60, 9}), ((const int32_t[]){170, 25, 40, 9}),
+               16, 16),
+     MOBA(16, 2, 0), .threads = 2},
+    {.name = "varlen_b32_top1_shared_bf16", .dtype = ATTN_DTYPE_BF16,
+     NC_VARLEN(3, 2, 1, ((const int32_t[]){200, 33, 97}), ((const int32_t[]){200, 130, 97}), 32,
+               32),
+     MOBA(32, 1, 1), .threads = 2},
+    {.name = "varlen_b8_top3_kept_fp16", .dtype = ATTN_DTYPE_FP16,
+     NC_VARLEN(2, 3, 3, ((const int32_t[]){70, 120}), ((const int32_t[]){90, 120}), 16, 16),
+     MOBA(8, 3, 0), .moba_keep = 1, .threads = 1},
 };
 
 /* ------------------------------------------------------------------------ */

@@ -15,7 +15,7 @@
  * pairs, FLOPs and bytes); a block mask is also read back first.
  *
  * Some cases also combine what attn.h says plan creation refuses (MoBA with
- * a block mask, a varlen batch or another mask, a block mask on a varlen
+ * a block mask or another mask, a block mask on a varlen
  * batch or of the wrong size, keep_selection without MoBA or without a
  * backward pass, heads_q not a multiple of heads_kv, a layout other than
  * THD named with a varlen batch, varlen offsets that do not fit the shape,
@@ -211,7 +211,6 @@ typedef enum violation {
   V_SPARSE_VARLEN,      /* block mask + varlen: NOT_SUPPORTED */
   V_SPARSE_GEOMETRY,    /* block mask of another batch, heads or lengths: INVALID_ARGUMENT */
   V_MOBA_SPARSE,        /* MoBA + block mask: NOT_SUPPORTED */
-  V_MOBA_VARLEN,        /* MoBA + varlen: NOT_SUPPORTED */
   V_MOBA_MASK,          /* MoBA without the causal mask: INVALID_ARGUMENT */
   V_KEEP_NO_MOBA,       /* keep_selection without MoBA: INVALID_ARGUMENT */
   V_KEEP_FORWARD_ONLY,  /* keep_selection without a backward pass: INVALID_ARGUMENT */
@@ -336,7 +335,7 @@ static void draw_case(int index, gen_case *gc) {
   if (chance(&rng, 0.12)) v = (violation)tu_rng_int(&rng, V_HEADS, V_COUNT - 1);
   /* a violation that needs another family brings it along */
   if (v == V_SPARSE_VARLEN || v == V_SPARSE_GEOMETRY) gc->fam = SPARSE;
-  if (v == V_MOBA_SPARSE || v == V_MOBA_VARLEN || v == V_MOBA_MASK || v == V_KEEP_FORWARD_ONLY)
+  if (v == V_MOBA_SPARSE || v == V_MOBA_MASK || v == V_KEEP_FORWARD_ONLY)
     gc->fam = MOBA;
   if (v == V_VARLEN_LAYOUT || v == V_KEEP_NO_MOBA) gc->fam = chance(&rng, 0.5) ? DENSE : SPARSE;
 
@@ -361,9 +360,10 @@ static void draw_case(int index, gen_case *gc) {
   c->empty_policy = u < 0.45 ? NC_EMPTY_AUTO : u < 0.88 ? NC_EMPTY_ALLOW : NC_EMPTY_DENY;
   max_len = chance(&rng, 0.1) ? 600 : 300;
 
-  /* lengths: varlen batches for dense plans, or when a refusal needs one */
+  /* lengths: varlen batches for dense and MoBA plans, or when a refusal
+   * needs one */
   if (v == V_VARLEN_SHAPE) gc->fam = DENSE;
-  if ((gc->fam == DENSE && chance(&rng, 0.35)) || v == V_SPARSE_VARLEN || v == V_MOBA_VARLEN ||
+  if ((gc->fam != SPARSE && v != V_MOBA_SPARSE && chance(&rng, 0.35)) || v == V_SPARSE_VARLEN ||
       v == V_VARLEN_LAYOUT || v == V_VARLEN_SHAPE) {
     c->batch = tu_rng_int(&rng, 1, MAX_BATCH);
     for (b = 0; b < c->batch; ++b) {
@@ -435,8 +435,9 @@ static void draw_case(int index, gen_case *gc) {
     /* Q and K from {-2, -1, 1, 2}: with power-of-two blocks every gate is
      * exact in fp32, so the library picks the blocks the reference picks,
      * ties included; other block sizes only where no gate decides (top_k 0,
-     * or every past block kept). */
-    const int64_t lk = c->seqlen_kv > 0 ? c->seqlen_kv : 1;
+     * or every past block kept; varlen: blocks counted on the longest
+     * sequence, as the plan does). */
+    const int64_t lk = gc->g.lk > 0 ? gc->g.lk : 1;
     int64_t nb;
     c->qk_integers = 1;
     c->logit_trend = 0;
@@ -445,8 +446,8 @@ static void draw_case(int index, gen_case *gc) {
     c->mask = ATTN_MASK_CAUSAL;
     if (v == V_MOBA_MASK) {
       c->mask = chance(&rng, 0.5) ? ATTN_MASK_NONE : ATTN_MASK_WINDOW;
-      c->left = c->mask == ATTN_MASK_WINDOW ? draw_reach(&rng, c->seqlen_q, lk) : 0;
-      c->right = c->mask == ATTN_MASK_WINDOW ? draw_reach(&rng, c->seqlen_q, lk) : 0;
+      c->left = c->mask == ATTN_MASK_WINDOW ? draw_reach(&rng, gc->g.lq, lk) : 0;
+      c->right = c->mask == ATTN_MASK_WINDOW ? draw_reach(&rng, gc->g.lq, lk) : 0;
     }
     c->moba_block = PICK(&rng, moba_pow2);
     nb = (lk + c->moba_block - 1) / c->moba_block;
@@ -697,7 +698,6 @@ static void predict(const gen_case *gc, int64_t empty_rows, prediction *p) {
   if (sparse && !varlen && (gc->g.lq != c->seqlen_q || gc->g.lk != c->seqlen_kv))
     reason(p, ATTN_STATUS_INVALID_ARGUMENT, "the block mask's lengths");
   if (c->moba_block > 0 && sparse) reason(p, ATTN_STATUS_NOT_SUPPORTED, "MoBA with a block mask");
-  if (c->moba_block > 0 && varlen) reason(p, ATTN_STATUS_NOT_SUPPORTED, "MoBA on a varlen batch");
   if (c->moba_block > 0 && c->mask != ATTN_MASK_CAUSAL)
     reason(p, ATTN_STATUS_INVALID_ARGUMENT, "MoBA without the causal mask");
   if (c->moba_keep && c->moba_block == 0)
@@ -843,7 +843,7 @@ static void random_case(void **state) {
   {
     const int checkable = gc.c.heads_q % gc.c.heads_kv == 0 && gc.c.bad_tensor == 0 &&
                           gc.c.bad_varlen == 0 &&
-                          (gc.c.lens_q == NULL || (gc.c.moba_block == 0 && gc.fam != SPARSE));
+                          (gc.c.lens_q == NULL || gc.fam != SPARSE);
     predict(&gc, checkable ? out.empty_rows : -1, &pred);
   }
   if (out.status == ATTN_STATUS_SUCCESS) {
