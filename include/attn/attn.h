@@ -929,8 +929,11 @@ ATTN_API attn_status_t attn_kv_cache_append(attn_kv_cache_t cache, int32_t num_s
  * pages, which are reference-counted; a shared page that is partly filled
  * is copied by whichever sequence appends into it first (copy-on-write),
  * so neither sequence ever sees the other's later tokens. In a windowed
- * cache the tokens the child can still see must not have been evicted from
- * the parent. Returns SUCCESS, INVALID_HANDLE, INVALID_ARGUMENT (unknown
+ * cache the tokens the child's next token will see must not have been
+ * evicted from the parent; the child also keeps the older ones the parent
+ * still holds, so that a decode step over the child's last tokens works
+ * wherever it works over the parent's. Returns SUCCESS, INVALID_HANDLE,
+ * INVALID_ARGUMENT (unknown
  * parent, negative or live child_id, num_tokens out of range or evicted),
  * OUT_OF_MEMORY. */
 ATTN_API attn_status_t attn_kv_cache_fork(attn_kv_cache_t cache, int64_t parent_id,

@@ -302,8 +302,9 @@ void DecodePlan::prepare(const KvCache& cache, int32_t num_seqs, const int64_t* 
         invalid_argument("query_lens[", i, "]: the queries of sequence ", ids[i],
                          " see keys at positions ", std::max(l * ps, lo), "..",
                          std::min(n, (l + 1) * ps) - 1,
-                         ", which the rolling window already evicted (query_lens above the ",
-                         "tokens of the last append reach behind the window)");
+                         ", which the rolling window already evicted (more query tokens than ",
+                         "the sequence's last append, or its parent's last one before a fork, ",
+                         "reach behind the window)");
       entries.push_back(PageEntry{l, p});
     };
     for (int64_t l = 0; l < sink_pages; ++l) add(l);

@@ -378,8 +378,15 @@ void KvCache::fork(int64_t parent_id, int64_t child_id, int64_t num_tokens) {
   Sequence child;
   child.length = num_tokens;
   const int64_t pages = (num_tokens + ps - 1) / ps;
+  // The child needs at least what its next token will see (the pages from
+  // `required` on, as an append would evict), and takes below that the
+  // pages the parent still holds: its own last tokens see into them, as
+  // the parent's last tokens do, so that decoding them works on the child
+  // wherever it works on the parent. The parent's held pages are one run.
   const int64_t below = config_.window > 0 ? num_tokens - config_.window + 1 : 0;
-  const int64_t first_recent = std::max(sp, std::max<int64_t>(0, below) / ps);
+  const int64_t required = std::max(sp, std::max<int64_t>(0, below) / ps);
+  int64_t first_recent = required;
+  while (first_recent > sp && parent.page(first_recent - 1) >= 0) --first_recent;
   child.recent_first = first_recent;
   for (int64_t l = 0; l < pages; ++l) {
     if (l >= sp && l < first_recent) continue;

@@ -722,6 +722,14 @@ static void test_fork_windowed(void **state) {
   st.n = 2;
   st.idx[0] = 1, st.idx[1] = 0;
   st.heads_q = 2;
+  /* Before anything is appended: the last 4 tokens of child and parent see
+   * keys from position 30 - 4 - 12 + 1 = 15 (page 3) on, one page below
+   * what the child's next token needs (19, page 4): the fork keeps it, as
+   * the parent still holds it. */
+  st.max_q = 4;
+  st.q_len[0] = st.q_len[1] = 4;
+  st.chunk_tokens = -1;
+  run_step(&e, &rng, &st, "windowed fork, last tokens", &r);
   st.max_q = 3;
   for (round = 0; round < 25; ++round) {
     cnt[0] = (int32_t)tu_rng_int(&rng, 1, 3);
@@ -1019,7 +1027,9 @@ static void random_operations(const char *label, int64_t window, int64_t sinks,
       e.seq[slot].id = next_id++;
       CHECK(attn_kv_cache_fork(e.cache, e.seq[parent].id, e.seq[slot].id, prefix));
       copy_mirror(&e, slot, parent, prefix);
-      last_append[slot] = 0;
+      /* a whole fork keeps what the parent holds: its last tokens decode
+       * as the parent's do */
+      last_append[slot] = prefix == e.seq[parent].len ? last_append[parent] : 0;
       live[nlive++] = slot;
       ++forks;
     } else if (kind == 7 && nlive > 0) { /* release */
