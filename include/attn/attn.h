@@ -1098,8 +1098,9 @@ ATTN_API attn_status_t attn_decode_prepare(attn_decode_plan_t plan, attn_kv_cach
  * decode kernel over (work unit, KV head) blocks, then a combine kernel for
  * split sequences): it never synchronises and can be captured in a CUDA
  * graph. Whether the workspace was prepared by this plan for this cache's
- * current state is checked on the host against the plan's record of its
- * last prepare into that workspace (a graph replay checks nothing).
+ * current state, with no prepare by another plan into it since, is checked
+ * on the host against the library's record of the last prepare into that
+ * workspace (a graph replay checks nothing).
  * Returns SUCCESS, INVALID_HANDLE, INVALID_ARGUMENT (q or o NULL, a
  * workspace not prepared by this plan for this cache's current state),
  * WORKSPACE_TOO_SMALL. On failure no output is written. */

@@ -6,6 +6,8 @@
 #include <cstddef>
 #include <cstdio>
 #include <cstring>
+#include <mutex>
+#include <unordered_map>
 #include <vector>
 
 #include "attn_config.h"
@@ -32,6 +34,20 @@ constexpr int64_t kBlockStartTokens = 128;
 // For a >= 0, b > 0. Limits such as max_kv_tokens and kv_chunk_tokens
 // reach INT64_MAX, where a + b - 1 would overflow.
 int64_t ceil_div(int64_t a, int64_t b) { return ceil_div_nonneg(a, b); }
+
+// CUDA: the prepare that last wrote each device workspace's metadata, by
+// any plan (base address -> its stamp). A plan's own record cannot tell
+// that another plan has prepared the same buffer since, and its kernels
+// would then read that plan's tables through this plan's offsets. Never
+// destroyed: plans may outlive static destruction.
+struct LastPrepares {
+  std::mutex mutex;
+  std::unordered_map<uintptr_t, uint64_t> stamp;
+};
+LastPrepares& last_prepares() {
+  static LastPrepares* const last = new LastPrepares;
+  return *last;
+}
 
 }  // namespace
 
@@ -86,6 +102,19 @@ DecodeConfig validate_decode_config(const attn_decode_config_t* config, const Ca
     invalid_argument("config->max_kv_tokens: ", d.max_kv_tokens, " keys for each of ", c.max_batch,
                      " sequences need too large a workspace; set a smaller max_kv_tokens");
   return d;
+}
+
+// Drops this plan's claims on workspaces that no other plan has prepared
+// since (the map would otherwise grow with every buffer ever prepared).
+DecodePlan::~DecodePlan() {
+  std::lock_guard<std::mutex> lock(prepared_mutex_);
+  if (prepared_.empty()) return;
+  LastPrepares& last = last_prepares();
+  std::lock_guard<std::mutex> lock_last(last.mutex);
+  for (const auto& [base, rec] : prepared_) {
+    auto it = last.stamp.find(base);
+    if (it != last.stamp.end() && it->second == rec.stamp) last.stamp.erase(it);
+  }
 }
 
 DecodePlan::DecodePlan(const ContextConfig& ctx, const CacheConfig& cache, const DecodeConfig& cfg)
@@ -423,6 +452,13 @@ void DecodePlan::prepare(const KvCache& cache, int32_t num_seqs, const int64_t* 
         {off_block_units_, block_units.size() * sizeof(int32_t)}};
     char* base = workspace_base(workspace);
     prepared_.erase(uintptr_t(base));  // stale until the upload is enqueued
+    // Claimed before the upload: if it fails, no plan's record matches.
+    const uint64_t stamp = next_generation();
+    {
+      LastPrepares& last = last_prepares();
+      std::lock_guard<std::mutex> lock(last.mutex);
+      last.stamp[uintptr_t(base)] = stamp;
+    }
     staging->upload(base, pieces, stream);
     // Blocks holding work: the units, or with the balanced split the
     // blocks up to the last with a unit.
@@ -433,7 +469,8 @@ void DecodePlan::prepare(const KvCache& cache, int32_t num_seqs, const int64_t* 
         if (block_units[b] < block_units[b + 1]) launch_blocks = int64_t(b) + 1;
     }
     prepared_[uintptr_t(base)] = Prepared{uintptr_t(&cache), cache.generation(),
-                                          std::max<int64_t>(launch_blocks, 1), split_seqs > 0};
+                                          std::max<int64_t>(launch_blocks, 1), split_seqs > 0,
+                                          stamp};
   }
 #endif
 
@@ -565,6 +602,14 @@ void DecodePlan::execute_device(const KvCache& cache, const void* q, void* o, fl
     if (it == prepared_.end())
       invalid_argument("workspace: not prepared by attn_decode_prepare with this plan");
     rec = it->second;
+  }
+  {
+    LastPrepares& last = last_prepares();
+    std::lock_guard<std::mutex> lock(last.mutex);
+    auto it = last.stamp.find(uintptr_t(base));
+    if (it == last.stamp.end() || it->second != rec.stamp)
+      invalid_argument("workspace: prepared by attn_decode_prepare with another plan since this ",
+                       "plan prepared it; call attn_decode_prepare again with this plan");
   }
   if (rec.cache_id != uintptr_t(&cache))
     invalid_argument("cache: the workspace was prepared for another cache");

@@ -86,6 +86,9 @@ struct DecodeWorkspace {
 class DecodePlan {
  public:
   DecodePlan(const ContextConfig& ctx, const CacheConfig& cache, const DecodeConfig& cfg);
+  ~DecodePlan();
+  DecodePlan(const DecodePlan&) = delete;
+  DecodePlan& operator=(const DecodePlan&) = delete;
 
   size_t workspace_bytes() const { return total_bytes_; }
   // On the CUDA backend prepare uploads the metadata on `stream` from the
@@ -181,11 +184,14 @@ class DecodePlan {
   // read 32 x 8K at 3.85 TB/s with the plan's largest grid against 4.10
   // with exactly the batch's) and whether any sequence was split (else the
   // combine kernel has nothing to merge).
+  // stamp: this prepare's, unique in the process; execute also checks that
+  // it is still the workspace's last prepare by any plan (decode_plan.cpp).
   struct Prepared {
     uintptr_t cache_id;
     uint64_t generation;
     int64_t launch_blocks;
     bool split;
+    uint64_t stamp;
   };
   mutable std::mutex prepared_mutex_;
   mutable std::unordered_map<uintptr_t, Prepared> prepared_;

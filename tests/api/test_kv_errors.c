@@ -801,7 +801,12 @@ static void test_execute_errors(void **state) {
     attn_decode_plan_t other;
     EXPECT_OK(attn_decode_plan_create(g_ctx, f.cache, &d, &other));
     EXPECT_EXECUTE_FAILS(INVALID, "workspace", other, f.cache, f.q, f.o, f.lse, f.ws, f.bytes, NULL);
+    /* This plan's workspace, prepared by the other plan since (one buffer
+     * shared by two plans): this plan is refused until it prepares again. */
+    EXPECT_OK(attn_decode_prepare(other, f.cache, 2, ids, ql, f.ws, f.bytes, NULL, NULL));
+    EXPECT_EXECUTE_FAILS(INVALID, "workspace", f.plan, f.cache, f.q, f.o, f.lse, f.ws, f.bytes, NULL);
     EXPECT_OK(attn_decode_plan_destroy(other));
+    EXPECT_OK(attn_decode_prepare(f.plan, f.cache, 2, ids, ql, f.ws, f.bytes, NULL, NULL));
   }
   /* Prepared, then the cache changed: stale. */
   EXPECT_OK(attn_kv_cache_add_sequence(f.cache, 9));

@@ -630,6 +630,42 @@ void graph_case() {
   std::printf("%-58s %s (%s | %s)\n", "errors: stale and unprepared workspaces refused",
               ok ? "ok" : "FAIL", m1.c_str(), m2.c_str());
   if (!ok) ++g_failures;
+
+  // One workspace prepared by this plan, then by another plan of the same
+  // cache (buffers shared between batch-size buckets): this plan's record
+  // still matches the cache, but the metadata are the other plan's, laid
+  // out by its offsets. This plan is refused until it prepares again; the
+  // other one runs.
+  {
+    attn_decode_plan_t other_plan = make_plan(h, o, 5);
+    size_t other_bytes = 0;
+    ATTN_CHECK(attn_decode_plan_workspace_size(other_plan, &other_bytes));
+    if (other_bytes > s.ws_bytes) {  // one buffer that serves both plans
+      GPU_CHECK(cudaFree(s.ws));
+      s.ws_bytes = other_bytes;
+      GPU_CHECK(cudaMalloc(&s.ws, s.ws_bytes));
+    }
+    prepare(h, plan, s);
+    prepare(h, other_plan, s);
+    poison(h, s);
+    const attn_status_t st3 = attn_decode_execute(plan, h.cache, s.q_dev, s.o_dev, s.lse_dev,
+                                                  s.ws, s.ws_bytes, h.stream);
+    const std::string m3 = attn_last_error_message();
+    const Result kept = fetch(h, s);
+    bool poisoned = true;
+    for (uint16_t x : kept.o) poisoned = poisoned && x == poison_half(h.shape.dtype);
+    const bool refused = st3 == ATTN_STATUS_INVALID_ARGUMENT &&
+                         m3.find("another plan") != std::string::npos && poisoned;
+    std::printf("%-58s %s (%s)\n", "errors: a workspace another plan prepared since refused",
+                refused ? "ok" : "FAIL", m3.c_str());
+    if (!refused) ++g_failures;
+    execute(h, other_plan, s);
+    check(h, s, o, fetch(h, s), "errors: the other plan runs on it");
+    attn_decode_plan_destroy(other_plan);
+    prepare(h, plan, s);
+    execute(h, plan, s);
+    check(h, s, o, fetch(h, s), "errors: this plan again after its own prepare");
+  }
   GPU_CHECK(cudaGraphExecDestroy(exec));
   GPU_CHECK(cudaGraphDestroy(graph));
   attn_decode_plan_destroy(plan);
