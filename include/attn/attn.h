@@ -918,7 +918,10 @@ ATTN_API attn_status_t attn_kv_cache_add_sequence(attn_kv_cache_t cache, int64_t
  * 1 or more than the live sequences, unknown or repeated id, negative
  * count, k or v NULL with total > 0, a sequence that would need more pages
  * than the whole pool), CAPACITY,
- * OUT_OF_MEMORY (for the call's own bookkeeping; nothing changed then). */
+ * OUT_OF_MEMORY (for the call's own bookkeeping; nothing changed then),
+ * BACKEND_ERROR (CUDA backend: the copies could not be enqueued, e.g. on
+ * a failed device context or an invalid stream; the sequences' lengths
+ * have advanced over tokens whose contents are undefined: release them). */
 ATTN_API attn_status_t attn_kv_cache_append(attn_kv_cache_t cache, int32_t num_seqs,
                                             const int64_t *seq_ids, const int32_t *num_tokens,
                                             const void *k, const void *v, void *stream);

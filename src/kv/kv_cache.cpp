@@ -281,9 +281,15 @@ void KvCache::append(int32_t num_seqs, const int64_t* ids, const int32_t* num_to
   };
   std::vector<std::pair<int32_t, int32_t>> page_copies;
   std::vector<DeviceRun> runs;
+#if ATTN_HAVE_CUDA
+  std::vector<cuda::KvCopyRun> device_runs;
+#endif
   if (on_device) {
     page_copies.reserve(size_t(num_seqs));
     runs.reserve(size_t(needed) + size_t(num_seqs));
+#if ATTN_HAVE_CUDA
+    device_runs.reserve(runs.capacity());
+#endif
   }
   for (int32_t i = 0; i < num_seqs; ++i) {
     Sequence& s = *seqs[size_t(i)];
@@ -354,8 +360,6 @@ void KvCache::append(int32_t num_seqs, const int64_t* ids, const int32_t* num_to
   generation_ = next_generation();
 #if ATTN_HAVE_CUDA
   if (on_device) {
-    std::vector<cuda::KvCopyRun> device_runs;
-    device_runs.reserve(runs.size());
     for (const DeviceRun& r : runs) device_runs.push_back({r.src_token, r.page, r.slot, r.count});
     cuda::kv_append_enqueue(device_, config_, k_base_, v_base_, page_copies, device_runs, k, v,
                             stream);
