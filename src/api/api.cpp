@@ -515,11 +515,14 @@ attn_status_t attn_merge_states(attn_context_t ctx, int32_t num_parts, attn_tens
     if (!same) invalid_argument("lse_desc: dims must equal o_desc's dims without the last");
     require_out(o_parts, "o_parts");
     require_out(lse_parts, "lse_parts");
-    if (od.numel() > 0) {
-      for (int32_t i = 0; i < num_parts; ++i) {
-        if (o_parts[i] == nullptr) invalid_argument("o_parts[", i, "] is NULL");
+    // LSE is read wherever there are rows, O only where rows have channels
+    // (head_dim 0: no O element, yet every row's LSE is merged).
+    if (ld.numel() > 0)
+      for (int32_t i = 0; i < num_parts; ++i)
         if (lse_parts[i] == nullptr) invalid_argument("lse_parts[", i, "] is NULL");
-      }
+    if (od.numel() > 0) {
+      for (int32_t i = 0; i < num_parts; ++i)
+        if (o_parts[i] == nullptr) invalid_argument("o_parts[", i, "] is NULL");
       require_out(o_out, "o_out");
     }
     attn::merge_states(c.config, num_parts, od, ld, o_parts, lse_parts, o_out, lse_out, stream);

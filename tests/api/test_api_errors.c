@@ -1451,6 +1451,29 @@ static void test_merge_errors(void **state) {
   EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "o_parts[1]", MERGE(g_ctx, 2, m.od, m.ld, o_with_null, m.lse_parts, m.out, m.lse_out));
   EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "lse_parts[0]", MERGE(g_ctx, 2, m.od, m.ld, m.o_parts, l_with_null, m.out, m.lse_out));
   EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "o_out", MERGE(g_ctx, 2, m.od, m.ld, m.o_parts, m.lse_parts, NULL, m.lse_out));
+  /* head_dim 0: O has no element, but every row's LSE is merged, so a
+   * NULL LSE part is still refused (and valid ones merge). */
+  {
+    attn_tensor_desc_t o0 = NULL, l0 = NULL;
+    const int64_t o0_dims[2] = {2, 0}, l0_dims[1] = {2};
+    const float la[2] = {0.0f, -INFINITY}, lb[2] = {0.0f, 1.5f};
+    const float *l_null[2], *l_ok[2];
+    float lse_merged[2] = {7.0f, 7.0f};
+    l_null[0] = la, l_null[1] = NULL;
+    l_ok[0] = la, l_ok[1] = lb;
+    EXPECT_OK(attn_tensor_desc_create(&o0));
+    EXPECT_OK(attn_tensor_desc_create(&l0));
+    EXPECT_OK(attn_tensor_desc_set(o0, ATTN_DTYPE_FP32, 2, o0_dims, NULL));
+    EXPECT_OK(attn_tensor_desc_set(l0, ATTN_DTYPE_FP32, 1, l0_dims, NULL));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "lse_parts[1]",
+                MERGE(g_ctx, 2, o0, l0, m.o_parts, l_null, NULL, lse_merged));
+    assert_true(lse_merged[0] == 7.0f && lse_merged[1] == 7.0f);
+    EXPECT_OK(MERGE(g_ctx, 2, o0, l0, m.o_parts, l_ok, NULL, lse_merged));
+    assert_float_equal(lse_merged[0], logf(2.0f), 1e-6);
+    assert_float_equal(lse_merged[1], 1.5f, 1e-6);
+    EXPECT_OK(attn_tensor_desc_destroy(o0));
+    EXPECT_OK(attn_tensor_desc_destroy(l0));
+  }
   /* destroyed descriptor */
   dead = bad;
   EXPECT_OK(attn_tensor_desc_destroy(bad));
