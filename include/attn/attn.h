@@ -342,7 +342,9 @@ ATTN_API attn_status_t attn_plan_desc_set_tensor(attn_plan_desc_t desc, attn_ten
 ATTN_API attn_status_t attn_plan_desc_set_softmax_scale(attn_plan_desc_t desc, float scale);
 
 /* Logit soft-capping: scores become cap * tanh(scale * q.k / cap) before the
- * softmax (Gemma 2). cap must be finite and >= 0; 0 disables it (default). */
+ * softmax (Gemma 2). cap must be finite, >= 0 and at most 1e30 (the
+ * kernels' base-2 form of larger caps leaves the fp32 range); 0 disables it
+ * (default). */
 ATTN_API attn_status_t attn_plan_desc_set_softcap(attn_plan_desc_t desc, float cap);
 
 /* The mask. For NONE and CAUSAL, window_left and window_right must both be
@@ -1017,7 +1019,7 @@ typedef struct attn_decode_config {
    * pages (for tuning, and for tests that compare split and unsplit). */
   int64_t kv_chunk_tokens;
   float softmax_scale;      /* > 0, or 0 for 1/sqrt(head_dim_qk) */
-  float softcap;            /* >= 0; 0 disables, see attn_plan_desc_set_softcap */
+  float softcap;            /* 0 .. 1e30; 0 disables, see attn_plan_desc_set_softcap */
 } attn_decode_config_t;
 
 /* Creates a decode plan for caches configured like `cache` (dtype, layout,

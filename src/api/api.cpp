@@ -285,8 +285,9 @@ attn_status_t attn_plan_desc_set_softmax_scale(attn_plan_desc_t desc, float scal
 attn_status_t attn_plan_desc_set_softcap(attn_plan_desc_t desc, float cap) {
   return guarded([&] {
     attn::PlanDesc& d = checked(desc, "desc").desc;
-    if (!std::isfinite(cap) || cap < 0.0f)
-      invalid_argument("cap must be finite and >= 0 (0 disables it), got ", cap);
+    if (!std::isfinite(cap) || cap < 0.0f || cap > attn::kMaxSoftcap)
+      invalid_argument("cap must be finite, >= 0 (0 disables it) and at most ", attn::kMaxSoftcap,
+                       ", got ", cap);
     d.softcap = cap;
   });
 }

@@ -19,6 +19,12 @@ static_assert(sizeof(size_t) == 8, "libattn needs a 64-bit size_t");
 // region, plus alignment slack, stay exact in both.
 constexpr uint64_t kMaxBytes = uint64_t(1) << 62;
 
+// The largest logit softcap. The kernels work in base 2: they multiply the
+// cap by log2(e) and the backward divides by that product, which past
+// about 2.4e38 overflows (NaN outputs) and past about 6e37 leaves the
+// normal fp32 range (flushed to 0 on the GPU).
+constexpr float kMaxSoftcap = 1e30f;
+
 // The largest batch, head count or sequence length: work units, varlen
 // offsets and block-mask tables count them in 32 bits.
 constexpr int64_t kMaxShapeCount = std::numeric_limits<int32_t>::max();

@@ -81,8 +81,9 @@ DecodeConfig validate_decode_config(const attn_decode_config_t* config, const Ca
   if (!(std::isfinite(c.softmax_scale) && c.softmax_scale >= 0.0f))
     invalid_argument("config->softmax_scale must be finite and > 0 (or 0 for the default), got ",
                      c.softmax_scale);
-  if (!(std::isfinite(c.softcap) && c.softcap >= 0.0f))
-    invalid_argument("config->softcap must be finite and >= 0 (0 disables it), got ", c.softcap);
+  if (!(std::isfinite(c.softcap) && c.softcap >= 0.0f && c.softcap <= kMaxSoftcap))
+    invalid_argument("config->softcap must be finite, >= 0 (0 disables it) and at most ",
+                     kMaxSoftcap, ", got ", c.softcap);
   DecodeConfig d;
   d.heads_q = c.heads_q;
   d.max_batch = c.max_batch;

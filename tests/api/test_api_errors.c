@@ -539,6 +539,10 @@ static void test_plan_desc_setter_ranges(void **state) {
   EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "cap", attn_plan_desc_set_softcap(d, -1.0f));
   EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "cap", attn_plan_desc_set_softcap(d, (float)NAN));
   EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "cap", attn_plan_desc_set_softcap(d, (float)INFINITY));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "1e+30", attn_plan_desc_set_softcap(d, 3e38f));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "cap", attn_plan_desc_set_softcap(d, 1.0001e30f));
+  EXPECT_OK(attn_plan_desc_set_softcap(d, 1e30f)); /* the edge itself */
+  EXPECT_OK(attn_plan_desc_set_softcap(d, 30.0f));  /* as set above */
   /* mask: bad enum; window args must be -1 for NONE and CAUSAL; >= -1 for WINDOW */
   EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "mask", attn_plan_desc_set_mask(d, (attn_mask_t)3, -1, -1));
   EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "mask", attn_plan_desc_set_mask(d, (attn_mask_t)-1, -1, -1));

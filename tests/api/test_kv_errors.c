@@ -586,6 +586,7 @@ static void test_decode_plan_create_errors(void **state) {
   BAD_DECODE(softmax_scale, NAN, "softmax_scale");
   BAD_DECODE(softcap, -1.0f, "softcap");
   BAD_DECODE(softcap, INFINITY, "softcap");
+  BAD_DECODE(softcap, 3e38f, "softcap");
   /* Limits whose workspace does not fit in size_t: refused, not wrapped. */
   d = decode_config();
   d.heads_q = (int64_t)1 << 40;
