@@ -42,7 +42,8 @@ void check_table_sizes(const BlockMask& m, int32_t max_partial, bool partial, bo
                        int32_t max_full, bool full) {
   const uint64_t rows = uint64_t(m.batch() * m.heads() * m.num_q_blocks());
   const uint64_t tile_bytes = uint64_t(ATTN_BLOCK_MASK_TILE_BYTES(m.block_q(), m.block_kv()));
-  const uint64_t entry_bytes = bits ? tile_bytes : 4;
+  // The index table (4 bytes an entry) and, with bits, the tile table.
+  const uint64_t entry_bytes = bits ? std::max<uint64_t>(tile_bytes, 4) : 4;
   if (partial && attn::sat_mul(rows, uint64_t(max_partial), entry_bytes) > attn::kMaxBytes)
     invalid_argument("max_partial: ", max_partial, " entries for each of ", rows, " rows",
                      bits ? " (with their bit tiles)" : "", " are more than 2^62 bytes of tables");
@@ -81,12 +82,16 @@ void tile_to_bytes(const BlockMask& m, const uint64_t* words, uint8_t* bytes) {
       }
 }
 
-// Builds on a copy so that a failure (out of memory) leaves the mask as it was.
+// Builds on a copy so that a failure (out of memory) leaves the mask as it
+// was. The result is compacted: a builder leaves behind the bit tiles of
+// blocks it turned whole or empty, and a mask composed step by step would
+// otherwise keep (and copy, and count against its limit of 2^31 - 1 tiles)
+// every tile of its history.
 template <class Build>
 void update(attn_block_mask& h, Build build) {
   BlockMask next = *h.mask;
   build(next);
-  *h.mask = std::move(next);
+  *h.mask = next.compacted();
 }
 
 void check_positions(const int64_t* pos, int64_t count, int64_t limit, const char* name,
