@@ -52,12 +52,24 @@ ncclResult_t settled(ncclComm_t comm, ncclResult_t r) {
   return r;
 }
 
+// A query of a communicator whose non-blocking initialisation may still
+// be running: asked again once that has settled.
+template <class Query>
+void query_settled(ncclComm_t comm, Query query, const char* what) {
+  ncclResult_t r = query();
+  if (r == ncclInProgress) {
+    check_nccl(settled(comm, r), what);
+    r = query();
+  }
+  check_nccl(r, what);
+}
+
 class NcclTransport final : public Transport {
  public:
   explicit NcclTransport(ncclComm_t comm) : comm_(comm) {
-    check_nccl(ncclCommUserRank(comm_, &rank_), "ncclCommUserRank");
-    check_nccl(ncclCommCount(comm_, &size_), "ncclCommCount");
-    check_nccl(ncclCommCuDevice(comm_, &device_), "ncclCommCuDevice");
+    query_settled(comm_, [&] { return ncclCommUserRank(comm_, &rank_); }, "ncclCommUserRank");
+    query_settled(comm_, [&] { return ncclCommCount(comm_, &size_); }, "ncclCommCount");
+    query_settled(comm_, [&] { return ncclCommCuDevice(comm_, &device_); }, "ncclCommCuDevice");
     cuda::DeviceScope scope(device_, "ring (CUDA)");
     check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
     if (cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming) != cudaSuccess ||
@@ -145,8 +157,10 @@ class NcclTransport final : public Transport {
     ncclResult_t s = ncclSend(x.send, x.bytes, ncclUint8, next, comm_, stream_);
     ncclResult_t r = ncclRecv(x.recv, x.bytes, ncclUint8, prev, comm_, stream_);
     ncclResult_t e = settled(comm_, ncclGroupEnd());  // always close the group, then report
-    check_nccl(s, "ncclSend");
-    check_nccl(r, "ncclRecv");
+    // (Inside a group a non-blocking communicator may answer ncclInProgress;
+    // the group's end settles it.)
+    if (s != ncclInProgress) check_nccl(s, "ncclSend");
+    if (r != ncclInProgress) check_nccl(r, "ncclRecv");
     check_nccl(e, "ncclGroupEnd");
   }
 

@@ -27,7 +27,8 @@
 // pointers are refused before the ring starts, and (2 ranks or more) a rank
 // whose plan creation fails makes its peers' creation fail too instead of
 // leaving them waiting for it.
-// Exit 77 without a GPU. ATTN_TEST_SEED=n repeats a run.
+// Exit 77 without a GPU. ATTN_TEST_SEED=n repeats a run;
+// ATTN_TEST_NCCL_NONBLOCKING=1 runs it all on non-blocking communicators.
 
 #include <nccl.h>
 
@@ -648,6 +649,59 @@ void test_misaligned(int n, ncclComm_t* comms) {
   if (!ok) ++g_failures;
 }
 
+// n communicators over devices 0..n-1. ATTN_TEST_NCCL_NONBLOCKING=1
+// creates them non-blocking (ncclConfig_t::blocking = 0), whose calls may
+// answer ncclInProgress: the library must wait those out (its transport's
+// settled()), and so do creation and destruction here.
+bool nonblocking_comms() {
+  const char* e = std::getenv("ATTN_TEST_NCCL_NONBLOCKING");
+  return e != nullptr && std::strcmp(e, "1") == 0;
+}
+
+ncclResult_t wait_comm(ncclComm_t comm, ncclResult_t r) {
+  while (r == ncclInProgress) {
+    std::this_thread::yield();
+    if (ncclCommGetAsyncError(comm, &r) != ncclSuccess) return ncclInternalError;
+  }
+  return r;
+}
+
+ncclResult_t create_comms(int n, std::vector<ncclComm_t>& comms) {
+  comms.assign(static_cast<size_t>(n), nullptr);
+  if (!nonblocking_comms()) {
+    std::vector<int> devs(static_cast<size_t>(n));
+    std::iota(devs.begin(), devs.end(), 0);
+    return ncclCommInitAll(comms.data(), n, devs.data());
+  }
+  ncclUniqueId id;
+  ncclResult_t r = ncclGetUniqueId(&id);
+  if (r != ncclSuccess) return r;
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  r = ncclGroupStart();
+  for (int i = 0; i < n && r == ncclSuccess; ++i) {
+    GPU_CHECK(cudaSetDevice(i));
+    r = ncclCommInitRankConfig(&comms[size_t(i)], n, id, i, &config);
+    if (r == ncclInProgress) r = ncclSuccess;
+  }
+  const ncclResult_t end = ncclGroupEnd();
+  if (r != ncclSuccess) return r;
+  if (end != ncclSuccess && end != ncclInProgress) return end;
+  for (ncclComm_t c : comms) {
+    r = wait_comm(c, ncclInProgress);
+    if (r != ncclSuccess) return r;
+  }
+  return ncclSuccess;
+}
+
+void destroy_comms(std::vector<ncclComm_t>& comms) {
+  for (size_t i = 0; i < comms.size(); ++i) {
+    GPU_CHECK(cudaSetDevice(int(i)));
+    if (nonblocking_comms()) (void)wait_comm(comms[i], ncclCommFinalize(comms[i]));
+    ncclCommDestroy(comms[i]);
+  }
+}
+
 }  // namespace
 
 int main() {
@@ -719,19 +773,18 @@ int main() {
   };
   for (int n : rank_counts) {
     std::printf("-- %d rank(s)%s\n", n, n == 1 ? " (no exchanges)" : "");
-    std::vector<ncclComm_t> comms(static_cast<size_t>(n));
-    std::vector<int> devs(static_cast<size_t>(n));
-    std::iota(devs.begin(), devs.end(), 0);
-    const ncclResult_t init = ncclCommInitAll(comms.data(), n, devs.data());
+    std::vector<ncclComm_t> comms;
+    const ncclResult_t init = create_comms(n, comms);
     if (init != ncclSuccess) {
-      std::printf("ncclCommInitAll (%d ranks): %s\n", n, ncclGetErrorString(init));
+      std::printf("NCCL communicators (%d ranks%s): %s\n", n,
+                  nonblocking_comms() ? ", non-blocking" : "", ncclGetErrorString(init));
       return 1;
     }
     for (const Case& c : cases) run_case(c, n, comms.data());
     test_not_supported(n, comms.data());
     test_misaligned(n, comms.data());
     if (n >= 2) test_creation_failure(n, comms.data());
-    for (ncclComm_t c : comms) ncclCommDestroy(c);
+    destroy_comms(comms);
   }
   std::printf("%s: %d failure(s), seed %" PRIu64 "\n", g_failures ? "FAILED" : "PASSED", g_failures,
               g_seed);
