@@ -38,10 +38,20 @@ if [ "${#need[@]}" -gt 0 ]; then
 fi
 
 # meson >= 1.0 (Debian 12 ships 1.0.1); older distributions get it from PyPI.
+# The callers (run-tests.sh, run-example.sh) put ~/.local/bin, where
+# `pip install --user` puts it, first on their PATH.
 if ! meson --version | awk -F. '{ exit !($1 >= 1) }'; then
   echo "install-deps: meson $(meson --version) is too old; installing a newer one with pip"
+  if ! python3 -m pip --version >/dev/null 2>&1; then
+    echo "install-deps: installing python3-pip"
+    apt_install python3-pip
+  fi
   python3 -m pip install --user -q 'meson>=1.0' || python3 -m pip install -q 'meson>=1.0'
   export PATH="$HOME/.local/bin:$PATH"
+  meson --version | awk -F. '{ exit !($1 >= 1) }' || {
+    echo "install-deps: meson >= 1.0 is still not first on PATH" >&2
+    exit 1
+  }
 fi
 
 # numpy for the Python FFI example: Debian's package for Debian's python3,

@@ -5,6 +5,8 @@
 # Extra arguments go to `meson test` (e.g. --suite numerics).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# a meson that install-deps.sh had to take from PyPI (pip --user)
+export PATH="$HOME/.local/bin:$PATH"
 ./scripts/install-deps.sh
 build=${BUILD_DIR:-build}
 [ -f "$build/build.ninja" ] || meson setup "$build" --buildtype=release ${MESON_ARGS:-}

@@ -356,7 +356,9 @@ ATTN_API attn_status_t attn_plan_desc_set_mask(attn_plan_desc_t desc, attn_mask_
 /* A varlen batch: `batch` sequences packed back to back. cu_seqlens_q and
  * cu_seqlens_kv hold batch + 1 non-decreasing offsets starting at 0 (host
  * memory, copied); sequence b owns tokens [cu[b], cu[b+1]). Sequences of
- * length 0 are allowed. The layout becomes THD. batch, in 1..2^31 - 1 (checked
+ * length 0 are allowed. The layout becomes THD: a layout set explicitly
+ * (attn_plan_desc_set_layout) must then be ATTN_LAYOUT_THD, else plan
+ * creation fails with INVALID_ARGUMENT. batch, in 1..2^31 - 1 (checked
  * before the arrays are read), must equal the shape's batch (checked at
  * plan creation). Passing NULL for both clears varlen. */
 ATTN_API attn_status_t attn_plan_desc_set_varlen(attn_plan_desc_t desc, int64_t batch,
@@ -391,7 +393,9 @@ ATTN_API attn_status_t attn_plan_desc_set_deterministic(attn_plan_desc_t desc,
  * would exceed 2^62 bytes, such as MoBA's selection with small blocks over
  * long sequences and many heads: the message says "workspace" and gives the
  * shape), NOT_SUPPORTED (the backend cannot do this problem; the message
- * names the feature), OUT_OF_MEMORY. On failure *plan is unchanged.
+ * names the feature), OUT_OF_MEMORY, BACKEND_ERROR (CUDA: a runtime call
+ * failed while the plan's device state was set up). On failure *plan is
+ * unchanged.
  * Besides its dtypes and head dims, the CUDA backend's kernels bound the
  * shape by their grids and 32-bit arithmetic (NOT_SUPPORTED, naming the
  * value): heads_q and batch at most 65535; seqlen_q and seqlen_kv below
@@ -883,7 +887,8 @@ ATTN_API attn_status_t attn_kv_cache_memory_size(const attn_kv_cache_config_t *c
  * SUCCESS, INVALID_HANDLE (ctx), INVALID_ARGUMENT (config, memory_bytes too
  * small, memory NULL with memory_bytes != 0), NOT_SUPPORTED (no CUDA backend
  * in this build; on the CUDA backend, page_size past 2^31 - 1, which its
- * kernels hold in 32 bits), OUT_OF_MEMORY.
+ * kernels hold in 32 bits), OUT_OF_MEMORY, BACKEND_ERROR (CUDA: the pool's
+ * allocation failed otherwise than for memory).
  * On failure *cache is unchanged. */
 ATTN_API attn_status_t attn_kv_cache_create(attn_context_t ctx,
                                             const attn_kv_cache_config_t *config, void *memory,
@@ -1007,8 +1012,8 @@ typedef struct attn_decode_plan *attn_decode_plan_t;
 typedef struct attn_decode_config {
   uint64_t struct_size;
   int64_t heads_q;          /* 1 .. 2^31 - 1, a multiple of the cache's heads_kv */
-  int64_t max_batch;        /* sequences per step, >= 1 */
-  int64_t max_query_tokens; /* query tokens per sequence per step, >= 1 */
+  int64_t max_batch;        /* sequences per step, 1 .. 2^24 */
+  int64_t max_query_tokens; /* query tokens per sequence per step, 1 .. 2^24 */
   /* Most keys one sequence's queries may see, >= 0; it bounds the
    * workspace. 0: the cache's capacity (num_pages * page_size); for a
    * windowed cache, at most sink_tokens + window + max_query_tokens - 1,
@@ -1033,7 +1038,9 @@ typedef struct attn_decode_config {
  * (config NULL, a field out of range, heads_q not a multiple of heads_kv,
  * limits whose workspace would exceed 2^62 bytes, a cache on another
  * backend than ctx; the message names it),
- * NOT_SUPPORTED (what the CUDA kernel lacks, named), OUT_OF_MEMORY. On
+ * NOT_SUPPORTED (what the CUDA kernel lacks, named), OUT_OF_MEMORY,
+ * BACKEND_ERROR (CUDA: a device query, the kernels' attributes, the pinned
+ * staging area or its event failed). On
  * success *plan owns a new plan; free it with attn_decode_plan_destroy (it
  * does not keep the cache alive). On failure *plan is unchanged. A plan is
  * immutable: several threads may use it at once with distinct workspaces. */
@@ -1088,8 +1095,10 @@ typedef struct attn_decode_step_info {
  * of range, a cache configured differently from the plan's, more visible
  * keys than max_kv_tokens, keys the queries need were evicted),
  * WORKSPACE_TOO_SMALL, OUT_OF_MEMORY (the host step builds the metadata in
- * host memory first). On failure neither the workspace nor *info is
- * written. */
+ * host memory first), BACKEND_ERROR (CUDA: the staging copy or its event
+ * failed). On failure *info is not written, and neither is the workspace
+ * unless a failed copy had started into it (then it holds no prepared
+ * step). */
 ATTN_API attn_status_t attn_decode_prepare(attn_decode_plan_t plan, attn_kv_cache_t cache,
                                            int32_t num_seqs, const int64_t *seq_ids,
                                            const int32_t *query_lens, void *workspace,
@@ -1108,7 +1117,8 @@ ATTN_API attn_status_t attn_decode_prepare(attn_decode_plan_t plan, attn_kv_cach
  * workspace (a graph replay checks nothing).
  * Returns SUCCESS, INVALID_HANDLE, INVALID_ARGUMENT (q or o NULL, a
  * workspace not prepared by this plan for this cache's current state),
- * WORKSPACE_TOO_SMALL. On failure no output is written. */
+ * WORKSPACE_TOO_SMALL, BACKEND_ERROR (CUDA: a launch failed; outputs the
+ * kernels had started on are undefined). Other failures write no output. */
 ATTN_API attn_status_t attn_decode_execute(attn_decode_plan_t plan, attn_kv_cache_t cache,
                                            const void *q, void *o, float *lse, void *workspace,
                                            size_t workspace_bytes, void *stream);
@@ -1280,9 +1290,10 @@ ATTN_API attn_status_t attn_comm_get_size(attn_comm_t comm, int32_t *size);
  * On success *plan owns a new plan; free it with attn_plan_destroy (it keeps
  * what it needs of comm alive).
  * Returns SUCCESS, INVALID_HANDLE (ctx, desc, comm), INVALID_ARGUMENT
- * (layout, lengths not divisible as the layout needs (for varlen, the
- * message names the first sequence that does not divide), and whatever
- * attn_plan_create rejects), NOT_SUPPORTED, OUT_OF_MEMORY,
+ * (layout, seqlen_q or seqlen_kv 0, lengths not divisible as the layout
+ * needs (for varlen, the message names the first sequence that does not
+ * divide), and whatever attn_plan_create rejects), NOT_SUPPORTED,
+ * OUT_OF_MEMORY,
  * COMMUNICATION_ERROR (NCCL: the ranks' plans differ, or a peer's creation
  * failed; its own status says why), BACKEND_ERROR. On failure *plan is
  * unchanged. */
