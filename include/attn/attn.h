@@ -523,8 +523,15 @@ ATTN_API attn_status_t attn_backward(attn_plan_t plan, const void *q, const void
  *              on the CPU backend, device memory on CUDA).
  *   o_out, lse_out  results; lse_out may be NULL. o_out may equal o_parts[0]
  *              and lse_out lse_parts[0] (in-place merge); no other overlap.
- * num_parts >= 1. Returns SUCCESS, INVALID_HANDLE, INVALID_ARGUMENT,
- * NOT_SUPPORTED, BACKEND_ERROR. Thread-safe for distinct outputs. */
+ * num_parts >= 1. The CPU backend merges on return (stream unused). The
+ * CUDA backend enqueues kernels on `stream` (a cudaStream_t; NULL: the
+ * legacy default stream), never synchronises or allocates, and can be
+ * captured in a CUDA graph; its pointers must be aligned to their element
+ * (INVALID_ARGUMENT otherwise). It merges up to 128 parts per kernel launch;
+ * more chain through o_out and lse_out (O rounded to its dtype between
+ * launches), so they need lse_out (NOT_SUPPORTED without).
+ * Returns SUCCESS, INVALID_HANDLE, INVALID_ARGUMENT, NOT_SUPPORTED,
+ * BACKEND_ERROR. Thread-safe for distinct outputs. */
 ATTN_API attn_status_t attn_merge_states(attn_context_t ctx, int32_t num_parts,
                                          attn_tensor_desc_t o_desc, attn_tensor_desc_t lse_desc,
                                          const void *const *o_parts,
