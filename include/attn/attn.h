@@ -1122,8 +1122,9 @@ ATTN_API attn_status_t attn_decode_prepare(attn_decode_plan_t plan, attn_kv_cach
  * current state, with no prepare by another plan into it since, is checked
  * on the host against the library's record of the last prepare into that
  * workspace (a graph replay checks nothing).
- * Returns SUCCESS, INVALID_HANDLE, INVALID_ARGUMENT (q or o NULL, a
- * workspace not prepared by this plan for this cache's current state),
+ * On CUDA, q must be 16-byte aligned, o aligned to its element and lse to 4
+ * bytes. Returns SUCCESS, INVALID_HANDLE, INVALID_ARGUMENT (q or o NULL or
+ * misaligned, a workspace not prepared by this plan for this cache's current state),
  * WORKSPACE_TOO_SMALL, BACKEND_ERROR (CUDA: a launch failed; outputs the
  * kernels had started on are undefined). Other failures write no output. */
 ATTN_API attn_status_t attn_decode_execute(attn_decode_plan_t plan, attn_kv_cache_t cache,

@@ -185,13 +185,20 @@ bool decode_pdl_requested() {
   return env_flag("ATTN_CUDA_DECODE_PDL", true);
 }
 
-bool decode_use_pdl(int32_t device, bool requested) {
+bool decode_use_pdl(int32_t device, bool requested, const kv::CacheConfig& cache) {
   if (!requested) return false;
   DeviceScope scope(device);
   int major = 0;
   check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device),
         "cudaDeviceGetAttribute");
-  return major >= 9;
+  if (major < 9) return false;
+  // Launched as a dependent, the combine may start before the decode grid
+  // has finished; only its griddepcontrol.wait (compiled for sm_90 and up)
+  // holds it until the partial states are written.
+  int arch = 0;
+  check(decode_combine_virtual_arch(cache.dtype == ATTN_DTYPE_BF16, int(cache.head_dim_qk), &arch),
+        "cudaFuncGetAttributes (decode combine)");
+  return arch >= 90;
 }
 
 int32_t decode_check_supported(int32_t device, const kv::CacheConfig& cache, int64_t heads_q,

@@ -68,8 +68,9 @@ bool decode_pdl_requested();
 
 // Whether the combine kernel is launched with programmatic dependent
 // launch on `device`: where `requested` (decode_pdl_requested), on an
-// sm_90+ device.
-bool decode_use_pdl(int32_t device, bool requested);
+// sm_90+ device, and only if the cache's combine kernel was compiled with
+// its wait for the decode grid (virtual architecture 90 or newer).
+bool decode_use_pdl(int32_t device, bool requested, const kv::CacheConfig& cache);
 
 // Throws NOT_SUPPORTED (naming the feature) when the decode kernels cannot
 // serve a cache so configured with `heads_q` query heads and up to

@@ -74,6 +74,14 @@ cudaError_t decode_kernels_available(DecodeKernel variant, int* virtual_arch) {
   return e;
 }
 
+cudaError_t decode_combine_virtual_arch(bool bf16, int head_dim, int* virtual_arch) {
+  cudaFuncAttributes attr;
+  const cudaError_t e =
+      cudaFuncGetAttributes(&attr, reinterpret_cast<const void*>(combine_of(bf16, head_dim)));
+  if (e == cudaSuccess) *virtual_arch = attr.ptxVersion;
+  return e;
+}
+
 cudaError_t decode_kernels_allow_smem(bool bf16, int head_dim, int stages, DecodeKernel variant,
                                       bool balanced) {
   const KernelChoice k = choose(bf16, head_dim, stages, variant, balanced);

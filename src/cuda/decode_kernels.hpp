@@ -31,6 +31,11 @@ cudaError_t decode_kernels_available(DecodeKernel variant, int* virtual_arch);
 // execute may run under graph capture).
 cudaError_t decode_kernels_allow_smem(bool bf16, int head_dim, int stages, DecodeKernel variant,
                                       bool balanced);
+// The virtual architecture (ptxVersion) the combine kernel of (dtype, head
+// dim) was compiled for on the current device: below 90 it lacks
+// griddepcontrol.wait (JIT from compute_80 PTX, e.g. on a newer GPU than
+// the build's SASS), so it must not be launched as a dependent.
+cudaError_t decode_combine_virtual_arch(bool bf16, int head_dim, int* virtual_arch);
 // Decode blocks of that kernel that fit on one SM.
 cudaError_t decode_kernels_blocks_per_sm(bool bf16, int head_dim, int stages, DecodeKernel variant,
                                          bool balanced, int* blocks);

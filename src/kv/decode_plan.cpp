@@ -136,7 +136,7 @@ DecodePlan::DecodePlan(const ContextConfig& ctx, const CacheConfig& cache, const
                                                   device_balanced_requested);
     device_wave_ = cuda::decode_resident_blocks(ctx.device, cache_, device_stages_, device_kernel_,
                                                 device_balanced_requested);
-    device_pdl_ = cuda::decode_use_pdl(ctx.device, pdl_requested);
+    device_pdl_ = cuda::decode_use_pdl(ctx.device, pdl_requested, cache_);
   }
 #else
   if (on_device_) not_supported("ctx: this build of libattn has no CUDA backend");
@@ -595,6 +595,15 @@ void DecodePlan::execute(const KvCache& cache, const void* q, void* o, float* ls
 
 void DecodePlan::execute_device(const KvCache& cache, const void* q, void* o, float* lse,
                                 void* workspace, void* stream) const {
+  // The kernels copy Q in 16-byte pieces (cp.async, and bulk copies on
+  // sm_90), O and LSE element by element: a misaligned Q would fault the
+  // device context instead of failing this call.
+  if (reinterpret_cast<uintptr_t>(q) % 16 != 0)
+    invalid_argument("q: the CUDA decode kernels need a 16-byte aligned device pointer, got ", q);
+  if (reinterpret_cast<uintptr_t>(o) % dtype_size(cache_.dtype) != 0)
+    invalid_argument("o: the device pointer must be aligned to its element, got ", o);
+  if (lse != nullptr && reinterpret_cast<uintptr_t>(lse) % alignof(float) != 0)
+    invalid_argument("lse: the device pointer must be 4-byte aligned, got ", lse);
   char* base = workspace_base(workspace);
   Prepared rec{};
   {

@@ -666,6 +666,25 @@ void graph_case() {
     execute(h, plan, s);
     check(h, s, o, fetch(h, s), "errors: this plan again after its own prepare");
   }
+  // A Q the kernels' 16-byte copies cannot read: refused, O not written
+  // (the device context stays usable: the next execute runs).
+  {
+    poison(h, s);
+    const attn_status_t st4 =
+        attn_decode_execute(plan, h.cache, static_cast<const char*>(s.q_dev) + 2, s.o_dev,
+                            s.lse_dev, s.ws, s.ws_bytes, h.stream);
+    const std::string m4 = attn_last_error_message();
+    const Result kept = fetch(h, s);
+    bool poisoned = true;
+    for (uint16_t x : kept.o) poisoned = poisoned && x == poison_half(h.shape.dtype);
+    const bool refused = st4 == ATTN_STATUS_INVALID_ARGUMENT &&
+                         m4.find("q:") != std::string::npos && poisoned;
+    std::printf("%-58s %s (%s)\n", "errors: a misaligned q refused", refused ? "ok" : "FAIL",
+                m4.c_str());
+    if (!refused) ++g_failures;
+    execute(h, plan, s);
+    check(h, s, o, fetch(h, s), "errors: runs again after the refusal");
+  }
   GPU_CHECK(cudaGraphExecDestroy(exec));
   GPU_CHECK(cudaGraphDestroy(graph));
   attn_decode_plan_destroy(plan);
