@@ -778,8 +778,11 @@ ATTN_API attn_status_t attn_plan_desc_set_block_mask(attn_plan_desc_t desc,
  * "moba-keeps-every-block:"; ring plans refuse MoBA all the same), and the
  * CUDA limits below do not apply. The
  * CUDA backend (forward and backward, the passes' workspaces holding the
- * selection) needs block_size a multiple of 128, top_k <= 32 and a
- * fixed-length batch, else NOT_SUPPORTED; its gates are as accurate as fp32 dot products (computed
+ * selection) needs block_size a multiple of 128 and top_k <= 32, else
+ * NOT_SUPPORTED; a varlen batch runs there as one fixed-length plan per
+ * sequence length, sequence after sequence on the stream (algorithm
+ * "flash-moba-per-sequence-online-softmax"; a kept selection is then
+ * NOT_SUPPORTED); its gates are as accurate as fp32 dot products (computed
  * on tensor cores from fp32 values split into three bf16 terms: within 2^-22
  * RMS of the exact product, relative to sqrt(sum_c (q_c mean_c)^2), on the
  * GPU test's inputs, as an fp32 loop over the channels) but summed in another order than the CPU backend's, so the

@@ -66,10 +66,8 @@ static_assert(moba_tiles_divide_block(), "MoBA: every KV tile divides the block 
 inline void validate_moba(const Problem& p) {
   if (p.moba_block <= 0) return;
   // The selector and the kernels' lists are laid out per fixed-length
-  // sequence; the CPU backend runs varlen batches.
-  if (p.varlen)
-    not_supported("desc: MoBA with a varlen batch on the CUDA backend: not supported (the CPU ",
-                  "backend runs it)");
+  // sequence: a varlen batch runs a plan per sequence (moba_varlen.hpp).
+  if (p.varlen) fail(ATTN_STATUS_INTERNAL_ERROR, "MoBA: a varlen problem reached the fixed-length plan");
   if (p.moba_block % kMobaBlockMultiple != 0)
     not_supported("desc: MoBA block_size ", p.moba_block,
                   " on the CUDA backend: it must be a "

@@ -2166,12 +2166,21 @@ static void check_cuda_moba_plans(attn_context_t cuda) {
   assert_true(strstr(info.kernel, "moba") != NULL);
   EXPECT_OK(attn_plan_destroy(plan));
   POISON_PLAN(plan);
-  /* a varlen batch (the CPU backend runs it) */
+  /* a varlen batch: a plan per sequence length; not with a kept selection
+   * (the sequences share one workspace one after another) */
   {
     const int32_t cu[3] = {0, 640, 1024};
     EXPECT_OK(attn_plan_desc_set_shape(d, 2, 4, 2, 640, 640, 64, 64));
     EXPECT_OK(attn_plan_desc_set_varlen(d, 2, cu, cu));
     EXPECT_OK(attn_plan_desc_set_moba(d, 128, 1, 1));
+    EXPECT_OK(attn_plan_create(cuda, d, &plan));
+    describe_plan(plan, &info);
+    assert_string_equal(info.algorithm, "flash-moba-per-sequence-online-softmax");
+    assert_true(strstr(info.kernel, "moba") != NULL);
+    EXPECT_OK(attn_plan_destroy(plan));
+    POISON_PLAN(plan);
+    EXPECT_OK(attn_plan_desc_set_passes(d, ATTN_PASSES_FORWARD_BACKWARD));
+    EXPECT_OK(attn_plan_desc_set_moba_keep_selection(d, 1));
     EXPECT_FAIL(ATTN_STATUS_NOT_SUPPORTED, "varlen", attn_plan_create(cuda, d, &plan));
     EXPECT_PLAN_UNTOUCHED(plan);
   }

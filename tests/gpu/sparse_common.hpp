@@ -85,13 +85,13 @@ void fill_inputs(SparseRun<C>& r, GQ&& gen_q, GDO&& gen_do, GK&& gen_k, GV&& gen
   r.q.assign(p.tq.elems, poison), r.d_o.assign(p.tq.elems, poison);
   r.k.assign(p.tk.elems, poison), r.v.assign(p.tk.elems, poison);
   for (int64_t b = 0; b < c.batch; ++b) {
-    for (int64_t s = 0; s < c.lq; ++s)
+    for (int64_t s = 0; s < p.lq(b); ++s)
       for (int64_t h = 0; h < c.hq; ++h)
         for (int64_t x = 0; x < c.d; ++x) {
           r.q[size_t(p.off_q(b, s, h) + x)] = gen_q(b, s, h, x);
           r.d_o[size_t(p.off_q(b, s, h) + x)] = gen_do(b, s, h, x);
         }
-    for (int64_t s = 0; s < c.lk; ++s)
+    for (int64_t s = 0; s < p.lk(b); ++s)
       for (int64_t h = 0; h < c.hkv; ++h)
         for (int64_t x = 0; x < c.d; ++x) {
           r.k[size_t(p.off_k(b, s, h) + x)] = gen_k(b, s, h, x);
@@ -171,7 +171,7 @@ ref_problem base_ref_problem(const CaseProblem<C>& p) {
   rp.batch = c.batch, rp.heads_q = c.hq, rp.heads_kv = c.hkv;
   rp.head_dim_qk = rp.head_dim_v = c.d;
   rp.cu_q = p.cu_q.data(), rp.cu_kv = p.cu_kv.data();
-  rp.varlen = 0;
+  rp.varlen = varlen(c) ? 1 : 0;
   rp.scale = p.scale;
   rp.softcap = c.softcap;
   rp.key_filter = nullptr;
@@ -230,12 +230,14 @@ Outcome judge_run(const SparseRun<C>& r, const ref_problem& rp, const Inputs64& 
   // Rows that see no key and keys no row sees.
   std::vector<uint8_t> row_any(size_t(c.batch * c.hq * c.lq)),
       key_any(size_t(c.batch * c.hkv * c.lk));
+  // (Varlen: c.lq and c.lk are the longest sequence's, p.lq(b) and p.lk(b)
+  // sequence b's.)
   for (int64_t b = 0; b < c.batch; ++b) {
     for (int64_t h = 0; h < c.hq; ++h)
-      for (int64_t i = 0; i < c.lq; ++i)
+      for (int64_t i = 0; i < p.lq(b); ++i)
         row_any[size_t((b * c.hq + h) * c.lq + i)] = uint8_t(ref_row_sees_any_head(&rp, b, h, i));
     for (int64_t h = 0; h < c.hkv; ++h)
-      for (int64_t j = 0; j < c.lk; ++j)
+      for (int64_t j = 0; j < p.lk(b); ++j)
         key_any[size_t((b * c.hkv + h) * c.lk + j)] = uint8_t(ref_key_seen_head(&rp, b, h, j));
   }
 
@@ -244,10 +246,10 @@ Outcome judge_run(const SparseRun<C>& r, const ref_problem& rp, const Inputs64& 
   auto compare = [&](const std::vector<uint16_t>& got, const std::vector<double>& ref,
                      const std::vector<double>& plain, bool q_side, auto&& zero) {
     Err e;
-    const int64_t heads = q_side ? c.hq : c.hkv, len = q_side ? c.lq : c.lk;
+    const int64_t heads = q_side ? c.hq : c.hkv;
     std::vector<uint8_t> inside(got.size(), 0);
     for (int64_t b = 0; b < c.batch; ++b)
-      for (int64_t s = 0; s < len; ++s)
+      for (int64_t s = 0; s < (q_side ? p.lq(b) : p.lk(b)); ++s)
         for (int64_t h = 0; h < heads; ++h) {
           const int64_t at = q_side ? p.off_q(b, s, h) : p.off_k(b, s, h);
           const bool z = zero(b, s, h);
@@ -276,13 +278,15 @@ Outcome judge_run(const SparseRun<C>& r, const ref_problem& rp, const Inputs64& 
   Outcome out;
   char buf[256];
   int64_t empty_rows = 0;
-  for (uint8_t e : row_any) empty_rows += e == 0;
+  for (int64_t b = 0; b < c.batch; ++b)
+    for (int64_t h = 0; h < c.hq; ++h)
+      for (int64_t i = 0; i < p.lq(b); ++i) empty_rows += row_empty(b, i, h);
   const Err eo = compare(r.o, o64, ol, true, row_empty);
   double lse_err = 0;
   int64_t lse_bad = 0;
   for (int64_t b = 0; b < c.batch; ++b)
     for (int64_t h = 0; h < c.hq; ++h)
-      for (int64_t i = 0; i < c.lq; ++i) {
+      for (int64_t i = 0; i < p.lq(b); ++i) {
         const size_t at = size_t(p.lse_off(b, h, i));
         const double l = r.lse[at];
         if (row_empty(b, i, h)) {

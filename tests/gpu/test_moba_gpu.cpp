@@ -164,6 +164,19 @@ std::string kept_selection_run(const Run& r, attn_context_t ctx) {
   const Problem& p = r.p;
   attn_plan_desc_t pd = moba_desc(p, true);
   ATTN_CHECK(attn_plan_desc_set_moba_keep_selection(pd, 1));
+  const bool every_block_all = p.c.top_k >= (p.c.lk + p.c.block - 1) / p.c.block - 1;
+  if (varlen(p.c) && !every_block_all) {
+    // A varlen batch runs its sequences one after another on one
+    // workspace: a selection kept for the backward is refused.
+    attn_status_t st = ATTN_STATUS_SUCCESS;
+    attn_plan_t refused_plan = plan_or_exit(ctx, pd, p.c.name, &st);
+    const std::string msg = attn_last_error_message();
+    attn_plan_destroy(refused_plan);
+    return st == ATTN_STATUS_NOT_SUPPORTED && refused_plan == nullptr &&
+                   msg.find("varlen") != std::string::npos
+               ? ""
+               : " kept selection on a varlen batch: not refused as NOT_SUPPORTED (" + msg + ");";
+  }
   attn_plan_t plan = plan_or_exit(ctx, pd, p.c.name);
   const attn_plan_info_t info = describe(plan);
   std::string err;
@@ -259,6 +272,7 @@ Run run_device(const Case& c0, attn_context_t ctx) {
       r.describe_error += std::string(" kernel '") + info.kernel + "' where the " +
                           (want.bwd_sm90 ? "sm_90a" : "sm_80") + " dK/dV kernel was expected;";
     const char* algorithm = every_block ? "moba-keeps-every-block:flash-tiled-online-softmax"
+                            : varlen(c) ? "flash-moba-per-sequence-online-softmax"
                                         : "flash-moba-online-softmax";
     if (std::strcmp(info.algorithm, algorithm) != 0)
       r.describe_error += std::string(" algorithm '") + info.algorithm + "';";
@@ -288,14 +302,16 @@ Outcome judge(const Run& r) {
   rp.pair_mask = pair.data();
   rp.pair_mask_batch = c.batch;
   rp.pair_mask_heads = c.hq;
+  rp.pair_mask_rows = c.lq;  // (varlen: the longest sequence's, as ref_moba_select pads)
+  rp.pair_mask_cols = c.lk;
 
   // The share of (row, key) pairs under the causal mask that MoBA keeps.
   int64_t kept = 0, causal = 0;
   for (int64_t b = 0; b < c.batch; ++b)
     for (int64_t h = 0; h < c.hq; ++h)
-      for (int64_t i = 0; i < c.lq; ++i)
-        for (int64_t j = 0; j < c.lk; ++j)
-          if (j <= i + c.lk - c.lq) {
+      for (int64_t i = 0; i < p.lq(b); ++i)
+        for (int64_t j = 0; j < p.lk(b); ++j)
+          if (j <= i + p.lk(b) - p.lq(b)) {
             ++causal;
             kept += pair[size_t(((b * c.hq + h) * c.lq + i) * c.lk + j)] != 0;
           }
@@ -375,6 +391,20 @@ std::vector<Case> cases() {
       make("d64-bf16-b512-top1-shared-gqa2/1-lq>lk", BF, 64, 1, 2, 1, 1500, 1100, 512, 1, true));
   c = make("d128-bf16-b128-top7-shared-gqa2/1-coherent-lq<lk", BF, 128, 1, 2, 1, 1100, 1333, 128,
            7, true);
+  c.coherent = true;
+  v.push_back(c);
+  // Varlen batches (THD): a plan per sequence length, each sequence pooling
+  // and gating its own blocks; sequences that select, short ones that keep
+  // every block, an empty one, one with fewer keys than queries (rows that
+  // see no key), and two of equal lengths (one plan).
+  c = make("varlen-d128-bf16-b128-top2-per-head-gqa4/2", BF, 128, 0, 4, 2, 0, 0, 128, 2, false);
+  c.seq_q = {700, 0, 300, 1000, 300}, c.seq_kv = {700, 200, 100, 1300, 100};
+  v.push_back(c);
+  c = make("varlen-d64-fp16-b256-top1-shared-gqa2/1", FP, 64, 0, 2, 1, 0, 0, 256, 1, true);
+  c.seq_q = {513, 129, 1, 1100}, c.seq_kv = {513, 129, 1, 1100};
+  v.push_back(c);
+  c = make("varlen-d128-fp16-b128-top3-shared-coherent", FP, 128, 0, 2, 2, 0, 0, 128, 3, true);
+  c.seq_q = {900, 640}, c.seq_kv = {1200, 640};
   c.coherent = true;
   v.push_back(c);
   // More than 64 blocks: the selector gates 64 past blocks per step and

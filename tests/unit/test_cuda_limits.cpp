@@ -1,6 +1,5 @@
 // The CUDA backend's own limits (cuda/limits.hpp, and MoBA's and the
-// block-sparse tile lists' checks that use it, MoBA's refusal of varlen
-// batches included), host code only, so they are
+// block-sparse tile lists' checks that use it), host code only, so they are
 // checked in every build: grids of at most 65535 in y and z and 2^31 - 1
 // blocks in x, and values the kernels take as int32. Each limit refuses
 // with NOT_SUPPORTED and a message naming it, just past its edge, and lets
@@ -176,18 +175,6 @@ void moba_grids() {
   expect(l.end <= attn::kMaxBytes, "its workspace", std::to_string(l.end) + " bytes");
 }
 
-// MoBA on a varlen batch runs on the CPU backend only: the CUDA backend
-// refuses it by name, and takes the same problem as a fixed-length batch.
-void moba_varlen() {
-  Problem p = make(2, 4, 2, 512, 512);
-  p.mask = ATTN_MASK_CAUSAL;
-  p.window = {-1, 0};
-  p.moba_block = 128, p.moba_top_k = 1;
-  expect_accepted("MoBA, fixed-length batch", [&] { attn::cuda::validate_moba(p); });
-  p.varlen = true;
-  p.cu_q = p.cu_kv = {0, 300, 812};
-  expect_refused("MoBA, varlen batch", [&] { attn::cuda::validate_moba(p); }, "varlen");
-}
 
 }  // namespace
 
@@ -197,7 +184,6 @@ int main() {
   kv_page_size();
   tile_lists();
   moba_grids();
-  moba_varlen();
   std::printf("%d failure(s)\n", g_failures);
   return g_failures == 0 ? 0 : 1;
 }
