@@ -1254,9 +1254,13 @@ ATTN_API attn_status_t attn_comm_create_nccl(void *nccl_comm, attn_comm_t *comm)
 
 /* Destroys one rank's communicator. NULL is a no-op. Ring plans made from
  * it keep what they need alive (they must still be destroyed) but fail with
- * COMMUNICATION_ERROR from then on. In-process, leaving fails the whole
- * group: the other ranks' ring executions fail too instead of waiting for
- * this rank. (NCCL peers cannot be told; see attn_comm_create_nccl.)
+ * COMMUNICATION_ERROR from then on. In-process, leaving makes the group
+ * unusable: every later ring execution of the other ranks fails
+ * (COMMUNICATION_ERROR), and so does a running one that still waits for
+ * this rank's part, instead of waiting for it; a peer still finishing an
+ * execution whose exchanges with this rank are done is not disturbed, so
+ * each rank may destroy its communicator as soon as its own call has
+ * returned. (NCCL peers cannot be told; see attn_comm_create_nccl.)
  * Returns SUCCESS, INVALID_HANDLE or OUT_OF_MEMORY (the handle then stays
  * live and nothing happened). */
 ATTN_API attn_status_t attn_comm_destroy(attn_comm_t comm);
@@ -1277,15 +1281,17 @@ ATTN_API attn_status_t attn_comm_get_size(attn_comm_t comm, int32_t *size);
  * above), attn_plan_describe reports the global problem's pairs, FLOPs and
  * bytes with this rank's workspace, and attn_ring_plan_describe the ring.
  * attn_forward and attn_backward on a ring plan are collective: every rank
- * calls the same pass with its shards; a rank returns when the ring is done
- * (NCCL: enqueued on the stream; see attn_comm_create_nccl).
+ * calls the same pass with its shards; a rank returns when its own part of
+ * the ring is done, its peers possibly still finishing theirs (NCCL:
+ * enqueued on the stream; see attn_comm_create_nccl).
  * Their executions must not overlap on one communicator: one that starts
  * while another runs on the same rank's communicator returns
  * INVALID_ARGUMENT at once, writing nothing (the running one and the group
  * are unaffected). In-process, a
- * failure of one rank during an execution fails the group: every rank then
- * returns COMMUNICATION_ERROR (outputs unwritten) and the communicators are
- * no longer usable; a rank that fails before it starts (an invalid
+ * failure of one rank during an execution fails the group: every rank
+ * still in that execution returns COMMUNICATION_ERROR (outputs unwritten;
+ * a rank whose part had already completed may have returned SUCCESS) and
+ * the communicators are no longer usable; a rank that fails before it starts (an invalid
  * argument, a small workspace) is noticed by the others through their
  * timeout, or at once if it then destroys its communicator. NCCL peers are
  * not told (see attn_comm_create_nccl): they wait in their exchanges until

@@ -90,7 +90,7 @@ attn_status_t attn_comm_destroy(attn_comm_t comm) {
     if (!attn::unregister_handle(comm, attn::HandleKind::comm))
       attn::fail(ATTN_STATUS_INVALID_HANDLE,
                  "comm is not a live attn_comm_t (destroyed twice, or a handle of another kind)");
-    comm->transport->abort(why);
+    comm->transport->leave(why);
     delete comm;
   });
 }

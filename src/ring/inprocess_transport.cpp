@@ -30,7 +30,8 @@ struct Group {
     uint64_t recv_tag = 0;
   };
 
-  Group(int32_t n, int64_t timeout) : size(n), timeout_ms(timeout), inbox(size_t(n)) {
+  Group(int32_t n, int64_t timeout)
+      : size(n), timeout_ms(timeout), inbox(size_t(n)), departed(size_t(n), 0) {
     if (n <= 1) return;
     try {
       mover = std::thread([this] { move_messages(); });
@@ -60,6 +61,10 @@ struct Group {
   bool stopping = false;
   std::string reason;
   std::vector<Slot> inbox;
+  // Ranks that left (destroyed their communicator), and the first one's why.
+  std::vector<char> departed;
+  int32_t first_departed = -1;
+  std::string departed_reason;
   std::thread mover;
 
   // Under the lock: the first reason wins, later failures are its echoes.
@@ -75,6 +80,17 @@ struct Group {
     fail(ATTN_STATUS_COMMUNICATION_ERROR, "ring (in-process rank ", rank, " of ", size,
          "): the group was aborted: ", reason);
   }
+  [[noreturn]] void throw_departed(int32_t rank, int32_t peer) const {
+    fail(ATTN_STATUS_COMMUNICATION_ERROR, "ring (in-process rank ", rank, " of ", size,
+         "): rank ", peer, " left the group (",
+         peer == first_departed ? departed_reason : std::string("it destroyed its communicator"),
+         ")");
+  }
+  // Under the lock: fails when the group aborted or a rank left.
+  void check_usable_locked(int32_t rank) const {
+    if (aborted) throw_aborted(rank);
+    if (first_departed >= 0) throw_departed(rank, first_departed);
+  }
 
   // What a wait is for, as "<before><peer><after>" (no peer when peer < 0).
   // Kept as pieces so that the text is only built when a wait times out:
@@ -85,12 +101,15 @@ struct Group {
     const char* after;
   };
 
-  // Waits under `lock` until ready() or the group aborts (then throws);
-  // aborts the group itself when the timeout expires.
+  // Waits under `lock` until ready(), the group aborts, or the peer it
+  // waits on (what.peer, if any) leaves without having done its part (then
+  // throws); aborts the group itself when the timeout expires. A rank that
+  // left after doing its part fails nothing here.
   template <class Ready>
   void wait(std::unique_lock<std::mutex>& lock, int32_t rank, const WaitingFor& what,
             Ready ready) {
-    auto done = [&] { return aborted || ready(); };
+    auto peer_left = [&] { return what.peer >= 0 && departed[size_t(what.peer)] != 0; };
+    auto done = [&] { return aborted || ready() || peer_left(); };
     // Beyond 2^40 ms (35 years) the deadline now + timeout overflows the
     // clock's nanoseconds and would lie in the past: wait without bound.
     constexpr int64_t kUnboundedMs = int64_t(1) << 40;
@@ -102,6 +121,7 @@ struct Group {
                    (what.peer >= 0 ? std::to_string(what.peer) : std::string()) + what.after);
     }
     if (aborted) throw_aborted(rank);
+    if (!ready()) throw_departed(rank, what.peer);
   }
 
   // Slot r is ready to copy: posted, and its receiver has started.
@@ -172,7 +192,7 @@ class InprocessTransport final : public Transport {
 
   void check_usable() override {
     std::lock_guard lock(group_->mutex);
-    if (group_->aborted) group_->throw_aborted(rank_);
+    group_->check_usable_locked(rank_);
   }
 
   void start(const Exchange& x, void*) override {
@@ -181,7 +201,7 @@ class InprocessTransport final : public Transport {
     Group::Slot& in = g.inbox[size_t(rank_)];
     Group::Slot& out = g.inbox[size_t(next())];
     // Free unless the previous exchange was abandoned half way.
-    g.wait(lock, rank_, {"its previous message to be taken", -1, ""},
+    g.wait(lock, rank_, {"rank ", next(), " to take its previous message"},
            [&] { return out.state == Group::SlotState::empty; });
     out.state = Group::SlotState::posted;
     out.data = x.send;
@@ -234,6 +254,21 @@ class InprocessTransport final : public Transport {
       group_->abort_locked(reason);
     } catch (...) {
       // the mutex cannot fail in practice; nothing else to do
+    }
+  }
+
+  void leave(const std::string& reason) noexcept override {
+    try {
+      std::lock_guard lock(group_->mutex);
+      Group& g = *group_;
+      g.departed[size_t(rank_)] = 1;
+      if (g.first_departed < 0) {
+        g.first_departed = rank_;
+        g.departed_reason = reason;
+      }
+      g.changed.notify_all();
+    } catch (...) {
+      abort(reason);  // (the string copy could not be made: fail the group instead)
     }
   }
 

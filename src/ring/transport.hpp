@@ -77,6 +77,13 @@ class Transport {
   // exchanges fail with `reason` instead of waiting for this rank.
   virtual void abort(const std::string& reason) noexcept = 0;
 
+  // This rank leaves the group (its communicator is destroyed): every later
+  // execution fails, and so does a current exchange that still needs this
+  // rank, but one that has what it waited for (a rank returns once its own
+  // exchanges are done, while its peers may still finish theirs) goes on.
+  // By default, as abort().
+  virtual void leave(const std::string& reason) noexcept { abort(reason); }
+
  private:
   std::atomic<bool> executing_{false};
 };

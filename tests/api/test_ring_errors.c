@@ -573,6 +573,53 @@ static void test_rank_leaves(void **state) {
   }
 }
 
+/* A rank's call, then at once (on its thread) the destruction of its plan
+ * and its communicator, as a rank's own cleanup does. */
+typedef struct leaving_call {
+  rank_call call;
+  attn_comm_t comm;
+  attn_status_t plan_destroyed, comm_destroyed;
+} leaving_call;
+
+static void *leaving_call_main(void *arg) {
+  leaving_call *l = (leaving_call *)arg;
+  rank_call_main(&l->call);
+  l->plan_destroyed = attn_plan_destroy(l->call.plan);
+  l->comm_destroyed = attn_comm_destroy(l->comm);
+  return NULL;
+}
+
+/* A rank returns once its own exchanges are done, while its peers may
+ * still be finishing theirs: a rank that then leaves must not fail them.
+ * 3 ranks, forward and backward, many rounds (the order in which the
+ * threads get to run differs from round to round). */
+static void test_rank_leaves_after_its_call(void **state) {
+  (void)state;
+  for (int round = 0; round < 40; ++round) {
+    const int backward = round % 2;
+    ring_group g;
+    group_open(&g, 3, 60000, 24, round % 4 < 2 ? ATTN_MASK_CAUSAL : ATTN_MASK_NONE);
+    leaving_call calls[3];
+    pthread_t t[3];
+    for (int r = 0; r < 3; ++r) {
+      rank_call c = {g.plans[r], &g.io[r], backward, ATTN_STATUS_INTERNAL_ERROR, ""};
+      calls[r].call = c;
+      calls[r].comm = g.comms[r];
+    }
+    for (int r = 0; r < 3; ++r)
+      assert_int_equal(pthread_create(&t[r], NULL, leaving_call_main, &calls[r]), 0);
+    for (int r = 0; r < 3; ++r) pthread_join(t[r], NULL);
+    for (int r = 0; r < 3; ++r) {
+      EXPECT_RANK(calls[r].call, ATTN_STATUS_SUCCESS, NULL, "a rank whose peers left after their call");
+      assert_int_equal(calls[r].plan_destroyed, ATTN_STATUS_SUCCESS);
+      assert_int_equal(calls[r].comm_destroyed, ATTN_STATUS_SUCCESS);
+      io_free(&g.io[r]);
+      EXPECT_OK(attn_plan_desc_destroy(g.descs[r]));
+    }
+    EXPECT_OK(attn_context_destroy(g.ctx));
+  }
+}
+
 /* A single rank whose communicator was destroyed: no exchange at all, yet
  * its plan must refuse to run. */
 static void test_single_rank_after_destroy(void **state) {
@@ -749,6 +796,7 @@ int main(void) {
       cmocka_unit_test(test_mismatched_plans),
       cmocka_unit_test(test_mismatched_passes),
       cmocka_unit_test(test_rank_leaves),
+      cmocka_unit_test(test_rank_leaves_after_its_call),
       cmocka_unit_test(test_single_rank_after_destroy),
       cmocka_unit_test(test_rank_fails_before_joining),
       cmocka_unit_test(test_overlapping_executions),
