@@ -187,6 +187,11 @@ def attention_ref(q_rows, keys, values, scale):
 
 
 def max_rel_diff(got, want):
+    # Python's max() drops a NaN that does not come first: an output left
+    # unwritten (NaN-poisoned) must count as the worst difference.
+    got = list(got)
+    if len(got) != len(want) or not all(math.isfinite(g) for g in got):
+        return math.inf
     num = max(abs(g - w) for g, w in zip(got, want))
     return num / max(max(abs(w) for w in want), 1e-30)
 

@@ -174,6 +174,8 @@ void run_case(attn_context_t cpu, attn_context_t gpu, attn_dtype_t t, int64_t di
       empty_ok = empty_ok && l_got[size_t(r)] == kNegInf && l_want[size_t(r)] == kNegInf;
       continue;
     }
+    // (std::max would drop a NaN: count non-finite LSE as a failure.)
+    finite = finite && std::isfinite(l_got[size_t(r)]);
     l_err = std::max(l_err, std::fabs(double(l_got[size_t(r)]) - double(l_want[size_t(r)])));
     l64_err = std::max(l64_err, std::fabs(double(l_got[size_t(r)]) - l64));
   }
