@@ -101,17 +101,27 @@ inline uint16_t poison_half(attn_dtype_t t) { return t == ATTN_DTYPE_BF16 ? 0x7f
     }                                                                                       \
   } while (0)
 
-// Exit code 77 (meson: skipped) unless a CUDA device is usable.
+// Exit code 77 (meson: skipped) without a usable CUDA device (none, or
+// device 0 older than sm_80, which the CUDA backend does not run). With
+// one, a CUDA context the library cannot create is a failure (exit 1), not
+// a skip: a regression there must not turn the GPU suite into skips.
 inline void skip_without_device() {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
     std::printf("SKIP: no CUDA device\n");
     std::exit(77);
   }
+  int major = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) == cudaSuccess &&
+      major < 8) {
+    std::printf("SKIP: device 0 is sm_%d0, the CUDA backend needs sm_80 or newer\n", major);
+    std::exit(77);
+  }
   attn_context_t ctx = nullptr;
   if (attn_context_create(ATTN_BACKEND_CUDA, 0, 0, &ctx) != ATTN_STATUS_SUCCESS) {
-    std::printf("SKIP: CUDA backend unavailable: %s\n", attn_last_error_message());
-    std::exit(77);
+    std::printf("FAIL: %d CUDA device(s), but no CUDA context: %s\n", n,
+                attn_last_error_message());
+    std::exit(1);
   }
   attn_context_destroy(ctx);
 }
