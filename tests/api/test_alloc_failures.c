@@ -73,6 +73,8 @@ typedef struct world {
   float kv[2][8 * HKV * D];
   int32_t before[8]; /* a scenario's record of the state it must keep */
   int64_t before64[8];
+  unsigned char mask_before[2048]; /* a mask's tables (mask_tables) */
+  float cache_before[3 * HQ * D];  /* a cache's decode fingerprint */
 } world;
 
 static world w;
@@ -90,8 +92,21 @@ static attn_plan_desc_t new_desc(void) {
   return d;
 }
 
-static void mask_blocks(attn_block_mask_t m, int32_t *partial, int32_t *full) {
-  CHECK_OK(attn_block_mask_get_max_blocks(m, partial, full));
+/* The whole contents of a (1, HKV, L, L, 8, 16) mask, as get_blocks reads
+ * them back (4 KV blocks: at most 4 entries a row), packed into out. */
+enum { kMaskRows = HKV * (L / 8), kMaskMax = L / 16, kTile = ATTN_BLOCK_MASK_TILE_BYTES(8, 16) };
+typedef struct mask_tables {
+  int32_t num_p[kMaskRows], idx_p[kMaskRows * kMaskMax];
+  int32_t num_f[kMaskRows], idx_f[kMaskRows * kMaskMax];
+  uint8_t bits[kMaskRows * kMaskMax * kTile];
+} mask_tables;
+static void mask_snapshot(attn_block_mask_t m, unsigned char *out) {
+  mask_tables t;
+  _Static_assert(sizeof t <= sizeof w.mask_before, "room for a mask's tables");
+  memset(&t, 0, sizeof t);
+  CHECK_OK(attn_block_mask_get_blocks(m, t.num_p, t.idx_p, kMaskMax, t.bits, t.num_f, t.idx_f,
+                                      kMaskMax));
+  memcpy(out, &t, sizeof t);
 }
 
 static attn_kv_cache_config_t cache_config(void) {
@@ -122,7 +137,30 @@ static void cache_state(int64_t *out) {
   out[0] = info.pages_in_use;
   out[1] = info.num_sequences;
   CHECK_OK(attn_kv_cache_sequence_length(w.cache, 1, &out[2]));
-  CHECK_OK(attn_kv_cache_sequence_length(w.cache, 3, &out[3]));
+  CHECK_OK(attn_kv_cache_sequence_length(w.cache, 2, &out[3]));
+  CHECK_OK(attn_kv_cache_sequence_length(w.cache, 3, &out[4]));
+}
+
+/* The cache's contents as one decode step sees them: the output of a query
+ * token (fixed values) over sequences 1, 2 and 3 (2 shares a partly filled
+ * page with 1, which a failed append must not have written into). */
+static void cache_fingerprint(float *out) {
+  const attn_decode_config_t dc = tu_decode_config(HQ, 3, 1, 0);
+  const int64_t ids[3] = {1, 2, 3};
+  const int32_t ql[3] = {1, 1, 1};
+  float q[3 * HQ * D];
+  attn_decode_plan_t plan = NULL;
+  size_t bytes = 0;
+  void *ws;
+  fill(q, sizeof q / 4, 0.75f);
+  CHECK_OK(attn_decode_plan_create(w.ctx, w.cache, &dc, &plan));
+  CHECK_OK(attn_decode_plan_workspace_size(plan, &bytes));
+  ws = malloc(bytes);
+  if (ws == NULL) abort();
+  CHECK_OK(attn_decode_prepare(plan, w.cache, 3, ids, ql, ws, bytes, NULL, NULL));
+  CHECK_OK(attn_decode_execute(plan, w.cache, q, out, NULL, ws, bytes, NULL));
+  free(ws);
+  CHECK_OK(attn_decode_plan_destroy(plan));
 }
 
 typedef struct scenario {
@@ -149,12 +187,13 @@ static void s_mask(void) {
   const int64_t sinks[2] = {0, 3};
   CHECK_OK(attn_block_mask_create(1, HKV, L, L, 8, 16, &w.mask));
   CHECK_OK(attn_block_mask_add_global_keys(w.mask, sinks, 2));
-  mask_blocks(w.mask, &w.before[0], &w.before[1]);
+  mask_snapshot(w.mask, w.mask_before);
 }
 static int u_mask(void) {
-  int32_t p, f;
-  mask_blocks(w.mask, &p, &f);
-  return p == w.before[0] && f == w.before[1];
+  unsigned char now[sizeof w.mask_before];
+  memset(now, 0, sizeof now);
+  mask_snapshot(w.mask, now);
+  return memcmp(now, w.mask_before, sizeof(mask_tables)) == 0;
 }
 static void t_mask(int ok) {
   (void)ok;
@@ -196,7 +235,17 @@ static void s_desc_with_mask(void) {
   CHECK_OK(attn_plan_desc_set_allow_empty_rows(w.desc, 1));
 }
 static attn_status_t c_set_block_mask(void) { return attn_plan_desc_set_block_mask(w.desc, w.mask); }
-static int u_always(void) { return 1; }
+/* The descriptor still has no block mask: its plan is dense. */
+static int u_desc_without_mask(void) {
+  attn_plan_t plan = NULL;
+  attn_plan_info_t info;
+  memset(&info, 0, sizeof info);
+  info.struct_size = sizeof info;
+  CHECK_OK(attn_plan_create(w.ctx, w.desc, &plan));
+  CHECK_OK(attn_plan_describe(plan, &info));
+  CHECK_OK(attn_plan_destroy(plan));
+  return info.block_q == 0 && info.block_kv == 0;
+}
 static void t_desc_with_mask(int ok) {
   (void)ok;
   CHECK_OK(attn_plan_desc_destroy(w.desc));
@@ -239,11 +288,15 @@ static void t_cache_create(int ok) {
 static void s_cache(void) {
   make_cache();
   cache_state(w.before64);
+  cache_fingerprint(w.cache_before);
 }
 static int u_cache(void) {
-  int64_t now[4];
+  int64_t now[5];
+  float out[3 * HQ * D];
   cache_state(now);
+  cache_fingerprint(out);
   return memcmp(now, w.before64, sizeof now) == 0 &&
+         memcmp(out, w.cache_before, sizeof out) == 0 &&
          attn_kv_cache_sequence_length(w.cache, 9, &now[0]) == ATTN_STATUS_INVALID_ARGUMENT;
 }
 static void t_cache(int ok) {
@@ -355,7 +408,7 @@ static const scenario kScenarios[] = {
     {"attn_block_mask_and_documents", s_mask, c_and_documents, u_mask, t_mask},
     {"attn_block_mask_add_dense", s_mask, c_add_dense, u_mask, t_mask},
     {"attn_block_mask_set_blocks", s_mask, c_set_blocks, u_mask, t_mask},
-    {"attn_plan_desc_set_block_mask", s_desc_with_mask, c_set_block_mask, u_always,
+    {"attn_plan_desc_set_block_mask", s_desc_with_mask, c_set_block_mask, u_desc_without_mask,
      t_desc_with_mask},
     {"attn_plan_create (block mask)", s_sparse_desc, c_plan_create, u_plan, t_sparse_desc},
     {"attn_plan_create (MoBA)", s_moba_desc, c_plan_create, u_plan, t_moba_desc},

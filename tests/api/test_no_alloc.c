@@ -179,6 +179,7 @@ static void run_plan_without_alloc(plan_kind kind, const char *what) {
     CHECK_OK(f);
     CHECK_OK(b);
     assert_written(o, nq, "O");
+    assert_written(lse, nl, "LSE");
     assert_written(dq, nq, "dQ");
     assert_written(dk, nk, "dK");
     assert_written(dv, nk, "dV");

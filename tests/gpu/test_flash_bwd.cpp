@@ -536,7 +536,6 @@ void run_case(const Case& c0, attn_context_t cuda_ctx, attn_context_t cpu_ctx) {
     line += buf;
     all_ok = all_ok && ok;
   }
-  // The two variants agree closely (different summation orders only).
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::printf("%s %-44s %.1fs%s\n", all_ok ? "ok  " : "FAIL", c.name.c_str(), secs, line.c_str());
   if (!all_ok) ++g_failures;
