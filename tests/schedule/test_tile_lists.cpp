@@ -7,7 +7,8 @@
 // with several words per bit-tile row at d = 64).
 //
 // Masks: random block selections (per block: none, whole, a random bit tile
-// or a single selected pair) with block sizes that divide the tiles and ones
+// or a single selected pair, recorded as drawn: the oracle does not read
+// the mask back through BlockMask) with block sizes that divide the tiles and ones
 // that do not, under causal, sliding-window and no dense masks, odd lengths,
 // per-sequence and per-head slots. For every listed visit, the pairs the kernel lets through
 // (all for a full visit, the dense bounds for a dense one, the bit tile's
@@ -44,9 +45,19 @@ struct Shape {
   WindowBounds window;
 };
 
-std::shared_ptr<BlockMask> random_mask(const Shape& s, std::mt19937_64& rng) {
+// A random mask, and in `selected` [slot][i][j] the pairs it selects as
+// drawn here (the oracle: not read back through the mask's own code).
+std::shared_ptr<BlockMask> random_mask(const Shape& s, std::mt19937_64& rng,
+                                       std::vector<uint8_t>& selected) {
   auto m = std::make_shared<BlockMask>(s.batch, s.heads, s.lq, s.lk, s.bq, s.bk);
   std::vector<uint64_t> tile(size_t(m->words_per_tile()));
+  selected.assign(size_t(s.batch * s.heads * s.lq * s.lk), 0);
+  auto record = [&](int64_t mb, int64_t mh, int64_t qb, int64_t kb, const uint64_t* bits) {
+    for (int64_t r = 0; r < m->rows_in(qb); ++r)
+      for (int64_t c = 0; c < m->cols_in(kb); ++c)
+        if (bits == nullptr || ((bits[r * m->words_per_row() + c / 64] >> (c % 64)) & 1u))
+          selected[size_t((((mb * s.heads + mh) * s.lq) + qb * s.bq + r) * s.lk + kb * s.bk + c)] = 1;
+  };
   for (int64_t mb = 0; mb < s.batch; ++mb)
     for (int64_t mh = 0; mh < s.heads; ++mh)
       for (int64_t qb = 0; qb < m->num_q_blocks(); ++qb)
@@ -55,6 +66,7 @@ std::shared_ptr<BlockMask> random_mask(const Shape& s, std::mt19937_64& rng) {
           if (r < 4) continue;  // none
           if (r < 6) {
             m->add(mb, mh, qb, kb, nullptr);  // whole
+            record(mb, mh, qb, kb, nullptr);
             continue;
           }
           if (r < 9) {
@@ -67,6 +79,7 @@ std::shared_ptr<BlockMask> random_mask(const Shape& s, std::mt19937_64& rng) {
             tile[size_t(row * m->words_per_row() + col / 64)] = uint64_t(1) << (col % 64);
           }
           m->add(mb, mh, qb, kb, tile.data());
+          record(mb, mh, qb, kb, tile.data());
         }
   return m;
 }
@@ -74,20 +87,17 @@ std::shared_ptr<BlockMask> random_mask(const Shape& s, std::mt19937_64& rng) {
 // Checks the lists of a tile_q x tile_kv kernel against brute force.
 void check(const Shape& s, int64_t tile_q, int64_t tile_kv, bool kv_major, bool items,
            std::mt19937_64& rng, const char* name) {
-  const std::shared_ptr<BlockMask> mask = random_mask(s, rng);
+  std::vector<uint8_t> selected;
+  const std::shared_ptr<BlockMask> mask = random_mask(s, rng, selected);
   const SequenceMask dense(s.lq, s.lk, s.window);
   const int64_t slots = s.batch * s.heads;
-  // visible[slot][i][j]: the dense mask and the selection.
+  // visible[slot][i][j]: the dense mask and the selection as drawn.
   std::vector<uint8_t> visible(size_t(slots * s.lq * s.lk), 0);
   for (int64_t k = 0; k < slots; ++k)
     for (int64_t i = 0; i < s.lq; ++i) {
       const int64_t lo = dense.key_lo(i), hi = dense.key_hi(i);
-      if (lo > hi) continue;
-      uint8_t* row = visible.data() + size_t((k * s.lq + i) * s.lk);
-      for (int64_t j = lo; j <= hi; ++j) row[j] = 1;
-      mask->for_each_hidden(k / s.heads, k % s.heads, i, lo, hi + 1, [&](int64_t j0, int64_t j1) {
-        for (int64_t j = j0; j < j1; ++j) row[j] = 0;
-      });
+      const size_t row = size_t((k * s.lq + i) * s.lk);
+      for (int64_t j = lo; j <= hi; ++j) visible[row + size_t(j)] = selected[row + size_t(j)];
     }
 
   HostTileLists l = cuda::build_tile_lists(mask, s.window, tile_q, tile_kv, kv_major);
