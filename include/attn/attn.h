@@ -1287,7 +1287,9 @@ ATTN_API attn_status_t attn_comm_get_size(attn_comm_t comm, int32_t *size);
  * Their executions must not overlap on one communicator: one that starts
  * while another runs on the same rank's communicator returns
  * INVALID_ARGUMENT at once, writing nothing (the running one and the group
- * are unaffected). In-process, a
+ * are unaffected). Nor may a ring plan's creation overlap an execution on
+ * the same communicator (over NCCL, creation exchanges with the peers on
+ * that communicator; this is not checked). In-process, a
  * failure of one rank during an execution fails the group: every rank
  * still in that execution returns COMMUNICATION_ERROR (outputs unwritten;
  * a rank whose part had already completed may have returned SUCCESS) and
