@@ -151,6 +151,8 @@ def main():
     cpu_gen = torch.Generator().manual_seed(2024)
     rows = []
     kept = []  # --interleave: (row, plan, fwd, bwd, info, tile flops, bwd tile flops)
+    flex_kept = []  # --interleave: (row, FlexAttention forward, backward)
+    mismatches = []  # masks whose outputs differ from FlexAttention's
     dense = None
     runs = []  # (mask kind, its block table, variant index)
     for kind in ("causal", "window-sinks", "random", "bigbird"):
@@ -190,6 +192,11 @@ def main():
             lib.dll.attn_block_mask_destroy(mask)
         fwd = lambda: plan.forward(q, k, v, o, lse)
         bwd = lambda: plan.backward(q, k, v, o, lse, do, dq, dk, dv)
+        # NaN first: the comparison with FlexAttention below reads these
+        # outputs, and rows a plan left unwritten must not pass on the
+        # previous plan's values.
+        for x in (o, lse, dq, dk, dv):
+            x.fill_(float("nan"))
         fwd()
         bwd()
         torch.cuda.synchronize()
@@ -230,13 +237,21 @@ def main():
                 torch.cuda.synchronize()
                 row["err"] = max(rel_err(o, out.transpose(1, 2)),
                                  *(rel_err(g1, g2.transpose(1, 2)) for g1, g2 in zip((dq, dk, dv), grads)))
+                if not row["err"] <= 2e-2:  # (NaN too) bf16 on both sides: ~3e-3 when equal
+                    mismatches.append(f"{kind}: relative difference {row['err']:.2e}")
                 # Timed with grad enabled as in the first call (another grad mode
                 # would compile again); the forward then also keeps its LSE.
-                f_f = time_ms(lambda: flex(qr, kr, vr, block_mask=bm), 3, a.reps)
-                f_b = time_ms(lambda: torch.autograd.grad(out, (qr, kr, vr), do.transpose(1, 2),
-                                                          retain_graph=True), 3, a.reps)
-                row["flex_fwd"], row["flex_bwd"] = f_f, f_b
-                del out, grads, qr, kr, vr
+                flex_f = lambda bm=bm, qr=qr, kr=kr, vr=vr: flex(qr, kr, vr, block_mask=bm)
+                flex_b = lambda out=out, qr=qr, kr=kr, vr=vr: torch.autograd.grad(
+                    out, (qr, kr, vr), do.transpose(1, 2), retain_graph=True)
+                if a.interleave:
+                    # In the same rounds as libattn's plans (after the loop):
+                    # the measuring order moves the timings by up to 10%.
+                    flex_kept.append((row, flex_f, flex_b))
+                else:
+                    row["flex_fwd"] = time_ms(flex_f, 3, a.reps)
+                    row["flex_bwd"] = time_ms(flex_b, 3, a.reps)
+                del grads
             except Exception as e:  # keep libattn's numbers
                 print(f"FlexAttention failed on {kind}: {type(e).__name__}: {e}", flush=True)
         if plan80 is not None:
@@ -263,21 +278,27 @@ def main():
         print(row, flush=True)
 
     if kept:
-        # Round r times one forward of every kept plan in turn, then one backward of each.
-        for _, _, fwd, bwd, *_ in kept:
+        # Round r times one forward of every kept plan in turn (libattn's, then
+        # FlexAttention's), then one backward of each.
+        calls = [(fwd, bwd) for _, _, fwd, bwd, *_ in kept] + [(f, b) for _, f, b in flex_kept]
+        for fwd, bwd in calls:
             for _ in range(3):
                 fwd()
                 bwd()
-        times = [([], []) for _ in kept]
+        times = [([], []) for _ in calls]
         for _ in range(a.reps):
             for pass_index in (0, 1):
-                for i, (_, _, fwd, bwd, *_) in enumerate(kept):
+                for i, (fwd, bwd) in enumerate(calls):
                     e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                     e0.record()
                     (fwd if pass_index == 0 else bwd)()
                     e1.record()
                     e1.synchronize()
                     times[i][pass_index].append(e0.elapsed_time(e1))
+        for (row, _, _), (ff, fb) in zip(flex_kept, times[len(kept):]):
+            ff.sort()
+            fb.sort()
+            row["flex_fwd"], row["flex_bwd"] = ff[len(ff) // 2], fb[len(fb) // 2]
         for (row, plan, _, _, info, tile_flops, tile_flops_b), (tf, tb) in zip(kept, times):
             tf.sort()
             tb.sort()
@@ -293,8 +314,9 @@ def main():
     lines = [f"# Block-sparse CUDA plans vs FlexAttention ({datetime.date.today()}, commit {a.commit})",
              "", f"{torch.cuda.get_device_name()}, torch {torch.__version__}; L = {L}, {H} heads, "
              f"d = {d}, bf16, batch 1, causal; median of {a.reps} timed runs after 3 warm-ups"
-             + (" (libattn's plans interleaved: each round one call of every plan in turn, "
-                "forwards then backwards; the sm80 columns back to back)." if a.interleave else "."),
+             + (" (interleaved: each round one call of every plan in turn, libattn's and "
+                "FlexAttention's, forwards then backwards; the sm80 columns back to back)."
+                if a.interleave else "."),
              "TFLOP/s on visible pairs (fwd 4 * pairs * d, bwd 2.5x); 'tile' TFLOP/s count every pair "
              f"of the visited forward tiles ({dense['tile']} for the dense plan; see the kernels "
              "below; 'tile bwd': the sm_80 forward's tiles where it is timed too); "
@@ -320,11 +342,15 @@ def main():
     if any("kernel80" in r for r in rows):
         lines.append("sm80 columns: " + "; ".join(f"{r['mask']}: {r['kernel80']}"
                                                   for r in rows if "kernel80" in r))
+    if mismatches:
+        lines.append("")
+        lines.append("MISMATCH with FlexAttention (above 2e-2): " + "; ".join(mismatches))
     text = "\n".join(lines) + "\n"
     print(text)
     if a.out:
         with open(a.out, "w") as f:
             f.write(text)
+    return 3 if mismatches else 0
 
 
 if __name__ == "__main__":
