@@ -103,8 +103,8 @@ struct Group {
 
   // Waits under `lock` until ready(), the group aborts, or the peer it
   // waits on (what.peer, if any) leaves without having done its part (then
-  // throws); aborts the group itself when the timeout expires. A rank that
-  // left after doing its part fails nothing here.
+  // aborts the group and throws); aborts the group itself when the timeout
+  // expires. A rank that left after doing its part fails nothing here.
   template <class Ready>
   void wait(std::unique_lock<std::mutex>& lock, int32_t rank, const WaitingFor& what,
             Ready ready) {
@@ -121,7 +121,16 @@ struct Group {
                    (what.peer >= 0 ? std::to_string(what.peer) : std::string()) + what.after);
     }
     if (aborted) throw_aborted(rank);
-    if (!ready()) throw_departed(rank, what.peer);
+    if (!ready()) {
+      // The peer left without doing its part: this execution cannot
+      // complete on any rank, so fail the group (ranks that do not wait on
+      // the one that left would otherwise wait on this one).
+      abort_locked("rank " + std::to_string(what.peer) + " left the group (" +
+                   (what.peer == first_departed ? departed_reason
+                                                : std::string("it destroyed its communicator")) +
+                   ")");
+      throw_departed(rank, what.peer);
+    }
   }
 
   // Slot r is ready to copy: posted, and its receiver has started.

@@ -443,7 +443,7 @@ static void test_ring_describe(void **state) {
 /* Failures of the ring                                                      */
 /* ------------------------------------------------------------------------ */
 
-enum { kMaxRanks = 3 };
+enum { kMaxRanks = 4 };
 
 /* n ranks of one in-process communicator group, each with its plan made
  * from its own descriptor, and its buffers (workspace of the larger pass). */
@@ -545,32 +545,65 @@ static void test_mismatched_passes(void **state) {
 
 /* A rank that leaves (destroys its communicator) fails the others at once,
  * well before their long timeout. */
+/* A communicator destroyed after a delay, on its own thread. */
+typedef struct late_leave {
+  attn_comm_t comm;
+  int delay_ms;
+  attn_status_t status;
+} late_leave;
+
+static void *late_leave_main(void *arg) {
+  late_leave *l = (late_leave *)arg;
+  struct timespec ts = {l->delay_ms / 1000, (long)(l->delay_ms % 1000) * 1000000L};
+  nanosleep(&ts, NULL);
+  l->status = attn_comm_destroy(l->comm);
+  return NULL;
+}
+
+/* Rank 2 leaves without taking part: before the others start (late = 0),
+ * or 200 ms after, while they wait in the ring. Every other rank fails at
+ * once: with 4 ranks rank 0 is no neighbour of rank 2's, and waits on rank
+ * 3; the failure must reach it through the group, not by its 60 s
+ * timeout. */
 static void test_rank_leaves(void **state) {
   (void)state;
-  for (int backward = 0; backward < 2; ++backward) {
-    ring_group g;
-    group_open(&g, 3, 60000, 12, ATTN_MASK_NONE);
-    EXPECT_OK(attn_comm_destroy(g.comms[2]));
-    g.comms[2] = NULL;
-    if (!backward)
-      for (int r = 0; r < 3; ++r) io_poison_lse(&g.io[r]);
-    rank_call calls[3];
-    group_calls(&g, calls, 3, backward, ATTN_STATUS_SUCCESS);
-    const double t0 = seconds_now();
-    run_ranks(calls, 2);
-    assert_true(seconds_now() - t0 < 30.0);
-    for (int r = 0; r < 2; ++r) {
-      EXPECT_RANK(calls[r], ATTN_STATUS_COMMUNICATION_ERROR, "destroyed",
-                  "ring with a rank gone");
-      assert_true(io_outputs_untouched(&g.io[r], !backward));
+  for (int n = 3; n <= 4; ++n)
+    for (int late = 0; late < 2; ++late)
+    for (int backward = 0; backward < 2; ++backward) {
+      ring_group g;
+      const int gone = 2;
+      group_open(&g, n, 60000, 12 * n / 3, ATTN_MASK_NONE);
+      late_leave leaver = {g.comms[gone], 200, ATTN_STATUS_INTERNAL_ERROR};
+      pthread_t leaving;
+      if (!late) EXPECT_OK(attn_comm_destroy(g.comms[gone]));
+      g.comms[gone] = NULL;
+      if (!backward)
+        for (int r = 0; r < n; ++r) io_poison_lse(&g.io[r]);
+      rank_call calls[kMaxRanks], others[kMaxRanks];
+      group_calls(&g, calls, n, backward, ATTN_STATUS_SUCCESS);
+      int m = 0;
+      for (int r = 0; r < n; ++r)
+        if (r != gone) others[m++] = calls[r];
+      const double t0 = seconds_now();
+      if (late) assert_int_equal(pthread_create(&leaving, NULL, late_leave_main, &leaver), 0);
+      run_ranks(others, m);
+      if (late) {
+        pthread_join(leaving, NULL);
+        assert_int_equal(leaver.status, ATTN_STATUS_SUCCESS);
+      }
+      assert_true(seconds_now() - t0 < 30.0);
+      for (int i = 0; i < m; ++i) {
+        EXPECT_RANK(others[i], ATTN_STATUS_COMMUNICATION_ERROR, "destroyed",
+                    "ring with a rank gone");
+        assert_true(io_outputs_untouched(others[i].io, !backward));
+      }
+      /* The plan of the rank that left fails too, without waiting. */
+      rank_call_main(&calls[gone]);
+      EXPECT_RANK(calls[gone], ATTN_STATUS_COMMUNICATION_ERROR, "destroyed",
+                  "the plan of the rank that left");
+      assert_true(io_outputs_untouched(&g.io[gone], !backward));
+      group_close(&g);
     }
-    /* The plan of the rank that left fails too, without waiting. */
-    rank_call_main(&calls[2]);
-    EXPECT_RANK(calls[2], ATTN_STATUS_COMMUNICATION_ERROR, "destroyed",
-                "the plan of the rank that left");
-    assert_true(io_outputs_untouched(&g.io[2], !backward));
-    group_close(&g);
-  }
 }
 
 /* A rank's call, then at once (on its thread) the destruction of its plan
@@ -591,25 +624,25 @@ static void *leaving_call_main(void *arg) {
 
 /* A rank returns once its own exchanges are done, while its peers may
  * still be finishing theirs: a rank that then leaves must not fail them.
- * 3 ranks, forward and backward, many rounds (the order in which the
+ * 3 and 4 ranks, forward and backward, many rounds (the order in which the
  * threads get to run differs from round to round). */
 static void test_rank_leaves_after_its_call(void **state) {
   (void)state;
   for (int round = 0; round < 40; ++round) {
-    const int backward = round % 2;
+    const int backward = round % 2, n = 3 + round % 2 * (kMaxRanks - 3);
     ring_group g;
-    group_open(&g, 3, 60000, 24, round % 4 < 2 ? ATTN_MASK_CAUSAL : ATTN_MASK_NONE);
-    leaving_call calls[3];
-    pthread_t t[3];
-    for (int r = 0; r < 3; ++r) {
+    group_open(&g, n, 60000, 8 * n, round % 4 < 2 ? ATTN_MASK_CAUSAL : ATTN_MASK_NONE);
+    leaving_call calls[kMaxRanks];
+    pthread_t t[kMaxRanks];
+    for (int r = 0; r < n; ++r) {
       rank_call c = {g.plans[r], &g.io[r], backward, ATTN_STATUS_INTERNAL_ERROR, ""};
       calls[r].call = c;
       calls[r].comm = g.comms[r];
     }
-    for (int r = 0; r < 3; ++r)
+    for (int r = 0; r < n; ++r)
       assert_int_equal(pthread_create(&t[r], NULL, leaving_call_main, &calls[r]), 0);
-    for (int r = 0; r < 3; ++r) pthread_join(t[r], NULL);
-    for (int r = 0; r < 3; ++r) {
+    for (int r = 0; r < n; ++r) pthread_join(t[r], NULL);
+    for (int r = 0; r < n; ++r) {
       EXPECT_RANK(calls[r].call, ATTN_STATUS_SUCCESS, NULL, "a rank whose peers left after their call");
       assert_int_equal(calls[r].plan_destroyed, ATTN_STATUS_SUCCESS);
       assert_int_equal(calls[r].comm_destroyed, ATTN_STATUS_SUCCESS);
