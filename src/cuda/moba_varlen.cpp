@@ -76,6 +76,11 @@ class VarlenMobaPlan final : public BackendPlan {
   }
 
   void forward(const ForwardArgs& a) const override {
+    // Every pointer first: the sequences' plans check only the tensors
+    // their own sequence uses, after earlier sequences were written.
+    require_aligned(a.q, "q"), require_aligned(a.k, "k"), require_aligned(a.v, "v");
+    require_aligned(a.o, "o"), require_aligned(a.workspace, "workspace");
+    require_lse_aligned(a.lse);
     DeviceScope scope(device_);
     const auto [lse_ws, ws] = regions(a.workspace);
     const size_t es = dtype_size(p_.dtype);
@@ -96,6 +101,10 @@ class VarlenMobaPlan final : public BackendPlan {
   }
 
   void backward(const BackwardArgs& a) const override {
+    require_aligned(a.q, "q"), require_aligned(a.k, "k"), require_aligned(a.v, "v");
+    require_aligned(a.o, "o"), require_aligned(a.d_o, "d_o"), require_aligned(a.dq, "dq");
+    require_aligned(a.dk, "dk"), require_aligned(a.dv, "dv"), require_aligned(a.workspace, "workspace");
+    require_lse_aligned(a.lse);
     DeviceScope scope(device_);
     const auto [lse_ws, ws] = regions(a.workspace);
     const size_t es = dtype_size(p_.dtype);
@@ -150,6 +159,17 @@ class VarlenMobaPlan final : public BackendPlan {
     using Byte = std::conditional_t<std::is_const_v<std::remove_pointer_t<Ptr>>, const char, char>;
     return reinterpret_cast<Ptr>(reinterpret_cast<Byte*>(base) +
                                  size_t(p_.offset(role, b, 0, 0)) * es);
+  }
+
+  // As the fixed-length plans (attn_forward): 16-byte aligned device
+  // pointers (null ones are the API's to refuse or allow), LSE 4-byte.
+  static void require_aligned(const void* p, const char* name) {
+    if (reinterpret_cast<uintptr_t>(p) % 16 != 0)
+      invalid_argument(name, ": the CUDA kernels need a 16-byte aligned device pointer, got ", p);
+  }
+  static void require_lse_aligned(const float* lse) {
+    if (reinterpret_cast<uintptr_t>(lse) % alignof(float) != 0)
+      invalid_argument("lse: the device pointer must be 4-byte aligned");
   }
 
   std::pair<float*, void*> regions(void* workspace) const {
