@@ -395,10 +395,11 @@ std::vector<Case> cases() {
   v.push_back(c);
   // Varlen batches (THD): a plan per sequence length, each sequence pooling
   // and gating its own blocks; sequences that select, short ones that keep
-  // every block, an empty one, one with fewer keys than queries (rows that
-  // see no key), and two of equal lengths (one plan).
+  // every block, one with fewer keys than queries (rows that see no key),
+  // two of equal lengths (one plan), one without queries whose keys would
+  // select (its backward writes dK = dV = 0) and one without keys.
   c = make("varlen-d128-bf16-b128-top2-per-head-gqa4/2", BF, 128, 0, 4, 2, 0, 0, 128, 2, false);
-  c.seq_q = {700, 0, 300, 1000, 300}, c.seq_kv = {700, 200, 100, 1300, 100};
+  c.seq_q = {700, 0, 300, 1000, 300, 0, 50}, c.seq_kv = {700, 200, 100, 1300, 100, 900, 0};
   v.push_back(c);
   c = make("varlen-d64-fp16-b256-top1-shared-gqa2/1", FP, 64, 0, 2, 1, 0, 0, 256, 1, true);
   c.seq_q = {513, 129, 1, 1100}, c.seq_kv = {513, 129, 1, 1100};
