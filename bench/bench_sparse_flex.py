@@ -49,6 +49,10 @@ import sys
 
 import torch
 
+# --interleave: the spin each timed call waits behind (about 0.5 ms at
+# H200 clocks, longer than either side's host launch path).
+SPIN_CYCLES = 1_000_000
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # attn_ffi, from any working directory
 from attn_ffi import (ATTN_BACKEND_CUDA, ATTN_PASSES_FORWARD, Lib, Plan, rel_err,  # noqa: E402
                       time_ms)
@@ -286,10 +290,18 @@ def main():
                 fwd()
                 bwd()
         times = [([], []) for _ in calls]
+        # Each timed call queued behind a spinning kernel, so that the start
+        # event fires with the call already waiting: the events then time the
+        # device alone, not each side's host launch path (ctypes here; Dynamo
+        # guards and autograd for FlexAttention), tens of microseconds against
+        # calls of 0.4 ms and up.
+        spin = getattr(torch.cuda, "_sleep", None)
         for _ in range(a.reps):
             for pass_index in (0, 1):
                 for i, (fwd, bwd) in enumerate(calls):
                     e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    if spin is not None:
+                        spin(SPIN_CYCLES)
                     e0.record()
                     (fwd if pass_index == 0 else bwd)()
                     e1.record()
@@ -315,8 +327,9 @@ def main():
              "", f"{torch.cuda.get_device_name()}, torch {torch.__version__}; L = {L}, {H} heads, "
              f"d = {d}, bf16, batch 1, causal; median of {a.reps} timed runs after 3 warm-ups"
              + (" (interleaved: each round one call of every plan in turn, libattn's and "
-                "FlexAttention's, forwards then backwards; the sm80 columns back to back)."
-                if a.interleave else "."),
+                "FlexAttention's, forwards then backwards, each queued behind a spinning kernel of "
+                f"{SPIN_CYCLES} cycles so that the events time the device alone; the sm80 columns "
+                "back to back)." if a.interleave else "."),
              "TFLOP/s on visible pairs (fwd 4 * pairs * d, bwd 2.5x); 'tile' TFLOP/s count every pair "
              f"of the visited forward tiles ({dense['tile']} for the dense plan; see the kernels "
              "below; 'tile bwd': the sm_80 forward's tiles where it is timed too); "
