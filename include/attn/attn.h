@@ -76,7 +76,10 @@
 
 /* In C++ the enumerations get a fixed int base, so that any int a C or FFI
  * caller passes is a valid value to check (and reject) rather than undefined
- * behaviour. The size and representation are those of the C enum. */
+ * behaviour. The size and representation are those of the C enum: 4 bytes
+ * (C compilers' default; options that shrink enums, such as GCC's
+ * -fshort-enums, are not supported: the library writes enum outputs as 4
+ * bytes). */
 #if defined(__cplusplus)
 #  define ATTN_ENUM_BASE : int
 #else
@@ -419,7 +422,10 @@ ATTN_API attn_status_t attn_plan_workspace_size(attn_plan_t plan, attn_pass_t pa
 /* What a plan will run: the proof that nothing else is substituted.
  * Size-tagged: set struct_size = sizeof(attn_plan_info_t) before the call;
  * the library fills only the fields that fit, so old callers keep working
- * when fields are appended. */
+ * when fields are appended. Size-tagged output structs in general: a
+ * caller built against a newer header (a larger struct_size) gets the
+ * fields this library knows, and the ones it does not are left as they
+ * were: zero the struct before the call to tell them apart. */
 typedef struct attn_plan_info {
   uint64_t struct_size;
   int32_t backend;          /* attn_backend_t */
@@ -846,7 +852,12 @@ typedef enum attn_kv_layout ATTN_ENUM_BASE {
 } attn_kv_layout_t;
 
 /* A cache's fixed configuration. Size-tagged: set struct_size =
- * sizeof(attn_kv_cache_config_t); fields are only ever appended.
+ * sizeof(attn_kv_cache_config_t); fields are only ever appended. A smaller
+ * struct_size (a caller built against an older header) gives the appended
+ * fields their default, zero; a larger one (a newer header) must have only
+ * zero bytes past what this library knows, which is at most 4096 bytes in
+ * all, else INVALID_ARGUMENT: a field this library would ignore is refused
+ * rather than dropped. The same holds for attn_decode_config_t.
  *
  * Rolling window: with window = w > 0, the query at position p sees the keys
  * at positions p - w + 1 .. p (w keys, itself included) and the sink tokens

@@ -14,6 +14,7 @@
 #include "core/checked.hpp"
 #include "core/dtype.hpp"
 #include "core/error.hpp"
+#include "core/sized_struct.hpp"
 #include "core/workspace.hpp"
 #if ATTN_HAVE_CUDA
 #include "cuda/decode_cuda.hpp"
@@ -60,6 +61,7 @@ DecodeConfig validate_decode_config(const attn_decode_config_t* config, const Ca
     invalid_argument("config->struct_size (", config->struct_size,
                      ") is too small: set it to sizeof(attn_decode_config_t)");
   attn_decode_config_t c{};
+  require_known_tail(config, config->struct_size, sizeof c, "config");
   std::memcpy(&c, config, std::min<size_t>(size_t(config->struct_size), sizeof c));
   // As a plan's heads (attn_plan_desc_set_shape); also keeps the packed
   // rows, max_query_tokens x group, far from int64 overflow.

@@ -10,6 +10,7 @@
 #include "core/checked.hpp"
 #include "core/dtype.hpp"
 #include "core/error.hpp"
+#include "core/sized_struct.hpp"
 #include "core/workspace.hpp"
 #if ATTN_HAVE_CUDA
 #include "cuda/decode_cuda.hpp"
@@ -37,6 +38,7 @@ CacheConfig validate_config(const attn_kv_cache_config_t* config) {
     invalid_argument("config->struct_size (", config->struct_size,
                      ") is too small: set it to sizeof(attn_kv_cache_config_t)");
   attn_kv_cache_config_t c{};
+  require_known_tail(config, config->struct_size, sizeof c, "config");
   std::memcpy(&c, config, std::min<size_t>(size_t(config->struct_size), sizeof c));
   if (!dtype_is_valid(c.dtype)) invalid_argument("config->dtype: unknown value ", c.dtype);
   if (c.layout != ATTN_KV_LAYOUT_NHD && c.layout != ATTN_KV_LAYOUT_HND)

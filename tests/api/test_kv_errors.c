@@ -221,6 +221,53 @@ static void test_config_fields(void **state) {
   /* 8 pages x 4 tokens x 2 heads x (8 + 8) floats, plus alignment slack */
   assert_true(bytes >= 8 * 4 * HKV * (DIM + DIM) * 4);
   assert_true(bytes < 8 * 4 * HKV * (DIM + DIM) * 4 + 256);
+
+  /* A caller built against a newer header: a larger struct whose bytes
+   * past this library's are zero is accepted (the same cache); one with a
+   * byte set there asks for a field this library does not know and is
+   * refused; an implausibly large struct_size is refused unread. The
+   * same for the decode config. */
+  {
+    struct {
+      attn_kv_cache_config_t known;
+      unsigned char newer[24];
+    } big;
+    size_t same = 0;
+    memset(&big, 0, sizeof big);
+    big.known = small_config(8);
+    big.known.struct_size = sizeof big;
+    EXPECT_OK(attn_kv_cache_memory_size(&big.known, &same));
+    assert_int_equal(same, bytes);
+    big.newer[5] = 1;
+    POISON_VAR(same);
+    EXPECT_FAIL(INVALID, "newer", attn_kv_cache_memory_size(&big.known, &same));
+    EXPECT_VAR_UNTOUCHED(same);
+    POISON_VAR(cache);
+    EXPECT_FAIL(INVALID, "newer", attn_kv_cache_create(g_ctx, &big.known, NULL, 0, &cache));
+    EXPECT_VAR_UNTOUCHED(cache);
+    big.newer[5] = 0;
+    big.known.struct_size = (uint64_t)1 << 40;
+    EXPECT_FAIL(INVALID, "implausibly large", attn_kv_cache_memory_size(&big.known, &same));
+
+    EXPECT_OK(attn_kv_cache_create(g_ctx, &c, NULL, 0, &cache));
+    {
+      struct {
+        attn_decode_config_t known;
+        unsigned char newer[16];
+      } dbig;
+      attn_decode_plan_t plan;
+      memset(&dbig, 0, sizeof dbig);
+      dbig.known = decode_config();
+      dbig.known.struct_size = sizeof dbig;
+      EXPECT_OK(attn_decode_plan_create(g_ctx, cache, &dbig.known, &plan));
+      EXPECT_OK(attn_decode_plan_destroy(plan));
+      dbig.newer[15] = 0x80;
+      POISON_VAR(plan);
+      EXPECT_FAIL(INVALID, "newer", attn_decode_plan_create(g_ctx, cache, &dbig.known, &plan));
+      EXPECT_VAR_UNTOUCHED(plan);
+    }
+    EXPECT_OK(attn_kv_cache_destroy(cache));
+  }
 }
 
 static void test_create_errors(void **state) {
