@@ -259,6 +259,7 @@ def main():
         with open(a.out, "w") as f:
             f.write(text)
     lib.dll.attn_context_destroy(ctx)
+    return 3 if any(r.get("unwritten") for r in rows) else 0
 
 
 if __name__ == "__main__":

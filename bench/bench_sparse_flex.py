@@ -142,13 +142,14 @@ def main():
     flex = None
     if not a.no_flex:
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
-        # One mask_mod for every case; its tensors are rewritten per case.
-        sel = torch.zeros(nb, nb, dtype=torch.bool, device="cuda")
-        win = torch.zeros((), dtype=torch.int64, device="cuda")
-        sinks = torch.zeros((), dtype=torch.int64, device="cuda")
-
-        def mask_mod(b, h, qi, kj):
-            return (qi >= kj) & (sel[qi // B, kj // B] | (qi - kj < win) | (kj < sinks))
+        # A mask_mod per case over its own tensors: with --interleave every
+        # case's FlexAttention calls are replayed after the last case is made,
+        # and tensors shared between cases (rewritten in place) would give the
+        # earlier cases the last one's mask and fail their saved backward.
+        def make_mask_mod(sel, win, sinks):
+            def mask_mod(b, h, qi, kj):
+                return (qi >= kj) & (sel[qi // B, kj // B] | (qi - kj < win) | (kj < sinks))
+            return mask_mod
 
         flex = torch.compile(flex_attention, dynamic=False)
 
@@ -224,11 +225,15 @@ def main():
             dense = row
         if flex is not None and vi == 0:
             try:
-                sel.copy_(table.cuda() if table is not None else torch.zeros(nb, nb, dtype=torch.bool))
+                sel = (table.cuda() if table is not None
+                       else torch.zeros(nb, nb, dtype=torch.bool, device="cuda"))
                 if kind == "causal":
                     sel.fill_(True)
-                win.fill_(4096 if kind == "window-sinks" else 0)
-                sinks.fill_(64 if kind == "window-sinks" else 0)
+                win = torch.tensor(4096 if kind == "window-sinks" else 0, dtype=torch.int64,
+                                   device="cuda")
+                sinks = torch.tensor(64 if kind == "window-sinks" else 0, dtype=torch.int64,
+                                     device="cuda")
+                mask_mod = make_mask_mod(sel, win, sinks)
                 try:  # compiled: the eager path materialises all L x L pairs
                     bm = create_block_mask(mask_mod, None, None, L, L, device="cuda", BLOCK_SIZE=B,
                                            _compile=True)

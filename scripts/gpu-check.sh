@@ -54,13 +54,15 @@ if [ ! -f "$build/build.ninja" ]; then
   fi
 fi
 start=$(date +%s)
-# Only what this check runs: other targets need not build for it to work.
-targets="tests/gpu/test_sm90_mma tests/gpu/test_flash_fwd tests/gpu/test_flash_bwd tests/gpu/test_block_sparse_gpu tests/gpu/test_moba_gpu
-         tests/gpu/test_kv_decode_gpu tests/gpu/test_moba_gates tests/gpu/time_flash_fwd tests/gpu/time_flash_bwd"
-# The NCCL ring test exists only in builds with NCCL (one GPU: one rank).
-if ninja -C "$build" -t targets all 2>/dev/null | grep -q '^tests/gpu/test_ring_nccl:'; then
-  targets="$targets tests/gpu/test_ring_nccl"
-fi
+# Only what this check runs: the GPU suite's programs (as meson lists them,
+# so that a test added later is built too) and the timing programs.
+targets=$(meson introspect "$build" --tests | python3 -c '
+import json, os, sys
+build = sys.argv[1]
+progs = {os.path.relpath(t["cmd"][0], build) for t in json.load(sys.stdin)
+         if any(s.endswith(":gpu") for s in t["suite"]) and t["cmd"][0].startswith(build)}
+print(" ".join(sorted(progs)))' "$(cd "$build" && pwd)")
+targets="$targets tests/gpu/time_flash_fwd tests/gpu/time_flash_bwd"
 if ! ninja -C "$build" $targets >"$logs/build.log" 2>&1; then
   grep -E "error|FAILED" -A4 "$logs/build.log" | head -80
   exit 1
@@ -82,7 +84,8 @@ fi
 
 step "GPU test suite"
 meson test -C "$build" --no-rebuild --suite gpu --print-errorlogs --verbose ${GPU_CHECK_TESTS:-} \
-  2>&1 | tee "$logs/test.log" | grep -vE "^ *(atomic|det) " | grep -E "^(ok|FAIL|seed|PASS|[0-9]+/)|FAIL|Ok:|Fail:|Skipped:"
+  2>&1 | tee "$logs/test.log" | grep -vE "^ *(atomic|det) " |
+  grep -E "^(ok|FAIL|seed|PASS|[0-9]+/)|FAIL|Ok:|Fail:|Skipped:|[Ee]rror"
 test_rc=${PIPESTATUS[0]}
 grep -E "^FAIL" -A2 "$logs/test.log" | head -40
 summary+=("meson test --suite gpu ${GPU_CHECK_TESTS:-}: $([ "$test_rc" = 0 ] && echo PASS || echo "FAIL ($test_rc)")")

@@ -26,12 +26,15 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ $# -ge 1 ] || { sed -n 2,25p "$0"; exit 2; }
-out=$1
+out=${1%/}
 shift
 base=${PREBUILD_BASE:-/tmp/attn-prebuild}
 if [ ! -f "$base/build.ninja" ]; then
   meson setup "$base" -Dgpu_archs=sm_90a -Dbench=disabled -Dexamples=false --buildtype=release >/dev/null
 fi
+# Regenerated first: the test list and targets below must include what was
+# added to the meson files since the base directory last built.
+ninja -C "$base" build.ninja >/dev/null
 lib=$(ninja -C "$base" -t targets all | grep -o "^src/libattn\.so\.[0-9.]*:" | tr -d :)
 # The GPU suite's tests: their programs, and each test's name, program,
 # environment (less the build's library path) and timeout.
@@ -41,7 +44,7 @@ import json, os, sys
 tests = [t for t in json.load(sys.stdin) if any(s.endswith(":gpu") for s in t["suite"])]
 out = [{"name": t["name"], "program": os.path.basename(t["cmd"][0]), "args": t["cmd"][1:],
         "env": {k: v for k, v in t["env"].items() if k != "LD_LIBRARY_PATH"},
-        "timeout": t["timeout"]} for t in tests]
+        "timeout": t["timeout"], "is_parallel": t.get("is_parallel", True)} for t in tests]
 json.dump(out, sys.stdout, indent=1)
 ' >"$gpu_json"
 tests=$(python3 -c 'import json, sys
@@ -54,7 +57,8 @@ ln -s "${lib#src/}" "$out/base/src/libattn.so.0"
 for t in $tests; do cp "$base/$t" "$out/base/tests/gpu/"; done
 mv "$gpu_json" "$out/base/gpu-tests.json"
 git rev-parse --short HEAD >"$out/COMMIT"
-git diff --quiet HEAD -- src kernels include meson.build || echo "(with uncommitted changes)" >>"$out/COMMIT"
+git diff --quiet HEAD -- src kernels include tests meson.build ||
+  echo "(with uncommitted changes)" >>"$out/COMMIT"
 for spec in "$@"; do
   IFS=: read -r name defines regex <<<"$spec"
   scripts/build-variant-lib.sh "$base" "$out/$name" "$defines" ${regex:+"$regex"} | tail -1

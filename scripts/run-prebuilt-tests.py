@@ -3,6 +3,7 @@
 on a machine with a CUDA device but no build of its own (nothing compiles).
 
   scripts/run-prebuilt-tests.py BUNDLE [--lib DIR] [--match REGEX] [--jobs N] [--logs DIR]
+                                [--timeout-cap SECONDS]
 
 BUNDLE/base/gpu-tests.json lists the suite's tests as meson defines them
 (name, program, arguments, environment, timeout); each runs as
@@ -11,11 +12,15 @@ BUNDLE/base/tests/gpu/PROGRAM with that environment and the library of
 LD_LIBRARY_PATH, which the programs search before their run path. A copy of
 CMocka in .deps/lib of this repository is added when present. --match
 keeps the tests whose name matches the regular expression; --jobs runs
-that many at once (they share the GPU: for correctness, not timing).
-Prints a line per test (PASS, SKIP for exit status 77, FAIL with its
-status, TIMEOUT) with its seconds, the last lines of each failure's log,
-and a summary; logs go to --logs (default /tmp/attn-prebuilt-tests).
-Exit status 1 if any test failed or timed out.
+that many at once (they share the GPU: for correctness, not timing), except
+tests meson marks is_parallel: false (the NCCL ring's), which run alone
+after the others. --timeout-cap lowers every test's timeout to at most that
+many seconds (meson's are up to 900, longer than a device command may run).
+Prints the bundle's commit, a line per test (PASS, SKIP for exit status 77,
+FAIL with its status, TIMEOUT, ERROR when the program cannot start) with its
+seconds, the last lines of each failure's log, and a summary; logs go to
+--logs (default /tmp/attn-prebuilt-tests). Exit status 1 if any test failed,
+timed out or could not start; 2 if every test skipped (no usable device).
 """
 import argparse
 import concurrent.futures
@@ -34,6 +39,7 @@ def main():
     ap.add_argument("--match", default="")
     ap.add_argument("--jobs", type=int, default=1)
     ap.add_argument("--logs", default="/tmp/attn-prebuilt-tests")
+    ap.add_argument("--timeout-cap", type=float, default=0.0)
     a = ap.parse_args()
     base = os.path.join(a.bundle, "base")
     with open(os.path.join(base, "gpu-tests.json")) as f:
@@ -48,7 +54,13 @@ def main():
     if os.environ.get("LD_LIBRARY_PATH"):
         paths.append(os.environ["LD_LIBRARY_PATH"])
     os.makedirs(a.logs, exist_ok=True)
-    print(f"{len(tests)} tests, library {lib}", flush=True)
+    commit = "unknown"
+    try:
+        with open(os.path.join(a.bundle, "COMMIT")) as f:
+            commit = " ".join(f.read().split())
+    except OSError:
+        pass
+    print(f"bundle of commit {commit}: {len(tests)} tests, library {lib}", flush=True)
 
     def run(t):
         env = dict(os.environ)
@@ -56,28 +68,50 @@ def main():
         env["LD_LIBRARY_PATH"] = ":".join(paths)
         prog = os.path.join(base, "tests", "gpu", t["program"])
         log = os.path.join(a.logs, t["name"] + ".log")
+        timeout = t["timeout"]
+        if a.timeout_cap > 0:
+            timeout = min(timeout, a.timeout_cap) if timeout else a.timeout_cap
         start = time.time()
         with open(log, "w") as out:
             try:
                 rc = subprocess.run([prog] + t["args"], env=env, stdout=out,
-                                    stderr=subprocess.STDOUT, timeout=t["timeout"]).returncode
+                                    stderr=subprocess.STDOUT, timeout=timeout or None).returncode
             except subprocess.TimeoutExpired:
-                rc = None
+                rc = "timeout"
+            except OSError as e:  # missing or not executable: this test, not the run
+                out.write(f"cannot start {prog}: {e}\n")
+                rc = "error"
         return t["name"], rc, time.time() - start, log
 
-    failed = 0
+    counts = {"pass": 0, "skip": 0, "bad": 0}
+
+    def report(result):
+        name, rc, secs, log = result
+        verdict = ("TIMEOUT" if rc == "timeout" else "ERROR" if rc == "error" else
+                   "PASS" if rc == 0 else "SKIP" if rc == 77 else f"FAIL ({rc})")
+        print(f"{verdict:10} {name} {secs:.1f} s", flush=True)
+        if rc == 0:
+            counts["pass"] += 1
+        elif rc == 77:
+            counts["skip"] += 1
+        else:
+            counts["bad"] += 1
+            with open(log, errors="replace") as f:
+                for line in f.readlines()[-5:]:
+                    print("    " + line.rstrip())
+
+    parallel = [t for t in tests if t.get("is_parallel", True)]
+    serial = [t for t in tests if not t.get("is_parallel", True)]
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, a.jobs)) as pool:
-        for name, rc, secs, log in pool.map(run, tests):
-            verdict = ("TIMEOUT" if rc is None else "PASS" if rc == 0 else "SKIP" if rc == 77
-                       else f"FAIL ({rc})")
-            print(f"{verdict:10} {name} {secs:.1f} s", flush=True)
-            if rc not in (0, 77):
-                failed += 1
-                with open(log) as f:
-                    for line in f.readlines()[-5:]:
-                        print("    " + line.rstrip())
-    print(f"{len(tests) - failed} of {len(tests)} passed or skipped; logs in {a.logs}")
-    return 1 if failed else 0
+        for result in pool.map(run, parallel):
+            report(result)
+    for t in serial:  # alone: they use every GPU (NCCL)
+        report(run(t))
+    print(f"{counts['pass']} passed, {counts['skip']} skipped, {counts['bad']} failed "
+          f"(of {len(tests)}); logs in {a.logs}")
+    if counts["bad"]:
+        return 1
+    return 2 if tests and counts["skip"] == len(tests) else 0
 
 
 if __name__ == "__main__":

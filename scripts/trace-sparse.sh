@@ -40,7 +40,11 @@ if [ -z "${TRACE_LIB:-}" ]; then
   . scripts/profile-build.sh
   profile_build "$build" "$out" "" -Dtests=false "-Dcuda_args=[$defs]" || exit 1
 fi
-python3 bench/bench_sparse_flex.py --lib "$lib" --no-flex --reps 1 \
+# stdbuf: the kernels' printf output leaves through the C library's stdout,
+# fully buffered into a file, and must stay in order with Python's rows.
+linebuf=()
+command -v stdbuf >/dev/null && linebuf=(stdbuf -oL)
+"${linebuf[@]}" python3 bench/bench_sparse_flex.py --lib "$lib" --no-flex --reps 1 \
   --masks "${TRACE_MASKS:-causal,window-sinks,random,bigbird}" --variant "${TRACE_VARIANT:-}" \
   >"$out/trace-sparse.txt" 2>&1
 rc=$?
