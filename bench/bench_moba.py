@@ -97,6 +97,41 @@ def kernel_times(fn):
     return sorted(totals.items(), key=lambda kv: -kv[1][0])
 
 
+# The spin each interleaved call waits behind (about 0.5 ms at H200 clocks,
+# longer than a call's host launch path).
+SPIN_CYCLES = 1_000_000
+
+
+def interleaved(calls, reps, warmup=2):
+    """[(forward, backward), ...] timed in rounds: each round one forward of
+    every entry in turn, then one backward of each, every call queued behind a
+    spinning kernel so that the CUDA events time the device alone. Returns the
+    medians [(forward ms, backward ms), ...]."""
+    for fwd, bwd in calls:
+        for _ in range(warmup):
+            fwd()
+            bwd()
+    spin = getattr(torch.cuda, "_sleep", None)
+    times = [([], []) for _ in calls]
+    for _ in range(reps):
+        for pass_index in (0, 1):
+            for i, pair in enumerate(calls):
+                e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                if spin is not None:
+                    spin(SPIN_CYCLES)
+                e0.record()
+                pair[pass_index]()
+                e1.record()
+                e1.synchronize()
+                times[i][pass_index].append(e0.elapsed_time(e1))
+    out = []
+    for tf, tb in times:
+        tf.sort()
+        tb.sort()
+        out.append((tf[len(tf) // 2], tb[len(tb) // 2]))
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--lib", required=True)
@@ -176,14 +211,17 @@ def main():
         dense.backward(q, k, v, o, lse, do, dq, dk, dv)
         torch.cuda.synchronize()
         ref = [x.clone() for x in (o, dq, dk, dv)]
-        d_f = time_ms(lambda: dense.forward(q, k, v, o, lse), 2, a.reps)
-        d_b = time_ms(lambda: dense.backward(q, k, v, o, lse, do, dq, dk, dv), 2, a.reps)
+        # The dense plan's own outputs (the MoBA plans' are NaN-filled and checked).
+        od, lsed, dqd, dkd, dvd = (x.clone() for x in (o, lse, dq, dk, dv))
+        dense_fwd = lambda: dense.forward(q, k, v, od, lsed)
+        dense_bwd = lambda: dense.backward(q, k, v, od, lsed, do, dqd, dkd, dvd)
+        d_f = time_ms(dense_fwd, 2, a.reps)
+        d_b = time_ms(dense_bwd, 2, a.reps)
         causal_pairs = dense.info.visible_pairs
         rows.append({"L": L, "cfg": "dense causal", "pairs": 1.0, "fwd": d_f, "bwd": d_b,
                      "dense_f": d_f, "dense_b": d_b, "kernel": dense.info.kernel.decode(),
                      "ws": dense.ws_bytes})
         print(rows[-1], flush=True)
-        dense.close()
 
         for (block, top_k), (label, env, keep) in ((c, v) for c in combos.get(L, other)
                                                    for v in variants):
@@ -211,14 +249,19 @@ def main():
                       flush=True)
             if top_k >= (L + block - 1) // block - 1:
                 row["err"] = max(rel_err(x, y) for x, y in zip((o, dq, dk, dv), ref))
-            row["fwd"] = time_ms(fwd, 2, a.reps)
-            row["bwd"] = time_ms(bwd, 2, a.reps)
+            # The MoBA plan and the dense one in interleaved rounds, each call
+            # queued behind a spin: the clock states and the measuring order
+            # (which move the dense plan by up to 10%) are the same for both,
+            # so "rate/pair" compares like with like.
+            (row["fwd"], row["bwd"]), (row["dense_f"], row["dense_b"]) = interleaved(
+                [(fwd, bwd), (dense_fwd, dense_bwd)], a.reps)
             if a.kernels:
                 row["kernels"] = {"fwd": kernel_times(fwd), "bwd": kernel_times(bwd)}
             plan.close()
             rows.append(row)
             print(row, flush=True)
-        del q, k, v, do, o, lse, dq, dk, dv, ref
+        dense.close()
+        del q, k, v, do, o, lse, dq, dk, dv, ref, od, lsed, dqd, dkd, dvd
         torch.cuda.empty_cache()
 
     sel = "shared per GQA group" if a.shared else "per head"
@@ -227,7 +270,10 @@ def main():
     lines = [f"# MoBA CUDA plans vs the dense causal plan ({datetime.date.today()}, commit {a.commit})",
              "", f"{torch.cuda.get_device_name()}, torch {torch.__version__}; {hq} query / {hkv} KV heads, "
              f"d = {d}, bf16, batch 1, causal; selection {sel}; median of {a.reps} timed runs after 2 "
-             "warm-ups. MoBA times include the selection (each pass selects, but the backward of a "
+             "warm-ups, each configuration interleaved with the dense plan (a round: the forward of "
+             "each, then the backward of each, every call queued behind a spinning kernel), whose "
+             "times on its row ('dense' columns) are from those rounds; the 'dense causal' row is "
+             "timed back to back. MoBA times include the selection (each pass selects, but the backward of a "
              "keep_selection=1 variant, which reads the forward's); 'pairs' = the most "
              "causal pairs MoBA keeps (visible_pairs / causal); rate/pair: dense time x pairs / MoBA "
              "time; err: max relative L2 difference of "
