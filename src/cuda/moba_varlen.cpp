@@ -92,11 +92,7 @@ class VarlenMobaPlan final : public BackendPlan {
                     at(a.v, ATTN_TENSOR_V, b, es), at(a.o, ATTN_TENSOR_O, b, es),
                     a.lse != nullptr ? lse_ws : nullptr, ws, a.stream};
       plans_[seq_plan_[size_t(b)]]->forward(s);
-      if (a.lse != nullptr)
-        check(cudaMemcpy2DAsync(a.lse + p_.cu_q[size_t(b)], sizeof(float) * size_t(p_.total_q()),
-                                lse_ws, sizeof(float) * size_t(lq), sizeof(float) * size_t(lq),
-                                size_t(p_.heads_q), cudaMemcpyDeviceToDevice, stream),
-              "cudaMemcpy2DAsync (a sequence's LSE)");
+      if (a.lse != nullptr) copy_lse(a.lse + p_.cu_q[size_t(b)], p_.total_q(), lse_ws, lq, lq, stream);
     }
   }
 
@@ -112,12 +108,7 @@ class VarlenMobaPlan final : public BackendPlan {
     for (int64_t b = 0; b < p_.batch; ++b) {
       const int64_t lq = p_.lq(b);
       if (lq == 0 && p_.lk(b) == 0) continue;
-      if (lq > 0)
-        check(cudaMemcpy2DAsync(lse_ws, sizeof(float) * size_t(lq),
-                                a.lse + p_.cu_q[size_t(b)], sizeof(float) * size_t(p_.total_q()),
-                                sizeof(float) * size_t(lq), size_t(p_.heads_q),
-                                cudaMemcpyDeviceToDevice, stream),
-              "cudaMemcpy2DAsync (a sequence's LSE)");
+      if (lq > 0) copy_lse(lse_ws, lq, a.lse + p_.cu_q[size_t(b)], p_.total_q(), lq, stream);
       // (A sequence without queries still writes its keys' dK = dV = 0.)
       BackwardArgs s{at(a.q, ATTN_TENSOR_Q, b, es),   at(a.k, ATTN_TENSOR_K, b, es),
                      at(a.v, ATTN_TENSOR_V, b, es),   at(a.o, ATTN_TENSOR_O, b, es),
@@ -170,6 +161,17 @@ class VarlenMobaPlan final : public BackendPlan {
   static void require_lse_aligned(const float* lse) {
     if (reinterpret_cast<uintptr_t>(lse) % alignof(float) != 0)
       invalid_argument("lse: the device pointer must be 4-byte aligned");
+  }
+
+  // lq LSE values of every query head, from rows src_pitch floats apart to
+  // rows dst_pitch floats apart (the varlen [heads_q, total_q] at a
+  // sequence's column, or its plan's [heads_q, lq]), on the stream.
+  void copy_lse(float* dst, int64_t dst_pitch, const float* src, int64_t src_pitch, int64_t lq,
+                cudaStream_t stream) const {
+    check(cudaMemcpy2DAsync(dst, sizeof(float) * size_t(dst_pitch), src,
+                            sizeof(float) * size_t(src_pitch), sizeof(float) * size_t(lq),
+                            size_t(p_.heads_q), cudaMemcpyDeviceToDevice, stream),
+          "cudaMemcpy2DAsync (a sequence's LSE)");
   }
 
   std::pair<float*, void*> regions(void* workspace) const {
