@@ -261,6 +261,17 @@ std::unique_ptr<BackendPlan> make_plan(const Problem& problem, const ContextConf
   return std::make_unique<CpuPlan>(problem, ctx);
 }
 
+PerSequenceOps per_sequence_ops(const ContextConfig& ctx) {
+  PerSequenceOps ops;
+  ops.make_plan = [ctx](const Problem& p) { return make_plan(p, ctx); };
+  ops.copy_rows = [](float* dst, int64_t dst_pitch, const float* src, int64_t src_pitch,
+                     int64_t width, int64_t rows, void*) {
+    for (int64_t r = 0; r < rows; ++r)
+      std::memcpy(dst + r * dst_pitch, src + r * src_pitch, sizeof(float) * size_t(width));
+  };
+  return ops;
+}
+
 void merge_states(const ContextConfig& ctx, int32_t num_parts, const TensorDesc& o,
                   const TensorDesc& lse, const void* const* o_parts, const float* const* lse_parts,
                   void* o_out, float* lse_out) {

@@ -6,6 +6,7 @@
 #include "core/context.hpp"
 #include "core/tensor.hpp"
 #include "plan/backend.hpp"
+#include "plan/per_sequence_plan.hpp"
 #include "plan/problem.hpp"
 
 namespace attn::cpu {
@@ -16,6 +17,12 @@ namespace attn::cpu {
 // built or not supported by the processor is NOT_SUPPORTED, an unknown name
 // INVALID_ARGUMENT.
 std::unique_ptr<BackendPlan> make_plan(const Problem& problem, const ContextConfig& ctx);
+
+// What a plan run sequence by sequence (plan/per_sequence_plan.hpp) needs of
+// this backend: its plans, and LSE rows copied on return. The CPU backend
+// runs varlen MoBA natively; this serves the test hook
+// ATTN_CPU_MOBA_PER_SEQUENCE=1, so that the CPU tests check that plan.
+PerSequenceOps per_sequence_ops(const ContextConfig& ctx);
 
 // Merge of partial (O, LSE) states; see attn_merge_states. Shapes are
 // validated by the caller: o has ndim dims (last = head dim, stride 1), lse

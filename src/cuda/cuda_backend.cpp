@@ -93,7 +93,6 @@
 #include "cuda/moba_kernels.hpp"
 #include "cuda/moba_plan.hpp"
 #include "cuda/moba_select.hpp"
-#include "cuda/moba_varlen.hpp"
 #include "plan/plan.hpp"
 
 namespace attn::cuda {
@@ -1157,7 +1156,6 @@ class CudaPlan final : public BackendPlan {
 }  // namespace
 
 std::unique_ptr<BackendPlan> make_plan(const Problem& problem, const ContextConfig& ctx) {
-  if (problem.moba_block > 0 && problem.varlen) return make_varlen_moba_plan(problem, ctx);
   return std::make_unique<CudaPlan>(problem, ctx);
 }
 

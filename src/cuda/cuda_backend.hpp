@@ -5,6 +5,7 @@
 
 #include "core/context.hpp"
 #include "plan/backend.hpp"
+#include "plan/per_sequence_plan.hpp"
 #include "plan/problem.hpp"
 
 namespace attn::cuda {
@@ -17,5 +18,9 @@ namespace attn::cuda {
 // metadata (varlen offsets, a block-sparse plan's tile lists), freed with
 // the plan.
 std::unique_ptr<BackendPlan> make_plan(const Problem& problem, const ContextConfig& ctx);
+
+// What a plan run sequence by sequence (plan/per_sequence_plan.hpp) needs of
+// this backend on ctx.device: the CUDA MoBA plans of varlen batches.
+PerSequenceOps per_sequence_ops(const ContextConfig& ctx);
 
 }  // namespace attn::cuda

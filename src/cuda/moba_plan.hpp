@@ -66,7 +66,7 @@ static_assert(moba_tiles_divide_block(), "MoBA: every KV tile divides the block 
 inline void validate_moba(const Problem& p) {
   if (p.moba_block <= 0) return;
   // The selector and the kernels' lists are laid out per fixed-length
-  // sequence: a varlen batch runs a plan per sequence (moba_varlen.hpp).
+  // sequence: a varlen batch runs a plan per sequence (plan/per_sequence_plan.hpp).
   if (p.varlen) fail(ATTN_STATUS_INTERNAL_ERROR, "MoBA: a varlen problem reached the fixed-length plan");
   if (p.moba_block % kMobaBlockMultiple != 0)
     not_supported("desc: MoBA block_size ", p.moba_block,

@@ -9,8 +9,10 @@
 #include "attn_config.h"
 #include "core/checked.hpp"
 #include "core/dtype.hpp"
+#include "core/env.hpp"
 #include "core/error.hpp"
 #include "cpu/cpu_backend.hpp"
+#include "plan/per_sequence_plan.hpp"
 #include "schedule/block_schedule.hpp"
 #if ATTN_HAVE_CUDA
 #include "cuda/cuda_backend.hpp"
@@ -383,11 +385,22 @@ std::unique_ptr<Plan> create_plan(const ContextConfig& ctx, const PlanDesc& d) {
 
   plan->context = ctx;
   plan->moba_keeps_every_block = moba_keeps_every_block;
+  // MoBA on a varlen batch: natively on the CPU; on CUDA, whose selector and
+  // lists are laid out per fixed-length sequence, sequence by sequence
+  // (plan/per_sequence_plan.hpp; on the CPU too under the test hook
+  // ATTN_CPU_MOBA_PER_SEQUENCE=1, where no kept selection is asked for).
+  const bool varlen_moba = p.moba_block > 0 && p.varlen;
   switch (ctx.backend) {
-    case ATTN_BACKEND_CPU: plan->impl = cpu::make_plan(p, ctx); break;
+    case ATTN_BACKEND_CPU:
+      if (varlen_moba && !p.moba_keep_selection && env_flag("ATTN_CPU_MOBA_PER_SEQUENCE", false))
+        plan->impl = make_per_sequence_plan(p, cpu::per_sequence_ops(ctx));
+      else
+        plan->impl = cpu::make_plan(p, ctx);
+      break;
     case ATTN_BACKEND_CUDA:
 #if ATTN_HAVE_CUDA
-      plan->impl = cuda::make_plan(p, ctx);
+      plan->impl = varlen_moba ? make_per_sequence_plan(p, cuda::per_sequence_ops(ctx))
+                               : cuda::make_plan(p, ctx);
       break;
 #else
       not_supported("backend CUDA: this build of libattn has no CUDA attention kernels");

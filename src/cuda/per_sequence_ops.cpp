@@ -1,0 +1,54 @@
+// The CUDA side of a plan run sequence by sequence (plan/per_sequence_plan):
+// the CUDA plan of each sequence, the LSE rows copied on the stream, and the
+// pointers checked as attn_forward / attn_backward require on CUDA.
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "core/error.hpp"
+#include "cuda/cuda_backend.hpp"
+#include "cuda/cuda_util.hpp"
+
+namespace attn::cuda {
+namespace {
+
+void require_aligned(const void* p, const char* name) {
+  if (reinterpret_cast<uintptr_t>(p) % 16 != 0)
+    invalid_argument(name, ": the CUDA kernels need a 16-byte aligned device pointer, got ", p);
+}
+void require_lse_aligned(const float* lse) {
+  if (reinterpret_cast<uintptr_t>(lse) % alignof(float) != 0)
+    invalid_argument("lse: the device pointer must be 4-byte aligned");
+}
+
+}  // namespace
+
+PerSequenceOps per_sequence_ops(const ContextConfig& ctx) {
+  PerSequenceOps ops;
+  ops.make_plan = [ctx](const Problem& p) { return make_plan(p, ctx); };
+  const int32_t device = ctx.device;
+  ops.copy_rows = [device](float* dst, int64_t dst_pitch, const float* src, int64_t src_pitch,
+                           int64_t width, int64_t rows, void* stream) {
+    DeviceScope scope(device, "backend CUDA (varlen, sequence by sequence)");
+    check(cudaMemcpy2DAsync(dst, sizeof(float) * size_t(dst_pitch), src,
+                            sizeof(float) * size_t(src_pitch), sizeof(float) * size_t(width),
+                            size_t(rows), cudaMemcpyDeviceToDevice,
+                            static_cast<cudaStream_t>(stream)),
+          "cudaMemcpy2DAsync (a sequence's LSE)");
+  };
+  ops.check_forward = [](const ForwardArgs& a) {
+    require_aligned(a.q, "q"), require_aligned(a.k, "k"), require_aligned(a.v, "v");
+    require_aligned(a.o, "o"), require_aligned(a.workspace, "workspace");
+    require_lse_aligned(a.lse);
+  };
+  ops.check_backward = [](const BackwardArgs& a) {
+    require_aligned(a.q, "q"), require_aligned(a.k, "k"), require_aligned(a.v, "v");
+    require_aligned(a.o, "o"), require_aligned(a.d_o, "d_o"), require_aligned(a.dq, "dq");
+    require_aligned(a.dk, "dk"), require_aligned(a.dv, "dv");
+    require_aligned(a.workspace, "workspace");
+    require_lse_aligned(a.lse);
+  };
+  return ops;
+}
+
+}  // namespace attn::cuda
