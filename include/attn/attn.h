@@ -594,8 +594,16 @@ ATTN_API attn_status_t attn_merge_states(attn_context_t ctx, int32_t num_parts,
  * Both backends run block-sparse plans, forward and backward, visiting
  * only the tiles that hold selected elements; the CUDA backend builds its
  * tile lists (and bit tiles in its own tile geometry) at plan creation and
- * keeps them in device memory owned by the plan. Varlen batches with a
- * block mask are NOT_SUPPORTED (document masking covers packed sequences).
+ * keeps them in device memory owned by the plan. With a varlen batch the
+ * mask is given for the longest sequence (its seqlen_q and seqlen_kv are
+ * the plan's) with batch 1 (one mask for every sequence) or one entry per
+ * sequence, and sequence b takes the mask's blocks over its own lengths,
+ * counted from its first position: the corner [0, seqlen_q(b)) x [0,
+ * seqlen_kv(b)), with the plan's mask aligned to those lengths on top. Such
+ * a plan runs sequence by sequence, one plan per distinct lengths (and mask
+ * entry), on both backends (attn_plan_describe's algorithm then has
+ * "per-sequence" in it): batches of many short sequences pay one launch
+ * sequence each.
  *
  * A block mask is not thread-safe while being modified; a plan descriptor
  * copies it, so it may be changed or destroyed afterwards. */

@@ -1,5 +1,11 @@
-// A MoBA plan on a varlen batch, run sequence by sequence: one fixed-length
-// plan per distinct (seqlen_q, seqlen_kv) of the batch's sequences.
+// A MoBA or block-sparse plan on a varlen batch, run sequence by sequence:
+// one fixed-length plan per distinct (seqlen_q, seqlen_kv) of the batch's
+// sequences (and, for a block mask of one entry per sequence, per sequence).
+//
+// A block mask on a varlen batch is given for the longest sequence; each
+// sequence takes its blocks from its own first position on (the mask's
+// corner of its lengths: BlockMask::crop), with the plan's dense mask
+// aligned to its own lengths on top. Both backends run such plans this way.
 //
 // The CUDA selector and MoBA kernels lay out their selection, block means
 // and lists per fixed-length sequence; a packed (THD) sequence is such a
@@ -24,6 +30,7 @@
 #include <algorithm>
 #include <map>
 #include <string>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -45,14 +52,17 @@ class PerSequencePlan final : public BackendPlan {
       not_supported("desc: a kept MoBA selection (attn_plan_desc_set_moba_keep_selection) with a ",
                     "varlen batch on this backend: not supported (its sequences run one after ",
                     "another on one workspace)");
-    std::map<std::pair<int64_t, int64_t>, size_t> by_lengths;
+    // Sequences share a plan when their lengths and their mask entry (a
+    // mask of batch 1 serves all) are the same.
+    std::map<std::tuple<int64_t, int64_t, int64_t>, size_t> by_lengths;
     seq_plan_.resize(size_t(p.batch));
     for (int64_t b = 0; b < p.batch; ++b) {
-      const std::pair<int64_t, int64_t> key{p.lq(b), p.lk(b)};
+      const int64_t mb = p.block_mask && p.block_mask->batch() > 1 ? b : 0;
+      const std::tuple<int64_t, int64_t, int64_t> key{p.lq(b), p.lk(b), mb};
       auto [it, fresh] = by_lengths.emplace(key, plans_.size());
-      if (fresh) plans_.push_back(ops_.make_plan(sequence_problem(key.first, key.second)));
+      if (fresh) plans_.push_back(ops_.make_plan(sequence_problem(p.lq(b), p.lk(b), mb)));
       seq_plan_[size_t(b)] = it->second;
-      max_lq_ = std::max(max_lq_, key.first);
+      max_lq_ = std::max(max_lq_, p.lq(b));
     }
     // Described by a sequence that selects, if any does.
     for (size_t i = 0; i < plans_.size(); ++i)
@@ -115,15 +125,19 @@ class PerSequencePlan final : public BackendPlan {
   int32_t tile_q() const override { return plans_[shown_]->tile_q(); }
   int32_t tile_kv() const override { return plans_[shown_]->tile_kv(); }
   int32_t num_threads() const override { return plans_[shown_]->num_threads(); }
-  const char* algorithm() const override { return "flash-moba-per-sequence-online-softmax"; }
+  const char* algorithm() const override {
+    return p_.moba_block > 0 ? "flash-moba-per-sequence-online-softmax"
+                             : "flash-tiled-per-sequence-online-softmax";
+  }
   // The sequences' plans' (of a sequence that selects, if any does).
   const char* kernel() const override { return plans_[shown_]->kernel(); }
 
  private:
   // A sequence's batch-1 problem: the batch's, with its lengths, fixed-length
   // (a THD tensor's strides are a batch-1 BSHD one's), MoBA dropped where
-  // top_k covers every past block of the sequence.
-  Problem sequence_problem(int64_t lq, int64_t lk) const {
+  // top_k covers every past block of the sequence, and the block mask
+  // entry mb cropped to its lengths.
+  Problem sequence_problem(int64_t lq, int64_t lk, int64_t mb) const {
     Problem s = p_;
     s.varlen = false;
     s.batch = 1;
@@ -131,7 +145,9 @@ class PerSequencePlan final : public BackendPlan {
     s.cu_q = {0, lq};
     s.cu_kv = {0, lk};
     for (TensorStrides& t : s.strides) t.batch = 0;
-    if (s.moba_top_k >= s.moba_num_blocks() - 1) s.moba_block = s.moba_top_k = 0, s.moba_shared = false;
+    if (s.moba_block > 0 && s.moba_top_k >= s.moba_num_blocks() - 1)
+      s.moba_block = s.moba_top_k = 0, s.moba_shared = false;
+    if (s.block_mask) s.block_mask = std::make_shared<const BlockMask>(s.block_mask->crop(mb, lq, lk));
     return s;
   }
 

@@ -26,8 +26,8 @@ struct PerSequenceOps {
   std::function<void(const BackwardArgs&)> check_backward;
 };
 
-// problem: a validated MoBA problem (moba_block > 0) on a varlen batch.
-// Throws NOT_SUPPORTED for a kept selection (the sequences share one
+// problem: a validated MoBA or block-sparse problem on a varlen batch.
+// Throws NOT_SUPPORTED for a kept MoBA selection (the sequences share one
 // workspace), and what each sequence's plan throws.
 std::unique_ptr<BackendPlan> make_per_sequence_plan(const Problem& problem,
                                                     const PerSequenceOps& ops);

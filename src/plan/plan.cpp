@@ -162,17 +162,26 @@ void count_tile_pairs(Plan& plan, const Problem& p) {
   if (tq < 1 || tk < 1) return;
   uint64_t visited = 0, total = 0;
   std::unique_ptr<BlockTileSchedule> sparse;
-  if (p.block_mask) sparse = std::make_unique<BlockTileSchedule>(p.block_mask, p.window, tq, tk);
+  if (p.block_mask && !p.varlen)
+    sparse = std::make_unique<BlockTileSchedule>(p.block_mask, p.window, tq, tk);
   for (int64_t b = 0; b < p.batch; ++b) {
     const DenseTileSchedule dense(p.sequence_mask(b), tq, tk);
     total = sat_add(total, sat_mul(uint64_t(dense.num_q_tiles()), uint64_t(dense.num_kv_tiles()),
                                    uint64_t(p.heads_q)));
     if (dense.num_q_tiles() == 0) continue;
-    if (sparse) {
+    if (p.block_mask) {
+      // Varlen: sequence b's own crop, as its plan runs it.
+      const BlockMask& m = *p.block_mask;
+      std::unique_ptr<BlockTileSchedule> own;
+      if (p.varlen)
+        own = std::make_unique<BlockTileSchedule>(
+            std::make_shared<const BlockMask>(m.crop(m.batch() == 1 ? 0 : b, p.lq(b), p.lk(b))),
+            p.window, tq, tk);
+      const BlockTileSchedule& sched = p.varlen ? *own : *sparse;
       const uint64_t per_slot = uint64_t(heads_per_mask_head(p));
-      for (int64_t mh = 0; mh < p.block_mask->heads(); ++mh)
-        visited =
-            sat_add(visited, sat_mul(uint64_t(sparse->visits(sparse->slot(b, mh))), per_slot));
+      for (int64_t mh = 0; mh < m.heads(); ++mh)
+        visited = sat_add(visited, sat_mul(uint64_t(sched.visits(sched.slot(p.varlen ? 0 : b, mh))),
+                                           per_slot));
       continue;
     }
     uint64_t per_head = 0;
@@ -295,9 +304,8 @@ std::unique_ptr<Plan> create_plan(const ContextConfig& ctx, const PlanDesc& d) {
 
   if (d.block_mask) {
     const BlockMask& m = *d.block_mask;
-    if (p.varlen)
-      not_supported("desc: a block mask with a varlen batch: not supported; use a fixed-length batch",
-                    " (a document mask covers packed sequences)");
+    // (Varlen: seqlen_q and seqlen_kv are the longest sequence's; each
+    // sequence takes the mask's blocks from its own first position on.)
     if (m.batch() != 1 && m.batch() != p.batch)
       invalid_argument("desc: the block mask's batch ", m.batch(), " must be 1 or the plan's batch ",
                        p.batch);
@@ -342,11 +350,17 @@ std::unique_ptr<Plan> create_plan(const ContextConfig& ctx, const PlanDesc& d) {
     // Exact: the dense mask AND the block selection, per (sequence, mask
     // head), for each of the query heads that share the mask head.
     const BlockMask& m = *p.block_mask;
-    const BlockMaskCounts c = count_visible(m, p.window);
     const int64_t per_slot = heads_per_mask_head(p);
-    for (int64_t b = 0; b < p.batch && m.seqlen_q() > 0; ++b)
+    // Fixed length: one count of the whole mask; varlen: each sequence's of
+    // its own crop (its lengths, its diagonal).
+    const BlockMaskCounts whole = p.varlen ? BlockMaskCounts{} : count_visible(m, p.window);
+    for (int64_t b = 0; b < p.batch && m.seqlen_q() > 0; ++b) {
+      const int64_t mb = m.batch() == 1 ? 0 : b;
+      const BlockMaskCounts own =
+          p.varlen ? count_visible(m.crop(mb, p.lq(b), p.lk(b)), p.window) : BlockMaskCounts{};
+      const BlockMaskCounts& c = p.varlen ? own : whole;
       for (int64_t mh = 0; mh < m.heads(); ++mh) {
-        const size_t s = size_t((m.batch() == 1 ? 0 : b) * m.heads() + mh);
+        const size_t s = size_t((p.varlen ? 0 : mb) * m.heads() + mh);
         plan->visible_pairs = sat_add(plan->visible_pairs,
                                       sat_mul(uint64_t(c.visible_pairs[s]), uint64_t(per_slot)));
         plan->visible_pairs_f += double(c.visible_pairs[s]) * double(per_slot);
@@ -355,6 +369,7 @@ std::unique_ptr<Plan> create_plan(const ContextConfig& ctx, const PlanDesc& d) {
           first_row = c.first_empty_row[s];
         empty += c.empty_rows[s] * per_slot;
       }
+    }
     if (empty > 0 && !p.allow_empty_rows)
       invalid_argument("desc: the mask and the block mask leave ", empty,
                        " (query row, head) pairs without any visible key (first: batch ", first_b,
@@ -389,18 +404,23 @@ std::unique_ptr<Plan> create_plan(const ContextConfig& ctx, const PlanDesc& d) {
   // lists are laid out per fixed-length sequence, sequence by sequence
   // (plan/per_sequence_plan.hpp; on the CPU too under the test hook
   // ATTN_CPU_MOBA_PER_SEQUENCE=1, where no kept selection is asked for).
+  // A block mask on a varlen batch: sequence by sequence on both backends,
+  // each with its own crop of the mask.
   const bool varlen_moba = p.moba_block > 0 && p.varlen;
+  const bool varlen_mask = p.block_mask && p.varlen;
   switch (ctx.backend) {
     case ATTN_BACKEND_CPU:
-      if (varlen_moba && !p.moba_keep_selection && env_flag("ATTN_CPU_MOBA_PER_SEQUENCE", false))
+      if (varlen_mask || (varlen_moba && !p.moba_keep_selection &&
+                          env_flag("ATTN_CPU_MOBA_PER_SEQUENCE", false)))
         plan->impl = make_per_sequence_plan(p, cpu::per_sequence_ops(ctx));
       else
         plan->impl = cpu::make_plan(p, ctx);
       break;
     case ATTN_BACKEND_CUDA:
 #if ATTN_HAVE_CUDA
-      plan->impl = varlen_moba ? make_per_sequence_plan(p, cuda::per_sequence_ops(ctx))
-                               : cuda::make_plan(p, ctx);
+      plan->impl = varlen_moba || varlen_mask
+                       ? make_per_sequence_plan(p, cuda::per_sequence_ops(ctx))
+                       : cuda::make_plan(p, ctx);
       break;
 #else
       not_supported("backend CUDA: this build of libattn has no CUDA attention kernels");

@@ -103,6 +103,16 @@ void BlockMask::max_entries(int64_t* whole, int64_t* partial) const {
   }
 }
 
+BlockMask BlockMask::crop(int64_t mb, int64_t lq, int64_t lk) const {
+  BlockMask out(1, heads_, lq, lk, bq_, bk_);
+  for (int64_t mh = 0; mh < heads_; ++mh)
+    for (int64_t qb = 0; qb < out.nqb_; ++qb)
+      for (const Entry& e : row(mb, mh, qb))
+        if (e.kv_block < out.nkb_)  // (add clears what lies past lq and lk)
+          out.add(0, mh, qb, e.kv_block, e.tile == kWhole ? nullptr : tile_bits(e.tile));
+  return out;
+}
+
 BlockMask BlockMask::compacted() const {
   BlockMask out(batch_, heads_, lq_, lk_, bq_, bk_);
   const size_t wpt = size_t(words_per_tile());

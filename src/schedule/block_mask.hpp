@@ -77,6 +77,12 @@ class BlockMask {
   // A copy without the bit tiles no entry refers to any more.
   BlockMask compacted() const;
 
+  // Mask batch entry mb's selection over a sequence of lq queries and lk
+  // keys (at most the mask's lengths), counted from its first position, as
+  // a mask of batch 1: the blocks of [0, lq) x [0, lk), canonical for those
+  // lengths (a varlen batch's sequence under a mask of the longest one's).
+  BlockMask crop(int64_t mb, int64_t lq, int64_t lk) const;
+
  private:
   std::vector<Entry>& row_mut(int64_t mb, int64_t mh, int64_t qb) {
     return rows_[size_t((mb * heads_ + mh) * nqb_ + qb)];

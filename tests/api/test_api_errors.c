@@ -2266,12 +2266,27 @@ static void test_block_mask_plans(void **state) {
   assert_int_equal(info.visible_pairs, 2 * 4 * 5 * 4);
   EXPECT_OK(attn_plan_destroy(plan));
 
-  /* varlen: not supported with a block mask */
+  /* varlen: the mask is given for the longest sequence (5/7 here is not
+   * the batch's 5/5), each sequence reading its corner, sequence by
+   * sequence (4 keys of each row of both sequences) */
   EXPECT_OK(attn_plan_desc_set_shape(d, 2, 4, 2, 5, 5, 8, 8));
   EXPECT_OK(attn_plan_desc_set_varlen(d, 2, cu, cu));
   POISON_PLAN(plan);
-  EXPECT_FAIL(ATTN_STATUS_NOT_SUPPORTED, "varlen", attn_plan_create(g_ctx, d, &plan));
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "seqlen_q/seqlen_kv", attn_plan_create(g_ctx, d, &plan));
   EXPECT_PLAN_UNTOUCHED(plan);
+  {
+    attn_block_mask_t mv = NULL;
+    EXPECT_OK(attn_block_mask_create(2, 2, 5, 5, 4, 4, &mv));
+    EXPECT_OK(attn_block_mask_set_blocks(mv, NULL, NULL, 0, NULL, one, first, 1));
+    EXPECT_OK(attn_plan_desc_set_block_mask(d, mv));
+    EXPECT_OK(attn_block_mask_destroy(mv));
+    EXPECT_OK(attn_plan_create(g_ctx, d, &plan));
+    EXPECT_OK(attn_plan_describe(plan, &info));
+    assert_int_equal(info.visible_pairs, 2 * 4 * 5 * 4);
+    assert_string_equal(info.algorithm, "flash-tiled-per-sequence-online-softmax");
+    EXPECT_OK(attn_plan_destroy(plan));
+    EXPECT_OK(attn_plan_desc_set_block_mask(d, m));
+  }
   EXPECT_OK(attn_plan_desc_set_varlen(d, 2, NULL, NULL));
   EXPECT_OK(attn_plan_desc_set_shape(d, 2, 4, 2, 5, 7, 8, 8));
 

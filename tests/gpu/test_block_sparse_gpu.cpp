@@ -498,6 +498,8 @@ Outcome judge(const Run& r) {
   rp.pair_mask_batch = c.mask_batch;
   // The reference's rule: 1, heads_q (per query head) or else per KV head.
   rp.pair_mask_heads = c.mask_heads;
+  // Varlen: the mask is the longest sequence's; each sequence its corner.
+  rp.pair_mask_rows = c.lq, rp.pair_mask_cols = c.lk;
   return judge_run(r, rp, inputs64(r), "");
 }
 
@@ -552,6 +554,17 @@ std::vector<Case> cases() {
   v.push_back(c);
   c = make("d64-fp16-b32-none-empty-rows-per-batch", FP, 64, 2, 2, 2, 450, 420, NONE, 32, 32);
   c.p_none = 0.6, c.empty_block0 = true, c.mask_batch = 2;
+  v.push_back(c);
+  // Varlen batches: the mask is given for the longest sequence and each
+  // sequence runs its corner of it (a plan per sequence): one mask for all,
+  // and one per sequence, with an empty sequence and lq > lk.
+  c = make("varlen-d128-bf16-b64-causal-shared-mask", BF, 128, 0, 2, 2, 0, 0, CAUSAL, 64, 64);
+  c.seq_q = {300, 0, 77, 129}, c.seq_kv = {300, 50, 100, 60};
+  c.allow_empty = true;
+  v.push_back(c);
+  c = make("varlen-d64-fp16-b48-none-per-sequence-mask", FP, 64, 0, 4, 2, 0, 0, NONE, 48, 48);
+  c.seq_q = {200, 33, 150}, c.seq_kv = {180, 90, 150};
+  c.mask_batch = 3, c.mask_heads = 2;
   v.push_back(c);
   c = make("d64-bf16-b128-causal-window512+64sinks", BF, 64, 1, 2, 1, 2000, 2000, CAUSAL, 128, 128);
   c.src = Source::kWindowSinks;

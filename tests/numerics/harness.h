@@ -117,9 +117,10 @@ typedef struct nc_case {
   int threads;     /* the context's thread count (0: 1; -1: 0, one per core) */
   int backward;    /* also run and check the backward pass */
   int no_lse;      /* forward only: pass lse = NULL (LSE is optional) */
-  /* Block-sparse (fixed-length batches): the plan gets block_mask and the
-   * reference its materialised selection pair_mask [mask_batch][mask_heads]
-   * [seqlen_q][seqlen_kv] (see ref_problem). NULL: a dense plan. */
+  /* Block-sparse: the plan gets block_mask and the reference its
+   * materialised selection pair_mask [mask_batch][mask_heads][seqlen_q]
+   * [seqlen_kv] (see ref_problem; varlen: the longest sequence's lengths,
+   * each sequence reading its corner). NULL: a dense plan. */
   attn_block_mask_t block_mask;
   const unsigned char *pair_mask;
   int64_t mask_batch, mask_heads;
@@ -198,7 +199,7 @@ typedef struct nc_outcome {
  * refusal is one attn.h documents. When the plan is created, the case runs
  * and is checked as by nc_run (status SUCCESS). A plan created for a problem
  * that the reference cannot check (heads_q not a multiple of heads_kv, a
- * block mask on a varlen batch) fails the case. */
+ * spoilt description) fails the case. */
 void nc_run_outcome(const nc_case *c, nc_outcome *out);
 
 /* Registers every case as a CMocka test named after it, followed by

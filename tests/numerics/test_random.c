@@ -15,9 +15,8 @@
  * pairs, FLOPs and bytes); a block mask is also read back first.
  *
  * Some cases also combine what attn.h says plan creation refuses (MoBA with
- * a block mask or another mask, a block mask on a varlen
- * batch or of the wrong size, keep_selection without MoBA or without a
- * backward pass, heads_q not a multiple of heads_kv, a layout other than
+ * a block mask or another mask, a block mask of the wrong size,
+ * keep_selection without MoBA or without a backward pass, heads_q not a multiple of heads_kv, a layout other than
  * THD named with a varlen batch, varlen offsets that do not fit the shape,
  * a spoilt tensor descriptor, empty rows not allowed). Every case
  * predicts from attn.h whether plan creation must succeed and, if not,
@@ -208,7 +207,6 @@ typedef enum violation {
   V_NONE,
   V_HEADS,              /* heads_q % heads_kv != 0: INVALID_ARGUMENT */
   V_VARLEN_LAYOUT,      /* BSHD or BHSD named with a varlen batch: INVALID_ARGUMENT */
-  V_SPARSE_VARLEN,      /* block mask + varlen: NOT_SUPPORTED */
   V_SPARSE_GEOMETRY,    /* block mask of another batch, heads or lengths: INVALID_ARGUMENT */
   V_MOBA_SPARSE,        /* MoBA + block mask: NOT_SUPPORTED */
   V_MOBA_MASK,          /* MoBA without the causal mask: INVALID_ARGUMENT */
@@ -334,7 +332,7 @@ static void draw_case(int index, gen_case *gc) {
   gc->fam = u < 0.45 ? DENSE : u < 0.8 ? SPARSE : MOBA;
   if (chance(&rng, 0.12)) v = (violation)tu_rng_int(&rng, V_HEADS, V_COUNT - 1);
   /* a violation that needs another family brings it along */
-  if (v == V_SPARSE_VARLEN || v == V_SPARSE_GEOMETRY) gc->fam = SPARSE;
+  if (v == V_SPARSE_GEOMETRY) gc->fam = SPARSE;
   if (v == V_MOBA_SPARSE || v == V_MOBA_MASK || v == V_KEEP_FORWARD_ONLY)
     gc->fam = MOBA;
   if (v == V_VARLEN_LAYOUT || v == V_KEEP_NO_MOBA) gc->fam = chance(&rng, 0.5) ? DENSE : SPARSE;
@@ -360,11 +358,10 @@ static void draw_case(int index, gen_case *gc) {
   c->empty_policy = u < 0.45 ? NC_EMPTY_AUTO : u < 0.88 ? NC_EMPTY_ALLOW : NC_EMPTY_DENY;
   max_len = chance(&rng, 0.1) ? 600 : 300;
 
-  /* lengths: varlen batches for dense and MoBA plans, or when a refusal
-   * needs one */
+  /* lengths: varlen batches for every family (a block mask is then given
+   * for the longest sequence), or when a refusal needs one */
   if (v == V_VARLEN_SHAPE) gc->fam = DENSE;
-  if ((gc->fam != SPARSE && v != V_MOBA_SPARSE && chance(&rng, 0.35)) || v == V_SPARSE_VARLEN ||
-      v == V_VARLEN_LAYOUT || v == V_VARLEN_SHAPE) {
+  if ((v != V_MOBA_SPARSE && chance(&rng, 0.35)) || v == V_VARLEN_LAYOUT || v == V_VARLEN_SHAPE) {
     c->batch = tu_rng_int(&rng, 1, MAX_BATCH);
     for (b = 0; b < c->batch; ++b) {
       gc->lens_q[b] = chance(&rng, 0.15) ? 0 : (int32_t)draw_len(&rng, max_len, 0);
@@ -682,6 +679,17 @@ static void reason(prediction *p, attn_status_t st, const char *why) {
            st == ATTN_STATUS_INVALID_ARGUMENT ? "INVALID_ARGUMENT" : "NOT_SUPPORTED");
 }
 
+/* The plan's seqlen_q (q = 1) or seqlen_kv: a varlen batch's longest. */
+static int64_t plan_length(const nc_case *c, int q) {
+  int64_t m = 0, b;
+  if (c->lens_q == NULL) return q ? c->seqlen_q : c->seqlen_kv;
+  for (b = 0; b < c->batch; ++b) {
+    const int64_t l = q ? c->lens_q[b] : c->lens_kv[b];
+    if (l > m) m = l;
+  }
+  return m;
+}
+
 /* Every rule of attn.h that refuses the case. empty_rows < 0: unknown. */
 static void predict(const gen_case *gc, int64_t empty_rows, prediction *p) {
   const nc_case *c = &gc->c;
@@ -691,11 +699,10 @@ static void predict(const gen_case *gc, int64_t empty_rows, prediction *p) {
     reason(p, ATTN_STATUS_INVALID_ARGUMENT, "heads_q not a multiple of heads_kv");
   if (varlen && c->varlen_names_layout && c->layout != ATTN_LAYOUT_THD)
     reason(p, ATTN_STATUS_INVALID_ARGUMENT, "a layout other than THD named with a varlen batch");
-  if (sparse && varlen) reason(p, ATTN_STATUS_NOT_SUPPORTED, "a block mask on a varlen batch");
   if (sparse && ((gc->g.batch != 1 && gc->g.batch != c->batch) ||
                  (gc->g.heads != 1 && gc->g.heads != c->heads_kv)))
     reason(p, ATTN_STATUS_INVALID_ARGUMENT, "the block mask's batch or heads");
-  if (sparse && !varlen && (gc->g.lq != c->seqlen_q || gc->g.lk != c->seqlen_kv))
+  if (sparse && (gc->g.lq != plan_length(c, 1) || gc->g.lk != plan_length(c, 0)))
     reason(p, ATTN_STATUS_INVALID_ARGUMENT, "the block mask's lengths");
   if (c->moba_block > 0 && sparse) reason(p, ATTN_STATUS_NOT_SUPPORTED, "MoBA with a block mask");
   if (c->moba_block > 0 && c->mask != ATTN_MASK_CAUSAL)
@@ -822,8 +829,8 @@ static void random_case(void **state) {
   fflush(stdout);
 
   if (gc.fam == SPARSE) {
-    const int fits = gc.c.lens_q == NULL && gc.g.lq == gc.c.seqlen_q &&
-                     gc.g.lk == gc.c.seqlen_kv && (gc.g.batch == 1 || gc.g.batch == gc.c.batch) &&
+    const int fits = gc.g.lq == plan_length(&gc.c, 1) && gc.g.lk == plan_length(&gc.c, 0) &&
+                     (gc.g.batch == 1 || gc.g.batch == gc.c.batch) &&
                      (gc.g.heads == 1 || gc.g.heads == gc.c.heads_kv);
     char what[64];
     check_ok(attn_context_create(ATTN_BACKEND_CPU, 0, 1, &ctx), "attn_context_create");
@@ -842,8 +849,7 @@ static void random_case(void **state) {
   nc_run_outcome(&gc.c, &out);
   {
     const int checkable = gc.c.heads_q % gc.c.heads_kv == 0 && gc.c.bad_tensor == 0 &&
-                          gc.c.bad_varlen == 0 &&
-                          (gc.c.lens_q == NULL || gc.fam != SPARSE);
+                          gc.c.bad_varlen == 0;
     predict(&gc, checkable ? out.empty_rows : -1, &pred);
   }
   if (out.status == ATTN_STATUS_SUCCESS) {

@@ -214,6 +214,36 @@ void check(const Shape& s, int64_t tile_q, int64_t tile_kv, bool kv_major, bool 
 
 }  // namespace
 
+// BlockMask::crop: entry mb's selection over shorter lengths (a varlen
+// batch's sequence under a mask of the longest one) is exactly the drawn
+// selection's corner.
+void check_crop(std::mt19937_64& rng) {
+  const Shape s{2, 2, 300, 260, 48, 80, WindowBounds{-1, -1}};
+  std::vector<uint8_t> selected;
+  const std::shared_ptr<BlockMask> mask = random_mask(s, rng, selected);
+  const int64_t lens[][2] = {{300, 260}, {150, 200}, {47, 81}, {0, 100}, {120, 0}, {1, 1}};
+  for (int64_t mb = 0; mb < s.batch; ++mb)
+    for (const auto& l : lens) {
+      const BlockMask crop = mask->crop(mb, l[0], l[1]);
+      expect(crop.batch() == 1 && crop.heads() == s.heads && crop.seqlen_q() == l[0] &&
+                 crop.seqlen_kv() == l[1],
+             "crop geometry", "crop");
+      for (int64_t mh = 0; mh < s.heads; ++mh)
+        for (int64_t i = 0; i < l[0]; ++i) {
+          std::vector<uint8_t> row(size_t(l[1]), 1);
+          crop.for_each_hidden(0, mh, i, 0, l[1], [&](int64_t j0, int64_t j1) {
+            for (int64_t j = j0; j < j1; ++j) row[size_t(j)] = 0;
+          });
+          for (int64_t j = 0; j < l[1]; ++j)
+            if (row[size_t(j)] != selected[size_t(((mb * s.heads + mh) * s.lq + i) * s.lk + j)]) {
+              expect(false, "a cropped pair differs from the drawn selection", "crop");
+              return;
+            }
+        }
+    }
+  std::printf("ok   crop of a mask to shorter lengths\n");
+}
+
 int main() {
   const char* env = std::getenv("ATTN_TEST_SEED");
   const uint64_t seed = env ? std::strtoull(env, nullptr, 10)
@@ -250,6 +280,7 @@ int main() {
     check(c.s, c.tile_q, c.tile_kv, c.kv_major, c.items, rng, c.name);
     std::printf("%s %s\n", g_failures == before ? "ok  " : "FAIL", c.name);
   }
+  check_crop(rng);
   std::printf("%d failure(s)\n", g_failures);
   return g_failures == 0 ? 0 : 1;
 }
