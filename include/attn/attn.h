@@ -751,7 +751,8 @@ ATTN_API attn_status_t attn_block_mask_and_documents(attn_block_mask_t mask, con
 
 /* Attaches a copy of `mask` to the plan descriptor (NULL detaches it).
  * Checked at plan creation: the mask's batch (1 or the plan's), heads (1
- * or heads_kv), seqlen_q and seqlen_kv (the plan's), no varlen batch;
+ * or heads_kv), seqlen_q and seqlen_kv (the plan's; with a varlen batch,
+ * the longest sequence's: see the block mask section above);
  * and rows left without any visible key are
  * rejected unless attn_plan_desc_set_allow_empty_rows was called. Returns
  * SUCCESS, INVALID_HANDLE (desc, or a mask that is not NULL and not live),

@@ -3,6 +3,7 @@
 // pointers checked as attn_forward / attn_backward require on CUDA.
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "core/error.hpp"
@@ -30,11 +31,20 @@ PerSequenceOps per_sequence_ops(const ContextConfig& ctx) {
   ops.copy_rows = [device](float* dst, int64_t dst_pitch, const float* src, int64_t src_pitch,
                            int64_t width, int64_t rows, void* stream) {
     DeviceScope scope(device, "backend CUDA (varlen, sequence by sequence)");
-    check(cudaMemcpy2DAsync(dst, sizeof(float) * size_t(dst_pitch), src,
-                            sizeof(float) * size_t(src_pitch), sizeof(float) * size_t(width),
-                            size_t(rows), cudaMemcpyDeviceToDevice,
-                            static_cast<cudaStream_t>(stream)),
-          "cudaMemcpy2DAsync (a sequence's LSE)");
+    const auto s = static_cast<cudaStream_t>(stream);
+    // 2D copies take pitches below 2^31 bytes (cudaDevAttrMaxPitch); a
+    // varlen LSE of more queries is copied a row at a time.
+    if (sizeof(float) * uint64_t(std::max(dst_pitch, src_pitch)) < (uint64_t(1) << 31)) {
+      check(cudaMemcpy2DAsync(dst, sizeof(float) * size_t(dst_pitch), src,
+                              sizeof(float) * size_t(src_pitch), sizeof(float) * size_t(width),
+                              size_t(rows), cudaMemcpyDeviceToDevice, s),
+            "cudaMemcpy2DAsync (a sequence's LSE)");
+      return;
+    }
+    for (int64_t r = 0; r < rows; ++r)
+      check(cudaMemcpyAsync(dst + r * dst_pitch, src + r * src_pitch, sizeof(float) * size_t(width),
+                            cudaMemcpyDeviceToDevice, s),
+            "cudaMemcpyAsync (a sequence's LSE)");
   };
   ops.check_forward = [](const ForwardArgs& a) {
     require_aligned(a.q, "q"), require_aligned(a.k, "k"), require_aligned(a.v, "v");

@@ -4,7 +4,9 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <map>
 #include <string>
+#include <tuple>
 
 #include "attn_config.h"
 #include "core/checked.hpp"
@@ -164,24 +166,31 @@ void count_tile_pairs(Plan& plan, const Problem& p) {
   std::unique_ptr<BlockTileSchedule> sparse;
   if (p.block_mask && !p.varlen)
     sparse = std::make_unique<BlockTileSchedule>(p.block_mask, p.window, tq, tk);
+  // Varlen: a sequence's visited tiles per mask head, shared by sequences
+  // of equal lengths and mask entry.
+  std::map<std::tuple<int64_t, int64_t, int64_t>, std::vector<uint64_t>> per_sequence;
   for (int64_t b = 0; b < p.batch; ++b) {
     const DenseTileSchedule dense(p.sequence_mask(b), tq, tk);
     total = sat_add(total, sat_mul(uint64_t(dense.num_q_tiles()), uint64_t(dense.num_kv_tiles()),
                                    uint64_t(p.heads_q)));
     if (dense.num_q_tiles() == 0) continue;
     if (p.block_mask) {
-      // Varlen: sequence b's own crop, as its plan runs it.
       const BlockMask& m = *p.block_mask;
-      std::unique_ptr<BlockTileSchedule> own;
-      if (p.varlen)
-        own = std::make_unique<BlockTileSchedule>(
-            std::make_shared<const BlockMask>(m.crop(m.batch() == 1 ? 0 : b, p.lq(b), p.lk(b))),
-            p.window, tq, tk);
-      const BlockTileSchedule& sched = p.varlen ? *own : *sparse;
       const uint64_t per_slot = uint64_t(heads_per_mask_head(p));
+      if (p.varlen) {  // sequence b's own crop, as its plan runs it
+        const int64_t mb = m.batch() == 1 ? 0 : b;
+        auto [it, fresh] = per_sequence.try_emplace({p.lq(b), p.lk(b), mb});
+        if (fresh) {
+          const BlockTileSchedule own(
+              std::make_shared<const BlockMask>(m.crop(mb, p.lq(b), p.lk(b))), p.window, tq, tk);
+          for (int64_t mh = 0; mh < m.heads(); ++mh)
+            it->second.push_back(uint64_t(own.visits(own.slot(0, mh))));
+        }
+        for (uint64_t v : it->second) visited = sat_add(visited, sat_mul(v, per_slot));
+        continue;
+      }
       for (int64_t mh = 0; mh < m.heads(); ++mh)
-        visited = sat_add(visited, sat_mul(uint64_t(sched.visits(sched.slot(p.varlen ? 0 : b, mh))),
-                                           per_slot));
+        visited = sat_add(visited, sat_mul(uint64_t(sparse->visits(sparse->slot(b, mh))), per_slot));
       continue;
     }
     uint64_t per_head = 0;
@@ -353,12 +362,18 @@ std::unique_ptr<Plan> create_plan(const ContextConfig& ctx, const PlanDesc& d) {
     const int64_t per_slot = heads_per_mask_head(p);
     // Fixed length: one count of the whole mask; varlen: each sequence's of
     // its own crop (its lengths, its diagonal).
+    // (Sequences of equal lengths and mask entry share one count.)
     const BlockMaskCounts whole = p.varlen ? BlockMaskCounts{} : count_visible(m, p.window);
+    std::map<std::tuple<int64_t, int64_t, int64_t>, BlockMaskCounts> per_sequence;
     for (int64_t b = 0; b < p.batch && m.seqlen_q() > 0; ++b) {
       const int64_t mb = m.batch() == 1 ? 0 : b;
-      const BlockMaskCounts own =
-          p.varlen ? count_visible(m.crop(mb, p.lq(b), p.lk(b)), p.window) : BlockMaskCounts{};
-      const BlockMaskCounts& c = p.varlen ? own : whole;
+      const BlockMaskCounts* counted = &whole;
+      if (p.varlen) {
+        auto [it, fresh] = per_sequence.try_emplace({p.lq(b), p.lk(b), mb});
+        if (fresh) it->second = count_visible(m.crop(mb, p.lq(b), p.lk(b)), p.window);
+        counted = &it->second;
+      }
+      const BlockMaskCounts& c = *counted;
       for (int64_t mh = 0; mh < m.heads(); ++mh) {
         const size_t s = size_t((p.varlen ? 0 : mb) * m.heads() + mh);
         plan->visible_pairs = sat_add(plan->visible_pairs,
