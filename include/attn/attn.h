@@ -1123,7 +1123,8 @@ typedef struct attn_decode_step_info {
  * stream does). Returns SUCCESS, INVALID_HANDLE, INVALID_ARGUMENT
  * (num_seqs outside 1 .. max_batch, NULL arrays, unknown id, query_lens out
  * of range, a cache configured differently from the plan's, more visible
- * keys than max_kv_tokens, keys the queries need were evicted),
+ * keys than max_kv_tokens, keys the queries need were evicted,
+ * info->struct_size below its first two fields, 16 bytes),
  * WORKSPACE_TOO_SMALL, OUT_OF_MEMORY (the host step builds the metadata in
  * host memory first), BACKEND_ERROR (CUDA: the staging copy or its event
  * failed). On failure *info is not written, and neither is the workspace
@@ -1144,7 +1145,9 @@ ATTN_API attn_status_t attn_decode_prepare(attn_decode_plan_t plan, attn_kv_cach
  * graph. Whether the workspace was prepared by this plan for this cache's
  * current state, with no prepare by another plan into it since, is checked
  * on the host against the library's record of the last prepare into that
- * workspace (a graph replay checks nothing).
+ * workspace (a graph replay checks nothing). A workspace is known by its
+ * address: a prepare into another buffer that overlaps it is not noticed,
+ * so give each plan's workspaces distinct, non-overlapping buffers.
  * On CUDA, q must be 16-byte aligned, o aligned to its element and lse to 4
  * bytes. Returns SUCCESS, INVALID_HANDLE, INVALID_ARGUMENT (q or o NULL or
  * misaligned, a workspace not prepared by this plan for this cache's current state),
