@@ -434,8 +434,7 @@ class CudaPlan final : public BackendPlan {
       require_aligned(a.k, "k");
       require_aligned(a.v, "v");
     }
-    if (a.lse != nullptr && reinterpret_cast<uintptr_t>(a.lse) % alignof(float) != 0)
-      invalid_argument("lse: the device pointer must be 4-byte aligned");
+    require_lse_aligned(a.lse);
     flash::FwdParams prm = params_;
     prm.q = a.q;
     prm.k = a.k;
@@ -486,8 +485,7 @@ class CudaPlan final : public BackendPlan {
       require_aligned(a.o, "o");
       require_aligned(a.d_o, "d_o");
       require_aligned(a.dq, "dq");
-      if (reinterpret_cast<uintptr_t>(a.lse) % alignof(float) != 0)
-        invalid_argument("lse: the device pointer must be 4-byte aligned");
+      require_lse_aligned(a.lse);
     }
     if (total_kv > 0) {
       require_aligned(a.k, "k");
@@ -816,11 +814,6 @@ class CudaPlan final : public BackendPlan {
   }
   // Keys per dK/dV block.
   int bwd_block_n() const { return bwd_sm90_ ? bwd_sm90_cfg_.block_n : bwd_cfg_.block_n; }
-
-  static void require_aligned(const void* ptr, const char* name) {
-    if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0)
-      invalid_argument(name, ": the CUDA kernels need a 16-byte aligned device pointer, got ", ptr);
-  }
 
   // Builds the tile lists of every kernel the plan runs and uploads them
   // into one device allocation (lists_dev_, owned by the plan).

@@ -4,6 +4,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstdint>
+
 #include "core/error.hpp"
 
 namespace attn::cuda {
@@ -39,5 +41,17 @@ class DeviceScope {
   int prev_ = 0;
   bool restore_ = false;
 };
+
+// The CUDA backend's rules for tensor pointers (attn.h): 16-byte aligned
+// (the kernels' vector and bulk copies), LSE 4-byte aligned (null passes:
+// whether a pointer may be null is the caller's to check).
+inline void require_aligned(const void* p, const char* name) {
+  if (reinterpret_cast<uintptr_t>(p) % 16 != 0)
+    invalid_argument(name, ": the CUDA kernels need a 16-byte aligned device pointer, got ", p);
+}
+inline void require_lse_aligned(const float* lse) {
+  if (reinterpret_cast<uintptr_t>(lse) % alignof(float) != 0)
+    invalid_argument("lse: the device pointer must be 4-byte aligned");
+}
 
 }  // namespace attn::cuda

@@ -11,18 +11,6 @@
 #include "cuda/cuda_util.hpp"
 
 namespace attn::cuda {
-namespace {
-
-void require_aligned(const void* p, const char* name) {
-  if (reinterpret_cast<uintptr_t>(p) % 16 != 0)
-    invalid_argument(name, ": the CUDA kernels need a 16-byte aligned device pointer, got ", p);
-}
-void require_lse_aligned(const float* lse) {
-  if (reinterpret_cast<uintptr_t>(lse) % alignof(float) != 0)
-    invalid_argument("lse: the device pointer must be 4-byte aligned");
-}
-
-}  // namespace
 
 PerSequenceOps per_sequence_ops(const ContextConfig& ctx) {
   PerSequenceOps ops;

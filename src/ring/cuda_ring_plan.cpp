@@ -90,18 +90,12 @@ struct LocalTensor {
 
 const char* bytes(const void* p) { return static_cast<const char*>(p); }
 
-// The CUDA backend's rule for tensor pointers (attn.h), checked before the
-// ring starts: the blocks' plans would find a misaligned Q, O or dO only
-// after the first exchange, which fails the whole group, and the gathers
-// and stores of the other tensors would not find it at all.
-void require_aligned(const void* p, const char* name) {
-  if (reinterpret_cast<uintptr_t>(p) % 16 != 0)
-    invalid_argument(name, ": the CUDA kernels need a 16-byte aligned device pointer, got ", p);
-}
-void require_lse_aligned(const float* lse) {
-  if (reinterpret_cast<uintptr_t>(lse) % alignof(float) != 0)
-    invalid_argument("lse: the device pointer must be 4-byte aligned");
-}
+// The CUDA backend's rules for tensor pointers (cuda_util.hpp), checked
+// before the ring starts: the blocks' plans would find a misaligned Q, O or
+// dO only after the first exchange, which fails the whole group, and the
+// gathers and stores of the other tensors would not find it at all.
+using cuda::require_aligned;
+using cuda::require_lse_aligned;
 
 using Traffic = RingSchedule::Traffic;
 
