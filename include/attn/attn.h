@@ -50,6 +50,12 @@
  * are usually a mistake, plan creation rejects any problem where a row is left
  * empty unless attn_plan_desc_set_allow_empty_rows() was called.
  *
+ * Non-finite inputs: the kernels multiply whole tiles, so a NaN or Inf in K
+ * or V can reach the outputs and gradients of every row whose tiles hold it,
+ * also of rows that do not see that key (a probability of 0 times Inf is
+ * NaN), as in other tiled attention kernels. Rows that see no key still give
+ * exactly O = 0 and LSE = -inf.
+ *
  * Numerics: fp32 accumulation and softmax for every input dtype. The
  * log-sum-exp output is fp32, natural log, laid out [batch, heads_q, seqlen_q]
  * (contiguous) for fixed-length batches and [heads_q, total_q] for varlen.
@@ -777,7 +783,9 @@ ATTN_API attn_status_t attn_plan_desc_set_block_mask(attn_plan_desc_t desc,
  * (no softmax scale; fp32 sums over channels in order, then over heads).
  * The query sees the keys of its own block (causally) and of the top_k past
  * blocks with the largest gates (all of them when there are fewer); equal
- * gates prefer the lower block index. Later blocks are never seen. With
+ * gates prefer the lower block index, and a NaN gate ranks above every
+ * number (so that a NaN in q or in a block's keys reaches the output, as in
+ * dense attention). Later blocks are never seen. With
  * shared_per_group = 1 the selecting heads are the query heads of a GQA
  * group and the group shares one selection; with 0 each query head selects
  * on its own. The selection is a constant for the backward pass: the gate

@@ -76,7 +76,7 @@ __device__ __forceinline__ float quad_sum(float l) {
 // before scale_log2, and its sum l: -inf for a row that saw no key.
 __device__ __forceinline__ float row_lse(float m, float l, float scale_log2) {
   constexpr float kLn2 = 0.69314718055994531f;
-  return l > 0.0f ? m * scale_log2 * kLn2 + logf(l) : -INFINITY;
+  return l != 0.0f ? m * scale_log2 * kLn2 + logf(l) : -INFINITY;  // NaN stays NaN
 }
 
 // MoBA's gathered forward: one query tile of a round's lists, rows [start,
@@ -163,7 +163,7 @@ __device__ __noinline__ void moba_merge_tile(const FwdParams& p, float* sO, floa
     const int row = e & kMobaRowMask;
     const float lse_t = sL[r];
     const float lse_s = fresh ? -INFINITY : moba_merge_rows.lse[r];
-    const float mx = fmaxf(lse_t, lse_s);
+    const float mx = max_keep_nan(lse_t, lse_s);
     float w_s = 0.0f, w_t = 0.0f, lse = -INFINITY;
     if (mx != -INFINITY) {
       const float e_s = expf(lse_s - mx), e_t = expf(lse_t - mx), sum = e_s + e_t;
@@ -615,12 +615,13 @@ __device__ __forceinline__ void flash_fwd_tile(const FwdParams& p, const int32_t
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
         const float l = quad_sum(row_sum[mt][hh]);
-        const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+        const float inv = l != 0.0f ? 1.0f / l : 0.0f;  // (NaN l: NaN)
         const int row = warp * R + mt * 16 + hh * 8 + g;
 #pragma unroll
         for (int dt = 0; dt < DT; ++dt)
           *reinterpret_cast<float2*>(sO + row * LO + dt * 8 + 2 * t4) =
-              make_float2(acc_o[mt][dt][hh * 2] * inv, acc_o[mt][dt][hh * 2 + 1] * inv);
+              make_float2(o_scaled(acc_o[mt][dt][hh * 2], inv),
+                          o_scaled(acc_o[mt][dt][hh * 2 + 1], inv));
         if (t4 == 0)
           sL[row] = row_lse(row_max[mt][hh], l, scale_log2);
       }
@@ -638,12 +639,13 @@ __device__ __forceinline__ void flash_fwd_tile(const FwdParams& p, const int32_t
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
       const float l = quad_sum(row_sum[mt][hh]);
-      const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+      const float inv = l != 0.0f ? 1.0f / l : 0.0f;  // (NaN l: NaN)
       const int row = warp * R + mt * 16 + hh * 8 + g;
       uint32_t* dst = reinterpret_cast<uint32_t*>(sQ + row * LD) + t4;
 #pragma unroll
       for (int dt = 0; dt < DT; ++dt)
-        dst[dt * 4] = pack2<T>(acc_o[mt][dt][hh * 2] * inv, acc_o[mt][dt][hh * 2 + 1] * inv);
+        dst[dt * 4] = pack2<T>(o_scaled(acc_o[mt][dt][hh * 2], inv),
+                               o_scaled(acc_o[mt][dt][hh * 2 + 1], inv));
       if (gL != nullptr && t4 == 0 && row < rows)
         gL[row] = row_lse(row_max[mt][hh], l, scale_log2);
     }

@@ -183,12 +183,12 @@ __device__ __forceinline__ void stage_o_rows(unsigned char* sQ, const float (&ac
 #pragma unroll
   for (int hh = 0; hh < 2; ++hh) {
     const float l = quad_sum(row_sum[hh]);
-    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+    const float inv = l != 0.0f ? 1.0f / l : 0.0f;  // (NaN l: NaN)
     const int row = row0 + hh * 8;
 #pragma unroll
     for (int j = 0; j < D / 8; ++j)
       *reinterpret_cast<uint32_t*>(sQ + sm90::swizzled_offset(BM, row, j * 8 + t4 * 2)) =
-          pack2<T>(acc_o[j * 4 + hh * 2] * inv, acc_o[j * 4 + hh * 2 + 1] * inv);
+          pack2<T>(o_scaled(acc_o[j * 4 + hh * 2], inv), o_scaled(acc_o[j * 4 + hh * 2 + 1], inv));
     if (gL != nullptr && t4 == 0 && row < rows) gL[row] = row_lse(row_max[hh], l, scale_log2);
   }
 }
@@ -574,12 +574,13 @@ __device__ __forceinline__ void flash_fwd_sm90_tile(const FwdParams& p) {
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
       const float l = quad_sum(row_sum[hh]);
-      const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+      const float inv = l != 0.0f ? 1.0f / l : 0.0f;  // (NaN l: NaN)
       const int row = row0 + hh * 8;
 #pragma unroll
       for (int j = 0; j < D / 8; ++j)
         *reinterpret_cast<float2*>(sO + row * LO + j * 8 + t4 * 2) =
-            make_float2(acc_o[j * 4 + hh * 2] * inv, acc_o[j * 4 + hh * 2 + 1] * inv);
+            make_float2(o_scaled(acc_o[j * 4 + hh * 2], inv),
+                        o_scaled(acc_o[j * 4 + hh * 2 + 1], inv));
       if (t4 == 0) sL[row] = row_lse(row_max[hh], l, scale_log2);
     }
     __syncthreads();

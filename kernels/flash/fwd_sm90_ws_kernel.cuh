@@ -796,12 +796,12 @@ __device__ __forceinline__ void flash_fwd_sm90_ws(const FwdWsParams& wp) {
       const int32_t entry = gc.entry[q][row];
       const int64_t at = entry & kMobaRowMask;
       const float lse_s = fresh ? -INFINITY : gc.lse[q][row];
-      const float mx = fmaxf(lse_t, lse_s);
+      const float mx = max_keep_nan(lse_t, lse_s);
       float w_s = 0.0f, w_t = 0.0f, lse = -INFINITY;
       if (mx != -INFINITY) {
         const float e_s = expf(lse_s - mx), e_t = expf(lse_t - mx), sum = e_s + e_t;
         w_s = e_s / sum;
-        w_t = l > 0.0f ? e_t / sum / l : 0.0f;  // (acc is O times l)
+        w_t = l != 0.0f ? e_t / sum / l : 0.0f;  // (acc is O times l; NaN l: NaN)
         lse = mx + logf(sum);
       }
       if (t4 == 0) {
@@ -816,8 +816,8 @@ __device__ __forceinline__ void flash_fwd_sm90_ws(const FwdWsParams& wp) {
       for (int j = 0; j < D / 8; ++j) old[j] = w_s > 0.0f ? so[j * 4] : make_float2(0.0f, 0.0f);
 #pragma unroll
       for (int j = 0; j < D / 8; ++j) {
-        const float x = old[j].x * w_s + acc_o[j * 4 + hh * 2] * w_t;
-        const float y = old[j].y * w_s + acc_o[j * 4 + hh * 2 + 1] * w_t;
+        const float x = old[j].x * w_s + o_scaled(acc_o[j * 4 + hh * 2], w_t);
+        const float y = old[j].y * w_s + o_scaled(acc_o[j * 4 + hh * 2 + 1], w_t);
         if (entry >= 0)
           so[j * 4] = make_float2(x, y);
         else

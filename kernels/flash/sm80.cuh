@@ -99,6 +99,20 @@ __device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
   return *reinterpret_cast<uint32_t*>(&h);
 }
 
+// An output accumulator times its row's scale (1 / l, or a merge weight):
+// 0 when the scale is 0 (a row that saw no key), also where the accumulator
+// is not finite, which a P of 0 times a non-finite V at a key the row does
+// not see leaves there (0 * Inf = NaN).
+__device__ __forceinline__ float o_scaled(float acc, float scale) {
+  return scale != 0.0f ? acc * scale : 0.0f;
+}
+
+// max(a, b), NaN if either is (fmaxf drops a NaN operand): merges of (O,
+// LSE) states take it so that a NaN row stays NaN rather than empty.
+__device__ __forceinline__ float max_keep_nan(float a, float b) {
+  return (a != a || b != b) ? __int_as_float(0x7fffffff) : fmaxf(a, b);
+}
+
 // 2^x, relative error ~2^-22; 2^-inf = +0, so masked scores vanish.
 __device__ __forceinline__ float fast_exp2(float x) {
   float y;

@@ -109,11 +109,14 @@ __global__ void __launch_bounds__(kPoolThreads)
 }
 
 // A gate as a uint32 whose unsigned order is the gates' order: -0 is
-// mapped to +0 first (equal gates must compare equal, as floats do), and
-// the result is at least 1, since 0 marks an empty candidate below.
+// mapped to +0 first (equal gates must compare equal, as floats do), every
+// NaN to the largest key (NaN gates rank first, equal among themselves, as
+// on the CPU backend: a NaN in q or in a block's keys reaches the output),
+// and the result is at least 1, since 0 marks an empty candidate below.
 __device__ __forceinline__ uint32_t gate_key(float g) {
   uint32_t u = __float_as_uint(g);
-  if ((u << 1) == 0u) u = 0u;  // -0 (bits, whatever the compiler's float flags)
+  if ((u << 1) == 0u) u = 0u;                          // -0 (bits, whatever the float flags)
+  if ((u & 0x7fffffffu) > 0x7f800000u) return ~0u;     // NaN, either sign
   return max((u & 0x80000000u) ? ~u : u | 0x80000000u, 1u);
 }
 

@@ -490,6 +490,10 @@ void forward_item(const KernelPlan& kp, const ForwardArgs& a, char* ws, const Un
       for (int64_t j = 0; j < t.n_pad; j += W) vm = vmax(vm, vload(row + j));
       const float m_new = std::max(row_m[i], hmax(vm));
       if (m_new == kNegInf) {  // nothing visible yet: P row is 0
+        // unless a score is NaN (the max skipped it): then the row's sum
+        // becomes NaN, so that O and LSE are NaN rather than an empty row's
+        for (int64_t j = 0; j < t.n; ++j)
+          if (row[j] != row[j]) row_l[i] = std::numeric_limits<float>::quiet_NaN();
         std::fill(row, row + t.n_pad, 0.0f);
         continue;
       }
@@ -514,20 +518,26 @@ void forward_item(const KernelPlan& kp, const ForwardArgs& a, char* ws, const Un
   };
   for_each_tile_pair<M, Walk::kv_of_q>(kp, sched, moba, b, hk, qt, t, visit);
 
-  // O = Oacc / l, LSE = m ln2 + ln l; a row that saw nothing gives 0 and -inf.
+  // O = Oacc / l, LSE = m ln2 + ln l; a row that saw nothing gives 0 and -inf
+  // (zeros stored, not Oacc * 0: its P was 0 but a tile's V may hold a
+  // non-finite value at a key it does not see).
   const auto& os = p.strides[ATTN_TENSOR_O];
   for (int64_t i = 0; i < t.m; ++i) {
     const float l = row_l[i];
-    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+    if (l == 0.0f) std::fill(acc + i * ldv, acc + (i + 1) * ldv, 0.0f);  // (a NaN l stays NaN)
+    const float inv = l != 0.0f ? 1.0f / l : 0.0f;  // (NaN l: NaN)
     store_rows(acc + i * ldv, ldv, 1, dv, inv, a.o, p.dtype,
                p.offset(ATTN_TENSOR_O, b, t.r0 + i, h), os.seq);
     if (a.lse)
-      a.lse[p.lse_offset(b, h, t.r0 + i)] = l > 0.0f ? row_m[i] * kLn2 + std::log(l) : kNegInf;
+      a.lse[p.lse_offset(b, h, t.r0 + i)] = l != 0.0f ? row_m[i] * kLn2 + std::log(l) : kNegInf;
   }
 }
 
 void forward(const KernelPlan& kp, const ForwardArgs& a) {
   const Problem& p = *kp.problem;
+  // No query rows: nothing to write, and K, V may be null (attn_forward
+  // checks them only when there are queries).
+  if (p.total_q() == 0) return;
   char* ws = workspace_base(a.workspace);
   char* base = ws + kp.fwd_threads_offset;
   const int64_t pack_items = int64_t(kp.kv_units.size()) * p.heads_kv;

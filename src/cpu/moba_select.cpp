@@ -1,6 +1,7 @@
 #include "cpu/moba_select.hpp"
 
 #include <algorithm>
+#include <cmath>
 
 #include "core/dtype.hpp"
 
@@ -40,9 +41,14 @@ void moba_select_row(const Problem& p, const void* q, const float* pooled, int64
   }
   const int64_t take = std::min(own, p.moba_top_k);
   for (int64_t kb = 0; kb < own; ++kb) order[kb] = int32_t(kb);
-  // largest gate first; equal gates: the lower block index
+  // NaN gates first (a NaN in q or in a block's keys reaches the output, as
+  // in dense attention), then the largest gate; equal gates: the lower block
+  // index. A strict weak order even with NaNs, which partial_sort requires.
   std::partial_sort(order, order + take, order + own, [&](int32_t x, int32_t y) {
-    return gates[x] > gates[y] || (gates[x] == gates[y] && x < y);
+    const bool nx = std::isnan(gates[x]), ny = std::isnan(gates[y]);
+    if (nx != ny) return nx;
+    if (!nx && gates[x] != gates[y]) return gates[x] > gates[y];
+    return x < y;
   });
   for (int64_t t = 0; t < take; ++t) bits[order[t] / 64] |= uint64_t(1) << (order[t] % 64);
   bits[own / 64] |= uint64_t(1) << (own % 64);

@@ -715,8 +715,34 @@ static void test_empty_rows(void **state) {
         }
       }
   for (c = 0; c < (int64_t)io.nk; ++c) assert_true(isfinite(io.dk[c]) && isfinite(io.dv[c]));
+  /* A non-finite V at a key that the empty rows share a tile with (the last
+     key, seen by the last query only): the empty rows still give exactly 0
+     (they got their P = 0 times Inf in the accumulator), and LSE = -inf. */
+  io.v[((0 * p.lk + (p.lk - 1)) * p.hkv + 0) * p.dv + 3] = INFINITY;
+  io.v[((1 * p.lk + (p.lk - 1)) * p.hkv + 1) * p.dv + 0] = NAN;
+  poison(io.o, io.no * 4);
+  EXPECT_OK(attn_forward(plan, io.q, io.k, io.v, io.o, io.lse, io.wsf, io.ws_f, NULL));
+  for (b = 0; b < p.batch; ++b)
+    for (h = 0; h < p.hq; ++h)
+      for (s = 0; s < p.lq - p.lk; ++s) {
+        assert_true(isinf(io.lse[(b * p.hq + h) * p.lq + s]));
+        for (c = 0; c < p.dv; ++c) assert_true(io.o[((b * p.lq + s) * p.hq + h) * p.dv + c] == 0.0f);
+      }
   io_free(&io);
   EXPECT_OK(attn_plan_destroy(plan));
+
+  /* No query rows but keys (Lq = 0 < Lk): nothing to compute; every tensor
+     may be NULL in the forward, and the backward gives dK = dV = 0. */
+  p.lq = 0, p.lk = 6;
+  plan = plan_for(&p);
+  io_alloc(&io, plan, &p);
+  EXPECT_OK(attn_forward(plan, NULL, NULL, NULL, NULL, NULL, io.wsf, io.ws_f, NULL));
+  EXPECT_OK(attn_backward(plan, NULL, io.k, io.v, NULL, NULL, NULL, NULL, io.dk, io.dv, io.wsb,
+                          io.ws_b, NULL));
+  for (c = 0; c < (int64_t)io.nk; ++c) assert_true(io.dk[c] == 0.0f && io.dv[c] == 0.0f);
+  io_free(&io);
+  EXPECT_OK(attn_plan_destroy(plan));
+  p.lq = 9;
 
   /* No keys at all (Lk = 0): every row is empty; K and V may be NULL. */
   p.lk = 0;

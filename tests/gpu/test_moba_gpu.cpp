@@ -47,7 +47,8 @@
 // kernels. Error paths: block sizes that are not multiples of 128 and top_k
 // above 32 (NOT_SUPPORTED, naming the argument, no plan), a forward
 // workspace one byte short (WORKSPACE_TOO_SMALL) or misaligned
-// (INVALID_ARGUMENT), O and LSE untouched.
+// (INVALID_ARGUMENT), O and LSE untouched. A NaN gate ranks first
+// (nan_gates).
 //
 // Fresh random inputs every run (seed printed; ATTN_TEST_SEED=n repeats
 // one). ATTN_GPU_TEST_FILTER=text runs only the cases whose name contains
@@ -484,6 +485,64 @@ bool workspace_errors(attn_context_t ctx) {
   return all_ok;
 }
 
+// A NaN gate ranks above every number (attn.h), on the CUDA selector as on
+// the CPU: with one NaN key (the first of block n), every row of block n and
+// after must give NaN in every column of O (block n is its own or among its
+// top_k), every row before it a finite O. bf16, d = 128, blocks of 128,
+// top_k 2 of up to 7 past blocks; forward only.
+bool nan_gates(attn_context_t ctx) {
+  constexpr int64_t L = 1024, D = 128, kBlock = 128;
+  attn_plan_desc_t pd = nullptr;
+  ATTN_CHECK(attn_plan_desc_create(&pd));
+  ATTN_CHECK(attn_plan_desc_set_shape(pd, 1, 1, 1, L, L, D, D));
+  ATTN_CHECK(attn_plan_desc_set_dtype(pd, ATTN_DTYPE_BF16));
+  ATTN_CHECK(attn_plan_desc_set_mask(pd, ATTN_MASK_CAUSAL, -1, -1));
+  ATTN_CHECK(attn_plan_desc_set_moba(pd, kBlock, 2, 0));
+  attn_plan_t plan = plan_or_exit(ctx, pd, "nan-gates");
+  attn_plan_desc_destroy(pd);
+  std::mt19937_64 rng(g_seed ^ 0x4e614eull);
+  std::uniform_int_distribution<int> pick(0, 3);
+  std::normal_distribution<float> normal;
+  const float kValues[4] = {-2.0f, -1.0f, 1.0f, 2.0f};
+  std::vector<uint16_t> q(L * D), k(L * D), v(L * D), out(L * D);
+  for (auto& x : q) x = to_bf16(kValues[pick(rng)]);
+  for (auto& x : k) x = to_bf16(kValues[pick(rng)]);
+  for (auto& x : v) x = to_bf16(normal(rng));
+  size_t wsb = 0;
+  ATTN_CHECK(attn_plan_workspace_size(plan, ATTN_PASS_FORWARD, &wsb));
+  DeviceBuf dq(L * D * 2), dk(L * D * 2), dv(L * D * 2), o(L * D * 2), lse(L * 4),
+      ws(std::max<size_t>(wsb, 16));
+  dq.upload(q.data()), dv.upload(v.data());
+  bool ok = true;
+  for (const int64_t n : {0, 1, 3, 6}) {
+    std::vector<uint16_t> kn = k;
+    kn[size_t(n * kBlock * D)] = 0x7fc0;  // bf16 NaN
+    dk.upload(kn.data());
+    GPU_CHECK(cudaMemset(o.p, 0, L * D * 2));
+    ATTN_CHECK(attn_forward(plan, dq.p, dk.p, dv.p, o.p, static_cast<float*>(lse.p), ws.p, wsb,
+                            nullptr));
+    GPU_CHECK(cudaDeviceSynchronize());
+    o.download(out.data());
+    int64_t wrong = 0, first = -1;
+    for (int64_t i = 0; i < L; ++i) {
+      const bool want_nan = i >= n * kBlock;
+      for (int64_t c = 0; c < D; ++c) {
+        const float x = from_bf16(out[size_t(i * D + c)]);
+        if (want_nan != std::isnan(x)) {
+          if (first < 0) first = i;
+          ++wrong;
+        }
+      }
+    }
+    std::printf("  nan-gates (NaN key in block %lld): %s", (long long)n, wrong ? "FAIL" : "ok");
+    if (wrong) std::printf(" (%lld elements; first row %lld)", (long long)wrong, (long long)first);
+    std::printf("\n");
+    ok = ok && wrong == 0;
+  }
+  attn_plan_destroy(plan);
+  return ok;
+}
+
 }  // namespace
 
 int main() {
@@ -521,6 +580,7 @@ int main() {
   failures += !refused(ctx, "selector lists past the grid", 128, 3, int64_t(1) << 25,
                        ATTN_STATUS_NOT_SUPPORTED, "grid", 2, 65535, 64);
   failures += !workspace_errors(ctx);
+  failures += !nan_gates(ctx);
 
   failures += run_and_judge(
       filtered(cases()), [&](const Case& c) { return run_device(c, ctx); }, judge,

@@ -15,6 +15,7 @@
  * backward, against the plans that select in each pass (see kept_selection
  * below).
  */
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -319,8 +320,66 @@ static void kept_selection(void **state) {
   tu_buffer_free(&d_o);
 }
 
+/* A NaN gate ranks above every number (attn.h), wherever its block lies:
+ * with one NaN key in block n (its first key), every row of block n and
+ * after gives a NaN (block n is its own or among its top_k), every row
+ * before it a finite O and LSE. The fp32 CPU plan; the CUDA selector keys
+ * NaN the same way (test_moba_gpu). */
+static void nan_gate_ranks_first(void **state) {
+  enum { L = 40, BS = 4, D = 8, TOP_K = 2 };
+  static const float kValues[4] = {-2.0f, -1.0f, 1.0f, 2.0f};
+  float q[L * D], k[L * D], v[L * D], o[L * D], lse[L];
+  attn_context_t ctx = NULL;
+  attn_plan_desc_t d = NULL;
+  attn_plan_t plan = NULL;
+  tu_rng rng = tu_rng_for("nan_gate_ranks_first");
+  size_t ws_bytes = 0;
+  void *ws;
+  int n, i, c;
+  (void)state;
+  for (i = 0; i < L * D; ++i) {
+    q[i] = kValues[tu_rng_int(&rng, 0, 3)];
+    k[i] = kValues[tu_rng_int(&rng, 0, 3)];
+    v[i] = (float)tu_rng_int(&rng, -8, 8) / 8.0f + 0.0625f;
+  }
+  assert_int_equal(attn_context_create(ATTN_BACKEND_CPU, 0, 1, &ctx), ATTN_STATUS_SUCCESS);
+  assert_int_equal(attn_plan_desc_create(&d), ATTN_STATUS_SUCCESS);
+  assert_int_equal(attn_plan_desc_set_shape(d, 1, 1, 1, L, L, D, D), ATTN_STATUS_SUCCESS);
+  assert_int_equal(attn_plan_desc_set_mask(d, ATTN_MASK_CAUSAL, -1, -1), ATTN_STATUS_SUCCESS);
+  assert_int_equal(attn_plan_desc_set_moba(d, BS, TOP_K, 0), ATTN_STATUS_SUCCESS);
+  assert_int_equal(attn_plan_create(ctx, d, &plan), ATTN_STATUS_SUCCESS);
+  assert_int_equal(attn_plan_workspace_size(plan, ATTN_PASS_FORWARD, &ws_bytes),
+                   ATTN_STATUS_SUCCESS);
+  ws = keep_alloc(ws_bytes);
+  for (n = 0; n < L / BS - 1; ++n) {
+    const float saved = k[n * BS * D];
+    k[n * BS * D] = NAN;
+    tu_poison(o, ATTN_DTYPE_FP32, L * D);
+    assert_int_equal(attn_forward(plan, q, k, v, o, lse, ws, ws_bytes, NULL), ATTN_STATUS_SUCCESS);
+    for (i = 0; i < L; ++i) {
+      const int want_nan = i >= n * BS;
+      for (c = 0; c < D; ++c)
+        if (want_nan != (o[i * D + c] != o[i * D + c])) {
+          print_error("NaN in block %d: row %d, O[%d] = %g (%s expected)\n", n, i, c,
+                      (double)o[i * D + c], want_nan ? "NaN" : "a number");
+          fail();
+        }
+      if (!want_nan && !(lse[i] > -INFINITY && lse[i] < INFINITY)) {
+        print_error("NaN in block %d: row %d, LSE = %g\n", n, i, (double)lse[i]);
+        fail();
+      }
+    }
+    k[n * BS * D] = saved;
+  }
+  free(ws);
+  attn_plan_destroy(plan);
+  attn_plan_desc_destroy(d);
+  attn_context_destroy(ctx);
+}
+
 int main(void) {
   enum { NKEEP = sizeof kKeepCases / sizeof kKeepCases[0] };
+  const struct CMUnitTest nan_tests[] = {cmocka_unit_test(nan_gate_ranks_first)};
   struct CMUnitTest keep_tests[NKEEP];
   size_t i;
   int rc = nc_isa_gate();
@@ -332,5 +391,6 @@ int main(void) {
     keep_tests[i].test_func = kept_selection;
     keep_tests[i].initial_state = (void *)&kKeepCases[i];
   }
-  return rc + _cmocka_run_group_tests("moba-kept-selection", keep_tests, NKEEP, NULL, NULL);
+  rc += _cmocka_run_group_tests("moba-kept-selection", keep_tests, NKEEP, NULL, NULL);
+  return rc + cmocka_run_group_tests_name("moba-nan-gates", nan_tests, NULL, NULL);
 }
