@@ -607,8 +607,9 @@ ATTN_API attn_status_t attn_merge_states(attn_context_t ctx, int32_t num_parts,
  * counted from its first position: the corner [0, seqlen_q(b)) x [0,
  * seqlen_kv(b)), with the plan's mask aligned to those lengths on top. Such
  * a plan runs sequence by sequence, one plan per distinct lengths (and mask
- * entry), on both backends (attn_plan_describe's algorithm then has
- * "per-sequence" in it): batches of many short sequences pay one launch
+ * entry), on both backends (attn_plan_describe's algorithm is then
+ * "flash-block-sparse-per-sequence-online-softmax"): batches of many short
+ * sequences pay one launch
  * sequence each.
  *
  * A block mask is not thread-safe while being modified; a plan descriptor
@@ -673,9 +674,10 @@ ATTN_API attn_status_t attn_block_mask_set_device_blocks(
     const int32_t *kv_indices, int32_t max_partial, const uint8_t *partial_bits,
     const int32_t *full_kv_num_blocks, const int32_t *full_kv_indices, int32_t max_full);
 
-/* The longest row of partial and of full blocks: the smallest max_partial
- * and max_full attn_block_mask_get_blocks accepts. Returns SUCCESS,
- * INVALID_HANDLE, INVALID_ARGUMENT (an output NULL). */
+/* The longest row of partial and of full blocks (0 where a mask has none):
+ * attn_block_mask_get_blocks accepts max_partial and max_full of at least
+ * these and at least 1. Returns SUCCESS, INVALID_HANDLE, INVALID_ARGUMENT
+ * (an output NULL). */
 ATTN_API attn_status_t attn_block_mask_get_max_blocks(attn_block_mask_t mask,
                                                       int32_t *max_partial, int32_t *max_full);
 

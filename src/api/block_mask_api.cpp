@@ -62,11 +62,14 @@ std::string row_name(const BlockMask& m, int64_t k) {
 }
 
 // One public bit tile (row-major bits, LSB first) -> the internal words.
+// Only the rows and columns a block can have inside the sequences are read
+// (the others are ignored, as attn.h says).
 void tile_from_bytes(const BlockMask& m, const uint8_t* bytes, uint64_t* words) {
   const int64_t wpr = m.words_per_row();
+  const int64_t cols = std::min(m.block_kv(), m.seqlen_kv());
   std::fill(words, words + m.words_per_tile(), 0);
-  for (int64_t r = 0; r < m.block_q(); ++r)
-    for (int64_t c = 0; c < m.block_kv(); ++c) {
+  for (int64_t r = 0; r < std::min(m.block_q(), m.seqlen_q()); ++r)
+    for (int64_t c = 0; c < cols; ++c) {
       const int64_t t = r * m.block_kv() + c;
       if ((bytes[t / 8] >> (t % 8)) & 1) words[r * wpr + c / 64] |= uint64_t(1) << (c % 64);
     }
@@ -74,8 +77,9 @@ void tile_from_bytes(const BlockMask& m, const uint8_t* bytes, uint64_t* words) 
 
 void tile_to_bytes(const BlockMask& m, const uint64_t* words, uint8_t* bytes) {
   std::memset(bytes, 0, size_t(ATTN_BLOCK_MASK_TILE_BYTES(m.block_q(), m.block_kv())));
-  for (int64_t r = 0; r < m.block_q(); ++r)
-    for (int64_t c = 0; c < m.block_kv(); ++c)
+  const int64_t cols = std::min(m.block_kv(), m.seqlen_kv());
+  for (int64_t r = 0; r < std::min(m.block_q(), m.seqlen_q()); ++r)
+    for (int64_t c = 0; c < cols; ++c)
       if (attn::tile_bit(words, m.words_per_row(), r, c)) {
         const int64_t t = r * m.block_kv() + c;
         bytes[t / 8] = uint8_t(bytes[t / 8] | (1u << (t % 8)));
@@ -134,12 +138,23 @@ void set_blocks_from_host(attn_block_mask& h, const int32_t* kv_num_blocks,
   const int64_t rows = cur.batch() * cur.heads() * cur.num_q_blocks();
   const int64_t nkb = cur.num_kv_blocks();
   const size_t tile_bytes = size_t(ATTN_BLOCK_MASK_TILE_BYTES(cur.block_q(), cur.block_kv()));
-  std::vector<int64_t> listed_in(size_t(nkb), -1);  // row that last listed the block
-  std::vector<uint8_t> listed_full(size_t(nkb), 0);
+  // A row's listings (key block, pass, entry), sorted to find a block listed
+  // twice: memory by the row's length, not by the number of key blocks.
+  struct Listing {
+    int64_t kb;
+    int pass;
+    int64_t e;
+    bool operator<(const Listing& o) const {
+      return kb != o.kb ? kb < o.kb : pass != o.pass ? pass < o.pass : e < o.e;
+    }
+  };
+  std::vector<Listing> listed;
   std::vector<uint64_t> tile(size_t(cur.words_per_tile()));
   for (int64_t k = 0; k < rows; ++k) {
     const int64_t mb = k / (cur.heads() * cur.num_q_blocks());
     const int64_t mh = (k / cur.num_q_blocks()) % cur.heads(), qb = k % cur.num_q_blocks();
+    // The row's counts and indices first (ranges, then repeats), then its blocks.
+    listed.clear();
     for (int pass = 0; pass < 2; ++pass) {  // full blocks, then partial ones
       const bool full = pass == 0;
       const int32_t* counts = full ? full_kv_num_blocks : kv_num_blocks;
@@ -158,12 +173,24 @@ void set_blocks_from_host(attn_block_mask& h, const int32_t* kv_num_blocks,
         if (kb < 0 || kb >= nkb)
           invalid_argument(iname, row_name(cur, k), "[", e, "] = ", kb, " is outside 0..",
                            nkb - 1);
-        if (listed_in[size_t(kb)] == k)
-          invalid_argument(iname, row_name(cur, k), "[", e, "]: key block ", kb,
-                           listed_full[size_t(kb)] == full ? " is listed twice"
-                                                           : " is listed both full and partial");
-        listed_in[size_t(kb)] = k;
-        listed_full[size_t(kb)] = full;
+        listed.push_back(Listing{kb, pass, e});
+      }
+    }
+    std::sort(listed.begin(), listed.end());
+    for (size_t x = 1; x < listed.size(); ++x)
+      if (listed[x].kb == listed[x - 1].kb)
+        invalid_argument(listed[x].pass == 0 ? "full_kv_indices" : "kv_indices",
+                         row_name(cur, k), "[", listed[x].e, "]: key block ", listed[x].kb,
+                         listed[x].pass == listed[x - 1].pass ? " is listed twice"
+                                                              : " is listed both full and partial");
+    for (int pass = 0; pass < 2; ++pass) {
+      const bool full = pass == 0;
+      const int32_t* counts = full ? full_kv_num_blocks : kv_num_blocks;
+      const int32_t* indices = full ? full_kv_indices : kv_indices;
+      const int64_t max = full ? max_full : max_partial;
+      if (counts == nullptr) continue;
+      for (int64_t e = 0; e < counts[k]; ++e) {
+        const int64_t kb = indices[k * max + e];
         if (!full && partial_bits != nullptr) {
           tile_from_bytes(cur, partial_bits + size_t(k * max + e) * tile_bytes, tile.data());
           next.add(mb, mh, qb, kb, tile.data());
@@ -305,12 +332,13 @@ attn_status_t attn_block_mask_get_blocks(attn_block_mask_t mask, int32_t* kv_num
     require_out(full_kv_indices, "full_kv_indices");
     int64_t whole, partial;
     m.max_entries(&whole, &partial);
-    if (max_partial < std::max<int64_t>(1, partial))
+    if (max_partial < 1) invalid_argument("max_partial must be >= 1, got ", max_partial);
+    if (max_full < 1) invalid_argument("max_full must be >= 1, got ", max_full);
+    if (max_partial < partial)
       invalid_argument("max_partial = ", max_partial, " but a row lists ", partial,
-                       " partial blocks (and it must be >= 1)");
-    if (max_full < std::max<int64_t>(1, whole))
-      invalid_argument("max_full = ", max_full, " but a row lists ", whole,
-                       " full blocks (and it must be >= 1)");
+                       " partial blocks");
+    if (max_full < whole)
+      invalid_argument("max_full = ", max_full, " but a row lists ", whole, " full blocks");
     check_table_sizes(m, max_partial, true, partial_bits != nullptr, max_full, true);
     const size_t tile_bytes = size_t(ATTN_BLOCK_MASK_TILE_BYTES(m.block_q(), m.block_kv()));
     const int64_t rows = m.batch() * m.heads() * m.num_q_blocks();

@@ -126,8 +126,9 @@ class PerSequencePlan final : public BackendPlan {
   int32_t tile_kv() const override { return plans_[shown_]->tile_kv(); }
   int32_t num_threads() const override { return plans_[shown_]->num_threads(); }
   const char* algorithm() const override {
-    return p_.moba_block > 0 ? "flash-moba-per-sequence-online-softmax"
-                             : "flash-tiled-per-sequence-online-softmax";
+    if (p_.moba_block > 0) return "flash-moba-per-sequence-online-softmax";
+    return p_.block_mask ? "flash-block-sparse-per-sequence-online-softmax"
+                         : "flash-tiled-per-sequence-online-softmax";
   }
   // The sequences' plans' (of a sequence that selects, if any does).
   const char* kernel() const override { return plans_[shown_]->kernel(); }

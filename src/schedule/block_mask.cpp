@@ -14,7 +14,7 @@ BlockMask::BlockMask(int64_t batch, int64_t heads, int64_t seqlen_q, int64_t seq
 int BlockMask::classify(uint64_t* tile, int64_t qb, int64_t kb) const {
   const int64_t rows = rows_in(qb), cols = cols_in(kb), wpr = words_per_row();
   bool any = false, all = true;
-  for (int64_t r = 0; r < bq_; ++r)
+  for (int64_t r = 0; r < tile_rows(); ++r)
     for (int64_t w = 0; w < wpr; ++w) {
       uint64_t& word = tile[r * wpr + w];
       const int64_t c0 = w * 64;
@@ -34,6 +34,13 @@ void BlockMask::add(int64_t mb, int64_t mh, int64_t qb, int64_t kb, const uint64
   const bool present = it != list.end() && it->kv_block == kb;
   if (present && it->tile == kWhole) return;
   const size_t wpt = size_t(words_per_tile());
+  if (tile == nullptr && rows_in(qb) > 0 && cols_in(kb) > 0) {  // every element: whole
+    if (present)
+      it->tile = kWhole;
+    else
+      list.insert(it, Entry{int32_t(kb), kWhole});
+    return;
+  }
   std::vector<uint64_t> merged(wpt, ~uint64_t(0));
   if (tile != nullptr) {
     std::copy(tile, tile + wpt, merged.begin());
@@ -105,11 +112,22 @@ void BlockMask::max_entries(int64_t* whole, int64_t* partial) const {
 
 BlockMask BlockMask::crop(int64_t mb, int64_t lq, int64_t lk) const {
   BlockMask out(1, heads_, lq, lk, bq_, bk_);
+  // The tiles re-laid for out's shorter rows and columns (a prefix of each).
+  const int64_t wpr = words_per_row(), out_rows = out.tile_rows(), out_wpr = out.words_per_row();
+  std::vector<uint64_t> tile(size_t(out.words_per_tile()));
   for (int64_t mh = 0; mh < heads_; ++mh)
     for (int64_t qb = 0; qb < out.nqb_; ++qb)
-      for (const Entry& e : row(mb, mh, qb))
-        if (e.kv_block < out.nkb_)  // (add clears what lies past lq and lk)
-          out.add(0, mh, qb, e.kv_block, e.tile == kWhole ? nullptr : tile_bits(e.tile));
+      for (const Entry& e : row(mb, mh, qb)) {
+        if (e.kv_block >= out.nkb_) continue;  // (add clears what lies past lq and lk)
+        if (e.tile == kWhole) {
+          out.add(0, mh, qb, e.kv_block, nullptr);
+          continue;
+        }
+        const uint64_t* src = tile_bits(e.tile);
+        for (int64_t r = 0; r < out_rows; ++r)
+          std::copy(src + r * wpr, src + r * wpr + out_wpr, tile.begin() + r * out_wpr);
+        out.add(0, mh, qb, e.kv_block, tile.data());
+      }
   return out;
 }
 

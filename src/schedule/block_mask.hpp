@@ -37,10 +37,14 @@ class BlockMask {
   int64_t block_kv() const { return bk_; }
   int64_t num_q_blocks() const { return nqb_; }
   int64_t num_kv_blocks() const { return nkb_; }
-  // A bit tile: block_q rows of words_per_row 64-bit words, bit c of row r
-  // at word r * words_per_row + c / 64, bit c % 64.
-  int64_t words_per_row() const { return (bk_ + 63) / 64; }
-  int64_t words_per_tile() const { return bq_ * words_per_row(); }
+  // A bit tile: tile_rows() rows of words_per_row 64-bit words, bit c of
+  // row r at word r * words_per_row + c / 64, bit c % 64. A tile holds only
+  // the rows and columns a block can have inside the sequences (at most
+  // min(block, seqlen) of each), so that a block size far above the lengths
+  // costs nothing (blocks go up to 65536).
+  int64_t tile_rows() const { return std::max<int64_t>(1, std::min(bq_, lq_)); }
+  int64_t words_per_row() const { return (std::max<int64_t>(1, std::min(bk_, lk_)) + 63) / 64; }
+  int64_t words_per_tile() const { return tile_rows() * words_per_row(); }
   // Rows / columns of block qb / kb that lie inside the sequence.
   int64_t rows_in(int64_t qb) const { return std::min(bq_, lq_ - qb * bq_); }
   int64_t cols_in(int64_t kb) const { return std::min(bk_, lk_ - kb * bk_); }
@@ -54,8 +58,9 @@ class BlockMask {
     return bits_.data() + size_t(tile) * size_t(words_per_tile());
   }
 
-  // ORs a pattern into block (qb, kb): `tile` (words_per_tile words, bits
-  // outside the sequence ignored) or, when null, every element.
+  // ORs a pattern into block (qb, kb): `tile` (words_per_tile words in the
+  // layout above, bits outside the sequence ignored) or, when null, every
+  // element.
   void add(int64_t mb, int64_t mh, int64_t qb, int64_t kb, const uint64_t* tile);
 
   // Keeps only the selected elements for which keep(mb, mh, i, j) holds

@@ -1946,9 +1946,9 @@ static void test_block_mask_get_and_add_errors(void **state) {
               attn_block_mask_get_blocks(m, t.num_p, t.idx_p, BM_N, t.bits, NULL, t.idx_f, BM_N));
   EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "full_kv_indices",
               attn_block_mask_get_blocks(m, t.num_p, t.idx_p, BM_N, t.bits, t.num_f, NULL, BM_N));
-  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "max_partial",
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "max_partial must be >= 1, got 0",
               attn_block_mask_get_blocks(m, t.num_p, t.idx_p, 0, t.bits, t.num_f, t.idx_f, BM_N));
-  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "max_full",
+  EXPECT_FAIL(ATTN_STATUS_INVALID_ARGUMENT, "max_full must be >= 1, got 0",
               attn_block_mask_get_blocks(m, t.num_p, t.idx_p, BM_N, t.bits, t.num_f, t.idx_f, 0));
   assert_memory_equal(&t, &ref, sizeof t);
   POISON_VAR(mx);
@@ -2309,7 +2309,7 @@ static void test_block_mask_plans(void **state) {
     EXPECT_OK(attn_plan_create(g_ctx, d, &plan));
     EXPECT_OK(attn_plan_describe(plan, &info));
     assert_int_equal(info.visible_pairs, 2 * 4 * 5 * 4);
-    assert_string_equal(info.algorithm, "flash-tiled-per-sequence-online-softmax");
+    assert_string_equal(info.algorithm, "flash-block-sparse-per-sequence-online-softmax");
     EXPECT_OK(attn_plan_destroy(plan));
     EXPECT_OK(attn_plan_desc_set_block_mask(d, m));
   }
