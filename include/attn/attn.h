@@ -523,8 +523,9 @@ ATTN_API attn_status_t attn_backward(attn_plan_t plan, const void *q, const void
  *     LSE = log(sum_p exp(LSE_p)),   O = sum_p exp(LSE_p - LSE) * O_p
  *
  * Exact, associative and order-independent up to rounding; a part with
- * LSE = -inf (it saw no key) contributes nothing, and if every part is empty
- * the result is O = 0, LSE = -inf, never NaN.
+ * LSE = -inf (it saw no key) contributes nothing, whatever its O holds, and
+ * if every part is empty the result is O = 0, LSE = -inf, never NaN. A NaN
+ * LSE in any part makes the row's O and LSE NaN.
  *
  *   o_desc     dims [..., head_dim] and strides of every O_p and of o_out
  *              (last stride 1); its dtype is that of the O tensors.

@@ -65,13 +65,18 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     }
     // Lanes over the parts: the row's max LSE, then the weights.
     float m = -INFINITY;
+    bool nan = false;
     for (int part = lane; part < p.num_parts; part += 32) {
       const float x = p.lse[part][lo];
       w[part] = x;
       m = fmaxf(m, x);
+      nan = nan || x != x;
     }
 #pragma unroll
     for (int s = 16; s > 0; s >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, s));
+    // A NaN LSE makes the row NaN (fmaxf drops it: a row of NaN parts would
+    // come out as an empty one).
+    if (__any_sync(0xffffffffu, nan)) m = __int_as_float(0x7fffffff);
     const bool empty = m == -INFINITY;  // every part saw no key: the identity
     float total = 0.0f;
     for (int part = lane; part < p.num_parts; part += 32) {

@@ -296,8 +296,13 @@ void merge_states(const ContextConfig& ctx, int32_t num_parts, const TensorDesc&
       oo += idx * o.strides[i];
       lo += idx * lse.strides[i];
     }
+    // The max, NaN if any LSE is (std::max would drop it, and a row of NaN
+    // parts would come out as an empty one).
     float m = neg_inf;
-    for (int32_t p = 0; p < num_parts; ++p) m = std::max(m, lse_parts[p][lo]);
+    for (int32_t p = 0; p < num_parts; ++p) {
+      const float x = lse_parts[p][lo];
+      m = (x != x || m != m) ? std::numeric_limits<float>::quiet_NaN() : std::max(m, x);
+    }
     if (m == neg_inf) {  // every part empty: the identity
       for (int64_t c = 0; c < dim; ++c) store_from_float(o_out, oo + c, dtype, 0.0f);
       if (lse_out) lse_out[lo] = neg_inf;

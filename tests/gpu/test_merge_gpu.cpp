@@ -7,7 +7,8 @@
 // some rows empty in every part (O = 0, LSE = -inf exactly). Then: a merge
 // captured in a CUDA graph and replayed gives the same bits; more parts than
 // one launch takes without lse_out is NOT_SUPPORTED, a misaligned o_out is
-// INVALID_ARGUMENT, and neither writes the output.
+// INVALID_ARGUMENT, and neither writes the output; NaN LSE parts give NaN
+// rows, and an empty part's NaN O is ignored (nan_case).
 // Exit 77 without a GPU.
 
 #include <cuda_runtime.h>
@@ -247,6 +248,59 @@ void graph_case(attn_context_t gpu) {
   GPU_CHECK(cudaStreamDestroy(s));
 }
 
+// Non-finite inputs, as the CPU merge (attn.h): fp32, dim 64, 3 parts; in
+// rows (b, s, h) = (0, s, 0) every part's LSE is NaN for s = 0, one part's
+// for s = 1 (O and LSE NaN), and for s = 2 the empty part (-inf) has a NaN
+// O (the row finite, the part ignored); other rows finite.
+void nan_case(attn_context_t gpu) {
+  const attn_dtype_t t = ATTN_DTYPE_FP32;
+  const int64_t dim = 64, rows = kB * kS * kH;
+  const size_t o_bytes = size_t(rows * dim) * 4, l_bytes = size_t(rows) * 4;
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::mt19937_64 rng(11);
+  std::uniform_real_distribution<float> u(-2.0f, 2.0f);
+  auto lse_at = [](int64_t b, int64_t s, int64_t h) { return size_t((b * kH + h) * kS + s); };
+  std::vector<DeviceBuf*> o(3), l(3);
+  for (int p = 0; p < 3; ++p) {
+    std::vector<float> ov(static_cast<size_t>(rows * dim)), lv(static_cast<size_t>(rows));
+    for (float& x : ov) x = u(rng);
+    for (float& x : lv) x = 2.0f * u(rng);
+    lv[lse_at(0, 0, 0)] = nan;
+    if (p == 1) lv[lse_at(0, 1, 0)] = nan;
+    if (p == 2) {
+      lv[lse_at(0, 2, 0)] = kNegInf;
+      ov[size_t((0 * kS + 2) * kH * dim + 5)] = nan;  // row (0, 2, 0), channel 5
+    }
+    o[size_t(p)] = new DeviceBuf(o_bytes), l[size_t(p)] = new DeviceBuf(l_bytes);
+    o[size_t(p)]->upload(ov.data());
+    l[size_t(p)]->upload(lv.data());
+  }
+  DeviceBuf out(o_bytes), lout(l_bytes);
+  Descs d(t, dim);
+  const void* op[3] = {o[0]->p, o[1]->p, o[2]->p};
+  const float* lp[3] = {static_cast<const float*>(l[0]->p), static_cast<const float*>(l[1]->p),
+                        static_cast<const float*>(l[2]->p)};
+  ATTN_CHECK(attn_merge_states(gpu, 3, d.o, d.lse, op, lp, out.p, static_cast<float*>(lout.p),
+                               nullptr));
+  GPU_CHECK(cudaDeviceSynchronize());
+  std::vector<float> og(static_cast<size_t>(rows * dim)), lg(static_cast<size_t>(rows));
+  out.download(og.data());
+  lout.download(lg.data());
+  int64_t wrong = 0;
+  for (int64_t b = 0; b < kB; ++b)
+    for (int64_t s = 0; s < kS; ++s)
+      for (int64_t h = 0; h < kH; ++h) {
+        const bool want_nan = b == 0 && h == 0 && s < 2;
+        wrong += std::isnan(lg[lse_at(b, s, h)]) != want_nan;
+        for (int64_t c = 0; c < dim; ++c)
+          wrong += std::isnan(og[size_t(((b * kS + s) * kH + h) * dim + c)]) != want_nan;
+      }
+  report(wrong == 0, "merge with NaN LSE parts and a NaN O in an empty part",
+         wrong ? std::to_string(wrong) + " elements NaN where they should not be or not NaN" : "");
+  for (DeviceBuf* b : o) delete b;
+  for (DeviceBuf* b : l) delete b;
+}
+
 // Refusals, with the output left as it was.
 void error_cases(attn_context_t gpu) {
   const attn_dtype_t t = ATTN_DTYPE_FP16;
@@ -293,6 +347,7 @@ int main() {
       for (int parts : {1, 3, 130})
         for (bool in_place : {false, true}) run_case(cpu, gpu, t, dim, parts, in_place, rng);
   graph_case(gpu);
+  nan_case(gpu);
   error_cases(gpu);
   attn_context_destroy(cpu);
   attn_context_destroy(gpu);

@@ -607,6 +607,52 @@ static void test_all_parts_empty(void **state) {
   attn_context_destroy(ctx);
 }
 
+/* Non-finite inputs (attn.h): an empty part (LSE = -inf) contributes
+ * nothing even where its O is NaN; a NaN LSE in any part, or in every part,
+ * makes the row's O and LSE NaN (not the empty row's 0 and -inf). fp32, 3
+ * parts, rows of 4: row 0 every LSE NaN, row 1 one NaN LSE among finite
+ * ones, row 2 a NaN O in an empty part. */
+static void test_nan_parts(void **state) {
+  const int64_t dims[2] = {3, 4}, lse_dims[1] = {3};
+  attn_context_t ctx = NULL;
+  attn_tensor_desc_t od = NULL, ld = NULL;
+  float o[3][12], lse[3][3], o_out[12], lse_out[3];
+  const void *o_ptrs[3];
+  const float *lse_ptrs[3];
+  int p, c;
+  (void)state;
+  for (p = 0; p < 3; ++p) {
+    for (c = 0; c < 12; ++c) o[p][c] = 0.25f * (float)(p + 1) + 0.125f * (float)c;
+    lse[p][0] = NAN;
+    lse[p][1] = p == 1 ? NAN : 0.5f * (float)p;
+    lse[p][2] = p == 2 ? -INFINITY : 0.5f * (float)p;
+    o_ptrs[p] = o[p];
+    lse_ptrs[p] = lse[p];
+  }
+  o[2][8 + 1] = NAN; /* row 2 of the empty part */
+  assert_int_equal(attn_context_create(ATTN_BACKEND_CPU, 0, 1, &ctx), ATTN_STATUS_SUCCESS);
+  assert_int_equal(attn_tensor_desc_create(&od), ATTN_STATUS_SUCCESS);
+  assert_int_equal(attn_tensor_desc_create(&ld), ATTN_STATUS_SUCCESS);
+  assert_int_equal(attn_tensor_desc_set(od, ATTN_DTYPE_FP32, 2, dims, NULL), ATTN_STATUS_SUCCESS);
+  assert_int_equal(attn_tensor_desc_set(ld, ATTN_DTYPE_FP32, 1, lse_dims, NULL),
+                   ATTN_STATUS_SUCCESS);
+  tu_poison(o_out, ATTN_DTYPE_FP32, 12);
+  tu_poison(lse_out, ATTN_DTYPE_FP32, 3);
+  assert_int_equal(attn_merge_states(ctx, 3, od, ld, o_ptrs, lse_ptrs, o_out, lse_out, NULL),
+                   ATTN_STATUS_SUCCESS);
+  assert_true(isnan(lse_out[0]) && isnan(lse_out[1]));
+  for (c = 0; c < 8; ++c) assert_true(isnan(o_out[c]));
+  /* row 2: parts 0 and 1 with LSE 0 and 0.5 */
+  assert_true(fabsf(lse_out[2] - (0.5f + logf(1.0f + expf(-0.5f)))) < 1e-6f);
+  for (c = 0; c < 4; ++c) {
+    const float w0 = 1.0f / (1.0f + expf(0.5f)), w1 = 1.0f - w0;
+    assert_true(fabsf(o_out[8 + c] - (w0 * o[0][8 + c] + w1 * o[1][8 + c])) < 1e-5f);
+  }
+  attn_tensor_desc_destroy(od);
+  attn_tensor_desc_destroy(ld);
+  attn_context_destroy(ctx);
+}
+
 #define FP32 ATTN_DTYPE_FP32
 #define FP16 ATTN_DTYPE_FP16
 #define BF16 ATTN_DTYPE_BF16
@@ -667,7 +713,7 @@ static const mg_case kCases[] = {
 
 int main(void) {
   enum { N = sizeof kCases / sizeof kCases[0] };
-  struct CMUnitTest tests[N + 1];
+  struct CMUnitTest tests[N + 2];
   size_t i;
   tu_seed();
   for (i = 0; i < N; ++i) {
@@ -679,5 +725,8 @@ int main(void) {
   memset(&tests[N], 0, sizeof tests[N]);
   tests[N].name = "all_parts_empty";
   tests[N].test_func = test_all_parts_empty;
-  return _cmocka_run_group_tests("merge", tests, N + 1, NULL, NULL);
+  memset(&tests[N + 1], 0, sizeof tests[N + 1]);
+  tests[N + 1].name = "nan_parts";
+  tests[N + 1].test_func = test_nan_parts;
+  return _cmocka_run_group_tests("merge", tests, N + 2, NULL, NULL);
 }
