@@ -1211,7 +1211,11 @@ ATTN_API attn_status_t attn_decode_plan_describe(attn_decode_plan_t plan,
  * r - 1) while each rank attends to the shard it holds and merges the
  * result into its running (O, LSE) state. After N steps every rank has O and
  * LSE of its own queries over the whole sequence, exactly as a dense plan
- * over the whole sequence would give them (up to rounding).
+ * over the whole sequence would give them (up to rounding). Rounding: the
+ * CPU backend keeps each step's partial O, dQ, dK and dV in fp32; the CUDA
+ * backend's dense kernels write them in the dtype, so each step's part
+ * carries one rounding to fp16/bf16 into the fp32 merge and sums (dK and
+ * dV, sums of N parts, up to N such roundings of the parts' magnitude).
  *
  * How the sequence is laid over the ranks (for every batch entry; seqlen_q
  * and seqlen_kv are cut alike, each into equal chunks):
