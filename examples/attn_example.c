@@ -16,11 +16,20 @@
     }                                                                            \
   } while (0)
 
+static void *xmalloc(size_t bytes) {
+  void *p = malloc(bytes ? bytes : 1);
+  if (p == NULL) {
+    fprintf(stderr, "out of memory (%zu bytes)\n", bytes);
+    exit(1);
+  }
+  return p;
+}
+
 int main(void) {
   const int64_t batch = 2, heads = 4, seqlen = 300, dim = 64;
   const size_t n = (size_t)(batch * seqlen * heads * dim);
-  float *q = malloc(n * sizeof *q), *k = malloc(n * sizeof *k), *v = malloc(n * sizeof *v);
-  float *o = malloc(n * sizeof *o), *lse = malloc((size_t)(batch * heads * seqlen) * sizeof *lse);
+  float *q = xmalloc(n * sizeof *q), *k = xmalloc(n * sizeof *k), *v = xmalloc(n * sizeof *v);
+  float *o = xmalloc(n * sizeof *o), *lse = xmalloc((size_t)(batch * heads * seqlen) * sizeof *lse);
   unsigned state = 12345u;
   for (size_t i = 0; i < n; ++i) {
     state = state * 1664525u + 1013904223u; q[i] = (float)(state >> 8) / 16777216.0f - 0.5f;
@@ -48,14 +57,14 @@ int main(void) {
 
   size_t ws_bytes = 0;
   CHECK(attn_plan_workspace_size(plan, ATTN_PASS_FORWARD, &ws_bytes));
-  void *ws = malloc(ws_bytes ? ws_bytes : 1);
+  void *ws = xmalloc(ws_bytes);
   CHECK(attn_forward(plan, q, k, v, o, lse, ws, ws_bytes, NULL));
 
   /* Check the last query row of batch 1, head 2 by hand (it sees every key). */
   const int64_t b = 1, h = 2, i = seqlen - 1;
   const float scale = 1.0f / sqrtf((float)dim);
   double mx = -INFINITY, sum = 0.0, err = 0.0;
-  double *p = malloc((size_t)seqlen * sizeof *p);
+  double *p = xmalloc((size_t)seqlen * sizeof *p);
   for (int64_t j = 0; j < seqlen; ++j) {
     double s = 0.0;
     for (int64_t c = 0; c < dim; ++c)

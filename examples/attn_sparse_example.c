@@ -25,9 +25,18 @@
  * fp32, BSHD ([batch][seqlen][heads][dim]). */
 enum { kHeadsQ = 8, kHeadsKv = 2, kLen = 1000, kDim = 64 };
 
+static void *xmalloc(size_t bytes) {
+  void *p = malloc(bytes ? bytes : 1);
+  if (p == NULL) {
+    fprintf(stderr, "out of memory (%zu bytes)\n", bytes);
+    exit(1);
+  }
+  return p;
+}
+
 static float *random_tensor(int64_t heads, unsigned *state) {
   const size_t n = (size_t)kLen * (size_t)heads * kDim;
-  float *x = malloc(n * sizeof *x);
+  float *x = xmalloc(n * sizeof *x);
   for (size_t i = 0; i < n; ++i) {
     *state = *state * 1664525u + 1013904223u;
     x[i] = (float)(*state >> 8) / 16777216.0f - 0.5f;
@@ -94,7 +103,7 @@ static void forward(attn_plan_t plan, const float *q, const float *k, const floa
                     float *lse) {
   size_t ws_bytes = 0;
   CHECK(attn_plan_workspace_size(plan, ATTN_PASS_FORWARD, &ws_bytes));
-  void *ws = malloc(ws_bytes ? ws_bytes : 1);
+  void *ws = xmalloc(ws_bytes);
   CHECK(attn_forward(plan, q, k, v, o, lse, ws, ws_bytes, NULL));
   free(ws);
 }
@@ -103,8 +112,8 @@ int main(void) {
   unsigned state = 2024u;
   float *q = random_tensor(kHeadsQ, &state), *k = random_tensor(kHeadsKv, &state),
         *v = random_tensor(kHeadsKv, &state);
-  float *o = malloc((size_t)kLen * kHeadsQ * kDim * sizeof *o);
-  float *lse = malloc((size_t)kHeadsQ * kLen * sizeof *lse);
+  float *o = xmalloc((size_t)kLen * kHeadsQ * kDim * sizeof *o);
+  float *lse = xmalloc((size_t)kHeadsQ * kLen * sizeof *lse);
   uint8_t visible[kLen];
   int failed = 0;
 
@@ -140,10 +149,10 @@ int main(void) {
   if (max_full < 1) max_full = 1;
   const int64_t nqb = (kLen + block - 1) / block;
   const size_t tile_bytes = ATTN_BLOCK_MASK_TILE_BYTES(block, block);
-  int32_t *num = malloc((size_t)nqb * sizeof *num), *full_num = malloc((size_t)nqb * sizeof *full_num);
-  int32_t *idx = malloc((size_t)(nqb * max_partial) * sizeof *idx);
-  int32_t *full_idx = malloc((size_t)(nqb * max_full) * sizeof *full_idx);
-  uint8_t *bits = malloc((size_t)(nqb * max_partial) * tile_bytes);
+  int32_t *num = xmalloc((size_t)nqb * sizeof *num), *full_num = xmalloc((size_t)nqb * sizeof *full_num);
+  int32_t *idx = xmalloc((size_t)(nqb * max_partial) * sizeof *idx);
+  int32_t *full_idx = xmalloc((size_t)(nqb * max_full) * sizeof *full_idx);
+  uint8_t *bits = xmalloc((size_t)(nqb * max_partial) * tile_bytes);
   CHECK(attn_block_mask_get_blocks(mask, num, idx, max_partial, bits, full_num, full_idx, max_full));
   const int64_t i = 777, h = 5, qb = i / block, r = i % block;
   memset(visible, 0, sizeof visible);

@@ -7,6 +7,12 @@ cd "$(dirname "$0")/.."
 export PATH="$HOME/.local/bin:$PATH"
 ./scripts/install-deps.sh
 build=${BUILD_DIR:-build}
-[ -f "$build/build.ninja" ] || meson setup "$build" --buildtype=release
+# MESON_ARGS (e.g. -Dcuda=disabled): options for a new build directory, or
+# applied to an existing one.
+if [ -f "$build/build.ninja" ]; then
+  [ -z "${MESON_ARGS:-}" ] || meson configure "$build" ${MESON_ARGS}
+else
+  meson setup "$build" --buildtype=release ${MESON_ARGS:-}
+fi
 meson compile -C "$build" attn_example
 "$build/examples/attn_example"

@@ -9,6 +9,12 @@ cd "$(dirname "$0")/.."
 export PATH="$HOME/.local/bin:$PATH"
 ./scripts/install-deps.sh
 build=${BUILD_DIR:-build}
-[ -f "$build/build.ninja" ] || meson setup "$build" --buildtype=release ${MESON_ARGS:-}
+# MESON_ARGS (e.g. -Dcuda=disabled): options for a new build directory, or
+# applied to an existing one.
+if [ -f "$build/build.ninja" ]; then
+  [ -z "${MESON_ARGS:-}" ] || meson configure "$build" ${MESON_ARGS}
+else
+  meson setup "$build" --buildtype=release ${MESON_ARGS:-}
+fi
 meson compile -C "$build"
 meson test -C "$build" --print-errorlogs --num-processes "${TEST_JOBS:-$(nproc)}" "$@"

@@ -1,7 +1,8 @@
 /*
  * libattn: an embedded attention runtime.
  *
- * The public C API. C99, no CUDA or C++ types: streams are passed as void*
+ * The public C API, for C (C89 and later) and C++ (C++11 and later; its
+ * enums name their underlying type). No CUDA or C++ types: streams are passed as void*
  * (a cudaStream_t on the CUDA backend), tensors as raw pointers plus the
  * shapes and strides the plan was built with.
  *
