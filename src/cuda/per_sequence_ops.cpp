@@ -34,17 +34,26 @@ PerSequenceOps per_sequence_ops(const ContextConfig& ctx) {
                             cudaMemcpyDeviceToDevice, s),
             "cudaMemcpyAsync (a sequence's LSE)");
   };
-  ops.check_forward = [](const ForwardArgs& a) {
-    require_aligned(a.q, "q"), require_aligned(a.k, "k"), require_aligned(a.v, "v");
-    require_aligned(a.o, "o"), require_aligned(a.workspace, "workspace");
-    require_lse_aligned(a.lse);
-  };
-  ops.check_backward = [](const BackwardArgs& a) {
-    require_aligned(a.q, "q"), require_aligned(a.k, "k"), require_aligned(a.v, "v");
-    require_aligned(a.o, "o"), require_aligned(a.d_o, "d_o"), require_aligned(a.dq, "dq");
-    require_aligned(a.dk, "dk"), require_aligned(a.dv, "dv");
+  // As CudaPlan::forward / backward check them: the tensors of a side with
+  // no tokens are not read.
+  ops.check_forward = [](const ForwardArgs& a, bool has_q, bool has_kv) {
+    if (!has_q) return;  // nothing runs
+    require_aligned(a.q, "q"), require_aligned(a.o, "o");
+    if (has_kv) require_aligned(a.k, "k"), require_aligned(a.v, "v");
     require_aligned(a.workspace, "workspace");
     require_lse_aligned(a.lse);
+  };
+  ops.check_backward = [](const BackwardArgs& a, bool has_q, bool has_kv) {
+    if (has_q) {
+      require_aligned(a.q, "q"), require_aligned(a.o, "o"), require_aligned(a.d_o, "d_o");
+      require_aligned(a.dq, "dq");
+      require_lse_aligned(a.lse);
+    }
+    if (has_kv) {
+      require_aligned(a.k, "k"), require_aligned(a.v, "v");
+      require_aligned(a.dk, "dk"), require_aligned(a.dv, "dv");
+    }
+    require_aligned(a.workspace, "workspace");
   };
   return ops;
 }

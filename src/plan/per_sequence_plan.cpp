@@ -85,7 +85,7 @@ class PerSequencePlan final : public BackendPlan {
   void forward(const ForwardArgs& a) const override {
     // Every pointer first: the sequences' plans check only the tensors
     // their own sequence uses, after earlier sequences were written.
-    if (ops_.check_forward) ops_.check_forward(a);
+    if (ops_.check_forward) ops_.check_forward(a, p_.total_q() > 0, p_.total_kv() > 0);
     const auto [lse_ws, ws] = regions(a.workspace);
     const size_t es = dtype_size(p_.dtype);
     for (int64_t b = 0; b < p_.batch; ++b) {
@@ -102,7 +102,7 @@ class PerSequencePlan final : public BackendPlan {
   }
 
   void backward(const BackwardArgs& a) const override {
-    if (ops_.check_backward) ops_.check_backward(a);
+    if (ops_.check_backward) ops_.check_backward(a, p_.total_q() > 0, p_.total_kv() > 0);
     const auto [lse_ws, ws] = regions(a.workspace);
     const size_t es = dtype_size(p_.dtype);
     for (int64_t b = 0; b < p_.batch; ++b) {
@@ -140,6 +140,10 @@ class PerSequencePlan final : public BackendPlan {
   // entry mb cropped to its lengths.
   Problem sequence_problem(int64_t lq, int64_t lk, int64_t mb) const {
     Problem s = p_;
+    // (No ring block plan, the only user of diagonal shifts, runs per
+    // sequence: a shift here would be another sequence's.)
+    if (!s.diagonal_shift.empty())
+      fail(ATTN_STATUS_INTERNAL_ERROR, "per-sequence plan of a diagonal-shifted problem");
     s.varlen = false;
     s.batch = 1;
     s.seqlen_q = lq, s.seqlen_kv = lk;

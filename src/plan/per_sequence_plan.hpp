@@ -21,9 +21,11 @@ struct PerSequenceOps {
   std::function<void(float* dst, int64_t dst_pitch, const float* src, int64_t src_pitch,
                      int64_t width, int64_t rows, void* stream)>
       copy_rows;
-  // Checks an execution's pointers before any sequence runs (may be empty).
-  std::function<void(const ForwardArgs&)> check_forward;
-  std::function<void(const BackwardArgs&)> check_backward;
+  // Checks an execution's pointers before any sequence runs (may be empty);
+  // has_q / has_kv: whether the batch has query / key tokens at all (the
+  // tensors of an empty side are not read, as in the whole-batch plans).
+  std::function<void(const ForwardArgs&, bool has_q, bool has_kv)> check_forward;
+  std::function<void(const BackwardArgs&, bool has_q, bool has_kv)> check_backward;
 };
 
 // problem: a validated MoBA or block-sparse problem on a varlen batch.
