@@ -120,17 +120,19 @@ struct Group {
                    std::to_string(timeout_ms) + " ms waiting for " + what.before +
                    (what.peer >= 0 ? std::to_string(what.peer) : std::string()) + what.after);
     }
+    // What this rank waited for happened: an abort that came in meanwhile
+    // (a peer done with it leaving, then another rank failing on that) is
+    // not this wait's failure; the rank's next wait, if any, sees it.
+    if (ready()) return;
     if (aborted) throw_aborted(rank);
-    if (!ready()) {
-      // The peer left without doing its part: this execution cannot
-      // complete on any rank, so fail the group (ranks that do not wait on
-      // the one that left would otherwise wait on this one).
-      abort_locked("rank " + std::to_string(what.peer) + " left the group (" +
-                   (what.peer == first_departed ? departed_reason
-                                                : std::string("it destroyed its communicator")) +
-                   ")");
-      throw_departed(rank, what.peer);
-    }
+    // The peer left without doing its part: this execution cannot complete
+    // on any rank, so fail the group (ranks that do not wait on the one
+    // that left would otherwise wait on this one).
+    abort_locked("rank " + std::to_string(what.peer) + " left the group (" +
+                 (what.peer == first_departed ? departed_reason
+                                              : std::string("it destroyed its communicator")) +
+                 ")");
+    throw_departed(rank, what.peer);
   }
 
   // Slot r is ready to copy: posted, and its receiver has started.
