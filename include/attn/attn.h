@@ -1025,7 +1025,12 @@ ATTN_API attn_status_t attn_kv_cache_get_info(attn_kv_cache_t cache, attn_kv_cac
  * token t of a sequence whose cache holds n tokens (the new ones included:
  * append first, then attend) is at position n - q_len + t and sees the
  * keys at positions <= its own, limited by the cache's window and sinks.
- * q_len > 1 serves speculative decoding and chunked prefill.
+ * q_len > 1 serves speculative decoding and chunked prefill. There is no
+ * truncate call: to drop rejected draft tokens, fork the sequence at the
+ * accepted length into a spare id, release it, fork the spare back into
+ * its id and release the spare (no data is copied; in a windowed cache
+ * the first fork is refused if the drafts' appends already evicted keys
+ * the accepted prefix's next token would see).
  *
  * Use: attn_decode_plan_create (once) -> attn_decode_plan_workspace_size ->
  * per step: append the new tokens' K/V, attn_decode_prepare (a host step
@@ -1059,7 +1064,10 @@ typedef struct attn_decode_config {
   /* Most keys one sequence's queries may see, >= 0; it bounds the
    * workspace. 0: the cache's capacity (num_pages * page_size); for a
    * windowed cache, at most sink_tokens + window + max_query_tokens - 1,
-   * all that the queries of one step can see. */
+   * all that the queries of one step can see. The workspace's page lists
+   * are bounded: max_batch * (max_kv_tokens / page_size + 2) must stay
+   * within 1e10 entries (the default max_kv_tokens counts too: a large
+   * pool of small pages with a large max_batch may need an explicit one). */
   int64_t max_kv_tokens;
   /* Split-KV: 0 lets attn_decode_prepare choose; -1 never splits; n > 0
    * splits every sequence into chunks of n tokens rounded up to whole
@@ -1078,7 +1086,7 @@ typedef struct attn_decode_config {
  * staging area for attn_decode_prepare (the size of the workspace's
  * metadata). Returns SUCCESS, INVALID_HANDLE (ctx, cache), INVALID_ARGUMENT
  * (config NULL, a field out of range, heads_q not a multiple of heads_kv,
- * limits whose workspace would exceed 2^62 bytes, a cache on another
+ * limits past the page-list bound at max_kv_tokens, a cache on another
  * backend than ctx; the message names it),
  * NOT_SUPPORTED (what the CUDA kernel lacks, named), OUT_OF_MEMORY,
  * BACKEND_ERROR (CUDA: a device query, the kernels' attributes, the pinned
@@ -1180,7 +1188,9 @@ typedef struct attn_decode_plan_info {
   int32_t num_threads;
   int32_t reserved;           /* 0 */
   uint64_t workspace_bytes;
-  char algorithm[64];         /* "paged-decode-gqa-packed-split-kv" */
+  char algorithm[64];         /* "paged-decode-gqa-packed-split-kv", or without
+                                 "-split-kv" where the plan never splits (-1,
+                                 or automatic with nothing to split over) */
   char kernel[64];            /* "cpu-scalar", "cuda-sm80-mma-paged" */
   /* Appended: the automatic split (kv_chunk_tokens 0). A step's tasks are
    * (work unit, KV head, tile of 16 packed query rows) on CUDA and (work

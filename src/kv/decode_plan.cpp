@@ -102,8 +102,11 @@ DecodeConfig validate_decode_config(const attn_decode_config_t* config, const Ca
   // The workspace holds max_batch page lists of this length.
   const double entries = double(c.max_batch) * double(ceil_div(d.max_kv_tokens, cache.page_size) + 2);
   if (entries > 1.0e10)
-    invalid_argument("config->max_kv_tokens: ", d.max_kv_tokens, " keys for each of ", c.max_batch,
-                     " sequences need too large a workspace; set a smaller max_kv_tokens");
+    invalid_argument("config->max_kv_tokens: ", d.max_kv_tokens, " keys",
+                     c.max_kv_tokens == 0 ? " (the default: what the cache can hold)" : "",
+                     " for each of ", c.max_batch, " sequences: more than 1e10 page entries ",
+                     "in all (max_batch x (max_kv_tokens / page_size + 2)); set a smaller ",
+                     "max_kv_tokens or max_batch");
   return d;
 }
 
@@ -323,9 +326,6 @@ void DecodePlan::prepare(const KvCache& cache, int32_t num_seqs, const int64_t* 
     const int64_t lo = w > 0 ? std::max<int64_t>(0, n - ql - w + 1) : 0;
     const int64_t sink_end = std::min(sinks, lo);
     const int64_t keys = (n - lo) + sink_end;
-    if (keys > cfg_.max_kv_tokens)
-      invalid_argument("query_lens[", i, "]: the queries of sequence ", ids[i], " see ", keys,
-                       " keys, more than the plan's max_kv_tokens (", cfg_.max_kv_tokens, ")");
     const int64_t sink_pages = ceil_div(sink_end, ps);
     const int64_t first = std::max(sink_pages, lo / ps), last = (n - 1) / ps;
     auto add = [&](int64_t l) {
@@ -341,6 +341,11 @@ void DecodePlan::prepare(const KvCache& cache, int32_t num_seqs, const int64_t* 
     };
     for (int64_t l = 0; l < sink_pages; ++l) add(l);
     for (int64_t l = first; l <= last; ++l) add(l);
+    // (After the eviction check: with the default max_kv_tokens, keys can
+    // only exceed it where some were evicted, the cause to name.)
+    if (keys > cfg_.max_kv_tokens)
+      invalid_argument("query_lens[", i, "]: the queries of sequence ", ids[i], " see ", keys,
+                       " keys, more than the plan's max_kv_tokens (", cfg_.max_kv_tokens, ")");
     entry_begin[size_t(i) + 1] = int64_t(entries.size());
     for (int64_t e = entry_begin[size_t(i)]; e < entry_begin[size_t(i) + 1]; ++e)
       tokens_read += std::min(ps, n - entries[size_t(e)].logical * ps);

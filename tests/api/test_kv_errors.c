@@ -806,6 +806,26 @@ static void test_prepare_limits(void **state) {
   free(ws);
   EXPECT_OK(attn_decode_plan_destroy(plan));
   EXPECT_OK(attn_kv_cache_destroy(cache));
+
+  /* The default max_kv_tokens over a pool smaller than the window's reach
+   * (8 tokens against 2 sinks + window 4 + 5 queries - 1 = 10): 5 queries
+   * after appends of one token see 10 keys, more than 8, but only because
+   * keys were evicted, and the message says that. */
+  c = tu_kv_cache_config(ATTN_DTYPE_FP32, ATTN_KV_LAYOUT_NHD, 1, 8, HKV, DIM, DIM, 4, 2);
+  cache = make_cache(&c);
+  EXPECT_OK(attn_kv_cache_add_sequence(cache, 1));
+  for (int t = 0; t < 10; ++t) append(cache, 1, 1);
+  d = tu_decode_config(HQ, 1, 5, 0);
+  EXPECT_OK(attn_decode_plan_create(g_ctx, cache, &d, &plan));
+  EXPECT_OK(attn_decode_plan_workspace_size(plan, &bytes));
+  ws = xmalloc(bytes);
+  poison(ws, bytes);
+  ql = 5;
+  EXPECT_FAIL(INVALID, "evicted", attn_decode_prepare(plan, cache, 1, &id, &ql, ws, bytes, NULL, NULL));
+  EXPECT_UNTOUCHED(ws, bytes);
+  free(ws);
+  EXPECT_OK(attn_decode_plan_destroy(plan));
+  EXPECT_OK(attn_kv_cache_destroy(cache));
 }
 
 static void test_execute_errors(void **state) {
