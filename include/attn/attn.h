@@ -991,6 +991,20 @@ ATTN_API attn_status_t attn_kv_cache_append(attn_kv_cache_t cache, int32_t num_s
 ATTN_API attn_status_t attn_kv_cache_fork(attn_kv_cache_t cache, int64_t parent_id,
                                           int64_t child_id, int64_t num_tokens);
 
+/* Shortens seq_id to its first num_tokens tokens (0 <= num_tokens <= its
+ * length), e.g. to drop the draft tokens speculative decoding rejected: the
+ * sequence keeps the pages attn_kv_cache_fork would give a child of that
+ * length, and the others return to the pool once no other sequence shares
+ * them; the next append continues at position num_tokens (a partly filled
+ * last page that another sequence shares is copied first, as after a
+ * fork). No data is copied or cleared. In a windowed cache it is refused
+ * if the appends since already evicted keys that the token after
+ * num_tokens would see. Returns SUCCESS, INVALID_HANDLE, INVALID_ARGUMENT
+ * (seq_id not live, num_tokens out of range or evicted; nothing changed),
+ * OUT_OF_MEMORY (nothing changed). */
+ATTN_API attn_status_t attn_kv_cache_truncate(attn_kv_cache_t cache, int64_t seq_id,
+                                              int64_t num_tokens);
+
 /* Ends sequence seq_id; its pages return to the pool once no other
  * sequence shares them. Returns SUCCESS, INVALID_HANDLE, INVALID_ARGUMENT
  * (seq_id not live, e.g. released twice). */
@@ -1025,12 +1039,8 @@ ATTN_API attn_status_t attn_kv_cache_get_info(attn_kv_cache_t cache, attn_kv_cac
  * token t of a sequence whose cache holds n tokens (the new ones included:
  * append first, then attend) is at position n - q_len + t and sees the
  * keys at positions <= its own, limited by the cache's window and sinks.
- * q_len > 1 serves speculative decoding and chunked prefill. There is no
- * truncate call: to drop rejected draft tokens, fork the sequence at the
- * accepted length into a spare id, release it, fork the spare back into
- * its id and release the spare (no data is copied; in a windowed cache
- * the first fork is refused if the drafts' appends already evicted keys
- * the accepted prefix's next token would see).
+ * q_len > 1 serves speculative decoding (attn_kv_cache_truncate then drops
+ * the rejected draft tokens) and chunked prefill.
  *
  * Use: attn_decode_plan_create (once) -> attn_decode_plan_workspace_size ->
  * per step: append the new tokens' K/V, attn_decode_prepare (a host step

@@ -99,6 +99,10 @@ attn_status_t attn_kv_cache_fork(attn_kv_cache_t cache, int64_t parent_id, int64
   return guarded([&] { cache_of(cache).fork(parent_id, child_id, num_tokens); });
 }
 
+attn_status_t attn_kv_cache_truncate(attn_kv_cache_t cache, int64_t seq_id, int64_t num_tokens) {
+  return guarded([&] { cache_of(cache).truncate(seq_id, num_tokens); });
+}
+
 attn_status_t attn_kv_cache_release(attn_kv_cache_t cache, int64_t seq_id) {
   return guarded([&] { cache_of(cache).release(seq_id); });
 }

@@ -371,14 +371,8 @@ void KvCache::append(int32_t num_seqs, const int64_t* ids, const int32_t* num_to
 #endif
 }
 
-void KvCache::fork(int64_t parent_id, int64_t child_id, int64_t num_tokens) {
-  const Sequence& parent = sequence(parent_id, "parent_id");
-  if (child_id < 0) invalid_argument("child_id must be >= 0, got ", child_id);
-  if (sequences_.count(child_id))
-    invalid_argument("child_id: a sequence with id ", child_id, " is already live");
-  if (num_tokens < 0 || num_tokens > parent.length)
-    invalid_argument("num_tokens must be in 0..", parent.length, " (the parent's length), got ",
-                     num_tokens);
+Sequence KvCache::prefix_of(const Sequence& parent, int64_t parent_id, int64_t num_tokens,
+                           const char* arg) const {
   const int64_t ps = config_.page_size;
   const int64_t sp = config_.sink_pages();
   Sequence child;
@@ -398,15 +392,48 @@ void KvCache::fork(int64_t parent_id, int64_t child_id, int64_t num_tokens) {
     if (l >= sp && l < first_recent) continue;
     const int32_t p = parent.page(l);
     if (p < 0)
-      invalid_argument("num_tokens: the child's visible tokens at positions ", l * ps, "..",
-                       std::min(num_tokens, (l + 1) * ps) - 1,
-                       " were already evicted from parent ", parent_id);
+      invalid_argument(arg, ": the visible tokens at positions ", l * ps, "..",
+                       std::min(num_tokens, (l + 1) * ps) - 1, " were already evicted from ",
+                       "sequence ", parent_id);
     (l < sp ? child.sink : child.recent).push_back(p);
   }
+  return child;
+}
+
+void KvCache::fork(int64_t parent_id, int64_t child_id, int64_t num_tokens) {
+  const Sequence& parent = sequence(parent_id, "parent_id");
+  if (child_id < 0) invalid_argument("child_id must be >= 0, got ", child_id);
+  if (sequences_.count(child_id))
+    invalid_argument("child_id: a sequence with id ", child_id, " is already live");
+  if (num_tokens < 0 || num_tokens > parent.length)
+    invalid_argument("num_tokens must be in 0..", parent.length, " (the parent's length), got ",
+                     num_tokens);
+  Sequence child = prefix_of(parent, parent_id, num_tokens, "num_tokens");
   // Insert first: it is the only step that can fail (allocation).
   const Sequence& added = sequences_.emplace(child_id, std::move(child)).first->second;
   for (int32_t p : added.sink) ++refcount_[size_t(p)];
   for (int32_t p : added.recent) ++refcount_[size_t(p)];
+  generation_ = next_generation();
+}
+
+void KvCache::truncate(int64_t id, int64_t num_tokens) {
+  auto it = sequences_.find(id);
+  if (it == sequences_.end())
+    invalid_argument("seq_id: no live sequence with id ", id, " in this cache");
+  Sequence& s = it->second;
+  if (num_tokens < 0 || num_tokens > s.length)
+    invalid_argument("num_tokens must be in 0..", s.length, " (the sequence's length), got ",
+                     num_tokens);
+  // Built before anything changes: the only step that can fail. A page the
+  // sequence keeps is counted again before the old counts drop, so it
+  // never looks free; the partly filled last page, if another sequence
+  // shares it, is copied by the next append (as after a fork).
+  Sequence kept = prefix_of(s, id, num_tokens, "num_tokens");
+  for (int32_t p : kept.sink) ++refcount_[size_t(p)];
+  for (int32_t p : kept.recent) ++refcount_[size_t(p)];
+  for (int32_t p : s.sink) unref(p);
+  for (int32_t p : s.recent) unref(p);
+  s = std::move(kept);
   generation_ = next_generation();
 }
 

@@ -102,6 +102,10 @@ class KvCache {
   void append(int32_t num_seqs, const int64_t* ids, const int32_t* num_tokens, const void* k,
               const void* v, void* stream);
   void fork(int64_t parent, int64_t child, int64_t num_tokens);
+  // Shortens sequence id to its first num_tokens tokens (drops rejected
+  // draft tokens): the pages a fork at num_tokens would take, then the old
+  // ones let go.
+  void truncate(int64_t id, int64_t num_tokens);
   void release(int64_t id);
 
   // Throws INVALID_ARGUMENT naming `arg` when id is not live.
@@ -145,6 +149,11 @@ class KvCache {
   std::vector<int32_t> refcount_;  // [num_pages]
   std::vector<int32_t> free_;      // a stack of free pages
   std::unordered_map<int64_t, Sequence> sequences_;
+  // The first num_tokens tokens of `parent` as a new sequence holding the
+  // parent's pages (not yet counted); throws INVALID_ARGUMENT (names
+  // `arg`) when tokens its next one would see were evicted.
+  Sequence prefix_of(const Sequence& parent, int64_t parent_id, int64_t num_tokens,
+                     const char* arg) const;
   uint64_t generation_;
 };
 

@@ -305,6 +305,7 @@ static void t_cache(int ok) {
 }
 static attn_status_t c_add_sequence(void) { return attn_kv_cache_add_sequence(w.cache, 9); }
 static attn_status_t c_fork(void) { return attn_kv_cache_fork(w.cache, 1, 9, 6); }
+static attn_status_t c_truncate(void) { return attn_kv_cache_truncate(w.cache, 1, 3); }
 static attn_status_t c_append(void) {
   /* 2 appends into the shared partly filled page (a copy), 3 new pages */
   const int64_t ids[3] = {1, 2, 3};
@@ -415,6 +416,7 @@ static const scenario kScenarios[] = {
     {"attn_kv_cache_create", s_none, c_cache_create, u_new_cache, t_cache_create},
     {"attn_kv_cache_add_sequence", s_cache, c_add_sequence, u_cache, t_cache},
     {"attn_kv_cache_fork", s_cache, c_fork, u_cache, t_cache},
+    {"attn_kv_cache_truncate", s_cache, c_truncate, u_cache, t_cache},
     {"attn_kv_cache_append", s_cache, c_append, u_cache, t_cache},
     {"attn_decode_plan_create", s_cache_for_plan, c_decode_plan_create, u_new_dplan,
      t_cache_for_plan},

@@ -762,6 +762,88 @@ static void test_prepare_errors(void **state) {
   fixture_free(&f);
 }
 
+/* Appends tokens [from, from + n) of a fixed stream of random tokens
+ * (seeded by `stream`) to sequence id: the same token data whatever the
+ * split into calls. */
+static void append_stream(attn_kv_cache_t cache, int64_t id, unsigned stream, int32_t from,
+                          int32_t n) {
+  const size_t row = (size_t)HKV * DIM, total = (size_t)(from + n) * row;
+  float *k = xmalloc(total * 4), *v = xmalloc(total * 4);
+  fill_random(k, total, 1000u + 2u * stream);
+  fill_random(v, total, 1001u + 2u * stream);
+  EXPECT_OK(attn_kv_cache_append(cache, 1, &id, &n, k + (size_t)from * row, v + (size_t)from * row,
+                                 NULL));
+  free(k), free(v);
+}
+
+/* attn_kv_cache_truncate: a sequence cut back to n tokens and appended to
+ * decodes exactly as one that only ever held those n tokens plus the new
+ * ones (pages of 4 tokens, cut inside a page); a page it shares with a
+ * fork is copied, not overwritten; in a windowed cache a cut behind the
+ * evicted keys is refused; bad arguments, nothing changed. */
+static void test_truncate(void **state) {
+  (void)state;
+  for (int windowed = 0; windowed < 2; ++windowed) {
+    /* window 8, tokens appended one at a time: after 20 the cache keeps
+       positions 12.. only, so 19 (the next token's window 12..19) is the
+       shortest cut it can make */
+    const int64_t window = windowed ? 8 : 0;
+    const int32_t cut = windowed ? 19 : 13;
+    attn_kv_cache_config_t c =
+        tu_kv_cache_config(ATTN_DTYPE_FP32, ATTN_KV_LAYOUT_NHD, 4, 16, HKV, DIM, DIM, window, 0);
+    attn_kv_cache_t a = make_cache(&c), b = make_cache(&c);
+    const int64_t one = 1, two = 2;
+    float *fa, *fb, *f2_before, *f2_after;
+    /* windowed: one token per append, so that the window evicts as it goes */
+#define APPEND(cache, stream, n)                                              \
+  do {                                                                        \
+    if (windowed)                                                             \
+      for (int32_t t_ = 0; t_ < (n); ++t_) append_stream(cache, 1, stream, t_, 1); \
+    else                                                                      \
+      append_stream(cache, 1, stream, 0, n);                                  \
+  } while (0)
+    EXPECT_OK(attn_kv_cache_add_sequence(a, 1));
+    APPEND(a, 1, 20);
+    EXPECT_OK(attn_kv_cache_fork(a, 1, 2, 20)); /* shares every page, the cut one too */
+    f2_before = decode_fingerprint(a, 1, &two);
+    if (windowed) {
+      float *f1 = decode_fingerprint(a, 1, &one);
+      EXPECT_FAIL(INVALID, "evicted", attn_kv_cache_truncate(a, 1, 13));
+      assert_int_equal(length_of(a, 1), 20);
+      fa = decode_fingerprint(a, 1, &one);
+      assert_memory_equal(fa, f1, (size_t)HQ * DIM * 4);
+      free(fa), free(f1);
+    }
+    EXPECT_FAIL(INVALID, "num_tokens", attn_kv_cache_truncate(a, 1, 21));
+    EXPECT_FAIL(INVALID, "num_tokens", attn_kv_cache_truncate(a, 1, -1));
+    EXPECT_FAIL(INVALID, "seq_id", attn_kv_cache_truncate(a, 7, 1));
+    EXPECT_FAIL(ATTN_STATUS_INVALID_HANDLE, "cache", attn_kv_cache_truncate(NULL, 1, 1));
+    assert_int_equal(length_of(a, 1), 20);
+    EXPECT_OK(attn_kv_cache_truncate(a, 1, cut));
+    assert_int_equal(length_of(a, 1), cut);
+    APPEND(a, 2, 3); /* into the shared, cut page: copied first */
+
+    EXPECT_OK(attn_kv_cache_add_sequence(b, 1));
+    APPEND(b, 1, cut);
+    APPEND(b, 2, 3);
+#undef APPEND
+    fa = decode_fingerprint(a, 1, &one);
+    fb = decode_fingerprint(b, 1, &one);
+    assert_memory_equal(fa, fb, (size_t)HQ * DIM * 4);
+    f2_after = decode_fingerprint(a, 1, &two);
+    assert_memory_equal(f2_after, f2_before, (size_t)HQ * DIM * 4); /* the fork unchanged */
+    /* cut to nothing: the sequence starts again */
+    EXPECT_OK(attn_kv_cache_release(a, 2));
+    if (!windowed) {
+      EXPECT_OK(attn_kv_cache_truncate(a, 1, 0));
+      assert_int_equal(length_of(a, 1), 0);
+    }
+    free(fa), free(fb), free(f2_before), free(f2_after);
+    EXPECT_OK(attn_kv_cache_destroy(a));
+    EXPECT_OK(attn_kv_cache_destroy(b));
+  }
+}
+
 static void test_prepare_limits(void **state) {
   attn_kv_cache_config_t c = small_config(16);
   attn_kv_cache_t cache;
@@ -1095,6 +1177,7 @@ int main(void) {
       cmocka_unit_test(test_decode_plan_create_errors),
       cmocka_unit_test(test_prepare_errors),
       cmocka_unit_test(test_prepare_limits),
+      cmocka_unit_test(test_truncate),
       cmocka_unit_test(test_execute_errors),
       cmocka_unit_test(test_cache_mismatch),
       cmocka_unit_test(test_describe),
