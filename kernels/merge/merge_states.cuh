@@ -45,8 +45,8 @@ __device__ inline void store_float(float* p, float x) { *p = x; }
 __device__ inline void store_float(__half* p, float x) { *p = __float2half_rn(x); }
 __device__ inline void store_float(__nv_bfloat16* p, float x) { *p = __float2bfloat16_rn(x); }
 
-// grid: ceil(rows / kWarpsPerBlock) blocks, at most 2^31 - 1 (grid-stride
-// beyond), kWarpsPerBlock * 32 threads.
+// grid: ceil(rows / kWarpsPerBlock) blocks, at most 2^20 (the host's cap;
+// the rows beyond, grid-stride), kWarpsPerBlock * 32 threads.
 template <class T>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     merge_states_kernel(const __grid_constant__ MergeParams p) {
