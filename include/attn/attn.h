@@ -855,8 +855,15 @@ ATTN_API attn_status_t attn_plan_desc_set_moba_keep_selection(attn_plan_desc_t d
  * stays at position t, also when older pages are evicted by a rolling
  * window. Masks are applied by position.
  *
- * Thread-safety of a cache: the mutating calls (append, add, fork, release,
- * destroy) must not run concurrently with each other, nor with
+ * Stream order (CUDA backend): pages freed by attn_kv_cache_release,
+ * attn_kv_cache_truncate or a window's eviction return to the pool at once,
+ * on the host, and the next append may write another sequence's tokens
+ * into them on its stream. Work enqueued earlier that still reads them (a
+ * decode step) must be ordered before the appends that follow (running a
+ * cache's appends and decode steps on one stream does that; else an event).
+ *
+ * Thread-safety of a cache: the mutating calls (append, add, fork, truncate,
+ * release, destroy) must not run concurrently with each other, nor with
  * attn_decode_prepare / attn_decode_execute on the same cache; the library
  * does not lock. Read-only queries (attn_kv_cache_get_info,
  * attn_kv_cache_sequence_length) and several attn_decode_execute calls (with
@@ -999,15 +1006,15 @@ ATTN_API attn_status_t attn_kv_cache_fork(attn_kv_cache_t cache, int64_t parent_
  * last page that another sequence shares is copied first, as after a
  * fork). No data is copied or cleared. In a windowed cache it is refused
  * if the appends since already evicted keys that the token after
- * num_tokens would see. Returns SUCCESS, INVALID_HANDLE, INVALID_ARGUMENT
- * (seq_id not live, num_tokens out of range or evicted; nothing changed),
- * OUT_OF_MEMORY (nothing changed). */
+ * num_tokens would see. CUDA: see "Stream order" above. Returns SUCCESS, INVALID_HANDLE,
+ * INVALID_ARGUMENT (seq_id not live, num_tokens out of range or evicted;
+ * nothing changed), OUT_OF_MEMORY (nothing changed). */
 ATTN_API attn_status_t attn_kv_cache_truncate(attn_kv_cache_t cache, int64_t seq_id,
                                               int64_t num_tokens);
 
 /* Ends sequence seq_id; its pages return to the pool once no other
- * sequence shares them. Returns SUCCESS, INVALID_HANDLE, INVALID_ARGUMENT
- * (seq_id not live, e.g. released twice). */
+ * sequence shares them (CUDA: see "Stream order" above). Returns SUCCESS,
+ * INVALID_HANDLE, INVALID_ARGUMENT (seq_id not live, e.g. released twice). */
 ATTN_API attn_status_t attn_kv_cache_release(attn_kv_cache_t cache, int64_t seq_id);
 
 /* The number of tokens appended to seq_id so far (evicted ones included:
