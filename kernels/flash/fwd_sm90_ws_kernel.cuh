@@ -141,9 +141,15 @@ constexpr int kConsumerWarps = 8, kConsumerThreads = 256;
 // same for all its warps. Measured once for block-sparse items, with K
 // lead 2: BigBird 0.388, random 0.909, window 1.786 ms, no better than
 // the defaults (cuda-fwd-ws-klead-2026-12-05-c0ef6e3.md).
+// Order 4 treats an item's end as a step: the next item's S_0 is issued
+// with the last P V, its softmax runs under that P V, and the epilogue
+// under the next item's S_1 (its P_0 V_0 issued after it): the first
+// softmax, which orders 1 and 2 run with no GEMM of the warpgroup in flight
+// (about 2,100 cycles a BigBird item against its ~2,900-cycle steps,
+// cuda-fwd-epilogue-exp2-2026-12-05-12e2707.md), overlaps like the others.
 constexpr int kDenseEnd = ATTN_FWD_WS_DENSE_END, kSparseEnd = ATTN_FWD_WS_SPARSE_END;
-static_assert(kDenseEnd >= 1 && kDenseEnd <= 3 && kSparseEnd >= 1 && kSparseEnd <= 3,
-              "item-end orders are 1, 2 or 3");
+static_assert(kDenseEnd >= 1 && kDenseEnd <= 4 && kSparseEnd >= 1 && kSparseEnd <= 4,
+              "item-end orders are 1 to 4");
 
 // The producer's order of copies. 0: K_j and V_j together, in step order.
 // 1 (K lead): K_{j+1} before V_j, so that a K tile is copied as soon as
@@ -849,10 +855,11 @@ __device__ __forceinline__ void flash_fwd_sm90_ws(const FwdWsParams& wp) {
   };
   bool have = find_item();
   if (have) start_alone();
+  int j0 = 1;  // the current item's first step done in the loop (order 4 did step 1 at its start)
 #pragma unroll 1
   while (have) {
 #pragma unroll 1
-    for (int j = 1; j < n_tiles; ++j) {
+    for (int j = j0; j < n_tiles; ++j) {
       const uint32_t k = kv + uint32_t(j);
       float alpha[2];
       wait_k(k, tile, kind);
@@ -873,6 +880,7 @@ __device__ __forceinline__ void flash_fwd_sm90_ws(const FwdWsParams& wp) {
       pack_p_fragments<T>(s, pa);
     }
     trace.mark(4);  // the steps j >= 1
+    j0 = 1;
 
     // The item's end, in one of three orders (ws::kDenseEnd, ws::kSparseEnd):
     // 1: the last P V issued with the next item's S_0 once that item's Q
@@ -890,6 +898,91 @@ __device__ __forceinline__ void flash_fwd_sm90_ws(const FwdWsParams& wp) {
     //    have all landed (tested without waiting, and as every thread of
     //    the warpgroup sees them: its wgmmas must agree), else order 2,
     //    which reads the record where it does unless this thread did here.
+    if constexpr (kEnd == 4) {
+      // 4: the next item's S_0 with the last P V, its softmax under the P V;
+      // the epilogue under the next item's S_1, then its P_0 V_0. The
+      // record read here replaces the current one (e_*: this item's).
+      bool overlap = false;
+      if (ws_item(n + 1, total) >= 0) {
+        read_item(n + 1);
+        overlap = n_tiles > 0;
+      }
+      const float e_max[2] = {row_max[0], row_max[1]}, e_sum[2] = {row_sum[0], row_sum[1]};
+      // The epilogue, as order 2's, with this item's row statistics.
+      auto epilogue4 = [&] {
+        unsigned char* const sQp = smem + (sQa + uint32_t(e_qb) * kQBytes - raw);
+        float* gL = p.lse == nullptr ? nullptr
+                                     : p.lse + e_b * p.lse_batch + e_h * p.lse_head + e_r0;
+        stage_o_rows<T, D, BM>(sQp, acc_o, e_max, e_sum, row0, t4, gL, e_rows, scale_log2);
+        sm90::named_barrier(1 + cw, 128);
+        T* gO = static_cast<T*>(p.o) + e_b * p.o_batch + e_h * p.o_head + e_r0 * p.o_seq;
+        store_o_rows<D, BM>(gO, p.o_seq, sQp, cw, wtid, e_rows);
+        sm90::fence_proxy_async();  // the staging writes before the producer's next tensor copy
+        release_all(ctl.q_empty[e_qb]);
+        trace.mark(6);  // the epilogue
+        trace.item(last + 1 - kv);
+        kv = last + 1;
+        ++n;
+      };
+      wait_v(last);
+      if (overlap) {
+        wait_k(last + 1, tile, kind);
+        trace.mark(0);  // the next item's record, Q and first K tile
+        sm90::wgmma_fence();
+        issue_s(qb, last + 1);
+        issue_pv(last);
+        sm90::wgmma_wait<1>();  // S_0 done; the last P V runs on under its softmax
+        sm90::reg_fence(s);
+        trace.mark(2);
+        release_all(ctl.k_empty[(last + 1) % KST]);
+        query_tile_of<BM>(p, b, m_block, qt);
+        row_max[0] = row_max[1] = -INFINITY;
+        row_sum[0] = row_sum[1] = 0.0f;
+        float alpha[2];
+        softmax(tile, kind, alpha);  // (alpha: nothing to rescale yet)
+        trace.mark(3);
+        sm90::wgmma_wait<0>();
+        sm90::reg_fence(acc_o);
+        trace.mark(5);  // the last P V
+        release(ctl.v_empty[last % VST]);
+        pack_p_fragments<T>(s, pa);  // (the last P V has read pa)
+        if (n_tiles > 1) {
+          wait_k(last + 2, tile, kind);
+          sm90::wgmma_fence();
+          issue_s(qb, last + 2);
+          epilogue4();  // under S_1
+#pragma unroll
+          for (int i = 0; i < NO; ++i) acc_o[i] = 0.0f;
+          wait_v(kv);
+          sm90::wgmma_fence();
+          issue_pv(kv);
+          sm90::wgmma_wait<1>();  // S_1 done; P_0 V_0 runs on under the softmax
+          sm90::reg_fence(s);
+          release_all(ctl.k_empty[(kv + 1) % KST]);
+          softmax(tile, kind, alpha);
+          sm90::wgmma_wait<0>();
+          sm90::reg_fence(acc_o);
+          release(ctl.v_empty[kv % VST]);
+#pragma unroll
+          for (int i = 0; i < NO; ++i) acc_o[i] *= alpha[(i >> 1) & 1];
+          pack_p_fragments<T>(s, pa);
+          j0 = 2;  // the loop goes on with step 2
+        } else {
+          epilogue4();
+#pragma unroll
+          for (int i = 0; i < NO; ++i) acc_o[i] = 0.0f;
+        }
+        continue;
+      }
+      trace.mark(0);
+      sm90::wgmma_fence();
+      issue_pv(last);
+      sm90::wgmma_wait<0>();
+      sm90::reg_fence(acc_o);
+      trace.mark(5);  // the last P V
+      release(ctl.v_empty[last % VST]);
+      epilogue4();
+    } else {
     bool end2 = kEnd == 2, read3 = false, overlap3 = false;
     if constexpr (kEnd == 3) {
       bool landed = false;
@@ -1009,6 +1102,7 @@ __device__ __forceinline__ void flash_fwd_sm90_ws(const FwdWsParams& wp) {
       sm90::wgmma_wait<0>();
       epilogue();
     }
+    }  // orders 1 to 3
     // No next item, or an empty one (written here): the next with KV
     // tiles, if any, starts with S_0 alone. (Gather: the end record.)
     if (Gather || ws_item(n, total) < 0) break;
