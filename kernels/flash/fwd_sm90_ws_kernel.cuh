@@ -147,9 +147,16 @@ constexpr int kConsumerWarps = 8, kConsumerThreads = 256;
 // softmax, which orders 1 and 2 run with no GEMM of the warpgroup in flight
 // (about 2,100 cycles a BigBird item against its ~2,900-cycle steps,
 // cuda-fwd-epilogue-exp2-2026-12-05-12e2707.md), overlaps like the others.
+// MoBA's gathered rounds (four-step items at block 512) may take it too.
 constexpr int kDenseEnd = ATTN_FWD_WS_DENSE_END, kSparseEnd = ATTN_FWD_WS_SPARSE_END;
 static_assert(kDenseEnd >= 1 && kDenseEnd <= 4 && kSparseEnd >= 1 && kSparseEnd <= 4,
               "item-end orders are 1 to 4");
+// MoBA's gathered rounds: order 1 or 4 (-DATTN_FWD_WS_GATHER_END=4).
+#ifndef ATTN_FWD_WS_GATHER_END
+#define ATTN_FWD_WS_GATHER_END 1
+#endif
+constexpr int kGatherEnd = ATTN_FWD_WS_GATHER_END;
+static_assert(kGatherEnd == 1 || kGatherEnd == 4, "gathered item-end orders are 1 and 4");
 
 // The producer's order of copies. 0: K_j and V_j together, in step order.
 // 1 (K lead): K_{j+1} before V_j, so that a K tile is copied as soon as
@@ -758,7 +765,8 @@ __device__ __forceinline__ void flash_fwd_sm90_ws(const FwdWsParams& wp) {
     online_softmax_rows(s, row_max, row_sum, scale_log2, alpha);
   };
   // S_0 of the current item (in s) to P_0: a fresh O and row statistics.
-  auto first_softmax = [&](int tile, int kind) {
+  // The current item's query tile (qt), for its masks.
+  auto item_tile = [&] {
     if constexpr (Gather) {  // the producer's numbering of the gathered rows
       const ws::GatherCtl& gc = gather_ctl();
       query_tile_of<BM>(p, b, 0, qt);
@@ -769,6 +777,9 @@ __device__ __forceinline__ void flash_fwd_sm90_ws(const FwdWsParams& wp) {
     } else {
       query_tile_of<BM>(p, b, m_block, qt);
     }
+  };
+  auto first_softmax = [&](int tile, int kind) {
+    item_tile();
 #pragma unroll
     for (int i = 0; i < NO; ++i) acc_o[i] = 0.0f;
     row_max[0] = row_max[1] = -INFINITY;
@@ -784,7 +795,8 @@ __device__ __forceinline__ void flash_fwd_sm90_ws(const FwdWsParams& wp) {
   // (kMobaLastRound), written as the row's O and LSE; from the
   // accumulators, 8-byte accesses (a quad covers 32 contiguous bytes of a
   // row). Rows of round 0 have no state yet.
-  auto gather_merge = [&](int q, int gb, int gh, int rows) {
+  auto gather_merge = [&](int q, int gb, int gh, int rows, const float (&r_max)[2],
+                          const float (&r_sum)[2]) {
     const MobaLists& mb = p.moba;
     const ws::GatherCtl& gc = gather_ctl();
     const bool fresh = mb.fwd_round == 0;
@@ -795,8 +807,8 @@ __device__ __forceinline__ void flash_fwd_sm90_ws(const FwdWsParams& wp) {
     T* const o = static_cast<T*>(p.o) + gb * p.o_batch + gh * p.o_head;
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
-      const float l = quad_sum(row_sum[hh]);  // (every lane of the quad: the same row)
-      const float lse_t = row_lse(row_max[hh], l, scale_log2);
+      const float l = quad_sum(r_sum[hh]);  // (every lane of the quad: the same row)
+      const float lse_t = row_lse(r_max[hh], l, scale_log2);
       const int row = row0 + hh * 8;
       if (row >= rows) continue;
       const int32_t entry = gc.entry[q][row];
@@ -893,7 +905,7 @@ __device__ __forceinline__ void flash_fwd_sm90_ws(const FwdWsParams& wp) {
     const uint32_t last = kv + uint32_t(n_tiles - 1);
     const int e_qb = qb, e_b = b, e_h = h;  // this item's, for the epilogue
     const int e_r0 = qt.r0, e_rows = qt.rows;
-    constexpr int kEnd = Gather ? 1 : Sparse ? ws::kSparseEnd : ws::kDenseEnd;
+    constexpr int kEnd = Gather ? ws::kGatherEnd : Sparse ? ws::kSparseEnd : ws::kDenseEnd;
     // 3: order 1 when the next item's record and Q and its first K tile
     //    have all landed (tested without waiting, and as every thread of
     //    the warpgroup sees them: its wgmmas must agree), else order 2,
@@ -903,21 +915,25 @@ __device__ __forceinline__ void flash_fwd_sm90_ws(const FwdWsParams& wp) {
       // the epilogue under the next item's S_1, then its P_0 V_0. The
       // record read here replaces the current one (e_*: this item's).
       bool overlap = false;
-      if (ws_item(n + 1, total) >= 0) {
+      if (Gather || ws_item(n + 1, total) >= 0) {  // (Gather: the end record too)
         read_item(n + 1);
         overlap = n_tiles > 0;
       }
       const float e_max[2] = {row_max[0], row_max[1]}, e_sum[2] = {row_sum[0], row_sum[1]};
       // The epilogue, as order 2's, with this item's row statistics.
       auto epilogue4 = [&] {
-        unsigned char* const sQp = smem + (sQa + uint32_t(e_qb) * kQBytes - raw);
-        float* gL = p.lse == nullptr ? nullptr
-                                     : p.lse + e_b * p.lse_batch + e_h * p.lse_head + e_r0;
-        stage_o_rows<T, D, BM>(sQp, acc_o, e_max, e_sum, row0, t4, gL, e_rows, scale_log2);
-        sm90::named_barrier(1 + cw, 128);
-        T* gO = static_cast<T*>(p.o) + e_b * p.o_batch + e_h * p.o_head + e_r0 * p.o_seq;
-        store_o_rows<D, BM>(gO, p.o_seq, sQp, cw, wtid, e_rows);
-        sm90::fence_proxy_async();  // the staging writes before the producer's next tensor copy
+        if constexpr (Gather) {
+          gather_merge(e_qb, e_b, e_h, e_rows, e_max, e_sum);
+        } else {
+          unsigned char* const sQp = smem + (sQa + uint32_t(e_qb) * kQBytes - raw);
+          float* gL = p.lse == nullptr ? nullptr
+                                       : p.lse + e_b * p.lse_batch + e_h * p.lse_head + e_r0;
+          stage_o_rows<T, D, BM>(sQp, acc_o, e_max, e_sum, row0, t4, gL, e_rows, scale_log2);
+          sm90::named_barrier(1 + cw, 128);
+          T* gO = static_cast<T*>(p.o) + e_b * p.o_batch + e_h * p.o_head + e_r0 * p.o_seq;
+          store_o_rows<D, BM>(gO, p.o_seq, sQp, cw, wtid, e_rows);
+          sm90::fence_proxy_async();  // the staging writes before the producer's next tensor copy
+        }
         release_all(ctl.q_empty[e_qb]);
         trace.mark(6);  // the epilogue
         trace.item(last + 1 - kv);
@@ -935,7 +951,7 @@ __device__ __forceinline__ void flash_fwd_sm90_ws(const FwdWsParams& wp) {
         sm90::reg_fence(s);
         trace.mark(2);
         release_all(ctl.k_empty[(last + 1) % KST]);
-        query_tile_of<BM>(p, b, m_block, qt);
+        item_tile();
         row_max[0] = row_max[1] = -INFINITY;
         row_sum[0] = row_sum[1] = 0.0f;
         float alpha[2];
@@ -1062,7 +1078,7 @@ __device__ __forceinline__ void flash_fwd_sm90_ws(const FwdWsParams& wp) {
         trace.mark(5);  // the last P V
         release(ctl.v_empty[last % VST]);
         if constexpr (Gather) {
-          gather_merge(e_qb, e_b, e_h, e_rows);
+          gather_merge(e_qb, e_b, e_h, e_rows, row_max, row_sum);
         } else {
           unsigned char* const sQp = smem + (sQa + uint32_t(e_qb) * kQBytes - raw);
           float* gL = p.lse == nullptr ? nullptr
