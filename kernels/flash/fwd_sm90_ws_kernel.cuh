@@ -127,8 +127,8 @@ constexpr int kConsumerWarps = 8, kConsumerThreads = 256;
 // block-sparse items against K lead 0 with order 2, four runs each on
 // 2026-12-05, fwd ms means: BigBird 0.383 / 0.401, random 0.897 / 0.913,
 // window + sinks 1.740 / 1.721 (bench/results/cuda-fwd-ws-klead-2026-12-05-c0ef6e3.md).
-// Builds for measurements may set -DATTN_FWD_WS_DENSE_END=2 or
-// -DATTN_FWD_WS_SPARSE_END=2.
+// Builds for measurements may set -DATTN_FWD_WS_DENSE_END=2 (3, 4) or
+// -DATTN_FWD_WS_SPARSE_END=2 (3, 4).
 #ifndef ATTN_FWD_WS_DENSE_END
 #define ATTN_FWD_WS_DENSE_END 1
 #endif
@@ -202,6 +202,9 @@ namespace ws {
 // release). Where an item's S_0 overlaps the
 // previous item's end, 0 is the wait for its record, Q and first K tile
 // there, 1 is empty and 2 the wait for S_0 after that item's epilogue.
+// In order 4, 2 is the wait for S_0 and 3 its softmax (both under the
+// previous item's last P V), and the next item's step 1 counts in 4 but
+// not among the S issues below.
 // Also the clock (clock64, the SM's) at each step's S issue, summed by
 // thread 0 of each consumer warpgroup: the mean difference between the two
 // says whether they run in lock-step (about 0) or apart (ping-pong would
@@ -894,22 +897,24 @@ __device__ __forceinline__ void flash_fwd_sm90_ws(const FwdWsParams& wp) {
     trace.mark(4);  // the steps j >= 1
     j0 = 1;
 
-    // The item's end, in one of three orders (ws::kDenseEnd, ws::kSparseEnd):
+    // The item's end, in one of four orders (ws::kDenseEnd, ws::kSparseEnd,
+    // ws::kGatherEnd):
     // 1: the last P V issued with the next item's S_0 once that item's Q
     //    and first K tile are in, the epilogue under S_0;
     // 2: the last P V, O staged in the warpgroup's own rows of the item's
     //    Q buffer (its S GEMMs are done), then the next item's S_0 when
     //    that item has KV tiles, under O's global stores.
-    // (The two branches repeat the epilogue's lines: each is the code that
+    // 3: order 1 when the next item's record and Q and its first K tile
+    //    have all landed (tested without waiting, and as every thread of
+    //    the warpgroup sees them: its wgmmas must agree), else order 2,
+    //    which reads the record where it does unless this thread did here;
+    // 4: see below (ws::kDenseEnd).
+    // (The branches repeat the epilogue's lines: each is the code that
     // was measured, and sharing them in lambdas changed the machine code.)
     const uint32_t last = kv + uint32_t(n_tiles - 1);
     const int e_qb = qb, e_b = b, e_h = h;  // this item's, for the epilogue
     const int e_r0 = qt.r0, e_rows = qt.rows;
     constexpr int kEnd = Gather ? ws::kGatherEnd : Sparse ? ws::kSparseEnd : ws::kDenseEnd;
-    // 3: order 1 when the next item's record and Q and its first K tile
-    //    have all landed (tested without waiting, and as every thread of
-    //    the warpgroup sees them: its wgmmas must agree), else order 2,
-    //    which reads the record where it does unless this thread did here.
     if constexpr (kEnd == 4) {
       // 4: the next item's S_0 with the last P V, its softmax under the P V;
       // the epilogue under the next item's S_1, then its P_0 V_0. The
