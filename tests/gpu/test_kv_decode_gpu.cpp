@@ -143,6 +143,13 @@ struct Harness {
     v_host[child].assign(v_host[parent].begin(), v_host[parent].begin() + n * row);
   }
 
+  void truncate(int64_t id, int64_t n) {
+    ATTN_CHECK(attn_kv_cache_truncate(cache, id, n));
+    const size_t row = size_t(shape.hkv * shape.d);
+    k_host[id].resize(size_t(n) * row);
+    v_host[id].resize(size_t(n) * row);
+  }
+
   // Random tokens for `counts` tokens of `ids`; returns the status of the
   // append and records the tokens only on success.
   attn_status_t append(const std::vector<int64_t>& ids, const std::vector<int32_t>& counts) {
@@ -487,6 +494,50 @@ void fork_case() {
   h.v_host.erase(1);
   ATTN_CHECK(h.append({3}, {2}));
   decode_and_check(h, {2, 3}, {1, 1}, o, {0}, "fork: after the parent's release");
+}
+
+// Speculative decoding's rejected drafts: truncate, then append again
+// (into a partly filled page that a fork shares, and in a windowed cache),
+// and decode against the tokens the sequences now hold.
+void truncate_case() {
+  if (!selected("truncate")) return;
+  {
+    CacheShape cs;
+    cs.page_size = 16;
+    cs.hkv = 2;
+    Harness h(cs, 13);
+    DecodeOpts o;
+    o.hq = 8;
+    o.max_q = 4;
+    h.add(1);
+    ATTN_CHECK(h.append({1}, {37}));
+    h.fork(1, 2, 37);                 // shares page 2 (5 tokens)
+    ATTN_CHECK(h.append({1}, {4}));   // four drafts (page 2 copied first)
+    h.truncate(1, 38);                // one accepted
+    ATTN_CHECK(h.append({1, 2}, {3, 2}));
+    decode_and_check(h, {1, 2}, {3, 2}, o, {-1, 16}, "truncate: drafts dropped beside a fork");
+    h.truncate(2, 30);  // inside the shared page 1
+    ATTN_CHECK(h.append({2}, {1}));
+    decode_and_check(h, {1, 2}, {1, 1}, o, {0}, "truncate: into a shared page");
+  }
+  {
+    CacheShape cs;
+    cs.page_size = 8;
+    cs.hkv = 2;
+    cs.window = 40;
+    cs.sinks = 4;
+    cs.num_pages = 64;
+    Harness h(cs, 14);
+    DecodeOpts o;
+    o.hq = 4;
+    o.max_q = 5;
+    h.add(7);
+    ATTN_CHECK(h.append({7}, {100}));
+    ATTN_CHECK(h.append({7}, {5}));  // five drafts
+    h.truncate(7, 102);
+    ATTN_CHECK(h.append({7}, {2}));
+    decode_and_check(h, {7}, {2}, o, {-1, 16}, "truncate: window 40 + 4 sinks");
+  }
 }
 
 void capacity_case() {
@@ -1055,6 +1106,7 @@ int main() {
                {1, 39, 40, 41, 130, 3000}, 1, 1000, {-1, 0, 80});
   }
   fork_case();
+  truncate_case();
   capacity_case();
   graph_case();
   not_supported_case();
