@@ -148,6 +148,8 @@ constexpr int kConsumerWarps = 8, kConsumerThreads = 256;
 // (about 2,100 cycles a BigBird item against its ~2,900-cycle steps,
 // cuda-fwd-epilogue-exp2-2026-12-05-12e2707.md), overlaps like the others.
 // MoBA's gathered rounds (four-step items at block 512) may take it too.
+// Measured once (bench/results/cuda-fwd-ws-end4-2026-12-05-ccce83f.md):
+// random about 1% faster, BigBird and window + sinks level; not the default.
 constexpr int kDenseEnd = ATTN_FWD_WS_DENSE_END, kSparseEnd = ATTN_FWD_WS_SPARSE_END;
 static_assert(kDenseEnd >= 1 && kDenseEnd <= 4 && kSparseEnd >= 1 && kSparseEnd <= 4,
               "item-end orders are 1 to 4");
