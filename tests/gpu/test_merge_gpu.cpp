@@ -135,12 +135,14 @@ void run_case(attn_context_t cpu, attn_context_t gpu, attn_dtype_t t, int64_t di
     lp[size_t(p)] = static_cast<const float*>(l_dev.back()->p);
   }
   DeviceBuf o_out(o_bytes), l_out(l_bytes);
-  GPU_CHECK(cudaMemset(o_out.p, 0x7f, std::max<size_t>(o_bytes, 16)));
-  GPU_CHECK(cudaMemset(l_out.p, 0x7f, l_bytes));
-  void* dst_o = in_place ? o_dev[0]->p : o_out.p;
-  float* dst_l = static_cast<float*>(in_place ? l_dev[0]->p : l_out.p);
   cudaStream_t stream;
   GPU_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  // The poison goes on the merge's stream: a plain cudaMemset runs on the
+  // legacy stream, which a non-blocking stream does not wait for.
+  GPU_CHECK(cudaMemsetAsync(o_out.p, 0x7f, std::max<size_t>(o_bytes, 16), stream));
+  GPU_CHECK(cudaMemsetAsync(l_out.p, 0x7f, l_bytes, stream));
+  void* dst_o = in_place ? o_dev[0]->p : o_out.p;
+  float* dst_l = static_cast<float*>(in_place ? l_dev[0]->p : l_out.p);
   ATTN_CHECK(attn_merge_states(gpu, parts, d.o, d.lse, op.data(), lp.data(), dst_o, dst_l, stream));
   GPU_CHECK(cudaStreamSynchronize(stream));
   std::vector<uint8_t> o_got(std::max<size_t>(o_bytes, 1));
@@ -164,6 +166,7 @@ void run_case(attn_context_t cpu, attn_context_t gpu, attn_dtype_t t, int64_t di
   const float o_tol = 2.0f * unit_roundoff(t) * o_max + 256 * 0x1p-24f * o_max;
   double l_err = 0.0, l64_err = 0.0;
   bool empty_ok = true;
+  std::string empty_detail;  // the first wrong empty row, for the report
   for (int64_t r = 0; r < rows; ++r) {
     double m = -INFINITY;
     for (int p = 0; p < parts; ++p) m = std::max(m, double(l_host[size_t(p)][size_t(r)]));
@@ -172,7 +175,13 @@ void run_case(attn_context_t cpu, attn_context_t gpu, attn_dtype_t t, int64_t di
       for (int p = 0; p < parts; ++p) s += std::exp(double(l_host[size_t(p)][size_t(r)]) - m);
     const double l64 = m == -INFINITY ? -INFINITY : m + std::log(s);
     if (l64 == -INFINITY) {
-      empty_ok = empty_ok && l_got[size_t(r)] == kNegInf && l_want[size_t(r)] == kNegInf;
+      if ((l_got[size_t(r)] != kNegInf || l_want[size_t(r)] != kNegInf) && empty_ok) {
+        char e[120];
+        std::snprintf(e, sizeof e, " (LSE row %lld: got %g, cpu %g)", static_cast<long long>(r),
+                      double(l_got[size_t(r)]), double(l_want[size_t(r)]));
+        empty_detail = e;
+        empty_ok = false;
+      }
       continue;
     }
     // (std::max would drop a NaN: count non-finite LSE as a failure.)
@@ -186,12 +195,16 @@ void run_case(attn_context_t cpu, attn_context_t gpu, attn_dtype_t t, int64_t di
       if (og[size_t(((b * kS + s) * kH + h) * dim + c)] != 0.0f) return false;
     return true;
   };
-  for (int64_t h = 0; h < kH; ++h) empty_ok = empty_ok && o_row_zero(0, 5, h);
-  empty_ok = empty_ok && o_row_zero(1, 36, 2);
+  bool o_empty_ok = true;
+  for (int64_t h = 0; h < kH; ++h) o_empty_ok = o_empty_ok && o_row_zero(0, 5, h);
+  o_empty_ok = o_empty_ok && o_row_zero(1, 36, 2);
+  if (!o_empty_ok) empty_detail += " (O of an empty row not zero)";
+  empty_ok = empty_ok && o_empty_ok;
   const bool ok = finite && o_err <= o_tol && l_err <= 1e-5 && l64_err <= 1e-5 && empty_ok;
-  char detail[200];
-  std::snprintf(detail, sizeof detail, "O err %.3g (tol %.3g), LSE err %.3g (fp64 %.3g)%s",
-                double(o_err), double(o_tol), l_err, l64_err, empty_ok ? "" : ", empty rows wrong");
+  char detail[300];
+  std::snprintf(detail, sizeof detail, "O err %.3g (tol %.3g), LSE err %.3g (fp64 %.3g)%s%s%s",
+                double(o_err), double(o_tol), l_err, l64_err, finite ? "" : ", not finite",
+                empty_ok ? "" : ", empty rows wrong", empty_detail.c_str());
   report(ok, std::string("merge ") + name_of(t) + " dim " + std::to_string(dim) + ", " +
                  std::to_string(parts) + " part(s)" + (in_place ? ", in place" : ""),
          detail);
@@ -231,6 +244,7 @@ void graph_case(attn_context_t gpu) {
   lout.download(ldirect.data());
   GPU_CHECK(cudaMemset(out.p, 0, o_bytes));
   GPU_CHECK(cudaMemset(lout.p, 0, l_bytes));
+  GPU_CHECK(cudaDeviceSynchronize());  // the legacy stream's memsets before the replay on s
   cudaGraph_t graph;
   cudaGraphExec_t exec;
   GPU_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
