@@ -212,6 +212,15 @@ double atol_for(attn_dtype_t t) {
   return t == ATTN_DTYPE_BF16 ? 2.0 * std::ldexp(1.0, -10) : 2.0 * std::ldexp(1.0, -13);
 }
 
+// The spacing of the 16-bit dtype at |x|: two outputs rounded from nearby
+// fp32 values may differ by one such step whatever the fp32 values' gap.
+double spacing_at(attn_dtype_t t, double x) {
+  int e = 0;
+  std::frexp(std::fabs(x), &e);  // |x| = f 2^e, f in [0.5, 1)
+  const int mant = t == ATTN_DTYPE_BF16 ? 7 : 10, emin = t == ATTN_DTYPE_BF16 ? -126 : -14;
+  return std::ldexp(1.0, std::max(e - 1, emin) - mant);
+}
+
 struct Row {
   int64_t b, h, i;
 };
@@ -393,15 +402,20 @@ void run_case(const Case& c0, attn_context_t cuda_ctx, attn_context_t cpu_ctx) {
   bool ok = s.err <= tol && s.lse_err <= lse_tol && s.bad_empty == 0 && s.bad_value == 0 &&
             unwritten == 0 && clobbered == 0;
 
-  double cpu_diff = 0, cpu_lse_diff = 0;
+  double cpu_diff = 0, cpu_excess = 0, cpu_lse_diff = 0;
   if (c.vs_cpu) {
     for (int64_t b = 0; b < c.batch; ++b)
       for (int64_t ss = 0; ss < p.lq(b); ++ss)
         for (int64_t hh = 0; hh < c.hq; ++hh) {
           const int64_t oo = p.off_q(b, ss, hh);
-          for (int64_t x = 0; x < c.d; ++x)
-            cpu_diff = std::max(cpu_diff, double(std::fabs(from_half(c.dtype, o[size_t(oo + x)]) -
-                                                            from_half(c.dtype, o_cpu[size_t(oo + x)]))));
+          for (int64_t x = 0; x < c.d; ++x) {
+            const double a = from_half(c.dtype, o[size_t(oo + x)]),
+                         e = from_half(c.dtype, o_cpu[size_t(oo + x)]), d = std::fabs(a - e);
+            cpu_diff = std::max(cpu_diff, d);
+            // (NaN: the excess becomes infinite, std::max would drop it.)
+            const double over = d - spacing_at(c.dtype, std::max(std::fabs(a), std::fabs(e)));
+            cpu_excess = std::max(cpu_excess, std::isnan(over) ? double(INFINITY) : over);
+          }
           if (!c.with_lse) continue;
           const float a = bitsf(lse_bits[size_t(p.lse_off(b, hh, ss))]);
           const float e = lse_cpu[size_t(p.lse_off(b, hh, ss))];
@@ -409,14 +423,18 @@ void run_case(const Case& c0, attn_context_t cuda_ctx, attn_context_t cpu_ctx) {
           cpu_lse_diff = std::max(cpu_lse_diff, std::isnan(dl) ? double(INFINITY) : dl);
         }
     // The CPU backend is fp32 throughout (output rounding only): allow the
-    // kernel's budget on every row, with margin for rows the sample missed.
-    ok = ok && cpu_diff <= 3.0 * s.err_plain + 2.0 * atol && cpu_lse_diff <= lse_tol;
+    // kernel's budget on every row, with margin for rows the sample missed,
+    // beyond the one step by which two roundings of an element may differ
+    // (rows of few keys have |O| up to the largest |V|, where that step is
+    // larger than the sampled rows' budget).
+    ok = ok && cpu_excess <= 3.0 * s.err_plain + 2.0 * atol && cpu_lse_diff <= lse_tol;
   }
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::printf("%s %-44s rows %7" PRId64 " (empty %5" PRId64 ") err %.2e plain %.2e tol %.2e lse %.1e",
               ok ? "ok  " : "FAIL", c.name.c_str(), s.rows, s.empty_rows, s.err, s.err_plain, tol,
               s.lse_err);
-  if (c.vs_cpu) std::printf(" cpu %.2e lse %.1e", cpu_diff, cpu_lse_diff);
+  if (c.vs_cpu)
+    std::printf(" cpu %.2e (%.2e beyond a step) lse %.1e", cpu_diff, cpu_excess, cpu_lse_diff);
   std::printf(" %.1fs\n", secs);
   if (!ok) {
     std::printf("     unwritten %" PRId64 " clobbered %" PRId64 " bad_empty %" PRId64
@@ -676,6 +694,7 @@ void test_graph(attn_context_t ctx) {
   cudaGraphExec_t exec;
   GPU_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
   const attn_status_t st = attn_forward(plan, dev.q, dev.k, dev.v, dev.o, dev.lse, nullptr, 0, s);
+  const std::string why = attn_last_error_message();  // before later calls reset it
   GPU_CHECK(cudaStreamEndCapture(s, &graph));
   bool ok = st == ATTN_STATUS_SUCCESS;
   if (ok) {
@@ -692,7 +711,7 @@ void test_graph(attn_context_t ctx) {
   GPU_CHECK(cudaStreamDestroy(s));
   attn_plan_destroy(plan);
   std::printf("%s graph capture + replay == direct run, bitwise (and run-to-run)%s\n",
-              ok ? "ok  " : "FAIL", st == ATTN_STATUS_SUCCESS ? "" : attn_last_error_message());
+              ok ? "ok  " : "FAIL", why.c_str());
   if (!ok) ++g_failures;
 }
 
