@@ -302,19 +302,22 @@ attn_plan_desc_t case_plan_desc(const CaseProblem<C>& p, int roles) {
 }
 
 // Creates the plan and destroys pd. With `status`, the status is stored
-// there and a failure returns null; without it, a failure ends the program.
+// there (and attn_plan_create's message in `message`, if given) and a
+// failure returns null; without it, a failure ends the program. (The message
+// is taken before attn_plan_desc_destroy, which resets it.)
 inline attn_plan_t plan_or_exit(attn_context_t ctx, attn_plan_desc_t pd, const std::string& name,
-                                attn_status_t* status = nullptr) {
+                                attn_status_t* status = nullptr, std::string* message = nullptr) {
   attn_plan_t plan = nullptr;
   const attn_status_t s = attn_plan_create(ctx, pd, &plan);
+  const std::string msg = attn_last_error_message();
   attn_plan_desc_destroy(pd);
   if (status != nullptr) {
     *status = s;
+    if (message != nullptr) *message = msg;
     return plan;
   }
   if (s != ATTN_STATUS_SUCCESS) {
-    std::fprintf(stderr, "plan for %s: %s: %s\n", name.c_str(), attn_status_string(s),
-                 attn_last_error_message());
+    std::fprintf(stderr, "plan for %s: %s: %s\n", name.c_str(), attn_status_string(s), msg.c_str());
     std::exit(1);
   }
   return plan;

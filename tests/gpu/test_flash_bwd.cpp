@@ -791,6 +791,7 @@ void test_determinism_and_graph(attn_context_t ctx) {
     cudaGraphExec_t exec;
     GPU_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
     const attn_status_t st = fwd_bwd();
+    const std::string why = attn_last_error_message();  // before later calls reset it
     GPU_CHECK(cudaStreamEndCapture(s, &graph));
     bool ok = st == ATTN_STATUS_SUCCESS;
     double diff = 0;
@@ -817,7 +818,7 @@ void test_determinism_and_graph(attn_context_t ctx) {
     char what[160];
     std::snprintf(what, sizeof what, "%s plan: forward + backward graph replay == direct run%s (max rel diff %.1e)%s",
                   det ? "deterministic" : "default", det ? ", bitwise" : "", diff,
-                  st == ATTN_STATUS_SUCCESS ? "" : attn_last_error_message());
+                  why.c_str());
     expect(ok, what);
     attn_plan_destroy(plan);
   }

@@ -170,13 +170,14 @@ std::string kept_selection_run(const Run& r, attn_context_t ctx) {
     // A varlen batch runs its sequences one after another on one
     // workspace: a selection kept for the backward is refused.
     attn_status_t st = ATTN_STATUS_SUCCESS;
-    attn_plan_t refused_plan = plan_or_exit(ctx, pd, p.c.name, &st);
-    const std::string msg = attn_last_error_message();
+    std::string msg;
+    attn_plan_t refused_plan = plan_or_exit(ctx, pd, p.c.name, &st, &msg);
     attn_plan_destroy(refused_plan);
     return st == ATTN_STATUS_NOT_SUPPORTED && refused_plan == nullptr &&
                    msg.find("varlen") != std::string::npos
                ? ""
-               : " kept selection on a varlen batch: not refused as NOT_SUPPORTED (" + msg + ");";
+               : std::string(" kept selection on a varlen batch: not refused as NOT_SUPPORTED (") +
+                     attn_status_string(st) + ": " + msg + ");";
   }
   attn_plan_t plan = plan_or_exit(ctx, pd, p.c.name);
   const attn_plan_info_t info = describe(plan);
