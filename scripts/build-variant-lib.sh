@@ -26,6 +26,8 @@ defines=$3
 regex=${4:-flash_fwd_sm90_ws}
 lib=$(ninja -C "$base" -t targets all | grep -o "^src/libattn\.so\.[0-9.]*:" | tr -d :)
 [ -n "$lib" ] || { echo "no libattn.so target in $base" >&2; exit 1; }
+# (meson < 1.5 does not tell ninja which headers a .cu source includes)
+python3 "$(dirname "$0")/cuda-stale-objects.py" "$base" | sed 's/^/stale CUDA object, rebuilt: /' >&2
 ninja -C "$base" "$lib" >/dev/null
 mkdir -p "$out/obj"
 

@@ -35,6 +35,10 @@ fi
 # Regenerated first: the test list and targets below must include what was
 # added to the meson files since the base directory last built.
 ninja -C "$base" build.ninja >/dev/null
+# CUDA objects older than a header they include: meson < 1.5 does not tell
+# ninja about those headers, and the bundle would carry kernels older than
+# their sources.
+python3 scripts/cuda-stale-objects.py "$base" | sed 's/^/stale CUDA object, rebuilt: /' >&2
 lib=$(ninja -C "$base" -t targets all | grep -o "^src/libattn\.so\.[0-9.]*:" | tr -d :)
 # The GPU suite's tests: their programs, and each test's name, program,
 # environment (less the build's library path) and timeout.

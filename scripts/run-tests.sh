@@ -13,6 +13,10 @@ build=${BUILD_DIR:-build}
 # applied to an existing one.
 if [ -f "$build/build.ninja" ]; then
   [ -z "${MESON_ARGS:-}" ] || meson configure "$build" ${MESON_ARGS}
+  # CUDA objects older than a header they include (meson < 1.5 does not
+  # tell ninja about them) are compiled again.
+  [ ! -f "$build/compile_commands.json" ] || python3 scripts/cuda-stale-objects.py "$build" |
+    sed 's/^/stale CUDA object, rebuilt: /'
 else
   meson setup "$build" --buildtype=release ${MESON_ARGS:-}
 fi
