@@ -404,7 +404,8 @@ template <class T, int D, int BN, int NTH>
 __device__ __forceinline__ void prefetch_dkdv_item(const BwdParams& p, int b, int lin, int ny,
                                                    int n_lin) {
   if (lin >= n_lin) return;
-  const int bx = lin / ny, by = lin - bx * ny;
+  int bx, by;
+  sparse_kv_block(p.sparse_kv, lin, n_lin / ny, ny, bx, by);
   const int hk = by / p.group_splits;
   const TileLists& sp = p.sparse_kv;
   const int slot = mask_slot(sp, b, hk);
@@ -530,21 +531,25 @@ __device__ __forceinline__ void flash_bwd_dkdv_tile(const BwdParams& p, int work
   // by = hk * group_splits + part: KV head hk, query heads [h_first,
   // h_first + heads_per) of its group; bx: the KV tile. Sparse: bx is a
   // work item of the slot (a KV tile and a range of its list, longest
-  // first), and blocks start in the order of their linear index, so that
-  // index counts KV heads (and parts) fastest: a few long lists (global
-  // keys, sinks) then start first instead of after every head before theirs.
+  // first), and blocks start in the order of their linear index, which
+  // counts KV heads (and parts) fastest, so that a few long lists (global
+  // keys, sinks) start first instead of after every head before theirs, or
+  // items fastest, so that the blocks running at a time share their head's
+  // Q, dO and dQ in L2 (TileLists::heads_fastest; sparse_kv_block).
   int bx = int(blockIdx.x), by = int(blockIdx.y), b = int(blockIdx.z);
   if constexpr (Sparse) {
     int lin = bx + by * int(gridDim.x), ny = int(gridDim.y);
     if constexpr (Persist) {
-      // work = b * grid_x * grid_y + lin in that grid.
+      // work = b * grid_x * grid_y + lin in that grid, heads fastest.
       ny = p.sparse_kv.grid_y;
       const int per_b = p.sparse_kv.grid_x * ny;
       b = work / per_b;
       lin = work - b * per_b;
+      bx = lin / ny;
+      by = lin - bx * ny;
+    } else {
+      sparse_kv_block(p.sparse_kv, lin, int(gridDim.x), ny, bx, by);
     }
-    bx = lin / ny;
-    by = lin - bx * ny;
     // (Not in the configurations without bulk dQ: there its registers
     // made variant 1 at D = 128 spill.)
     if constexpr (Tr::kBulk && !Persist)

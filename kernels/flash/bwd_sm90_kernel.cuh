@@ -35,7 +35,7 @@
 // softcap) walk a work item of the KV-major tile lists (sparse/tile_lists.cuh,
 // built in this kernel's BM x BN tiles) instead of the dense interval, as
 // the sm_80 kernel's Sparse instantiation does: the block's linear index
-// counts KV heads fastest (long lists start first), the item gives the KV
+// counts KV heads or items fastest (TileLists::heads_fastest), the item gives the KV
 // tile and a range of its list, and each visit is full (no predicate),
 // dense-masked (the interval test below) or a bit tile (one bit per (key,
 // query) pair, rows = keys). A cut list's items add dK and dV into its
@@ -313,15 +313,12 @@ __device__ __forceinline__ void flash_bwd_dkdv_sm90_tile(const BwdParams& p) {
   const int lane = tid & 31, g = lane >> 2, t4 = lane & 3;
   // by = hk * group_splits + part: KV head hk, query heads [h_first,
   // h_first + heads_per) of its group; bx: the KV tile. Sparse: bx is a
-  // work item of the slot and the linear index counts (KV head, part)
-  // fastest (flash_bwd_dkdv_tile's order).
+  // work item of the slot, in the launch order of sparse_kv_block (as
+  // flash_bwd_dkdv_tile's).
   const int b = blockIdx.z;
   int bx = int(blockIdx.x), by = int(blockIdx.y);
-  if constexpr (Sparse) {
-    const int lin = bx + by * int(gridDim.x), ny = int(gridDim.y);
-    bx = lin / ny;
-    by = lin - bx * ny;
-  }
+  if constexpr (Sparse)
+    sparse_kv_block(p.sparse_kv, bx + by * int(gridDim.x), int(gridDim.x), int(gridDim.y), bx, by);
   const int hk = by / p.group_splits;
   const int heads_per = p.group / p.group_splits;
   const int h_first = hk * p.group + (by - hk * p.group_splits) * heads_per;

@@ -69,12 +69,32 @@ struct TileLists {
   const int32_t* dealt;
   const int32_t* dealt_offsets;
   int32_t grid_x, grid_y;
+  // The dK/dV kernels' launch order (sparse_kv_block): 1, KV heads fastest
+  // (item x of every head, then item x + 1: the slots' long lists start
+  // first); 0, items fastest (a head's items, then the next head's: the
+  // blocks running at a time share their head's Q, dO and dQ in L2). The
+  // persistent kernel's dealing always counts heads fastest.
+  int32_t heads_fastest;
 };
 
 #if defined(__CUDACC__)  // the header is also the host's (plain C++)
 // The mask slot of sequence b, KV head hk (TileLists::mask_batch, mask_heads).
 __device__ __forceinline__ int mask_slot(const TileLists& l, int b, int hk) {
   return (l.mask_batch > 1 ? b : 0) * l.mask_heads + (l.mask_heads > 1 ? hk : 0);
+}
+
+// Block (bx, by) of the sparse dK/dV kernels' grid (gx by ny blocks, bx the
+// work item, by the KV head and part) that starts lin-th in launch order,
+// lin = blockIdx.x + blockIdx.y * gx (TileLists::heads_fastest).
+__device__ __forceinline__ void sparse_kv_block(const TileLists& l, int lin, int gx, int ny,
+                                                int& bx, int& by) {
+  if (l.heads_fastest) {
+    bx = lin / ny;
+    by = lin - bx * ny;
+  } else {
+    by = lin / gx;
+    bx = lin - by * gx;
+  }
 }
 
 // A dK/dV work item of KV-major lists (TileLists::items).

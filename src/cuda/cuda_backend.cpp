@@ -155,6 +155,7 @@ struct CudaHooks {
   bool fwd_persist;               // ATTN_CUDA_BSPARSE_FWD_PERSIST (default 0)
   bool bwd_persist;               // ATTN_CUDA_BSPARSE_BWD_PERSIST (default 0)
   bool prefetch;                  // ATTN_CUDA_BSPARSE_PREFETCH (default 0)
+  std::optional<int> bwd_order;   // ATTN_CUDA_BSPARSE_BWD_ORDER: 0 or 1 (TileLists::heads_fastest)
   std::optional<int> item;        // ATTN_CUDA_BSPARSE_ITEM: visits per dK/dV work item
   bool fwd_sm90;                  // ATTN_CUDA_FWD_SM90 (default 1)
   bool fwd_sm90_ws;               // ATTN_CUDA_FWD_SM90_WS (default 1)
@@ -175,6 +176,7 @@ struct CudaHooks {
     h.fwd_persist = env_flag("ATTN_CUDA_BSPARSE_FWD_PERSIST", false);
     h.bwd_persist = env_flag("ATTN_CUDA_BSPARSE_BWD_PERSIST", false);
     h.prefetch = env_flag("ATTN_CUDA_BSPARSE_PREFETCH", false);
+    h.bwd_order = env_int_choice("ATTN_CUDA_BSPARSE_BWD_ORDER", {0, 1});
     h.item = env_int("ATTN_CUDA_BSPARSE_ITEM", 1, std::numeric_limits<int>::max());
     h.fwd_sm90 = env_flag("ATTN_CUDA_FWD_SM90", true);
     h.fwd_sm90_ws = env_flag("ATTN_CUDA_FWD_SM90_WS", true);
@@ -937,6 +939,9 @@ class CudaPlan final : public BackendPlan {
       l.cut_tiles = reinterpret_cast<const int32_t*>(base + at[k][5]);
       l.max_cut = sets[k].max_cut;
       l.prefetch_ahead = k == 1 ? kv_prefetch : 0;
+      // ATTN_CUDA_BSPARSE_BWD_ORDER=0 or 1 (a tuning hook): the dK/dV
+      // blocks' launch order, items or KV heads fastest.
+      l.heads_fastest = hooks_.bwd_order.value_or(1);
       l.dealt = reinterpret_cast<const int32_t*>(base + at[k][6]);
       l.dealt_offsets = reinterpret_cast<const int32_t*>(base + at[k][7]);
       l.grid_x = sets[k].grid_x;
