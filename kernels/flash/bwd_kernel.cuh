@@ -532,10 +532,11 @@ __device__ __forceinline__ void flash_bwd_dkdv_tile(const BwdParams& p, int work
   // h_first + heads_per) of its group; bx: the KV tile. Sparse: bx is a
   // work item of the slot (a KV tile and a range of its list, longest
   // first), and blocks start in the order of their linear index, which
-  // counts KV heads (and parts) fastest, so that a few long lists (global
-  // keys, sinks) start first instead of after every head before theirs, or
-  // items fastest, so that the blocks running at a time share their head's
-  // Q, dO and dQ in L2 (TileLists::heads_fastest; sparse_kv_block).
+  // counts KV heads (and parts) fastest within groups of them: one group
+  // of all, so that a few long lists (global keys, sinks) start first
+  // instead of after every head before theirs, or smaller ones, so that
+  // the blocks running at a time share their heads' Q, dO and dQ in L2
+  // (TileLists::head_group; sparse_kv_block).
   int bx = int(blockIdx.x), by = int(blockIdx.y), b = int(blockIdx.z);
   if constexpr (Sparse) {
     int lin = bx + by * int(gridDim.x), ny = int(gridDim.y);

@@ -35,7 +35,7 @@
 // softcap) walk a work item of the KV-major tile lists (sparse/tile_lists.cuh,
 // built in this kernel's BM x BN tiles) instead of the dense interval, as
 // the sm_80 kernel's Sparse instantiation does: the block's linear index
-// counts KV heads or items fastest (TileLists::heads_fastest), the item gives the KV
+// counts KV heads fastest within groups of them (TileLists::head_group), the item gives the KV
 // tile and a range of its list, and each visit is full (no predicate),
 // dense-masked (the interval test below) or a bit tile (one bit per (key,
 // query) pair, rows = keys). A cut list's items add dK and dV into its

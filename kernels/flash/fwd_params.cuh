@@ -45,8 +45,9 @@ struct FwdParams {
   // schedule the selector wrote into the workspace.
   MobaLists moba;
   // The warp-specialised forward's item order (flash/fwd_sm90_ws_kernel.cuh):
-  // 0 its own choice, 1 query tile fastest, 2 query tile slowest.
-  int32_t ws_order;
+  // (sequence, head) pairs per group, query tile slowest within a group; 0
+  // its own choice (one group of all, or one pair per group).
+  int32_t ws_group;
 };
 
 // Tile shape per head dimension D. Rows per warp = block_m / warps: 32 when

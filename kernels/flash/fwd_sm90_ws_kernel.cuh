@@ -25,15 +25,17 @@
 // the slot's longest-first list, else query tile m_blocks - 1 - x, the
 // causal longest first), dealt in rounds of gridDim.x, block k taking item
 // k of even rounds and gridDim.x - 1 - k of odd ones (a snake: a block that
-// got a long item gets a short one next). Item order (FwdWsParams::x_major):
+// got a long item gets a short one next). Item order (FwdWsParams::x_group:
+// the (sequence, head) pairs in groups of x_group, group after group, x
+// slowest within a group):
 //   x slowest  where the items' lengths differ (masked and block-sparse
-//              plans): the items run about longest first, so that the
+//   (one group) plans): the items run about longest first, so that the
 //              snake balances the blocks (H200, bf16, d = 128, causal:
 //              16K x 16 heads 1.92 ms against 2.57 with x fastest, 32K
 //              7.98 against 9.55; the one-tile kernel's 2.47 and 9.83)
 //   x fastest  where they are equal (no mask): the items running at a time
-//              share their heads' K and V in L2 (full, 4K-8K: 594-597
-//              TFLOP/s against 512-523 with x slowest).
+//   (groups    share their heads' K and V in L2 (full, 4K-8K: 594-597
+//   of one)    TFLOP/s against 512-523 with x slowest).
 //
 // MoBA's gathered rounds (Gather, flash_fwd_sm90_ws_moba_gather_kernel):
 // items are tiles of 128 rows of a round's row lists (moba/moba_rounds.cuh),
@@ -61,7 +63,7 @@ struct FwdWsParams {
   FwdParams p;
   CUtensorMap q_map, k_map, v_map;
   int32_t m_blocks, heads_q, batch;  // the work: m_blocks x heads_q x batch items
-  int32_t x_major;                   // items numbered query tile slowest (see the top)
+  int32_t x_group;  // (sequence, head) pairs per group of items (see the top)
 };
 
 namespace ws {
@@ -565,9 +567,13 @@ __device__ __forceinline__ void flash_fwd_sm90_ws(const FwdWsParams& wp) {
       mbar_arrive(bar(ctl.q_full[qb]));
     } else {
       for (int w; (w = ws_item(n, total)) >= 0; ++n) {
+        // Item w: groups of x_group (sequence, head) pairs, one after the
+        // other, query tile slowest within a group (the last may be smaller).
         const int hb = wp.heads_q * wp.batch;
-        const int x = wp.x_major ? w / hb : w % wp.m_blocks;
-        const int bh = wp.x_major ? w % hb : w / wp.m_blocks;  // b * heads_q + h
+        const int g0 = w / (wp.m_blocks * wp.x_group) * wp.x_group, gs = min(wp.x_group, hb - g0);
+        const int r = w - g0 * wp.m_blocks;
+        const int x = r / gs;
+        const int bh = g0 + (r - x * gs);  // b * heads_q + h
         const int h = bh % wp.heads_q, b = bh / wp.heads_q, hk = h / p.group;
         int m_block, n_tiles, last;  // last: Sparse, the end visit; dense, the end KV tile
         QueryTile qt;

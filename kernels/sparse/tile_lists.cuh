@@ -69,12 +69,14 @@ struct TileLists {
   const int32_t* dealt;
   const int32_t* dealt_offsets;
   int32_t grid_x, grid_y;
-  // The dK/dV kernels' launch order (sparse_kv_block): 1, KV heads fastest
-  // (item x of every head, then item x + 1: the slots' long lists start
-  // first); 0, items fastest (a head's items, then the next head's: the
-  // blocks running at a time share their head's Q, dO and dQ in L2). The
-  // persistent kernel's dealing always counts heads fastest.
-  int32_t heads_fastest;
+  // The dK/dV kernels' launch order (sparse_kv_block): the grid's rows (KV
+  // heads and parts) in groups of head_group (<= 0: one group of all),
+  // group after group, KV heads fastest within one (item x of each head of
+  // the group, then item x + 1). One group puts the slots' long lists
+  // first; groups of one head let the blocks running at a time share their
+  // head's Q, dO and dQ in L2. The persistent kernel's dealing always
+  // counts every head fastest.
+  int32_t head_group;
 };
 
 #if defined(__CUDACC__)  // the header is also the host's (plain C++)
@@ -85,16 +87,15 @@ __device__ __forceinline__ int mask_slot(const TileLists& l, int b, int hk) {
 
 // Block (bx, by) of the sparse dK/dV kernels' grid (gx by ny blocks, bx the
 // work item, by the KV head and part) that starts lin-th in launch order,
-// lin = blockIdx.x + blockIdx.y * gx (TileLists::heads_fastest).
+// lin = blockIdx.x + blockIdx.y * gx (TileLists::head_group).
 __device__ __forceinline__ void sparse_kv_block(const TileLists& l, int lin, int gx, int ny,
                                                 int& bx, int& by) {
-  if (l.heads_fastest) {
-    bx = lin / ny;
-    by = lin - bx * ny;
-  } else {
-    by = lin / gx;
-    bx = lin - by * gx;
-  }
+  const int g = l.head_group <= 0 || l.head_group > ny ? ny : l.head_group;
+  const int g0 = lin / (gx * g) * g;  // the group's first row
+  const int gs = min(g, ny - g0);     // its rows (the last group may have fewer)
+  const int r = lin - g0 * gx;
+  bx = r / gs;
+  by = g0 + (r - bx * gs);
 }
 
 // A dK/dV work item of KV-major lists (TileLists::items).

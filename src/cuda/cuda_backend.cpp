@@ -155,11 +155,12 @@ struct CudaHooks {
   bool fwd_persist;               // ATTN_CUDA_BSPARSE_FWD_PERSIST (default 0)
   bool bwd_persist;               // ATTN_CUDA_BSPARSE_BWD_PERSIST (default 0)
   bool prefetch;                  // ATTN_CUDA_BSPARSE_PREFETCH (default 0)
-  std::optional<int> bwd_order;   // ATTN_CUDA_BSPARSE_BWD_ORDER: 0 or 1 (TileLists::heads_fastest)
+  std::optional<int> bwd_heads;   // ATTN_CUDA_BSPARSE_BWD_HEADS: TileLists::head_group
   std::optional<int> item;        // ATTN_CUDA_BSPARSE_ITEM: visits per dK/dV work item
   bool fwd_sm90;                  // ATTN_CUDA_FWD_SM90 (default 1)
   bool fwd_sm90_ws;               // ATTN_CUDA_FWD_SM90_WS (default 1)
   std::optional<int> fwd_sm90_ws_order;  // ATTN_CUDA_FWD_SM90_WS_ORDER: 0 or 1
+  std::optional<int> fwd_sm90_ws_heads;  // ATTN_CUDA_FWD_SM90_WS_HEADS: pairs per group
   std::optional<int> fwd_sm90_bm; // ATTN_CUDA_FWD_SM90_BM: 128 or 192
   bool bwd_sm90;                  // ATTN_CUDA_BWD_SM90 (default 1)
   bool bwd_sm90_sparse;           // ATTN_CUDA_BWD_SM90_SPARSE (default 1)
@@ -176,11 +177,13 @@ struct CudaHooks {
     h.fwd_persist = env_flag("ATTN_CUDA_BSPARSE_FWD_PERSIST", false);
     h.bwd_persist = env_flag("ATTN_CUDA_BSPARSE_BWD_PERSIST", false);
     h.prefetch = env_flag("ATTN_CUDA_BSPARSE_PREFETCH", false);
-    h.bwd_order = env_int_choice("ATTN_CUDA_BSPARSE_BWD_ORDER", {0, 1});
+    h.bwd_heads = env_int("ATTN_CUDA_BSPARSE_BWD_HEADS", 1, std::numeric_limits<int>::max());
     h.item = env_int("ATTN_CUDA_BSPARSE_ITEM", 1, std::numeric_limits<int>::max());
     h.fwd_sm90 = env_flag("ATTN_CUDA_FWD_SM90", true);
     h.fwd_sm90_ws = env_flag("ATTN_CUDA_FWD_SM90_WS", true);
     h.fwd_sm90_ws_order = env_int_choice("ATTN_CUDA_FWD_SM90_WS_ORDER", {0, 1});
+    h.fwd_sm90_ws_heads =
+        env_int("ATTN_CUDA_FWD_SM90_WS_HEADS", 1, std::numeric_limits<int>::max());
     h.fwd_sm90_bm = env_int_choice("ATTN_CUDA_FWD_SM90_BM", {128, 192});
     h.bwd_sm90 = env_flag("ATTN_CUDA_BWD_SM90", true);
     h.bwd_sm90_sparse = env_flag("ATTN_CUDA_BWD_SM90_SPARSE", true);
@@ -939,9 +942,9 @@ class CudaPlan final : public BackendPlan {
       l.cut_tiles = reinterpret_cast<const int32_t*>(base + at[k][5]);
       l.max_cut = sets[k].max_cut;
       l.prefetch_ahead = k == 1 ? kv_prefetch : 0;
-      // ATTN_CUDA_BSPARSE_BWD_ORDER=0 or 1 (a tuning hook): the dK/dV
-      // blocks' launch order, items or KV heads fastest.
-      l.heads_fastest = hooks_.bwd_order.value_or(1);
+      // ATTN_CUDA_BSPARSE_BWD_HEADS=n (a tuning hook): the dK/dV blocks
+      // start in groups of n KV heads (and parts), instead of one group.
+      l.head_group = hooks_.bwd_heads.value_or(0);
       l.dealt = reinterpret_cast<const int32_t*>(base + at[k][6]);
       l.dealt_offsets = reinterpret_cast<const int32_t*>(base + at[k][7]);
       l.grid_x = sets[k].grid_x;
@@ -1009,8 +1012,11 @@ class CudaPlan final : public BackendPlan {
     fill_shape(f, p);
     // ATTN_CUDA_FWD_SM90_WS_ORDER=0 or 1 (a tuning hook): the warp-specialised
     // forward's items numbered query tile fastest or slowest, instead of its
-    // own choice by mask.
-    f.ws_order = hooks_.fwd_sm90_ws_order ? 1 + *hooks_.fwd_sm90_ws_order : 0;
+    // own choice by mask; ATTN_CUDA_FWD_SM90_WS_HEADS=n: in groups of n
+    // (sequence, head) pairs, query tile slowest within a group.
+    f.ws_group = hooks_.fwd_sm90_ws_heads ? *hooks_.fwd_sm90_ws_heads
+                 : hooks_.fwd_sm90_ws_order ? (*hooks_.fwd_sm90_ws_order ? int32_t(1) << 30 : 1)
+                                            : 0;
     // LSE: [batch, heads_q, seqlen_q] or, varlen, [heads_q, total_q] (Problem::lse_offset).
     f.lse_batch = p.heads_q * p.seqlen_q;
     f.lse_head = p.varlen ? p.total_q() : p.seqlen_q;

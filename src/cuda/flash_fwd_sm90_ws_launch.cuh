@@ -87,9 +87,10 @@ cudaError_t fwd_ws_launch(const flash::FwdParams& params, int m_blocks, int head
   if (e != cudaSuccess || blocks == 0) return e;
   // Items of different lengths (see the kernel's top): block-sparse lists,
   // causal and window masks; unless the plan asks for an order.
-  wp.x_major = params.ws_order == 0
-                   ? Sparse || params.window_left >= 0 || params.window_right >= 0
-                   : params.ws_order == 2;
+  const int pairs = heads_q * batch;
+  wp.x_group = params.ws_group > 0 ? std::min(params.ws_group, pairs)
+               : Sparse || params.window_left >= 0 || params.window_right >= 0 ? pairs
+                                                                                : 1;
   constexpr flash::FwdSm90Config cfg = flash::fwd_sm90_ws_config(D);
   flash::flash_fwd_sm90_ws_kernel<T, D, Sparse>
       <<<blocks, cfg.threads(), flash::ws::smem_bytes<D>(), stream>>>(wp);

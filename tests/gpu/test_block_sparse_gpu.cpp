@@ -292,7 +292,8 @@ int hook_errors(attn_context_t ctx) {
       {"ATTN_CUDA_BWD_GROUP_SPLIT", "99999999999"}, {"ATTN_CUDA_MOBA_SM90", "yes"},
       {"ATTN_CUDA_MOBA_GATHER_SM90", "2"},     {"ATTN_CUDA_MOBA_GATHER_BWD_SM90", "y"},
       {"ATTN_CUDA_FWD_SM90_WS", "on"},         {"ATTN_CUDA_FWD_SM90_WS_ORDER", "2"},
-      {"ATTN_CUDA_MOBA_GATHER_WS", "yes"},
+      {"ATTN_CUDA_MOBA_GATHER_WS", "yes"},      {"ATTN_CUDA_FWD_SM90_WS_HEADS", "0"},
+      {"ATTN_CUDA_BSPARSE_BWD_HEADS", "all"},
   };
   const int64_t heads_q = 4, heads_kv = 2, l = 200, d = 128;
   attn_block_mask_t mask = nullptr;
@@ -327,7 +328,8 @@ int hook_errors(attn_context_t ctx) {
   // refusals above came from the values), and with well-formed values.
   const Bad good[] = {{"ATTN_CUDA_BWD_SM90_SPARSE", "0"}, {"ATTN_CUDA_BSPARSE_ITEM", "3"},
                       {"ATTN_CUDA_BWD_GROUP_SPLIT", "99999"}, {"ATTN_CUDA_FWD_SM90_BM", "192"},
-                      {"ATTN_CUDA_FWD_SM90_WS_ORDER", "1"}, {"", ""}};
+                      {"ATTN_CUDA_FWD_SM90_WS_ORDER", "1"}, {"ATTN_CUDA_FWD_SM90_WS_HEADS", "3"},
+                      {"ATTN_CUDA_BSPARSE_BWD_HEADS", "1000"}, {"", ""}};
   for (const Bad& g : good) {
     attn_plan_t plan = nullptr;
     attn_status_t st;
