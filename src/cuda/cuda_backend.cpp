@@ -138,6 +138,15 @@ BwdKernels pick_bwd_kernels(int64_t d, bool bf16, int variant, bool sparse, bool
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr size_t kWorkspaceAlign = 256;
 
+// Query heads whose rows start together in the block-sparse dK/dV kernels
+// (TileLists::head_group). H100, L = 32K, d = 128, 16 heads, masks shared
+// by the heads, against one group of all: random blocks 3.40 ms against
+// 4.19, BigBird 1.83 against 1.86, window + sinks 7.20 against 7.15; at 8K
+// 0.355 against 0.390, 0.440 against 0.477, 1.454 against 1.460 (groups
+// of 1 and 2 lost on window + sinks: 8.44 and 8.04 ms at 32K;
+// bench/results/cuda-bsparse-order-2026-12-05-ea0af18.md).
+constexpr int kSparseBwdGroupHeads = 4;
+
 // Saturating, as the workspace sizes are (a MoBA selection can pass 2^64
 // bytes; create_plan then refuses the plan).
 size_t align_up(size_t x) { return size_t(sat_align_up(x, kWorkspaceAlign)); }
@@ -942,9 +951,13 @@ class CudaPlan final : public BackendPlan {
       l.cut_tiles = reinterpret_cast<const int32_t*>(base + at[k][5]);
       l.max_cut = sets[k].max_cut;
       l.prefetch_ahead = k == 1 ? kv_prefetch : 0;
-      // ATTN_CUDA_BSPARSE_BWD_HEADS=n (a tuning hook): the dK/dV blocks
-      // start in groups of n KV heads (and parts), instead of one group.
-      l.head_group = hooks_.bwd_heads.value_or(0);
+      // The dK/dV blocks start in groups of about kSparseBwdGroupHeads query
+      // heads' rows (KV heads and parts), group after group: the blocks
+      // running at a time then share most of their Q, dO and dQ tiles in
+      // L2, while within a group the longest items still start first.
+      // ATTN_CUDA_BSPARSE_BWD_HEADS=n (a tuning hook): groups of n rows.
+      const int heads_per_row = std::max<int>(1, int(p.group()) / group_splits_);
+      l.head_group = hooks_.bwd_heads.value_or(std::max(1, kSparseBwdGroupHeads / heads_per_row));
       l.dealt = reinterpret_cast<const int32_t*>(base + at[k][6]);
       l.dealt_offsets = reinterpret_cast<const int32_t*>(base + at[k][7]);
       l.grid_x = sets[k].grid_x;
@@ -1006,6 +1019,26 @@ class CudaPlan final : public BackendPlan {
     f.group = int32_t(p.group());
   }
 
+  // The block-sparse forward's items in groups of (sequence, head) pairs
+  // whose K and V take about 1.3 times the L2 cache: the items running at a
+  // time then find most KV tiles in L2 (with all heads at once, L = 32K x
+  // 16 heads, they came from DRAM), while within a group the longest items
+  // still start first. H100, d = 128, 16 heads, masks shared by the heads:
+  // at 32K (groups of 4) random blocks 0.906 ms against 1.073 with one
+  // group, BigBird 0.382 against 0.391, window + sinks 1.74 against 1.68;
+  // at 8K (one group) groups of 4 and fewer were slower, random 0.122
+  // against 0.097 (bench/results/cuda-bsparse-order-2026-12-05-ea0af18.md).
+  int32_t sparse_fwd_head_group(const Problem& p) const {
+    int l2 = 0;
+    check(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device_), "cudaDeviceGetAttribute");
+    const double kv_head_bytes = double(p.seqlen_kv) * double(p.head_dim_qk + p.head_dim_v) *
+                                 double(dtype_size(p.dtype));
+    const double kv_heads = std::floor(1.3 * double(l2) / std::max(kv_head_bytes, 1.0));
+    const double pairs = double(p.heads_q) * double(p.batch);
+    // (Query heads of one KV head are adjacent pairs: whole groups of them.)
+    return int32_t(std::clamp(std::max(kv_heads, 1.0) * double(p.group()), 1.0, pairs));
+  }
+
   void fill_params() {
     const Problem& p = problem_;
     flash::FwdParams& f = params_;
@@ -1016,6 +1049,7 @@ class CudaPlan final : public BackendPlan {
     // (sequence, head) pairs, query tile slowest within a group.
     f.ws_group = hooks_.fwd_sm90_ws_heads ? *hooks_.fwd_sm90_ws_heads
                  : hooks_.fwd_sm90_ws_order ? (*hooks_.fwd_sm90_ws_order ? int32_t(1) << 30 : 1)
+                 : p.block_mask != nullptr  ? sparse_fwd_head_group(p)
                                             : 0;
     // LSE: [batch, heads_q, seqlen_q] or, varlen, [heads_q, total_q] (Problem::lse_offset).
     f.lse_batch = p.heads_q * p.seqlen_q;
