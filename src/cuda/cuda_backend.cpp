@@ -141,11 +141,16 @@ constexpr size_t kWorkspaceAlign = 256;
 // Query heads whose rows start together in the block-sparse dK/dV kernels
 // (TileLists::head_group). H100, L = 32K, d = 128, 16 heads, masks shared
 // by the heads, against one group of all: random blocks 3.40 ms against
-// 4.19, BigBird 1.83 against 1.86, window + sinks 7.20 against 7.15; at 8K
-// 0.355 against 0.390, 0.440 against 0.477, 1.454 against 1.460 (groups
-// of 1 and 2 lost on window + sinks: 8.44 and 8.04 ms at 32K;
-// bench/results/cuda-bsparse-order-2026-12-05-ea0af18.md).
+// 4.19, BigBird 1.83 against 1.86; at 8K 0.355 against 0.390 and 0.440
+// against 0.477. Window + sinks (local lists, kLocalListOverlap) keeps one
+// group: 7.20 against 7.15 in groups of 4, 8.44 in groups of 1 at 32K
+// (bench/results/cuda-bsparse-order-2026-12-05-ea0af18.md).
 constexpr int kSparseBwdGroupHeads = 4;
+// Lists at least this local (neighbour_overlap of cuda/block_sparse.hpp)
+// keep one group of all heads in both passes: neighbouring blocks already
+// share their tiles in L2 (window + sinks: about 0.97; BigBird about 0.5,
+// random blocks about their density).
+constexpr double kLocalListOverlap = 0.8;
 
 // Saturating, as the workspace sizes are (a MoBA selection can pass 2^64
 // bytes; create_plan then refuses the plan).
@@ -838,6 +843,10 @@ class CudaPlan final : public BackendPlan {
     flash::TileLists* dst[3] = {&params_.sparse, &bwd_params_.sparse_kv, &bwd_params_.sparse_dq};
     const int n = !p.backward ? 1 : p.deterministic ? 3 : 2;
     sets[0] = build_tile_lists(mask, p.window, tile_q(), tile_kv(), false);
+    const int64_t mask_slots = mask->batch() * mask->heads();
+    if (!hooks_.fwd_sm90_ws_heads && !hooks_.fwd_sm90_ws_order &&
+        neighbour_overlap(sets[0], mask_slots) < kLocalListOverlap)
+      params_.ws_group = sparse_fwd_head_group(p);
     // The sm_90a forward takes its query tiles from work items, longest first.
     if (sm90_) {
       const int64_t slots = mask->batch() * mask->heads();
@@ -957,7 +966,9 @@ class CudaPlan final : public BackendPlan {
       // L2, while within a group the longest items still start first.
       // ATTN_CUDA_BSPARSE_BWD_HEADS=n (a tuning hook): groups of n rows.
       const int heads_per_row = std::max<int>(1, int(p.group()) / group_splits_);
-      l.head_group = hooks_.bwd_heads.value_or(std::max(1, kSparseBwdGroupHeads / heads_per_row));
+      const bool local = k == 1 && neighbour_overlap(sets[1], mask_slots) >= kLocalListOverlap;
+      l.head_group = hooks_.bwd_heads.value_or(
+          local ? 0 : std::max(1, kSparseBwdGroupHeads / heads_per_row));
       l.dealt = reinterpret_cast<const int32_t*>(base + at[k][6]);
       l.dealt_offsets = reinterpret_cast<const int32_t*>(base + at[k][7]);
       l.grid_x = sets[k].grid_x;
@@ -1025,9 +1036,10 @@ class CudaPlan final : public BackendPlan {
   // 16 heads, they came from DRAM), while within a group the longest items
   // still start first. H100, d = 128, 16 heads, masks shared by the heads:
   // at 32K (groups of 4) random blocks 0.906 ms against 1.073 with one
-  // group, BigBird 0.382 against 0.391, window + sinks 1.74 against 1.68;
-  // at 8K (one group) groups of 4 and fewer were slower, random 0.122
-  // against 0.097 (bench/results/cuda-bsparse-order-2026-12-05-ea0af18.md).
+  // group, BigBird 0.382 against 0.391; at 8K (one group) groups of 4 and
+  // fewer were slower, random 0.122 against 0.097. Local lists (windows:
+  // kLocalListOverlap) keep one group: window + sinks took 1.74 ms in groups
+  // of 4 against 1.68 (bench/results/cuda-bsparse-order-2026-12-05-ea0af18.md).
   int32_t sparse_fwd_head_group(const Problem& p) const {
     int l2 = 0;
     check(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device_), "cudaDeviceGetAttribute");
@@ -1047,9 +1059,9 @@ class CudaPlan final : public BackendPlan {
     // forward's items numbered query tile fastest or slowest, instead of its
     // own choice by mask; ATTN_CUDA_FWD_SM90_WS_HEADS=n: in groups of n
     // (sequence, head) pairs, query tile slowest within a group.
+    // (Block-sparse plans: upload_tile_lists() may set a group.)
     f.ws_group = hooks_.fwd_sm90_ws_heads ? *hooks_.fwd_sm90_ws_heads
                  : hooks_.fwd_sm90_ws_order ? (*hooks_.fwd_sm90_ws_order ? int32_t(1) << 30 : 1)
-                 : p.block_mask != nullptr  ? sparse_fwd_head_group(p)
                                             : 0;
     // LSE: [batch, heads_q, seqlen_q] or, varlen, [heads_q, total_q] (Problem::lse_offset).
     f.lse_batch = p.heads_q * p.seqlen_q;

@@ -18,6 +18,7 @@
 // pair of its rows.
 // Seed printed; ATTN_TEST_SEED=n repeats a run.
 #include <chrono>
+#include <cmath>
 #include <cinttypes>
 #include <cstdio>
 #include <cstdlib>
@@ -244,6 +245,33 @@ void check_crop(std::mt19937_64& rng) {
   std::printf("ok   crop of a mask to shorter lengths\n");
 }
 
+// neighbour_overlap on hand-made lists: the mean share of a list's tiles
+// that the next list of its slot visits too, over lists with visits and a
+// next one (not across slots).
+void check_neighbour_overlap() {
+  auto lists = [](int32_t tiles, const std::vector<std::vector<int32_t>>& per_list) {
+    HostTileLists l;
+    l.tiles = tiles;
+    l.offsets.push_back(0);
+    for (const auto& list : per_list) {
+      for (int32_t t : list) l.visits.insert(l.visits.end(), {t, 0});
+      l.offsets.push_back(int32_t(l.visits.size() / 2));
+    }
+    return l;
+  };
+  const double band = cuda::neighbour_overlap(lists(4, {{0, 1}, {1, 2}, {2, 3}, {3}}), 1);
+  // Slot 0: {5, 6} against the empty list next: 0; the empty list has no
+  // share; {6} is last of its slot. Slot 1: {0, 1, 2, 3} against {3, 9}:
+  // 1/4; {3, 9} against the empty list: 0. Mean of 0, 1/4 and 0.
+  const double two = cuda::neighbour_overlap(
+      lists(3, {{5, 6}, {}, {6}, {0, 1, 2, 3}, {3, 9}, {}}), 2);
+  const double none = cuda::neighbour_overlap(lists(2, {{}, {}}), 1);
+  const bool ok = band == 0.5 && std::fabs(two - 1.0 / 12.0) < 1e-12 && none == 1.0;
+  expect(ok, "neighbour_overlap of hand-made lists", "neighbour_overlap");
+  std::printf("%s neighbour_overlap: band %.3f (0.5), two slots %.3f (1/12), empty %.1f (1)\n",
+              ok ? "ok  " : "FAIL", band, two, none);
+}
+
 int main() {
   const char* env = std::getenv("ATTN_TEST_SEED");
   const uint64_t seed = env ? std::strtoull(env, nullptr, 10)
@@ -281,6 +309,7 @@ int main() {
     std::printf("%s %s\n", g_failures == before ? "ok  " : "FAIL", c.name);
   }
   check_crop(rng);
+  check_neighbour_overlap();
   std::printf("%d failure(s)\n", g_failures);
   return g_failures == 0 ? 0 : 1;
 }
