@@ -48,7 +48,8 @@ struct HostTileLists {
 // visited tiles that the next list visits too. About 1 for windows (the
 // blocks running at a time, neighbours in launch order, share most of their
 // other side's tiles whatever the head order), about the density for random
-// blocks, about half for BigBird.
+// blocks; BigBird's (window of 1, 2 global blocks each way, 3 random)
+// 0.58 in 128 x 128 query-major tiles, 0.34 in 64 x 128 KV-major ones.
 inline double neighbour_overlap(const HostTileLists& l, int64_t slots) {
   int32_t other = 0;
   for (size_t v = 0; v < l.visits.size(); v += 2) other = std::max(other, l.visits[v] + 1);

@@ -141,16 +141,19 @@ constexpr size_t kWorkspaceAlign = 256;
 // Query heads whose rows start together in the block-sparse dK/dV kernels
 // (TileLists::head_group). H100, L = 32K, d = 128, 16 heads, masks shared
 // by the heads, against one group of all: random blocks 3.40 ms against
-// 4.19, BigBird 1.83 against 1.86; at 8K 0.355 against 0.390 and 0.440
-// against 0.477. Window + sinks (local lists, kLocalListOverlap) keeps one
-// group: 7.20 against 7.15 in groups of 4, 8.44 in groups of 1 at 32K
+// 4.19, at 8K 0.355 against 0.390 (H200, 32K: 3.27 against 3.34). Lists
+// more local than kLocalListOverlap keep one group: window + sinks took
+// 7.20 ms in groups of 4 against 7.15, 8.44 in groups of 1
 // (bench/results/cuda-bsparse-order-2026-12-05-ea0af18.md).
 constexpr int kSparseBwdGroupHeads = 4;
 // Lists at least this local (neighbour_overlap of cuda/block_sparse.hpp)
-// keep one group of all heads in both passes: neighbouring blocks already
-// share their tiles in L2 (window + sinks: about 0.97; BigBird about 0.5,
-// random blocks about their density).
-constexpr double kLocalListOverlap = 0.8;
+// keep one group of all heads in both passes. Window + sinks (about 0.97:
+// neighbouring blocks already share their tiles in L2) lost 2-4% in
+// groups of 4 heads on an H100; BigBird (0.58 forward, 0.34 in the dK/dV
+// kernel's lists) gained 1.5-2.3% on an H100 and lost 2.7% (backward) on
+// an H200; random blocks (about their density, 0.10) gained 16-19% on the
+// H100 and 2% (backward) on the H200, whose DRAM is faster.
+constexpr double kLocalListOverlap = 0.25;
 
 // Saturating, as the workspace sizes are (a MoBA selection can pass 2^64
 // bytes; create_plan then refuses the plan).
@@ -1036,10 +1039,10 @@ class CudaPlan final : public BackendPlan {
   // 16 heads, they came from DRAM), while within a group the longest items
   // still start first. H100, d = 128, 16 heads, masks shared by the heads:
   // at 32K (groups of 4) random blocks 0.906 ms against 1.073 with one
-  // group, BigBird 0.382 against 0.391; at 8K (one group) groups of 4 and
-  // fewer were slower, random 0.122 against 0.097. Local lists (windows:
-  // kLocalListOverlap) keep one group: window + sinks took 1.74 ms in groups
-  // of 4 against 1.68 (bench/results/cuda-bsparse-order-2026-12-05-ea0af18.md).
+  // group; at 8K (one group) groups of 4 and fewer were slower, random
+  // 0.122 against 0.097. Lists more local than kLocalListOverlap (windows,
+  // BigBird) keep one group
+  // (bench/results/cuda-bsparse-order-2026-12-05-ea0af18.md).
   int32_t sparse_fwd_head_group(const Problem& p) const {
     int l2 = 0;
     check(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device_), "cudaDeviceGetAttribute");
