@@ -397,9 +397,11 @@ __device__ __forceinline__ void scores_t2(float (&c)[M][N][4], uint32_t a, uint3
   }
 }
 
-// Block-sparse dK/dV: into L2, the K and V tiles of the block of linear
-// index lin < n_lin of sequence b (ny: blocks per work item; see
-// flash_bwd_dkdv_tile), if there is one.
+// Block-sparse dK/dV: into L2, the K and V tiles of the block that starts
+// lin-th (< n_lin) in sequence b's launch order (sparse_kv_block; ny: the
+// grid's rows, n_lin / ny its work items; see flash_bwd_dkdv_tile), if there
+// is one. (The persistent kernel's dealing counts heads fastest: its plans
+// have one group, TileLists::head_group = 0.)
 template <class T, int D, int BN, int NTH>
 __device__ __forceinline__ void prefetch_dkdv_item(const BwdParams& p, int b, int lin, int ny,
                                                    int n_lin) {

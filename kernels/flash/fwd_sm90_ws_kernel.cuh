@@ -36,6 +36,9 @@
 //   x fastest  where they are equal (no mask): the items running at a time
 //   (groups    share their heads' K and V in L2 (full, 4K-8K: 594-597
 //   of one)    TFLOP/s against 512-523 with x slowest).
+//   groups of  block-sparse plans whose lists are not local (random
+//   n pairs    blocks): groups whose K and V fill about 1.3 times the L2
+//              (the host's sparse_fwd_head_group), x slowest within one.
 //
 // MoBA's gathered rounds (Gather, flash_fwd_sm90_ws_moba_gather_kernel):
 // items are tiles of 128 rows of a round's row lists (moba/moba_rounds.cuh),

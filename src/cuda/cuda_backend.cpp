@@ -968,10 +968,13 @@ class CudaPlan final : public BackendPlan {
       // running at a time then share most of their Q, dO and dQ tiles in
       // L2, while within a group the longest items still start first.
       // ATTN_CUDA_BSPARSE_BWD_HEADS=n (a tuning hook): groups of n rows.
+      // The persistent kernel deals its blocks heads fastest (its prefetch
+      // decodes block indices with sparse_kv_block): one group there.
       const int heads_per_row = std::max<int>(1, int(p.group()) / group_splits_);
       const bool local = k == 1 && neighbour_overlap(sets[1], mask_slots) >= kLocalListOverlap;
-      l.head_group = hooks_.bwd_heads.value_or(
-          local ? 0 : std::max(1, kSparseBwdGroupHeads / heads_per_row));
+      l.head_group = bwd_persist_ ? 0
+                     : hooks_.bwd_heads.value_or(
+                           local ? 0 : std::max(1, kSparseBwdGroupHeads / heads_per_row));
       l.dealt = reinterpret_cast<const int32_t*>(base + at[k][6]);
       l.dealt_offsets = reinterpret_cast<const int32_t*>(base + at[k][7]);
       l.grid_x = sets[k].grid_x;
