@@ -72,6 +72,18 @@ inline double neighbour_overlap(const HostTileLists& l, int64_t slots) {
   return lists > 0 ? sum / double(lists) : 1.0;
 }
 
+// Lists at least this local keep the kernels' blocks in one group of all
+// heads (TileLists::head_group, the forward's x_group): neighbouring blocks
+// already share their tiles in L2. Window + sinks (0.97) lost 2-4% in
+// groups of 4 heads on an H100; BigBird (0.58 / 0.34) gained 1.5-2.3% on
+// an H100 and lost 2.7% (backward) on an H200; random blocks (0.10) gained
+// 16-19% on the H100 and 2% (backward) on the H200, whose DRAM is faster
+// (bench/results/cuda-bsparse-order-2026-12-05-ea0af18.md).
+constexpr double kLocalListOverlap = 0.25;
+inline bool lists_are_local(const HostTileLists& l, int64_t slots) {
+  return neighbour_overlap(l, slots) >= kLocalListOverlap;
+}
+
 // The dK/dV kernel's work items of KV-major lists: per slot, every tile's
 // list cut evenly into items of at most max_item visits, longest first.
 // The tiles cut into several items are numbered per slot in tile order

@@ -142,18 +142,10 @@ constexpr size_t kWorkspaceAlign = 256;
 // (TileLists::head_group). H100, L = 32K, d = 128, 16 heads, masks shared
 // by the heads, against one group of all: random blocks 3.40 ms against
 // 4.19, at 8K 0.355 against 0.390 (H200, 32K: 3.27 against 3.34). Lists
-// more local than kLocalListOverlap keep one group: window + sinks took
+// that are local (lists_are_local) keep one group: window + sinks took
 // 7.20 ms in groups of 4 against 7.15, 8.44 in groups of 1
 // (bench/results/cuda-bsparse-order-2026-12-05-ea0af18.md).
 constexpr int kSparseBwdGroupHeads = 4;
-// Lists at least this local (neighbour_overlap of cuda/block_sparse.hpp)
-// keep one group of all heads in both passes. Window + sinks (about 0.97:
-// neighbouring blocks already share their tiles in L2) lost 2-4% in
-// groups of 4 heads on an H100; BigBird (0.58 forward, 0.34 in the dK/dV
-// kernel's lists) gained 1.5-2.3% on an H100 and lost 2.7% (backward) on
-// an H200; random blocks (about their density, 0.10) gained 16-19% on the
-// H100 and 2% (backward) on the H200, whose DRAM is faster.
-constexpr double kLocalListOverlap = 0.25;
 
 // Saturating, as the workspace sizes are (a MoBA selection can pass 2^64
 // bytes; create_plan then refuses the plan).
@@ -848,7 +840,7 @@ class CudaPlan final : public BackendPlan {
     sets[0] = build_tile_lists(mask, p.window, tile_q(), tile_kv(), false);
     const int64_t mask_slots = mask->batch() * mask->heads();
     if (!hooks_.fwd_sm90_ws_heads && !hooks_.fwd_sm90_ws_order &&
-        neighbour_overlap(sets[0], mask_slots) < kLocalListOverlap)
+        !lists_are_local(sets[0], mask_slots))
       params_.ws_group = sparse_fwd_head_group(p);
     // The sm_90a forward takes its query tiles from work items, longest first.
     if (sm90_) {
@@ -971,7 +963,7 @@ class CudaPlan final : public BackendPlan {
       // The persistent kernel deals its blocks heads fastest (its prefetch
       // decodes block indices with sparse_kv_block): one group there.
       const int heads_per_row = std::max<int>(1, int(p.group()) / group_splits_);
-      const bool local = k == 1 && neighbour_overlap(sets[1], mask_slots) >= kLocalListOverlap;
+      const bool local = k == 1 && lists_are_local(sets[1], mask_slots);
       l.head_group = bwd_persist_ ? 0
                      : hooks_.bwd_heads.value_or(
                            local ? 0 : std::max(1, kSparseBwdGroupHeads / heads_per_row));
@@ -1043,7 +1035,7 @@ class CudaPlan final : public BackendPlan {
   // still start first. H100, d = 128, 16 heads, masks shared by the heads:
   // at 32K (groups of 4) random blocks 0.906 ms against 1.073 with one
   // group; at 8K (one group) groups of 4 and fewer were slower, random
-  // 0.122 against 0.097. Lists more local than kLocalListOverlap (windows,
+  // 0.122 against 0.097. Local lists (lists_are_local: windows,
   // BigBird) keep one group
   // (bench/results/cuda-bsparse-order-2026-12-05-ea0af18.md).
   int32_t sparse_fwd_head_group(const Problem& p) const {

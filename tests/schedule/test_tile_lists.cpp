@@ -272,6 +272,44 @@ void check_neighbour_overlap() {
               ok ? "ok  " : "FAIL", band, two, none);
 }
 
+// lists_are_local on the masks the head groups were measured with
+// (bench/bench_sparse_flex.py: L = 32K, 128 x 128 blocks, causal): window
+// 4096 + 64 sinks and BigBird (window of one block, 2 global blocks each
+// way, 3 random per row) local, keeping one group of heads; 10% random
+// blocks plus the diagonal not. In the sm_90a forward's tiles and the
+// sm_90a dK/dV kernel's (d = 128).
+void check_local_lists(std::mt19937_64& rng) {
+  const int64_t nb = 256, b = 128, l = nb * b;
+  std::uniform_real_distribution<double> u(0.0, 1.0);
+  const char* names[] = {"window-sinks", "bigbird", "random"};
+  const flash::BwdSm90Config c = flash::bwd_sm90_config(128);
+  for (int kind = 0; kind < 3; ++kind) {
+    auto m = std::make_shared<BlockMask>(1, 1, l, l, b, b);
+    for (int64_t q = 0; q < nb; ++q) {
+      std::vector<char> sel(size_t(nb), 0);
+      for (int64_t k = 0; k <= q; ++k)
+        sel[size_t(k)] = kind == 0   ? q - k <= 32 || k == 0
+                         : kind == 1 ? q - k <= 1 || k < 2 || q < 2
+                                     : u(rng) < 0.1 || k == q;
+      if (kind == 1)
+        for (int r = 0; r < 3; ++r) {
+          const int64_t k = int64_t(rng() % uint64_t(nb));
+          if (k <= q) sel[size_t(k)] = 1;
+        }
+      for (int64_t k = 0; k < nb; ++k)
+        if (sel[size_t(k)]) m->add(0, 0, q, k, nullptr);
+    }
+    const WindowBounds causal{-1, 0};
+    const HostTileLists fwd = cuda::build_tile_lists(m, causal, 128, 128, false);
+    const HostTileLists kv = cuda::build_tile_lists(m, causal, c.block_m, c.block_n, true);
+    const bool want = kind < 2, f = cuda::lists_are_local(fwd, 1), k = cuda::lists_are_local(kv, 1);
+    expect(f == want && k == want, "lists_are_local of a measured mask", names[kind]);
+    std::printf("%s lists_are_local %s: forward %d (overlap %.2f), dK/dV %d (%.2f), want %d\n",
+                f == want && k == want ? "ok  " : "FAIL", names[kind], f,
+                cuda::neighbour_overlap(fwd, 1), k, cuda::neighbour_overlap(kv, 1), want);
+  }
+}
+
 int main() {
   const char* env = std::getenv("ATTN_TEST_SEED");
   const uint64_t seed = env ? std::strtoull(env, nullptr, 10)
@@ -310,6 +348,7 @@ int main() {
   }
   check_crop(rng);
   check_neighbour_overlap();
+  check_local_lists(rng);
   std::printf("%d failure(s)\n", g_failures);
   return g_failures == 0 ? 0 : 1;
 }
