@@ -839,14 +839,15 @@ class CudaPlan final : public BackendPlan {
     const int n = !p.backward ? 1 : p.deterministic ? 3 : 2;
     sets[0] = build_tile_lists(mask, p.window, tile_q(), tile_kv(), false);
     const int64_t mask_slots = mask->batch() * mask->heads();
-    if (!hooks_.fwd_sm90_ws_heads && !hooks_.fwd_sm90_ws_order &&
-        !lists_are_local(sets[0], mask_slots))
-      params_.ws_group = sparse_fwd_head_group(p);
-    // The sm_90a forward takes its query tiles from work items, longest first.
+    // The sm_90a forward takes its query tiles from work items, longest
+    // first; the warp-specialised one in groups of heads where the lists
+    // are not local (sparse_fwd_head_group).
     if (sm90_) {
-      const int64_t slots = mask->batch() * mask->heads();
-      cut_work_items(sets[0], slots, INT32_MAX);
-      if (!widen_sm90_forward_items(sets[0], slots))
+      if (!hooks_.fwd_sm90_ws_heads && !hooks_.fwd_sm90_ws_order &&
+          !lists_are_local(sets[0], mask_slots))
+        params_.ws_group = sparse_fwd_head_group(p);
+      cut_work_items(sets[0], mask_slots, INT32_MAX);
+      if (!widen_sm90_forward_items(sets[0], mask_slots))
         fail(ATTN_STATUS_INTERNAL_ERROR,
              "block-sparse plan: the sm_90a forward's work items are not one per query tile");
     }
